@@ -1,0 +1,78 @@
+//! AdamW with decoupled weight decay, global-norm clipping read from the device, and
+//! stochastic rounding wherever a bf16 tensor is written.
+
+use super::Scalar;
+use super::rounding::{round_slice, stochastic_round_bf16};
+use crate::backend::AdamW;
+use crate::tensor::DType;
+
+/// The factor that scales gradients down to `grad_clip` in global norm.
+pub fn clip_scale(norm_sq: f64, grad_clip: f32) -> f64 {
+    let norm = norm_sq.sqrt();
+    if grad_clip > 0.0 && norm > grad_clip as f64 {
+        grad_clip as f64 / norm
+    } else {
+        1.0
+    }
+}
+
+/// Writes `x` into an element of a `dtype` tensor: stochastically rounded when bf16 and a
+/// (seed, index) is given, else rounded to nearest.
+fn store<T: Scalar>(dst: &mut T, x: f64, dtype: DType, stochastic: Option<(u64, usize)>) {
+    *dst = if let (DType::BF16, Some((seed, index))) = (dtype, stochastic) {
+        T::of(stochastic_round_bf16(x as f32, seed, index as u64) as f64)
+    } else {
+        let mut v = [T::of(x)];
+        round_slice(dtype, &mut v);
+        v[0]
+    };
+}
+
+/// The dtypes of the tensors one update writes, for choosing how each is rounded.
+pub struct StateDtypes {
+    pub param: DType,
+    pub m: DType,
+    pub v: DType,
+    pub master: DType,
+}
+
+/// Updates `master` (when present, else `param`) and writes the rounded result to `param`.
+/// The moments and the parameter draw their rounding noise from different seeds so that
+/// their errors are independent.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw<T: Scalar>(
+    param: &mut [T],
+    mut master: Option<&mut [T]>,
+    grad: &[T],
+    m: &mut [T],
+    v: &mut [T],
+    norm_sq: f64,
+    hp: &AdamW,
+    dtypes: &StateDtypes,
+) {
+    let scale = clip_scale(norm_sq, hp.grad_clip);
+    let (b1, b2) = (hp.beta1 as f64, hp.beta2 as f64);
+    let bias1 = 1.0 - b1.powi(hp.step as i32);
+    let bias2 = 1.0 - b2.powi(hp.step as i32);
+    for i in 0..param.len() {
+        let g = grad[i].f64() * scale;
+        let m_new = b1 * m[i].f64() + (1.0 - b1) * g;
+        let v_new = b2 * v[i].f64() + (1.0 - b2) * g * g;
+        store(&mut m[i], m_new, dtypes.m, Some((hp.seed ^ 0x6D, i)));
+        store(&mut v[i], v_new, dtypes.v, Some((hp.seed ^ 0x76, i)));
+        let update = (m_new / bias1) / ((v_new / bias2).sqrt() + hp.eps as f64);
+        let p = match master.as_deref() {
+            Some(master) => master[i].f64(),
+            None => param[i].f64(),
+        };
+        let p_new = p - hp.lr as f64 * (update + hp.weight_decay as f64 * p);
+        match master.as_deref_mut() {
+            // With a master copy, the working weights are its round-to-nearest image.
+            Some(master) => {
+                store(&mut master[i], p_new, dtypes.master, None);
+                store(&mut param[i], master[i].f64(), dtypes.param, None);
+            }
+            None => store(&mut param[i], p_new, dtypes.param, Some((hp.seed, i))),
+        }
+    }
+}

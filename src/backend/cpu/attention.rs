@@ -1,0 +1,157 @@
+//! Causal grouped-query attention, written as the textbook softmax(q·kᵀ/√d)·v per query.
+//!
+//! Each (batch, head) task computes into buffers of its own, which are then scattered into
+//! the interleaved `[B·T, heads·d]` layout; that keeps the parallel loop free of shared
+//! writes and the result independent of scheduling.
+
+use rayon::prelude::*;
+
+use super::Scalar;
+use crate::backend::AttnShape;
+
+fn dot<T: Scalar>(a: &[T], b: &[T]) -> T {
+    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+}
+
+/// Where one head's vectors live in `qkv`.
+struct Heads<'a, T> {
+    qkv: &'a [T],
+    s: AttnShape,
+    batch: usize,
+}
+
+impl<'a, T: Scalar> Heads<'a, T> {
+    fn at(&self, t: usize, head: usize) -> &'a [T] {
+        let d = self.s.head_dim;
+        let row = (self.batch * self.s.seq + t) * self.s.qkv_width();
+        &self.qkv[row + head * d..row + (head + 1) * d]
+    }
+    fn q(&self, t: usize, h: usize) -> &'a [T] {
+        self.at(t, h)
+    }
+    fn k(&self, t: usize, kvh: usize) -> &'a [T] {
+        self.at(t, self.s.q_heads + kvh)
+    }
+    fn v(&self, t: usize, kvh: usize) -> &'a [T] {
+        self.at(t, self.s.q_heads + self.s.kv_heads + kvh)
+    }
+}
+
+fn scale<T: Scalar>(s: AttnShape) -> T {
+    T::of(1.0 / (s.head_dim as f64).sqrt())
+}
+
+/// out: `[B·T, Hq·d]`; lse: `[B, Hq, T]`.
+pub fn attention_forward<T: Scalar>(out: &mut [T], lse: &mut [T], qkv: &[T], s: AttnShape) {
+    let (d, group) = (s.head_dim, s.q_heads / s.kv_heads);
+    let per_head: Vec<(Vec<T>, Vec<T>)> = (0..s.batch * s.q_heads)
+        .into_par_iter()
+        .map(|bh| {
+            let (h, heads) = (
+                bh % s.q_heads,
+                Heads {
+                    qkv,
+                    s,
+                    batch: bh / s.q_heads,
+                },
+            );
+            let kvh = h / group;
+            let (mut o, mut l, mut scores) = (
+                vec![T::zero(); s.seq * d],
+                vec![T::zero(); s.seq],
+                vec![T::zero(); s.seq],
+            );
+            for t in 0..s.seq {
+                let q = heads.q(t, h);
+                for (j, score) in scores[..=t].iter_mut().enumerate() {
+                    *score = dot(q, heads.k(j, kvh)) * scale(s);
+                }
+                let max = scores[..=t]
+                    .iter()
+                    .fold(T::neg_infinity(), |m, &x| m.max(x));
+                l[t] = max
+                    + scores[..=t]
+                        .iter()
+                        .map(|&x| (x - max).exp())
+                        .sum::<T>()
+                        .ln();
+                let o_t = &mut o[t * d..(t + 1) * d];
+                for (j, &score) in scores[..=t].iter().enumerate() {
+                    let p = (score - l[t]).exp();
+                    for (o, &v) in o_t.iter_mut().zip(heads.v(j, kvh)) {
+                        *o += p * v;
+                    }
+                }
+            }
+            (o, l)
+        })
+        .collect();
+    for (bh, (o, l)) in per_head.into_iter().enumerate() {
+        let (b, h) = (bh / s.q_heads, bh % s.q_heads);
+        for t in 0..s.seq {
+            let row = (b * s.seq + t) * s.q_heads * d + h * d;
+            out[row..row + d].copy_from_slice(&o[t * d..(t + 1) * d]);
+        }
+        lse[bh * s.seq..(bh + 1) * s.seq].copy_from_slice(&l);
+    }
+}
+
+/// Writes `dqkv` from `dout`, using the saved `out` and `lse`:
+/// `dS = P ⊙ (dout·vᵀ − rowsum(dout ⊙ out))`, `dq = dS·k/√d`, `dk = dSᵀ·q/√d`, `dv = Pᵀ·dout`.
+pub fn attention_backward<T: Scalar>(
+    dqkv: &mut [T],
+    dout: &[T],
+    qkv: &[T],
+    out: &[T],
+    lse: &[T],
+    s: AttnShape,
+) {
+    let (d, group) = (s.head_dim, s.q_heads / s.kv_heads);
+    let row_of = |b: usize, t: usize, h: usize| (b * s.seq + t) * s.q_heads * d + h * d;
+    // Per (batch, kv head): dq for the group's query heads `[group, T, d]`, then dk and dv `[T, d]`.
+    let per_group: Vec<(Vec<T>, Vec<T>, Vec<T>)> = (0..s.batch * s.kv_heads)
+        .into_par_iter()
+        .map(|bk| {
+            let (b, kvh) = (bk / s.kv_heads, bk % s.kv_heads);
+            let heads = Heads { qkv, s, batch: b };
+            let mut dq = vec![T::zero(); group * s.seq * d];
+            let (mut dk, mut dv) = (vec![T::zero(); s.seq * d], vec![T::zero(); s.seq * d]);
+            for g in 0..group {
+                let h = kvh * group + g;
+                for t in 0..s.seq {
+                    let (q, do_t) = (heads.q(t, h), &dout[row_of(b, t, h)..row_of(b, t, h) + d]);
+                    let delta = dot(do_t, &out[row_of(b, t, h)..row_of(b, t, h) + d]);
+                    let l = lse[(b * s.q_heads + h) * s.seq + t];
+                    let dq_t = &mut dq[(g * s.seq + t) * d..(g * s.seq + t + 1) * d];
+                    for j in 0..=t {
+                        let (k, v) = (heads.k(j, kvh), heads.v(j, kvh));
+                        let p = (dot(q, k) * scale(s) - l).exp();
+                        let ds = p * (dot(do_t, v) - delta) * scale(s);
+                        for i in 0..d {
+                            dq_t[i] += ds * k[i];
+                            dk[j * d + i] += ds * q[i];
+                            dv[j * d + i] += p * do_t[i];
+                        }
+                    }
+                }
+            }
+            (dq, dk, dv)
+        })
+        .collect();
+    let w = s.qkv_width();
+    for (bk, (dq, dk, dv)) in per_group.into_iter().enumerate() {
+        let (b, kvh) = (bk / s.kv_heads, bk % s.kv_heads);
+        for t in 0..s.seq {
+            let row = &mut dqkv[(b * s.seq + t) * w..(b * s.seq + t + 1) * w];
+            for g in 0..group {
+                let h = kvh * group + g;
+                row[h * d..(h + 1) * d]
+                    .copy_from_slice(&dq[(g * s.seq + t) * d..(g * s.seq + t + 1) * d]);
+            }
+            let k_at = (s.q_heads + kvh) * d;
+            let v_at = (s.q_heads + s.kv_heads + kvh) * d;
+            row[k_at..k_at + d].copy_from_slice(&dk[t * d..(t + 1) * d]);
+            row[v_at..v_at + d].copy_from_slice(&dv[t * d..(t + 1) * d]);
+        }
+    }
+}

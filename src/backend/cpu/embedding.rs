@@ -1,0 +1,37 @@
+//! Token embedding lookup and its gradient.
+
+use rayon::prelude::*;
+
+use super::Scalar;
+
+/// out: `[N, C]`, tokens: `[N]`, wte: `[V, C]`.
+pub fn embedding_forward<T: Scalar>(out: &mut [T], tokens: &[i32], wte: &[T], c: usize) {
+    out.par_chunks_mut(c)
+        .zip(tokens.par_iter())
+        .for_each(|(row, &tok)| {
+            let t = tok as usize;
+            row.copy_from_slice(&wte[t * c..(t + 1) * c]);
+        });
+}
+
+/// dwte: `[V, C]`; rows are added in token order, so the result is deterministic.
+pub fn embedding_backward<T: Scalar>(
+    dwte: &mut [T],
+    tokens: &[i32],
+    dout: &[T],
+    c: usize,
+    accumulate: bool,
+) {
+    if !accumulate {
+        dwte.fill(T::zero());
+    }
+    for (n, &tok) in tokens.iter().enumerate() {
+        let t = tok as usize;
+        for (d, &g) in dwte[t * c..(t + 1) * c]
+            .iter_mut()
+            .zip(&dout[n * c..(n + 1) * c])
+        {
+            *d += g;
+        }
+    }
+}

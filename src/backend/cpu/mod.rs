@@ -1,0 +1,459 @@
+//! The reference backend: plain loops in f32 (or f64 for gradient checks), a real GEMM, and
+//! rayon where rows are independent. Every result is deterministic, whatever the thread
+//! count, so recompute and resume can be checked bit for bit.
+//!
+//! Each tensor gets its own buffer. A tensor of a narrower dtype than `T` (bf16, say) holds
+//! values rounded to that dtype after every write, which is how the CPU predicts the GPU.
+
+mod adamw;
+mod attention;
+mod classifier;
+mod embedding;
+mod matmul;
+mod rmsnorm;
+mod rope;
+pub mod rounding;
+mod scalar;
+mod swiglu;
+
+use std::cell::{Ref, RefCell, RefMut};
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use anyhow::{Result, anyhow, ensure};
+
+pub use classifier::IGNORE_INDEX;
+pub use scalar::Scalar;
+
+use super::{AdamW, AttnShape, Backend, Matmul, UnsupportedDtype};
+use crate::tensor::{DType, Tensor, TensorSpec};
+
+pub enum Buffer<T> {
+    Float(Vec<T>),
+    Int(Vec<i32>),
+}
+
+/// The CPU backend computing in `T`.
+#[derive(Default)]
+pub struct Cpu<T: Scalar = f32> {
+    _scalar: PhantomData<T>,
+}
+
+impl<T: Scalar> Cpu<T> {
+    pub fn new() -> Self {
+        Cpu {
+            _scalar: PhantomData,
+        }
+    }
+
+    fn floats<'a>(&self, t: &'a Tensor<Self>) -> Result<Ref<'a, [T]>> {
+        let range = t.offset..t.offset + t.numel();
+        Ref::filter_map(t.storage.borrow(), |b| match b {
+            Buffer::Float(v) => Some(&v[range]),
+            Buffer::Int(_) => None,
+        })
+        .map_err(|_| anyhow!("expected a float tensor, got {:?} {}", t.shape, t.dtype))
+    }
+
+    fn floats_mut<'a>(&self, t: &'a Tensor<Self>) -> Result<RefMut<'a, [T]>> {
+        let range = t.offset..t.offset + t.numel();
+        let buffer = t
+            .storage
+            .try_borrow_mut()
+            .map_err(|_| anyhow!("an output tensor {:?} aliases an input", t.shape))?;
+        RefMut::filter_map(buffer, |b| match b {
+            Buffer::Float(v) => Some(&mut v[range]),
+            Buffer::Int(_) => None,
+        })
+        .map_err(|_| anyhow!("expected a float tensor, got {:?} {}", t.shape, t.dtype))
+    }
+
+    fn ints<'a>(&self, t: &'a Tensor<Self>) -> Result<Ref<'a, [i32]>> {
+        let range = t.offset..t.offset + t.numel();
+        Ref::filter_map(t.storage.borrow(), |b| match b {
+            Buffer::Int(v) => Some(&v[range]),
+            Buffer::Float(_) => None,
+        })
+        .map_err(|_| anyhow!("expected an i32 tensor, got {:?} {}", t.shape, t.dtype))
+    }
+
+    /// Runs `f` on the tensor's values at full precision, then rounds them to its dtype.
+    /// Gradient checks use this to nudge one weight without the round trip through f32.
+    pub fn update(&self, t: &Tensor<Self>, f: impl FnOnce(&mut [T])) -> Result<()> {
+        let mut values = self.floats_mut(t)?;
+        f(&mut values);
+        rounding::round_slice(t.dtype, &mut values);
+        Ok(())
+    }
+
+    /// The tensor's values at full precision.
+    pub fn values(&self, t: &Tensor<Self>) -> Result<Vec<T>> {
+        Ok(self.floats(t)?.to_vec())
+    }
+
+    /// Runs an op that writes `out`, then rounds what it wrote to `out`'s dtype.
+    fn write(&self, out: &Tensor<Self>, op: impl FnOnce(&mut [T])) -> Result<()> {
+        self.update(out, op)
+    }
+}
+
+/// Shorthand for the `n` of an `[N, C]` view of any tensor whose last dimension is `C`.
+fn rows_of<B: Backend>(t: &Tensor<B>) -> usize {
+    t.numel() / t.cols()
+}
+
+impl<T: Scalar> Backend for Cpu<T> {
+    type Storage = Rc<RefCell<Buffer<T>>>;
+
+    fn describe(&self) -> String {
+        format!(
+            "cpu ({}, {} threads)",
+            T::DTYPE,
+            rayon::current_num_threads()
+        )
+    }
+
+    fn allocate(&self, _category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>> {
+        specs
+            .iter()
+            .map(|spec| {
+                let representable = match spec.dtype {
+                    DType::I32 | DType::F32 | DType::BF16 | DType::F16 => true,
+                    DType::F64 => T::DTYPE == DType::F64,
+                    DType::E4M3 | DType::E5M2 => false,
+                };
+                if !representable {
+                    return Err(UnsupportedDtype {
+                        backend: "cpu",
+                        op: "allocate",
+                        dtypes: vec![spec.dtype],
+                    }
+                    .into());
+                }
+                let buffer = match spec.dtype {
+                    DType::I32 => Buffer::Int(vec![0; spec.numel()]),
+                    _ => Buffer::Float(vec![T::zero(); spec.numel()]),
+                };
+                Ok(Tensor::new(
+                    Rc::new(RefCell::new(buffer)),
+                    spec.shape.clone(),
+                    spec.dtype,
+                ))
+            })
+            .collect()
+    }
+
+    fn upload(&self, dst: &Tensor<Self>, src: &[f32]) -> Result<()> {
+        ensure!(
+            src.len() == dst.numel(),
+            "upload of {} values into {:?}",
+            src.len(),
+            dst.shape
+        );
+        self.write(dst, |d| {
+            d.iter_mut()
+                .zip(src)
+                .for_each(|(d, &s)| *d = T::of(s as f64))
+        })
+    }
+
+    fn upload_i32(&self, dst: &Tensor<Self>, src: &[i32]) -> Result<()> {
+        ensure!(
+            src.len() == dst.numel(),
+            "upload of {} values into {:?}",
+            src.len(),
+            dst.shape
+        );
+        let range = dst.offset..dst.offset + dst.numel();
+        match &mut *dst.storage.borrow_mut() {
+            Buffer::Int(v) => v[range].copy_from_slice(src),
+            Buffer::Float(_) => anyhow::bail!("upload_i32 into a float tensor {:?}", dst.shape),
+        }
+        Ok(())
+    }
+
+    fn download(&self, src: &Tensor<Self>) -> Result<Vec<f32>> {
+        Ok(self.floats(src)?.iter().map(|x| x.f64() as f32).collect())
+    }
+
+    fn download_f64(&self, src: &Tensor<Self>) -> Result<Vec<f64>> {
+        Ok(self.floats(src)?.iter().map(|x| x.f64()).collect())
+    }
+
+    fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()> {
+        self.write(dst, |d| d.fill(T::of(value as f64)))
+    }
+
+    fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
+        ensure!(
+            dst.numel() == src.numel(),
+            "copy {:?} into {:?}",
+            src.shape,
+            dst.shape
+        );
+        let src = self.floats(src)?;
+        self.write(dst, |d| d.copy_from_slice(&src))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn embedding_forward(
+        &self,
+        out: &Tensor<Self>,
+        tokens: &Tensor<Self>,
+        wte: &Tensor<Self>,
+    ) -> Result<()> {
+        let (tokens, wte_v) = (self.ints(tokens)?, self.floats(wte)?);
+        self.write(out, |o| {
+            embedding::embedding_forward(o, &tokens, &wte_v, wte.cols())
+        })
+    }
+
+    fn embedding_backward(
+        &self,
+        dwte: &Tensor<Self>,
+        tokens: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (tokens, dout) = (self.ints(tokens)?, self.floats(dout)?);
+        self.write(dwte, |d| {
+            embedding::embedding_backward(d, &tokens, &dout, dwte.cols(), accumulate)
+        })
+    }
+
+    fn rmsnorm_forward(
+        &self,
+        out: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        inp: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        eps: f32,
+    ) -> Result<()> {
+        let (inp, weight) = (self.floats(inp)?, self.floats(weight)?);
+        let mut rstd_v = self.floats_mut(rstd)?;
+        self.write(out, |o| {
+            rmsnorm::rmsnorm_forward(o, &mut rstd_v, &inp, &weight, eps as f64)
+        })?;
+        rounding::round_slice(rstd.dtype, &mut rstd_v);
+        Ok(())
+    }
+
+    fn residual_rmsnorm_forward(
+        &self,
+        residual_out: &Tensor<Self>,
+        out: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        residual: &Tensor<Self>,
+        branch: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        eps: f32,
+    ) -> Result<()> {
+        {
+            let (residual, branch) = (self.floats(residual)?, self.floats(branch)?);
+            self.write(residual_out, |r| {
+                r.iter_mut()
+                    .zip(residual.iter().zip(branch.iter()))
+                    .for_each(|(r, (&a, &b))| *r = a + b)
+            })?;
+        }
+        // The norm reads the rounded sum, as a kernel reading back its bf16 output would.
+        self.rmsnorm_forward(out, rstd, residual_out, weight, eps)
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dinp: &Tensor<Self>,
+        dweight: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        inp: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (dout, inp, weight, rstd) = (
+            self.floats(dout)?,
+            self.floats(inp)?,
+            self.floats(weight)?,
+            self.floats(rstd)?,
+        );
+        let mut dweight_v = self.floats_mut(dweight)?;
+        self.write(dinp, |dx| {
+            rmsnorm::rmsnorm_backward(dx, &mut dweight_v, &dout, &inp, &weight, &rstd, accumulate)
+        })?;
+        rounding::round_slice(dweight.dtype, &mut dweight_v);
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        out: &Tensor<Self>,
+        a: &Tensor<Self>,
+        b: &Tensor<Self>,
+        bias: Option<&Tensor<Self>>,
+        spec: Matmul,
+    ) -> Result<()> {
+        let (a_v, b_v) = (self.floats(a)?, self.floats(b)?);
+        let bias = bias.map(|t| self.floats(t)).transpose()?;
+        let m = if spec.trans_a { a.cols() } else { rows_of(a) };
+        let n = if spec.trans_b { rows_of(b) } else { b.cols() };
+        ensure!(
+            out.numel() == m * n,
+            "matmul: output {:?} is not {m}x{n}",
+            out.shape
+        );
+        self.write(out, |o| {
+            matmul::matmul(o, &a_v, a.cols(), &b_v, b.cols(), bias.as_deref(), spec)
+        })
+    }
+
+    fn bias_backward(
+        &self,
+        dbias: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let dout = self.floats(dout)?;
+        self.write(dbias, |d| matmul::bias_backward(d, &dout, accumulate))
+    }
+
+    fn rope_forward(
+        &self,
+        qkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let freqs = self.floats(freqs)?;
+        self.write(qkv, |x| rope::rope_rotate(x, &freqs, shape, false))
+    }
+
+    fn rope_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let freqs = self.floats(freqs)?;
+        self.write(dqkv, |x| rope::rope_rotate(x, &freqs, shape, true))
+    }
+
+    fn attention_forward(
+        &self,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let qkv = self.floats(qkv)?;
+        let mut lse_v = self.floats_mut(lse)?;
+        self.write(out, |o| {
+            attention::attention_forward(o, &mut lse_v, &qkv, shape)
+        })?;
+        rounding::round_slice(lse.dtype, &mut lse_v);
+        Ok(())
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let (dout, qkv, out, lse) = (
+            self.floats(dout)?,
+            self.floats(qkv)?,
+            self.floats(out)?,
+            self.floats(lse)?,
+        );
+        self.write(dqkv, |d| {
+            attention::attention_backward(d, &dout, &qkv, &out, &lse, shape)
+        })
+    }
+
+    fn swiglu_forward(&self, out: &Tensor<Self>, gate_up: &Tensor<Self>) -> Result<()> {
+        let gu = self.floats(gate_up)?;
+        self.write(out, |o| swiglu::swiglu_forward(o, &gu, out.cols()))
+    }
+
+    fn swiglu_backward(
+        &self,
+        dgate_up: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        gate_up: &Tensor<Self>,
+    ) -> Result<()> {
+        let (dy, gu) = (self.floats(dout)?, self.floats(gate_up)?);
+        self.write(dgate_up, |d| {
+            swiglu::swiglu_backward(d, &dy, &gu, dout.cols())
+        })
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &Tensor<Self>,
+        losses: &Tensor<Self>,
+        targets: &Tensor<Self>,
+        z_loss: f32,
+        grad_scale: Option<f32>,
+    ) -> Result<()> {
+        let targets = self.ints(targets)?;
+        let mut losses_v = self.floats_mut(losses)?;
+        self.write(logits, |l| {
+            classifier::cross_entropy(
+                l,
+                &mut losses_v,
+                &targets,
+                z_loss as f64,
+                grad_scale.map(f64::from),
+            )
+        })?;
+        rounding::round_slice(losses.dtype, &mut losses_v);
+        Ok(())
+    }
+
+    fn sum_squares(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
+        let x = self.floats(x)?;
+        self.write(out, |o| o[0] += x.iter().map(|&v| v * v).sum::<T>())
+    }
+
+    fn adamw(
+        &self,
+        param: &Tensor<Self>,
+        master: Option<&Tensor<Self>>,
+        grad: &Tensor<Self>,
+        m: &Tensor<Self>,
+        v: &Tensor<Self>,
+        norm_sq: &Tensor<Self>,
+        hp: &AdamW,
+    ) -> Result<()> {
+        let norm_sq = self.floats(norm_sq)?[0].f64();
+        let grad_v = self.floats(grad)?;
+        let (mut m_v, mut v_v, mut p_v) = (
+            self.floats_mut(m)?,
+            self.floats_mut(v)?,
+            self.floats_mut(param)?,
+        );
+        let mut master_v = master.map(|t| self.floats_mut(t)).transpose()?;
+        let dtypes = adamw::StateDtypes {
+            param: param.dtype,
+            m: m.dtype,
+            v: v.dtype,
+            master: master.map_or(param.dtype, |t| t.dtype),
+        };
+        adamw::adamw(
+            &mut p_v,
+            master_v.as_deref_mut(),
+            &grad_v,
+            &mut m_v,
+            &mut v_v,
+            norm_sq,
+            hp,
+            &dtypes,
+        );
+        Ok(())
+    }
+}

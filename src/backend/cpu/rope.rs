@@ -1,0 +1,30 @@
+//! Rotary position embedding in HF's rotate-half layout: element `i` of a head pairs with
+//! element `i + head_dim/2`.
+
+use rayon::prelude::*;
+
+use super::Scalar;
+use crate::backend::AttnShape;
+
+/// Rotates each query and key head of every `qkv` row by its position's angles.
+/// `freqs`: `[T, head_dim/2, 2]` of (cos, sin). `inverse` rotates back, which is the
+/// gradient of the forward rotation.
+pub fn rope_rotate<T: Scalar>(qkv: &mut [T], freqs: &[T], shape: AttnShape, inverse: bool) {
+    let d = shape.head_dim;
+    let half = d / 2;
+    let rotated_heads = shape.q_heads + shape.kv_heads;
+    qkv.par_chunks_mut(shape.qkv_width())
+        .enumerate()
+        .for_each(|(n, row)| {
+            let table = &freqs[(n % shape.seq) * d..(n % shape.seq + 1) * d];
+            for head in row[..rotated_heads * d].chunks_mut(d) {
+                let (lo, hi) = head.split_at_mut(half);
+                for ((x1, x2), cs) in lo.iter_mut().zip(hi.iter_mut()).zip(table.chunks(2)) {
+                    let (cos, sin) = (cs[0], if inverse { -cs[1] } else { cs[1] });
+                    let (a, b) = (*x1, *x2);
+                    *x1 = a * cos - b * sin;
+                    *x2 = b * cos + a * sin;
+                }
+            }
+        });
+}

@@ -1,0 +1,272 @@
+//! The contract between the transformer and the hardware.
+//!
+//! The methods are the fused operations a Llama/Qwen2 training step needs, not general
+//! tensor algebra. Each has a plainly written twin of the same name in `cpu/`, which is
+//! the reference every other backend is tested against.
+//!
+//! Asynchrony: an implementation may enqueue work and return before it is done (the CUDA
+//! backend does). Only `download` and `synchronize` wait. Callers therefore never read a
+//! tensor except through `download`, and never reuse a host slice they passed in before the
+//! call returns (uploads copy before returning).
+//!
+//! The accumulate rule, once for every op: an op writes (`=`) its outputs, except where an
+//! `accumulate` flag is given, which makes it add (`+=`) instead. The model passes `true`
+//! for parameter gradients after the first micro-step, and residual-stream gradients are
+//! always added into.
+
+pub mod cpu;
+
+use anyhow::Result;
+
+use crate::tensor::{DType, Tensor, TensorSpec};
+
+/// Shape of one attention call. `qkv` rows hold `q_heads` query heads, then `kv_heads`
+/// key heads, then `kv_heads` value heads, each `head_dim` wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub seq: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    pub fn qkv_width(&self) -> usize {
+        (self.q_heads + 2 * self.kv_heads) * self.head_dim
+    }
+}
+
+/// `out (+)= op(a) · op(b) (+ bias)`, where `op` transposes when asked. Every operand is
+/// read as a row-major matrix whose columns are its last dimension.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Matmul {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub accumulate: bool,
+}
+
+impl Matmul {
+    /// `y = x · wᵀ`: the forward of a linear layer with `w` stored `[out, in]`.
+    pub const FORWARD: Matmul = Matmul {
+        trans_a: false,
+        trans_b: true,
+        accumulate: false,
+    };
+    /// `dx = dy · w`: a linear layer's input gradient.
+    pub const BACKWARD_INPUT: Matmul = Matmul {
+        trans_a: false,
+        trans_b: false,
+        accumulate: false,
+    };
+    /// `dw (+)= dyᵀ · x`: a linear layer's weight gradient.
+    pub fn backward_weight(accumulate: bool) -> Matmul {
+        Matmul {
+            trans_a: true,
+            trans_b: false,
+            accumulate,
+        }
+    }
+}
+
+/// One AdamW update's hyper-parameters. `step` counts from 1 for the bias correction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamW {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub step: u64,
+    /// Gradients are scaled by `min(1, grad_clip / norm)` with `norm` read on the device;
+    /// `0` disables clipping.
+    pub grad_clip: f32,
+    /// Seeds stochastic rounding; differs per tensor and per step.
+    pub seed: u64,
+}
+
+/// A typed refusal for a dtype combination an op does not implement.
+#[derive(Debug, thiserror::Error)]
+#[error("{backend} backend: {op} does not support dtypes {dtypes:?}")]
+pub struct UnsupportedDtype {
+    pub backend: &'static str,
+    pub op: &'static str,
+    pub dtypes: Vec<DType>,
+}
+
+pub trait Backend: Sized {
+    /// A cheap, clonable handle to memory owned by the backend.
+    type Storage: Clone;
+
+    /// One line for logs: the device and its precision.
+    fn describe(&self) -> String;
+
+    // ----- memory -----
+
+    /// Allocates one category (weights, gradients, activations, ...) at once and returns its
+    /// tensors in the order of `specs`. Contents are unspecified until written.
+    fn allocate(&self, category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>>;
+    /// Copies host values in, rounding each to the tensor's dtype.
+    fn upload(&self, dst: &Tensor<Self>, src: &[f32]) -> Result<()>;
+    fn upload_i32(&self, dst: &Tensor<Self>, src: &[i32]) -> Result<()>;
+    /// Waits for pending work and returns the tensor's values.
+    fn download(&self, src: &Tensor<Self>) -> Result<Vec<f32>>;
+    /// `download` at the storage's full precision, for values the host sums (losses, norms)
+    /// and for gradient checks on an f64 backend.
+    fn download_f64(&self, src: &Tensor<Self>) -> Result<Vec<f64>> {
+        Ok(self.download(src)?.into_iter().map(f64::from).collect())
+    }
+    fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()>;
+    /// `dst = src`, converting between float dtypes with round-to-nearest-even.
+    fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()>;
+    fn synchronize(&self) -> Result<()>;
+
+    // ----- the transformer's operations -----
+
+    /// `out[n, :] = wte[tokens[n], :]`. tokens: `[N]` i32, wte: `[V, C]`, out: `[N, C]`.
+    fn embedding_forward(
+        &self,
+        out: &Tensor<Self>,
+        tokens: &Tensor<Self>,
+        wte: &Tensor<Self>,
+    ) -> Result<()>;
+    /// `dwte[tokens[n], :] (+)= dout[n, :]`, summed in token order so that it is deterministic.
+    fn embedding_backward(
+        &self,
+        dwte: &Tensor<Self>,
+        tokens: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()>;
+
+    /// `out = inp · rstd · weight` with `rstd[n] = 1/sqrt(mean(inp[n]²) + eps)`.
+    /// inp, out: `[N, C]`; weight: `[C]`; rstd: `[N]` f32.
+    fn rmsnorm_forward(
+        &self,
+        out: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        inp: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        eps: f32,
+    ) -> Result<()>;
+    /// `residual_out = residual + branch`, then `rmsnorm_forward` of `residual_out`.
+    #[allow(clippy::too_many_arguments)]
+    fn residual_rmsnorm_forward(
+        &self,
+        residual_out: &Tensor<Self>,
+        out: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        residual: &Tensor<Self>,
+        branch: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        eps: f32,
+    ) -> Result<()>;
+    /// `dinp += ∂out/∂inp · dout` (the residual stream, always added into) and
+    /// `dweight (+)= Σ_n dout[n] ⊙ inp[n] · rstd[n]`.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &self,
+        dinp: &Tensor<Self>,
+        dweight: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        inp: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()>;
+
+    /// `out[M, N] (+)= op(a)[M, K] · op(b)[K, N] (+ bias[N])`.
+    fn matmul(
+        &self,
+        out: &Tensor<Self>,
+        a: &Tensor<Self>,
+        b: &Tensor<Self>,
+        bias: Option<&Tensor<Self>>,
+        spec: Matmul,
+    ) -> Result<()>;
+    /// `dbias[N] (+)= Σ_m dout[m, N]`.
+    fn bias_backward(
+        &self,
+        dbias: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()>;
+
+    /// Rotates the query and key heads of `qkv` `[B·T, qkv_width]` in place, HF rotate-half
+    /// style. `freqs` is `[T, head_dim/2, 2]` f32 of (cos, sin) per position and pair.
+    fn rope_forward(
+        &self,
+        qkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()>;
+    /// The inverse rotation, applied in place to the gradient.
+    fn rope_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()>;
+
+    /// Causal grouped-query attention with scale `1/sqrt(head_dim)`.
+    /// qkv: `[B·T, qkv_width]`; out: `[B·T, q_heads·head_dim]`; lse: `[B, q_heads, T]` f32,
+    /// the log-sum-exp of each score row, kept for the backward.
+    fn attention_forward(
+        &self,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()>;
+    /// Writes `dqkv` (all three parts) from `dout`.
+    fn attention_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()>;
+
+    /// `out = silu(gate) ⊙ up` where `gate_up` is `[N, 2F]`: gate columns first, then up.
+    fn swiglu_forward(&self, out: &Tensor<Self>, gate_up: &Tensor<Self>) -> Result<()>;
+    fn swiglu_backward(
+        &self,
+        dgate_up: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        gate_up: &Tensor<Self>,
+    ) -> Result<()>;
+
+    /// Softmax cross-entropy over `logits` `[N, V]` against `targets` `[N]` (i32; -100 is
+    /// ignored), with z-loss `z · lse²`. Writes `losses[N]` (f32). With `grad_scale` given,
+    /// replaces the logits in place by `grad_scale · ∂loss/∂logits`.
+    fn cross_entropy(
+        &self,
+        logits: &Tensor<Self>,
+        losses: &Tensor<Self>,
+        targets: &Tensor<Self>,
+        z_loss: f32,
+        grad_scale: Option<f32>,
+    ) -> Result<()>;
+
+    // ----- the optimizer -----
+
+    /// `out[0] += Σ x²` in f32; `out` is a one-element f32 tensor the caller zeroes.
+    fn sum_squares(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()>;
+    /// One AdamW step on `param` (`master` holds the high-precision copy when present, and
+    /// `param` receives it rounded). `norm_sq` is the global gradient `Σ g²` from
+    /// `sum_squares`, read on the device for clipping. Weight decay applies when
+    /// `hp.weight_decay` is non-zero; the caller passes 0 for norms and biases.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &self,
+        param: &Tensor<Self>,
+        master: Option<&Tensor<Self>>,
+        grad: &Tensor<Self>,
+        m: &Tensor<Self>,
+        v: &Tensor<Self>,
+        norm_sq: &Tensor<Self>,
+        hp: &AdamW,
+    ) -> Result<()>;
+}

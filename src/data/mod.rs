@@ -1,0 +1,3 @@
+//! Training data: token files.
+
+pub mod tokfile;

@@ -1,0 +1,298 @@
+//! llm.q's BIN.TOK token files, read through a memory map and written atomically.
+//!
+//! Layout: a 1024-byte header of 256 little-endian int32 — bytes 0..8 the magic
+//! `BIN.TOK\n`, then [2] version (1 or 2), [3] bytes per token (4), [4] token count,
+//! [5] vocabulary size (version 2; 0 if unknown), [6] 1 if a loss mask follows — then the
+//! tokens as int32, then, if present, the mask: one bit per token, least significant bit
+//! first. A set bit means the token at that position is trained *as a target*.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use memmap2::Mmap;
+
+pub const MAGIC: &[u8; 8] = b"BIN.TOK\n";
+pub const HEADER_BYTES: usize = 1024;
+const BYTES_PER_TOKEN: i32 = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub version: i32,
+    pub tokens: usize,
+    /// The vocabulary the tokens were drawn from (version 2 files).
+    pub vocab_size: Option<usize>,
+    pub has_mask: bool,
+}
+
+impl Header {
+    pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
+        let mut bytes = [0u8; HEADER_BYTES];
+        bytes[..8].copy_from_slice(MAGIC);
+        let fields = [
+            self.version,
+            BYTES_PER_TOKEN,
+            self.tokens as i32,
+            self.vocab_size.unwrap_or(0) as i32,
+            self.has_mask as i32,
+        ];
+        for (i, v) in fields.iter().enumerate() {
+            bytes[8 + 4 * i..12 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// Parses and checks a header; `path` names the file in errors.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Header> {
+        let name = path.display();
+        if bytes.len() < HEADER_BYTES {
+            bail!(
+                "{name}: {} bytes is too short for a BIN.TOK file (the header alone is 1024 bytes)",
+                bytes.len()
+            );
+        }
+        if &bytes[..8] != MAGIC {
+            bail!(
+                "{name}: not a BIN.TOK token file (wrong magic); create token files with `smelt tokenize`"
+            );
+        }
+        let int =
+            |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        let (version, width, tokens, vocab, masks) = (int(2), int(3), int(4), int(5), int(6));
+        if version != 1 && version != 2 {
+            bail!("{name}: BIN.TOK version {version} is not supported (1 or 2)");
+        }
+        if width != BYTES_PER_TOKEN {
+            bail!("{name}: {width} bytes per token; smelt reads 4-byte tokens only");
+        }
+        if tokens < 0 || vocab < 0 {
+            bail!("{name}: the header is corrupt (token count {tokens}, vocabulary {vocab})");
+        }
+        Ok(Header {
+            version,
+            tokens: tokens as usize,
+            vocab_size: (version == 2 && vocab > 0).then_some(vocab as usize),
+            has_mask: version == 2 && masks != 0,
+        })
+    }
+
+    /// The file's size implied by the header.
+    pub fn file_bytes(&self) -> usize {
+        HEADER_BYTES
+            + 4 * self.tokens
+            + if self.has_mask {
+                self.tokens.div_ceil(8)
+            } else {
+                0
+            }
+    }
+}
+
+/// A token file mapped into memory.
+pub struct TokenFile {
+    pub path: PathBuf,
+    pub header: Header,
+    map: Mmap,
+}
+
+impl TokenFile {
+    /// Maps `path` and checks its header and size. With `vocab_size` given, also checks that
+    /// every token is below it, so that a bad id fails here and not in the middle of training.
+    pub fn open(path: &Path, vocab_size: Option<usize>) -> Result<TokenFile> {
+        let name = path.display();
+        let file = File::open(path).with_context(|| format!("{name}: cannot open token file"))?;
+        // SAFETY: the map is read-only; a file truncated underneath us by another process
+        // would be a misuse we cannot guard against, as with any mapped input.
+        let map = unsafe { Mmap::map(&file) }
+            .with_context(|| format!("{name}: cannot map token file"))?;
+        let header = Header::parse(&map, path)?;
+        if map.len() < header.file_bytes() {
+            bail!(
+                "{name}: truncated: the header promises {} tokens ({} bytes) but the file has {} bytes",
+                header.tokens,
+                header.file_bytes(),
+                map.len()
+            );
+        }
+        if header.tokens == 0 {
+            bail!("{name}: the file holds no tokens");
+        }
+        let tf = TokenFile {
+            path: path.to_path_buf(),
+            header,
+            map,
+        };
+        if let Some(limit) = vocab_size {
+            if let Some(vocab) = header.vocab_size {
+                if vocab > limit {
+                    bail!(
+                        "{name}: tokenized for a vocabulary of {vocab}, but the model has {limit}; tokenize with the model's tokenizer"
+                    );
+                }
+            }
+            if let Some((i, t)) = (0..header.tokens)
+                .map(|i| (i, tf.token(i)))
+                .find(|&(_, t)| t < 0 || t as usize >= limit)
+            {
+                bail!(
+                    "{name}: token {t} at position {i} is outside the model's vocabulary of {limit}"
+                );
+            }
+        }
+        Ok(tf)
+    }
+
+    pub fn len(&self) -> usize {
+        self.header.tokens
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.header.tokens == 0
+    }
+
+    pub fn token(&self, i: usize) -> i32 {
+        let at = HEADER_BYTES + 4 * i;
+        i32::from_le_bytes(self.map[at..at + 4].try_into().expect("4 bytes"))
+    }
+
+    /// Copies tokens `start..start + out.len()` into `out`.
+    pub fn read(&self, start: usize, out: &mut [i32]) {
+        for (k, o) in out.iter_mut().enumerate() {
+            *o = self.token(start + k);
+        }
+    }
+
+    /// Whether the token at `i` is trained as a target (always, without a mask).
+    pub fn trained(&self, i: usize) -> bool {
+        if !self.header.has_mask {
+            return true;
+        }
+        let byte = self.map[HEADER_BYTES + 4 * self.header.tokens + i / 8];
+        byte >> (i % 8) & 1 == 1
+    }
+}
+
+/// Writes a token file under a temporary name and renames it into place on `finish`, so
+/// that a crash never leaves a partial file under the final name.
+pub struct TokenWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+    out: BufWriter<File>,
+    tokens: usize,
+    vocab_size: Option<usize>,
+    /// Mask bits, kept in memory until the tokens are all written (1 bit per token).
+    mask: Option<Vec<u8>>,
+}
+
+impl TokenWriter {
+    pub fn create(path: &Path, vocab_size: Option<usize>, with_mask: bool) -> Result<TokenWriter> {
+        let tmp = temporary_name(path);
+        let file = File::create(&tmp)
+            .with_context(|| format!("{}: cannot create token file", tmp.display()))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        out.write_all(&[0u8; HEADER_BYTES])?;
+        Ok(TokenWriter {
+            path: path.to_path_buf(),
+            tmp,
+            out,
+            tokens: 0,
+            vocab_size,
+            mask: with_mask.then(Vec::new),
+        })
+    }
+
+    /// Appends tokens; `mask` (one flag per token) is required exactly when the file has one.
+    pub fn write(&mut self, tokens: &[i32], mask: Option<&[bool]>) -> Result<()> {
+        if self.tokens + tokens.len() > i32::MAX as usize {
+            bail!(
+                "{}: a BIN.TOK file holds at most 2^31 - 1 tokens; use a smaller --shard-tokens",
+                self.path.display()
+            );
+        }
+        for t in tokens {
+            self.out.write_all(&t.to_le_bytes())?;
+        }
+        match (&mut self.mask, mask) {
+            (Some(bits), Some(flags)) => {
+                assert_eq!(flags.len(), tokens.len(), "one mask flag per token");
+                for (k, &f) in flags.iter().enumerate() {
+                    let i = self.tokens + k;
+                    if i % 8 == 0 {
+                        bits.push(0);
+                    }
+                    if f {
+                        *bits.last_mut().expect("pushed above") |= 1 << (i % 8);
+                    }
+                }
+            }
+            (None, None) => {}
+            _ => panic!("mask given to a file without one, or missing for a file with one"),
+        }
+        self.tokens += tokens.len();
+        Ok(())
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Writes the mask and header, syncs, and renames the file into place.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        if let Some(bits) = &self.mask {
+            self.out.write_all(bits)?;
+        }
+        let header = Header {
+            version: 2,
+            tokens: self.tokens,
+            vocab_size: self.vocab_size,
+            has_mask: self.mask.is_some(),
+        };
+        let mut file = self.out.into_inner().map_err(|e| e.into_error())?;
+        use std::io::{Seek, SeekFrom};
+        file.seek(SeekFrom::Start(0))?;
+        file.write_all(&header.to_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&self.tmp, &self.path)
+            .with_context(|| format!("renaming {} into place", self.path.display()))?;
+        Ok(self.path)
+    }
+}
+
+/// `dir/.name.tmp`: hidden, in the same directory so that the rename is atomic.
+pub fn temporary_name(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_and_reads_back_with_mask() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let mut w = TokenWriter::create(&path, Some(100), true).unwrap();
+        let tokens: Vec<i32> = (0..21).collect();
+        let mask: Vec<bool> = (0..21).map(|i| i % 3 == 0).collect();
+        w.write(&tokens[..10], Some(&mask[..10])).unwrap();
+        w.write(&tokens[10..], Some(&mask[10..])).unwrap();
+        w.finish().unwrap();
+        let f = TokenFile::open(&path, Some(100)).unwrap();
+        assert_eq!(
+            f.header,
+            Header {
+                version: 2,
+                tokens: 21,
+                vocab_size: Some(100),
+                has_mask: true
+            }
+        );
+        assert!((0..21).all(|i| f.token(i) == i as i32 && f.trained(i) == (i % 3 == 0)));
+        assert!(!temporary_name(&path).exists());
+    }
+}

@@ -1,0 +1,13 @@
+//! smelt: training and fine-tuning for Llama- and Qwen2-family language models.
+//!
+//! Layers, from the bottom: `tensor` and `backend` (the fused operations, with a CPU
+//! reference), `model` (the transformer written once over any backend), `io` (HF model
+//! directories), and the command-line entry point in `main.rs`.
+
+pub mod backend;
+pub mod cli;
+pub mod data;
+pub mod io;
+pub mod model;
+pub mod rng;
+pub mod tensor;

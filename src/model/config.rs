@@ -1,0 +1,516 @@
+//! The model's shape, read from (and written back to) a HF `config.json`.
+//!
+//! Only what smelt implements is accepted. Anything that would change the computation and
+//! is not implemented (sliding windows, other activations, other RoPE scalings, dropout) is
+//! refused with a message naming the field, never ignored.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Map, Value, json};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+}
+
+impl Architecture {
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+        }
+    }
+
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// Llama 3.1's "llama3" RoPE frequency scaling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeScaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub tie_word_embeddings: bool,
+    /// Biases on the q, k and v projections (always for Qwen2, never for Llama here).
+    pub qkv_bias: bool,
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Reads fields of one JSON object, naming the file and field in every error.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    source: &'a str,
+}
+
+impl Fields<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        match self.get(key) {
+            Some(v) => v.as_u64().map(|x| x as usize).with_context(|| {
+                format!(
+                    "{}: field `{key}` must be a non-negative integer, found {v}",
+                    self.source
+                )
+            }),
+            None => bail!("{}: field `{key}` is missing", self.source),
+        }
+    }
+
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        if self.get(key).is_some() {
+            self.usize(key)
+        } else {
+            Ok(default)
+        }
+    }
+
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        match self.get(key) {
+            Some(v) => v.as_f64().with_context(|| {
+                format!("{}: field `{key}` must be a number, found {v}", self.source)
+            }),
+            None => Ok(default),
+        }
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            Some(v) => v.as_bool().with_context(|| {
+                format!(
+                    "{}: field `{key}` must be true or false, found {v}",
+                    self.source
+                )
+            }),
+            None => Ok(default),
+        }
+    }
+
+    fn str(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
+
+    /// `bos/eos_token_id` may be an int or a list of ints.
+    fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        let bad = || {
+            format!(
+                "{}: field `{key}` must be an integer or a list of integers",
+                self.source
+            )
+        };
+        match self.get(key) {
+            None => Ok(vec![]),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().map(|x| x as u32).with_context(bad))
+                .collect(),
+            Some(v) => Ok(vec![v.as_u64().with_context(bad)? as u32]),
+        }
+    }
+
+    fn refuse_if(&self, key: &str, unsupported: impl Fn(&Value) -> bool, why: &str) -> Result<()> {
+        if let Some(v) = self.get(key) {
+            if unsupported(v) {
+                bail!(
+                    "{}: field `{key}` = {v} is not supported: {why}",
+                    self.source
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let value: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
+        Self::from_json(&value, &path.display().to_string())
+    }
+
+    /// Parses a HF config. `source` names the file in error messages.
+    pub fn from_json(value: &Value, source: &str) -> Result<Self> {
+        let map = value
+            .as_object()
+            .with_context(|| format!("{source}: expected a JSON object"))?;
+        let f = Fields { map, source };
+
+        let architecture = Self::architecture(&f)?;
+        f.refuse_if(
+            "hidden_act",
+            |v| v != "silu",
+            "only SiLU (SwiGLU) MLPs are implemented",
+        )?;
+        f.refuse_if(
+            "mlp_bias",
+            |v| v == &Value::Bool(true),
+            "MLP biases are not implemented",
+        )?;
+        f.refuse_if(
+            "use_sliding_window",
+            |v| v == &Value::Bool(true),
+            "sliding-window attention is not implemented",
+        )?;
+        f.refuse_if(
+            "attention_dropout",
+            |v| v.as_f64() != Some(0.0),
+            "dropout is not implemented",
+        )?;
+        f.refuse_if(
+            "pretraining_tp",
+            |v| v.as_u64() != Some(1),
+            "tensor-parallel pretraining slices are not implemented",
+        )?;
+        if architecture == Architecture::Llama {
+            f.refuse_if(
+                "attention_bias",
+                |v| v == &Value::Bool(true),
+                "Llama attention biases are not implemented",
+            )?;
+        }
+
+        let hidden_size = f.usize("hidden_size")?;
+        let num_heads = f.usize("num_attention_heads")?;
+        let num_kv_heads = f.usize_or("num_key_value_heads", num_heads)?;
+        if num_heads == 0 || hidden_size % num_heads != 0 && f.get("head_dim").is_none() {
+            bail!(
+                "{source}: `hidden_size` {hidden_size} is not a multiple of `num_attention_heads` {num_heads}, and there is no `head_dim`"
+            );
+        }
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            bail!(
+                "{source}: `num_attention_heads` {num_heads} must be a multiple of `num_key_value_heads` {num_kv_heads}"
+            );
+        }
+        let head_dim = f.usize_or("head_dim", hidden_size / num_heads)?;
+        if head_dim % 2 != 0 {
+            bail!("{source}: `head_dim` {head_dim} must be even for rotary embeddings");
+        }
+        let (rope_theta, rope_scaling) = Self::rope(&f)?;
+
+        Ok(ModelConfig {
+            architecture,
+            hidden_size,
+            intermediate_size: f.usize("intermediate_size")?,
+            num_layers: f.usize("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: f.usize("vocab_size")?,
+            rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            qkv_bias: architecture == Architecture::Qwen2,
+            max_position_embeddings: f.usize_or("max_position_embeddings", 2048)?,
+            bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
+            eos_token_ids: f.token_ids("eos_token_id")?,
+        })
+    }
+
+    fn architecture(f: &Fields) -> Result<Architecture> {
+        let listed: Vec<&str> = match f.get("architectures") {
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+            _ => vec![],
+        };
+        let name = match (listed.as_slice(), f.str("model_type")) {
+            ([one], _) => *one,
+            ([], Some("llama")) => "LlamaForCausalLM",
+            ([], Some("qwen2")) => "Qwen2ForCausalLM",
+            ([], _) => bail!(
+                "{}: field `architectures` is missing (expected [\"LlamaForCausalLM\"] or [\"Qwen2ForCausalLM\"])",
+                f.source
+            ),
+            (many, _) => bail!(
+                "{}: field `architectures` lists {many:?}; smelt expects exactly one",
+                f.source
+            ),
+        };
+        match name {
+            "LlamaForCausalLM" => Ok(Architecture::Llama),
+            "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
+            other => bail!(
+                "{}: field `architectures` is [\"{other}\"], which smelt does not support; supported: LlamaForCausalLM, Qwen2ForCausalLM",
+                f.source
+            ),
+        }
+    }
+
+    /// `rope_theta` and `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5).
+    fn rope(f: &Fields) -> Result<(f64, Option<RopeScaling>)> {
+        let params = f.get("rope_parameters").or_else(|| f.get("rope_scaling"));
+        let key = if f.get("rope_parameters").is_some() {
+            "rope_parameters"
+        } else {
+            "rope_scaling"
+        };
+        let mut theta = f.f64_or("rope_theta", 10000.0)?;
+        let Some(params) = params else {
+            return Ok((theta, None));
+        };
+        let map = params
+            .as_object()
+            .with_context(|| format!("{}: field `{key}` must be an object", f.source))?;
+        let p = Fields {
+            map,
+            source: f.source,
+        };
+        theta = p.f64_or("rope_theta", theta)?;
+        let kind = p
+            .str("rope_type")
+            .or_else(|| p.str("type"))
+            .unwrap_or("default");
+        match kind {
+            "default" => Ok((theta, None)),
+            "llama3" => {
+                let need = |k: &str| {
+                    p.f64_or(k, f64::NAN).and_then(|x| {
+                        if x.is_nan() {
+                            bail!("{}: field `{key}.{k}` is missing", f.source)
+                        } else {
+                            Ok(x)
+                        }
+                    })
+                };
+                Ok((
+                    theta,
+                    Some(RopeScaling {
+                        factor: need("factor")?,
+                        low_freq_factor: need("low_freq_factor")?,
+                        high_freq_factor: need("high_freq_factor")?,
+                        original_max_position_embeddings: need("original_max_position_embeddings")?,
+                    }),
+                ))
+            }
+            other => bail!(
+                "{}: field `{key}` has rope type \"{other}\", which is not supported (supported: default, llama3)",
+                f.source
+            ),
+        }
+    }
+
+    /// The HF `config.json` that describes this model, loadable by transformers.
+    pub fn to_hf_json(&self) -> Value {
+        let mut v = json!({
+            "architectures": [self.architecture.hf_class()],
+            "model_type": self.architecture.model_type(),
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "torch_dtype": "float32",
+        });
+        let obj = v.as_object_mut().expect("built as an object");
+        if let Some(s) = &self.rope_scaling {
+            obj.insert(
+                "rope_scaling".into(),
+                json!({
+                    "rope_type": "llama3",
+                    "factor": s.factor,
+                    "low_freq_factor": s.low_freq_factor,
+                    "high_freq_factor": s.high_freq_factor,
+                    "original_max_position_embeddings": s.original_max_position_embeddings,
+                }),
+            );
+        }
+        if self.architecture == Architecture::Llama {
+            obj.insert("attention_bias".into(), json!(false));
+        }
+        if let Some(bos) = self.bos_token_id {
+            obj.insert("bos_token_id".into(), json!(bos));
+        }
+        match self.eos_token_ids.as_slice() {
+            [] => {}
+            [one] => {
+                obj.insert("eos_token_id".into(), json!(one));
+            }
+            many => {
+                obj.insert("eos_token_id".into(), json!(many));
+            }
+        }
+        v
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Rows of the fused QKV weight: q heads, then k heads, then v heads.
+    pub fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
+
+    /// Parameters in the model (tied embeddings counted once).
+    pub fn num_parameters(&self) -> usize {
+        let (c, f) = (self.hidden_size, self.intermediate_size);
+        let bias = if self.qkv_bias { self.qkv_dim() } else { 0 };
+        let layer = 2 * c + self.qkv_dim() * c + bias + c * self.q_dim() + 3 * f * c;
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        self.num_layers * layer + c + heads * self.vocab_size * c
+    }
+
+    /// The RoPE inverse frequencies, one per rotated pair, with llama3 scaling applied.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim as f64;
+        let base: Vec<f64> = (0..self.head_dim / 2)
+            .map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / d))
+            .collect();
+        let Some(s) = &self.rope_scaling else {
+            return base;
+        };
+        let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+        let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+        base.into_iter()
+            .map(|f| {
+                let wavelen = 2.0 * std::f64::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / s.factor
+                } else {
+                    let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * f / s.factor + smooth * f
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen() -> Value {
+        json!({
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 100, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": true,
+            "eos_token_id": 7, "hidden_act": "silu", "use_sliding_window": false
+        })
+    }
+
+    #[test]
+    fn reads_qwen2_with_defaults() {
+        let c = ModelConfig::from_json(&qwen(), "config.json").unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen2);
+        assert!(c.qkv_bias && c.tie_word_embeddings);
+        assert_eq!(
+            (c.head_dim, c.qkv_dim(), c.eos_token_ids.clone()),
+            (16, 128, vec![7])
+        );
+    }
+
+    #[test]
+    fn reads_llama31_head_dim_and_eos_list() {
+        let v = json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 24,
+            "vocab_size": 100, "eos_token_id": [1, 2], "bos_token_id": 0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        });
+        let c = ModelConfig::from_json(&v, "config.json").unwrap();
+        assert_eq!(
+            (c.head_dim, c.q_dim(), c.eos_token_ids.clone()),
+            (24, 96, vec![1, 2])
+        );
+        assert!(!c.qkv_bias && !c.tie_word_embeddings);
+        assert_eq!(c.rope_scaling.as_ref().unwrap().factor, 8.0);
+        // Round trip through the exported form.
+        assert_eq!(ModelConfig::from_json(&c.to_hf_json(), "x").unwrap(), c);
+    }
+
+    #[test]
+    fn reads_transformers5_rope_parameters() {
+        let mut v = qwen();
+        v.as_object_mut().unwrap().remove("rope_theta");
+        v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 5e5});
+        assert_eq!(ModelConfig::from_json(&v, "c").unwrap().rope_theta, 5e5);
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let err = |v: Value| {
+            ModelConfig::from_json(&v, "m/config.json")
+                .unwrap_err()
+                .to_string()
+        };
+        let mut v = qwen();
+        v["architectures"] = json!(["MistralForCausalLM"]);
+        assert!(
+            err(v).contains("m/config.json: field `architectures` is [\"MistralForCausalLM\"]")
+        );
+        let mut v = qwen();
+        v["use_sliding_window"] = json!(true);
+        assert!(err(v).contains("`use_sliding_window`"));
+        let mut v = qwen();
+        v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
+        assert!(err(v).contains("rope type \"yarn\""));
+        let mut v = qwen();
+        v.as_object_mut().unwrap().remove("vocab_size");
+        assert!(err(v).contains("field `vocab_size` is missing"));
+        let mut v = qwen();
+        v["hidden_act"] = json!("gelu");
+        assert!(err(v).contains("`hidden_act`"));
+    }
+
+    #[test]
+    fn llama3_scaling_matches_hf_rule() {
+        let mut c = ModelConfig::from_json(&qwen(), "c").unwrap();
+        c.rope_theta = 500000.0;
+        let plain = c.rope_inv_freq();
+        c.rope_scaling = Some(RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0,
+        });
+        let scaled = c.rope_inv_freq();
+        // High frequencies (short wavelengths) are untouched, the lowest are divided by the factor.
+        assert_eq!(scaled[0], plain[0]);
+        let last = plain.len() - 1;
+        assert!((scaled[last] - plain[last] / 8.0).abs() < 1e-18);
+    }
+}

@@ -1,0 +1,119 @@
+//! The forward pass, and the recomputation of activations that were not kept.
+//!
+//! A block is a numbered list of steps. The forward runs them all; the recompute pass in the
+//! backward reruns exactly those whose outputs live in shared buffers, with the same ops on
+//! the same inputs, so recomputed values are bitwise those of the forward.
+
+use anyhow::Result;
+
+use super::transformer::Transformer;
+use crate::backend::{Backend, Matmul};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    Forward,
+    Recompute,
+}
+
+impl<B: Backend> Transformer<B> {
+    /// Embeds `tokens` (`[B·T]`) and runs every block and the final norm, leaving the
+    /// normalized hidden states in `lnf` for the LM head.
+    pub fn forward_hidden(&mut self, b: &B, tokens: &[i32]) -> Result<()> {
+        let (a, p) = (&self.acts, &self.params);
+        b.upload_i32(&a.tokens, tokens)?;
+        b.embedding_forward(&a.residual[0], &a.tokens, &p.embed)?;
+        for l in 0..self.config.num_layers {
+            self.block_forward(b, l, Pass::Forward)?;
+        }
+        let (a, p, last) = (&self.acts, &self.params, self.config.num_layers);
+        let eps = self.config.rms_norm_eps as f32;
+        if last == 0 {
+            b.rmsnorm_forward(&a.lnf, &a.rstdf, &a.residual[0], &p.final_norm, eps)
+        } else {
+            let mid = a.residual_mid.layer(last - 1);
+            b.residual_rmsnorm_forward(
+                &a.residual[last],
+                &a.lnf,
+                &a.rstdf,
+                mid,
+                &a.branch,
+                &p.final_norm,
+                eps,
+            )
+        }
+    }
+
+    /// Block `l`. In the forward it reads `residual[l]` (or, fused, the previous block's
+    /// `residual_mid + branch`) and leaves its MLP output in `branch`.
+    pub(crate) fn block_forward(&self, b: &B, l: usize, pass: Pass) -> Result<()> {
+        let (a, w, rc) = (&self.acts, &self.params.layers[l], self.options.recompute);
+        let eps = self.config.rms_norm_eps as f32;
+        let shape = self.attn_shape();
+        let run = |recomputed: bool| pass == Pass::Forward || recomputed;
+        let (ln1, qkv, att, lse) = (
+            a.ln1.layer(l),
+            a.qkv.layer(l),
+            a.att.layer(l),
+            a.lse.layer(l),
+        );
+        let (mid, ln2, gate_up, swiglu) = (
+            a.residual_mid.layer(l),
+            a.ln2.layer(l),
+            a.gate_up.layer(l),
+            a.swiglu.layer(l),
+        );
+
+        // 1) input norm, fused with the previous block's residual add in the forward
+        if pass == Pass::Forward && l > 0 {
+            let prev_mid = a.residual_mid.layer(l - 1);
+            b.residual_rmsnorm_forward(
+                &a.residual[l],
+                ln1,
+                a.rstd1.layer(l),
+                prev_mid,
+                &a.branch,
+                &w.ln1,
+                eps,
+            )?;
+        } else if run(rc.norms()) {
+            b.rmsnorm_forward(ln1, a.rstd1.layer(l), &a.residual[l], &w.ln1, eps)?;
+        }
+        // 2) QKV projection (+ bias), then RoPE on q and k
+        if run(rc.qkv()) {
+            b.matmul(qkv, ln1, &w.qkv, w.qkv_bias.as_ref(), Matmul::FORWARD)?;
+            b.rope_forward(qkv, &self.rope, shape)?;
+        }
+        // 3) causal attention
+        if run(rc.attention()) {
+            b.attention_forward(att, lse, qkv, shape)?;
+        }
+        // 4) output projection, 5) residual add and post-attention norm
+        if run(rc.residual_mid()) {
+            b.matmul(&a.branch, att, &w.o, None, Matmul::FORWARD)?;
+            b.residual_rmsnorm_forward(
+                mid,
+                ln2,
+                a.rstd2.layer(l),
+                &a.residual[l],
+                &a.branch,
+                &w.ln2,
+                eps,
+            )?;
+        } else if run(rc.norms()) {
+            b.rmsnorm_forward(ln2, a.rstd2.layer(l), mid, &w.ln2, eps)?;
+        }
+        // 6) gate/up projection
+        if run(rc.gate_up()) {
+            b.matmul(gate_up, ln2, &w.gate_up, None, Matmul::FORWARD)?;
+        }
+        // 7) SwiGLU
+        if run(rc.swiglu_out()) {
+            b.swiglu_forward(swiglu, gate_up)?;
+        }
+        // 8) down projection; the backward never needs it again
+        if pass == Pass::Forward {
+            b.matmul(&a.branch, swiglu, &w.down, None, Matmul::FORWARD)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,18 @@
+//! The transformer, written once over any `Backend`: its configuration, parameter layout,
+//! activation plan, forward, backward and recompute. It knows nothing of optimizers,
+//! schedules or files.
+
+pub mod activations;
+mod backward;
+pub mod config;
+mod forward;
+mod head;
+mod init;
+pub mod params;
+mod transformer;
+
+pub use activations::Recompute;
+pub use config::{Architecture, ModelConfig};
+pub use head::LossOptions;
+pub use params::{ParamKind, Params};
+pub use transformer::{ModelOptions, Transformer};

@@ -1,0 +1,128 @@
+//! The transformer's state for one (batch, seq) shape: parameters, gradients, activations
+//! and the RoPE table, each category allocated once.
+
+use anyhow::{Result, ensure};
+
+use super::activations::{ActivationShape, Activations, Recompute};
+use super::config::ModelConfig;
+use super::params::{ParamSpec, Params, from_list};
+use crate::backend::{AttnShape, Backend};
+use crate::tensor::{DType, Tensor, TensorSpec};
+
+/// How the model is laid out in memory and run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelOptions {
+    pub batch: usize,
+    pub seq: usize,
+    /// Dtype of weights, gradients and activations.
+    pub dtype: DType,
+    pub recompute: Recompute,
+    /// The LM head and loss run over the tokens in this many chunks, so the full
+    /// `[B·T, V]` logits never exist at once.
+    pub lmhead_chunks: usize,
+}
+
+pub struct Transformer<B: Backend> {
+    pub config: ModelConfig,
+    pub options: ModelOptions,
+    pub layout: Params<ParamSpec>,
+    pub params: Params<Tensor<B>>,
+    pub grads: Params<Tensor<B>>,
+    pub(crate) acts: Activations<B>,
+    /// `[T, head_dim/2, 2]`: (cos, sin) per position and rotated pair.
+    pub(crate) rope: Tensor<B>,
+    /// What each allocation holds, for the memory table.
+    pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
+}
+
+impl<B: Backend> Transformer<B> {
+    pub fn new(backend: &B, config: ModelConfig, options: ModelOptions) -> Result<Self> {
+        ensure!(
+            options.batch > 0 && options.seq > 0,
+            "batch size and sequence length must be positive"
+        );
+        ensure!(
+            options.lmhead_chunks > 0 && options.lmhead_chunks <= options.batch * options.seq,
+            "--lmhead-chunks must be between 1 and batch·seq = {}",
+            options.batch * options.seq
+        );
+        let stat_dtype = if options.dtype == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let layout = Params::layout(&config, options.dtype);
+        let param_specs = layout.tensor_specs();
+        let grad_specs: Vec<TensorSpec> = param_specs
+            .iter()
+            .map(|s| TensorSpec::new(format!("grad.{}", s.name), &s.shape, s.dtype))
+            .collect();
+        let n = options.batch * options.seq;
+        let shape = ActivationShape {
+            tokens: n,
+            batch: options.batch,
+            seq: options.seq,
+            layers: config.num_layers,
+            hidden: config.hidden_size,
+            q_dim: config.q_dim(),
+            qkv_dim: config.qkv_dim(),
+            intermediate: config.intermediate_size,
+            heads: config.num_heads,
+            vocab: config.vocab_size,
+            head_rows: n.div_ceil(options.lmhead_chunks),
+        };
+        let (mut act_specs, build_acts) =
+            Activations::plan(&shape, options.recompute, options.dtype, stat_dtype);
+        let rope_spec = TensorSpec::new("rope", &[options.seq, config.head_dim / 2, 2], stat_dtype);
+        act_specs.push(rope_spec.clone());
+
+        let params = from_list(&layout, backend.allocate("weights", &param_specs)?);
+        let grads = from_list(&layout, backend.allocate("gradients", &grad_specs)?);
+        let mut act_tensors = backend.allocate("activations", &act_specs)?;
+        let rope = act_tensors.pop().expect("the rope table was planned last");
+        backend.upload(&rope, &rope_table(&config, options.seq))?;
+
+        Ok(Transformer {
+            memory: vec![
+                ("weights", param_specs),
+                ("gradients", grad_specs),
+                ("activations", act_specs),
+            ],
+            acts: build_acts(act_tensors),
+            config,
+            options,
+            layout,
+            params,
+            grads,
+            rope,
+        })
+    }
+
+    pub(crate) fn attn_shape(&self) -> AttnShape {
+        AttnShape {
+            batch: self.options.batch,
+            seq: self.options.seq,
+            q_heads: self.config.num_heads,
+            kv_heads: self.config.num_kv_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    pub fn tokens_per_step(&self) -> usize {
+        self.options.batch * self.options.seq
+    }
+}
+
+/// (cos, sin) of `position · inv_freq` for every position and rotated pair, in f64.
+fn rope_table(config: &ModelConfig, seq: usize) -> Vec<f32> {
+    let inv_freq = config.rope_inv_freq();
+    let mut table = Vec::with_capacity(seq * inv_freq.len() * 2);
+    for t in 0..seq {
+        for f in &inv_freq {
+            let angle = t as f64 * f;
+            table.push(angle.cos() as f32);
+            table.push(angle.sin() as f32);
+        }
+    }
+    table
+}

@@ -1,0 +1,194 @@
+//! Tensor handles: a shape and a dtype over storage that a backend owns.
+//!
+//! A tensor never owns its memory. Memory is planned up front (see `memory.rs`): each
+//! category is allocated once and handed out as named tensors. A `Tensor` is a cheap
+//! clone of a handle, and `rows` narrows it to a range of its leading dimension, which
+//! is how the chunked LM head walks over the tokens without copying.
+
+use std::fmt;
+
+use crate::backend::Backend;
+
+/// Element types. The CPU backend stores every float in its own precision and rounds
+/// each written value to the tensor's dtype, so it predicts the GPU's numerics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F64,
+    F32,
+    BF16,
+    F16,
+    E4M3,
+    E5M2,
+    I32,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::BF16 | DType::F16 => 2,
+            DType::E4M3 | DType::E5M2 => 1,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        self != DType::I32
+    }
+
+    pub fn parse(name: &str) -> Option<DType> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "f64" | "fp64" | "float64" => DType::F64,
+            "f32" | "fp32" | "float32" => DType::F32,
+            "bf16" | "bfloat16" => DType::BF16,
+            "f16" | "fp16" | "float16" => DType::F16,
+            "e4m3" | "fp8-e4m3" => DType::E4M3,
+            "e5m2" | "fp8-e5m2" => DType::E5M2,
+            "i32" | "int32" => DType::I32,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            DType::F64 => "f64",
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::E4M3 => "e4m3",
+            DType::E5M2 => "e5m2",
+            DType::I32 => "i32",
+        };
+        f.write_str(name)
+    }
+}
+
+/// What a planned tensor will be: its name (for the memory table and error messages),
+/// its shape and its dtype.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl TensorSpec {
+    pub fn new(name: impl Into<String>, shape: &[usize], dtype: DType) -> Self {
+        TensorSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+            dtype,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size_bytes()
+    }
+}
+
+/// A view of backend storage: `numel()` elements starting at element `offset`.
+pub struct Tensor<B: Backend + ?Sized> {
+    pub(crate) storage: B::Storage,
+    pub(crate) offset: usize,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl<B: Backend + ?Sized> Clone for Tensor<B> {
+    fn clone(&self) -> Self {
+        Tensor {
+            storage: self.storage.clone(),
+            offset: self.offset,
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+        }
+    }
+}
+
+impl<B: Backend + ?Sized> fmt::Debug for Tensor<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({:?}, {})", self.shape, self.dtype)
+    }
+}
+
+impl<B: Backend + ?Sized> Tensor<B> {
+    pub fn new(storage: B::Storage, shape: Vec<usize>, dtype: DType) -> Self {
+        Tensor {
+            storage,
+            offset: 0,
+            shape,
+            dtype,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size_bytes()
+    }
+
+    /// The size of the leading dimension.
+    pub fn rows(&self) -> usize {
+        self.shape[0]
+    }
+
+    /// Elements per leading-dimension row.
+    pub fn row_len(&self) -> usize {
+        self.shape[1..].iter().product()
+    }
+
+    /// Size of the last dimension.
+    pub fn cols(&self) -> usize {
+        *self.shape.last().expect("tensor has no dimensions")
+    }
+
+    /// Rows `start..end` of the leading dimension, sharing storage.
+    pub fn narrow_rows(&self, start: usize, end: usize) -> Self {
+        assert!(
+            start <= end && end <= self.rows(),
+            "rows {start}..{end} of {:?}",
+            self.shape
+        );
+        let mut shape = self.shape.clone();
+        shape[0] = end - start;
+        Tensor {
+            storage: self.storage.clone(),
+            offset: self.offset + start * self.row_len(),
+            shape,
+            dtype: self.dtype,
+        }
+    }
+
+    /// The same elements seen with another shape of equal size.
+    pub fn reshape(&self, shape: &[usize]) -> Self {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            self.numel(),
+            "reshape {:?} to {shape:?}",
+            self.shape
+        );
+        Tensor {
+            storage: self.storage.clone(),
+            offset: self.offset,
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+        }
+    }
+
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn storage(&self) -> &B::Storage {
+        &self.storage
+    }
+}

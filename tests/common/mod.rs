@@ -1,0 +1,84 @@
+//! Tiny models and batches shared by the integration tests.
+#![allow(dead_code)]
+
+use serde_json::json;
+use smelt::backend::Backend;
+use smelt::backend::cpu::{Cpu, IGNORE_INDEX, Scalar};
+use smelt::model::{ModelConfig, ModelOptions, Recompute, Transformer};
+use smelt::rng::Rng;
+use smelt::tensor::DType;
+
+/// A tiny config with GQA (4 query heads, 2 kv heads) and head_dim 6 ≠ hidden/heads = 4.
+pub fn tiny_config(arch: &str, tied: bool) -> ModelConfig {
+    let v = json!({
+        "architectures": [arch], "hidden_size": 16, "intermediate_size": 20, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6, "vocab_size": 23,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": tied, "eos_token_id": [1, 2],
+    });
+    ModelConfig::from_json(&v, "tiny config").unwrap()
+}
+
+/// The four shapes every model-level test runs on.
+pub fn tiny_configs() -> Vec<(&'static str, ModelConfig)> {
+    vec![
+        ("llama untied", tiny_config("LlamaForCausalLM", false)),
+        ("llama tied", tiny_config("LlamaForCausalLM", true)),
+        ("qwen2 untied", tiny_config("Qwen2ForCausalLM", false)),
+        ("qwen2 tied", tiny_config("Qwen2ForCausalLM", true)),
+    ]
+}
+
+pub fn options(
+    batch: usize,
+    seq: usize,
+    dtype: DType,
+    recompute: Recompute,
+    lmhead_chunks: usize,
+) -> ModelOptions {
+    ModelOptions {
+        batch,
+        seq,
+        dtype,
+        recompute,
+        lmhead_chunks,
+    }
+}
+
+/// Weights large enough that every path contributes visibly to the gradient (the usual
+/// 0.02 init makes attention nearly uniform and hides mistakes in it).
+pub fn randomize<T: Scalar>(cpu: &Cpu<T>, model: &Transformer<Cpu<T>>, seed: u64) {
+    let mut rng = Rng::new(seed);
+    for (spec, t) in model.layout.zip(&model.params) {
+        let is_norm = spec.tensor.shape.len() == 1 && spec.hf[0].0.contains("norm");
+        cpu.update(t, |v| {
+            for x in v.iter_mut() {
+                let r = rng.normal();
+                *x = T::of(if is_norm { 1.0 + 0.2 * r } else { 0.4 * r });
+            }
+        })
+        .unwrap();
+    }
+}
+
+/// Random tokens, targets shifted by one, and a few ignored targets.
+pub fn batch(n: usize, vocab: usize, seed: u64) -> (Vec<i32>, Vec<i32>) {
+    let mut rng = Rng::new(seed);
+    let stream: Vec<i32> = (0..=n).map(|_| rng.below(vocab) as i32).collect();
+    let mut targets = stream[1..].to_vec();
+    targets[n / 3] = IGNORE_INDEX;
+    targets[n - 1] = IGNORE_INDEX;
+    (stream[..n].to_vec(), targets)
+}
+
+pub fn trained_tokens(targets: &[i32]) -> usize {
+    targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
+}
+
+/// Every gradient tensor's values, by parameter name.
+pub fn gradients<B: Backend>(b: &B, model: &Transformer<B>) -> Vec<(String, Vec<f64>)> {
+    model
+        .layout
+        .zip(&model.grads)
+        .map(|(spec, g)| (spec.tensor.name.clone(), b.download_f64(g).unwrap()))
+        .collect()
+}
