@@ -399,6 +399,17 @@ impl ModelConfig {
         self.num_layers * layer + c + heads * self.vocab_size * c
     }
 
+    /// Training FLOPs per token at sequence length `seq`: forward plus backward (3x the
+    /// forward) of every matmul, with causal attention counted at half of its square, as in
+    /// ml_dataflow's and the PyTorch baseline's formula, so MFU figures compare directly.
+    pub fn training_flops_per_token(&self, seq: usize) -> f64 {
+        let (c, f) = (self.hidden_size as f64, self.intermediate_size as f64);
+        let linear = 2.0 * c * (self.qkv_dim() as f64 + self.q_dim() as f64 + 3.0 * f);
+        let attention = 0.5 * 2.0 * 2.0 * seq as f64 * self.q_dim() as f64;
+        let head = 2.0 * c * self.vocab_size as f64;
+        3.0 * (self.num_layers as f64 * (linear + attention) + head)
+    }
+
     /// The RoPE inverse frequencies, one per rotated pair, with llama3 scaling applied.
     pub fn rope_inv_freq(&self) -> Vec<f64> {
         let d = self.head_dim as f64;
