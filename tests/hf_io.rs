@@ -47,6 +47,16 @@ fn weights(cpu: &Cpu<f32>, model: &Transformer<Cpu<f32>>) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Replaces `from` by `to` in a copy of a fixture's config.json and returns the import error.
+fn error_after_config_edit(name: &str, from: &str, to: &str) -> (String, PathBuf) {
+    let dir = copy_of(name);
+    let config_path = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    assert!(text.contains(from), "{from} is not in {name}'s config");
+    std::fs::write(&config_path, text.replace(from, to)).unwrap();
+    (import_error(dir.path()), config_path)
+}
+
 fn import_error(dir: &Path) -> String {
     let cpu = Cpu::<f32>::new();
     let config = match hf::read_config(dir) {
@@ -169,13 +179,11 @@ fn truncated_file_is_named() {
 
 #[test]
 fn wrong_shape_names_file_and_tensor() {
-    let dir = copy_of("llama_tied");
-    let config_path = dir.path().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-    config["intermediate_size"] = 40.into();
-    std::fs::write(&config_path, config.to_string()).unwrap();
-    let err = import_error(dir.path());
+    let (err, _) = error_after_config_edit(
+        "llama_tied",
+        "\"intermediate_size\": 48",
+        "\"intermediate_size\": 40",
+    );
     assert!(
         err.contains(
             "model.safetensors: tensor `model.layers.0.mlp.gate_proj.weight` has shape [48, 32]"
@@ -221,13 +229,8 @@ fn missing_tensor_is_named() {
 
 #[test]
 fn unsupported_architecture_is_named() {
-    let dir = copy_of("llama_tied");
-    let config_path = dir.path().join("config.json");
-    let text = std::fs::read_to_string(&config_path)
-        .unwrap()
-        .replace("LlamaForCausalLM", "MistralForCausalLM");
-    std::fs::write(&config_path, text).unwrap();
-    let err = import_error(dir.path());
+    let (err, config_path) =
+        error_after_config_edit("llama_tied", "LlamaForCausalLM", "MistralForCausalLM");
     assert!(
         err.contains(&format!(
             "{}: field `architectures` is [\"MistralForCausalLM\"]",
@@ -239,14 +242,11 @@ fn unsupported_architecture_is_named() {
 
 #[test]
 fn untied_head_missing_suggests_the_config_field() {
-    let dir = copy_of("llama_tied");
-    let config_path = dir.path().join("config.json");
-    let text = std::fs::read_to_string(&config_path).unwrap().replace(
+    let (err, _) = error_after_config_edit(
+        "llama_tied",
         "\"tie_word_embeddings\": true",
         "\"tie_word_embeddings\": false",
     );
-    std::fs::write(&config_path, text).unwrap();
-    let err = import_error(dir.path());
     assert!(
         err.contains("tensor `lm_head.weight` is missing") && err.contains("tie_word_embeddings"),
         "{err}"
