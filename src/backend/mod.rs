@@ -15,6 +15,7 @@
 //! always added into.
 
 pub mod cpu;
+pub mod cuda;
 
 use anyhow::Result;
 

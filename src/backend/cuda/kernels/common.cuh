@@ -1,0 +1,71 @@
+// Shared helpers for every smelt kernel: storage types, conversions and block reductions.
+// Storage is `float` or `bf16`; all arithmetic is in f32 (f64 in the optimizer).
+#pragma once
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define NEG_INF __int_as_float(0xff800000)
+#define POS_INF __int_as_float(0x7f800000)
+#define QUIET_NAN __int_as_float(0x7fffffff)
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+
+// Round-to-nearest-even into the storage type, as the CPU backend's `round_slice` does.
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// The value `x` takes once stored as T and read back.
+template <typename T> __device__ __forceinline__ float rounded(float x) { return to_f32(from_f32<T>(x)); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// Sum over the block in a fixed tree order, so the result is the same on every run.
+// Every thread must call it; every thread gets the total. `blockDim.x` is a multiple of 32.
+__device__ __forceinline__ float block_sum(float x) {
+    __shared__ float partial[32];
+    __shared__ float total;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    x = warp_sum(x);
+    __syncthreads();  // `partial` may still be read by a previous call
+    if (lane == 0) partial[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        float y = lane < warps ? partial[lane] : 0.0f;
+        y = warp_sum(y);
+        if (lane == 0) total = y;
+    }
+    __syncthreads();
+    return total;
+}
+
+__device__ __forceinline__ float block_max(float x) {
+    __shared__ float partial[32];
+    __shared__ float total;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    x = warp_max(x);
+    __syncthreads();
+    if (lane == 0) partial[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        float y = lane < warps ? partial[lane] : NEG_INF;
+        y = warp_max(y);
+        if (lane == 0) total = y;
+    }
+    __syncthreads();
+    return total;
+}
