@@ -15,8 +15,8 @@ fn every_kernel_compiles_for_every_arch() {
         eprintln!(
             "skipping the kernel compile test: {e:#}\nTo run it: python3 -m pip install --target \
              .ci/pydeps nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 \
-             nvidia-cuda-cccl==13.0.85, then CUDA_HOME=.ci/pydeps/nvidia/cu13 \
-             LD_LIBRARY_PATH=.ci/pydeps/nvidia/cu13/lib cargo test --release"
+             nvidia-cuda-cccl==13.0.85, then PYTHONPATH=.ci/pydeps \
+             LD_LIBRARY_PATH=.ci/pydeps/nvidia/cu13/lib cargo test --release (or run .ci/run)"
         );
         return;
     }
@@ -30,7 +30,11 @@ fn every_kernel_compiles_for_every_arch() {
                     let mut failures = vec![];
                     for source in SOURCES {
                         let names = all_names(source);
-                        assert!(!names.is_empty(), "{} has no kernel in the table", source.name);
+                        assert!(
+                            !names.is_empty(),
+                            "{} has no kernel in the table",
+                            source.name
+                        );
                         match nvrtc::compile(source, &names, arch, include) {
                             Ok(c) => assert_eq!(c.lowered.len(), names.len()),
                             Err(e) => failures.push(format!("{e:#}")),

@@ -16,6 +16,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod select;
 
 use anyhow::Result;
 

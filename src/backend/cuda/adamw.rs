@@ -25,8 +25,7 @@ impl Cuda {
         }
         let n = param.numel();
         ensure!(
-            [grad, m, v].iter().all(|t| t.numel() == n)
-                && master.is_none_or(|t| t.numel() == n),
+            [grad, m, v].iter().all(|t| t.numel() == n) && master.is_none_or(|t| t.numel() == n),
             "adamw: tensors of different sizes"
         );
         // The bias corrections exactly as the CPU computes them.
@@ -38,7 +37,13 @@ impl Cuda {
         unsafe {
             self.launch(
                 Kernel::AdamW,
-                &[float(param), float(grad), float(m), float(v), Arg::Flag(master.is_some())],
+                &[
+                    float(param),
+                    float(grad),
+                    float(m),
+                    float(v),
+                    Arg::Flag(master.is_some()),
+                ],
                 (blocks(n, BLOCK as usize), 1, 1),
                 BLOCK,
                 &[

@@ -17,13 +17,14 @@ fn scale(s: &AttnShape) -> f32 {
 fn check(s: &AttnShape, qkv: &Tensor<Cuda>, lse: &Tensor<Cuda>) -> Result<()> {
     ensure_dtype(lse, DType::F32, "attention (lse)")?;
     ensure!(
-        s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
+        s.kv_heads > 0 && s.q_heads.is_multiple_of(s.kv_heads),
         "attention: {} query heads are not a multiple of {} kv heads",
         s.q_heads,
         s.kv_heads
     );
     ensure!(
-        qkv.numel() == s.batch * s.seq * s.qkv_width() && lse.numel() == s.batch * s.q_heads * s.seq,
+        qkv.numel() == s.batch * s.seq * s.qkv_width()
+            && lse.numel() == s.batch * s.q_heads * s.seq,
         "attention: qkv {:?}, lse {:?} for {s:?}",
         qkv.shape,
         lse.shape
@@ -41,7 +42,11 @@ impl Cuda {
     ) -> Result<()> {
         check(&s, qkv, lse)?;
         ensure_same_dtype("attention_forward", &[out, qkv])?;
-        ensure!(out.numel() == s.batch * s.seq * s.q_heads * s.head_dim, "attention_forward: out {:?}", out.shape);
+        ensure!(
+            out.numel() == s.batch * s.seq * s.q_heads * s.head_dim,
+            "attention_forward: out {:?}",
+            out.shape
+        );
         // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
         // its 32 rows of head h in out [B·T, Hq·D] and lse [B, Hq, T].
         unsafe {

@@ -190,12 +190,32 @@ impl Blas {
         let picked = (|| {
             // SAFETY: the workspace limit is a uint64, the alignments are uint32.
             unsafe {
-                set_pref(pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(WORKSPACE_BYTES as u64))?;
+                set_pref(
+                    pref,
+                    P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &(WORKSPACE_BYTES as u64),
+                )?;
                 // cuBLAS's A is our b, its B our a.
-                set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align[1])?;
-                set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align[0])?;
-                set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align[2])?;
-                set_pref(pref, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align[2])?;
+                set_pref(
+                    pref,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    &key.align[1],
+                )?;
+                set_pref(
+                    pref,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    &key.align[0],
+                )?;
+                set_pref(
+                    pref,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    &key.align[2],
+                )?;
+                set_pref(
+                    pref,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                    &key.align[2],
+                )?;
             }
             // SAFETY: all descriptors are live.
             unsafe {

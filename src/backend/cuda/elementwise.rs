@@ -22,7 +22,10 @@ impl Cuda {
     /// Copies host elements of the tensor's storage type in. Pageable host memory is staged
     /// before the call returns, so `src` may be reused at once.
     pub(super) fn copy_in<T>(&self, dst: &Tensor<Cuda>, src: &[T]) -> Result<()> {
-        ensure!(std::mem::size_of_val(src) == dst.bytes(), "upload size mismatch");
+        ensure!(
+            std::mem::size_of_val(src) == dst.bytes(),
+            "upload size mismatch"
+        );
         self.ctx.bind_to_thread()?;
         // SAFETY: `dst` spans `dst.bytes()` bytes of a live arena, equal to `src`'s size.
         unsafe { result::memcpy_htod_async(ptr(dst), src, self.stream.cu_stream()) }?;
@@ -31,7 +34,10 @@ impl Cuda {
 
     /// Waits for the stream and copies the tensor's raw elements out.
     pub(super) fn copy_out<T: Default + Clone>(&self, src: &Tensor<Cuda>) -> Result<Vec<T>> {
-        ensure!(src.bytes() % std::mem::size_of::<T>() == 0, "download size mismatch");
+        ensure!(
+            src.bytes().is_multiple_of(std::mem::size_of::<T>()),
+            "download size mismatch"
+        );
         let mut out = vec![T::default(); src.bytes() / std::mem::size_of::<T>()];
         self.ctx.bind_to_thread()?;
         // SAFETY: `src` spans exactly `out`'s bytes of a live arena.

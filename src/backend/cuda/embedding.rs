@@ -19,7 +19,11 @@ impl Cuda {
         ensure_dtype(tokens, DType::I32, "embedding_forward")?;
         ensure_same_dtype("embedding_forward", &[out, wte])?;
         let (n, c, v) = (tokens.numel(), wte.cols(), wte.rows());
-        ensure!(out.numel() == n * c, "embedding_forward: out {:?}", out.shape);
+        ensure!(
+            out.numel() == n * c,
+            "embedding_forward: out {:?}",
+            out.shape
+        );
         // SAFETY: block i reads tokens[i] and a row of wte (checked in the kernel against V)
         // and writes row i of out, [n, c].
         unsafe {
@@ -51,7 +55,11 @@ impl Cuda {
         ensure_dtype(tokens, DType::I32, "embedding_backward")?;
         ensure_same_dtype("embedding_backward", &[dwte, dout])?;
         let (n, c, v) = (tokens.numel(), dwte.cols(), dwte.rows());
-        ensure!(dout.numel() == n * c, "embedding_backward: dout {:?}", dout.shape);
+        ensure!(
+            dout.numel() == n * c,
+            "embedding_backward: dout {:?}",
+            dout.shape
+        );
         if !accumulate {
             self.fill_impl(dwte, 0.0)?;
         }

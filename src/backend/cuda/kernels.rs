@@ -185,7 +185,8 @@ impl Kernel {
     /// Checks `args` against the table. A storage type the kernel has no instance for comes
     /// back as `UnsupportedDtype`.
     pub fn instance(self, args: &[Arg]) -> Result<Instance> {
-        let unsupported = |a: &Arg| matches!(a, Arg::Float(d) if !matches!(d, DType::F32 | DType::BF16));
+        let unsupported =
+            |a: &Arg| matches!(a, Arg::Float(d) if !matches!(d, DType::F32 | DType::BF16));
         if args.iter().any(unsupported) {
             let dtypes = args
                 .iter()

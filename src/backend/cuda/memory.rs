@@ -46,10 +46,11 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        // cuMemFree waits for work that may still use the memory. Errors here (a context
-        // already torn down) cannot be reported from a destructor.
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: `ptr` came from malloc_sync and is freed once.
+        // Wait for work that may still use the memory before freeing it. Errors here (a
+        // context already torn down) cannot be reported from a destructor.
+        let _ = self.ctx.synchronize();
+        // SAFETY: `ptr` came from malloc_sync, no queued work uses it any more, and it is
+        // freed once.
         let _ = unsafe { result::free_sync(self.ptr) };
     }
 }

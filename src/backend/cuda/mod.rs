@@ -103,7 +103,8 @@ impl Cuda {
             ordinal < count,
             "no CUDA GPU {ordinal}: the driver reports {count} device(s)"
         );
-        let ctx = CudaContext::new(ordinal).with_context(|| format!("opening CUDA GPU {ordinal}"))?;
+        let ctx =
+            CudaContext::new(ordinal).with_context(|| format!("opening CUDA GPU {ordinal}"))?;
         let stream = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
         // Hopper's arch-specific target unlocks wgmma and setmaxnreg.
@@ -143,6 +144,9 @@ impl Cuda {
         args: &[KArg],
     ) -> Result<()> {
         let inst = kernel.instance(targs)?;
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(()); // an empty tensor: nothing to do, and CUDA refuses empty grids
+        }
         // SAFETY: forwarded contract.
         unsafe { self.kernels.launch(&self.stream, &inst, grid, block, args) }
     }

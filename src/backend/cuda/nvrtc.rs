@@ -64,20 +64,29 @@ pub fn include_dirs() -> Result<Vec<PathBuf>> {
         }
     }
     candidates.push(PathBuf::from("/usr/local/cuda/include"));
+    let found = |dirs: &[PathBuf]| {
+        dirs.iter()
+            .find(|d| d.join("cuda_bf16.h").is_file())
+            .map(|dir| {
+                let mut dirs = vec![dir.clone()];
+                // CUDA 13 moved CCCL (`nv/target`, `cuda/std`) under include/cccl.
+                if dir.join("cccl").is_dir() {
+                    dirs.push(dir.join("cccl"));
+                }
+                dirs
+            })
+    };
+    if let Some(dirs) = found(&candidates) {
+        return Ok(dirs);
+    }
+    // Only then ask python where pip put the wheels.
     candidates.extend(
         python_site_dirs()
             .into_iter()
             .map(|d| d.join("nvidia/cu13/include")),
     );
-    for dir in &candidates {
-        if dir.join("cuda_bf16.h").is_file() {
-            let mut dirs = vec![dir.clone()];
-            // CUDA 13 moved CCCL (`nv/target`, `cuda/std`) under include/cccl.
-            if dir.join("cccl").is_dir() {
-                dirs.push(dir.join("cccl"));
-            }
-            return Ok(dirs);
-        }
+    if let Some(dirs) = found(&candidates) {
+        return Ok(dirs);
     }
     bail!(
         "no CUDA include directory with cuda_bf16.h found; looked in: {}. Set CUDA_HOME to a \
@@ -249,7 +258,11 @@ pub fn compile(
         )
         .with_context(|| format!("kernel {name} in {}", source.name))?;
         // SAFETY: NVRTC returned a NUL-terminated string.
-        lowered.push(unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned());
+        lowered.push(
+            unsafe { CStr::from_ptr(ptr) }
+                .to_string_lossy()
+                .into_owned(),
+        );
     }
     Ok(Compiled { cubin, lowered })
 }

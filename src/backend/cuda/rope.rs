@@ -19,7 +19,7 @@ impl Cuda {
         let (w, d) = (shape.qkv_width(), shape.head_dim);
         let rows = qkv.numel() / w;
         ensure!(
-            qkv.cols() == w && rows % shape.seq == 0 && freqs.numel() >= shape.seq * d,
+            qkv.cols() == w && rows.is_multiple_of(shape.seq) && freqs.numel() >= shape.seq * d,
             "rope: qkv {:?}, freqs {:?} for {shape:?}",
             qkv.shape,
             freqs.shape

@@ -7,11 +7,19 @@ use super::{BLOCK, Cuda, blocks, ensure_same_dtype, float, ptr};
 use crate::tensor::Tensor;
 
 impl Cuda {
-    pub(super) fn swiglu_forward_impl(&self, out: &Tensor<Cuda>, gate_up: &Tensor<Cuda>) -> Result<()> {
+    pub(super) fn swiglu_forward_impl(
+        &self,
+        out: &Tensor<Cuda>,
+        gate_up: &Tensor<Cuda>,
+    ) -> Result<()> {
         ensure_same_dtype("swiglu_forward", &[out, gate_up])?;
         let f = out.cols();
         let rows = out.numel() / f;
-        ensure!(gate_up.numel() == 2 * rows * f, "swiglu_forward: gate_up {:?}", gate_up.shape);
+        ensure!(
+            gate_up.numel() == 2 * rows * f,
+            "swiglu_forward: gate_up {:?}",
+            gate_up.shape
+        );
         // SAFETY: one thread per element of out [rows, f]; gate_up is [rows, 2f].
         unsafe {
             self.launch(
@@ -19,7 +27,12 @@ impl Cuda {
                 &[float(out)],
                 (blocks(rows * f, BLOCK as usize), 1, 1),
                 BLOCK,
-                &[ptr(out).into(), ptr(gate_up).into(), (rows as i64).into(), (f as i32).into()],
+                &[
+                    ptr(out).into(),
+                    ptr(gate_up).into(),
+                    (rows as i64).into(),
+                    (f as i32).into(),
+                ],
             )
         }
     }

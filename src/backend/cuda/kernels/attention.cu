@@ -26,6 +26,25 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
+// p = exp(x·xs·scale − lse) and ds = p · (y·ys − delta) · scale for one (query, key) pair,
+// from this lane's dimensions of x, y (registers) and xs, ys (a shared tile row); p is 0
+// where the pair is masked. In dK/dV, x = k, xs = q, y = v, ys = dout; in dQ, x = q, xs = k,
+// y = dout, ys = v.
+template <int DPT>
+__device__ __forceinline__ void probs(const float (&x)[DPT], const float* xs, const float (&y)[DPT],
+                                      const float* ys, int t, bool live, float lse, float delta,
+                                      float scale, float& p, float& ds) {
+    float s_part = 0.0f, dp_part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPT; i++) {
+        s_part += x[i] * xs[t + G * i];
+        dp_part += y[i] * ys[t + G * i];
+    }
+    const float s = group_sum(s_part), dp = group_sum(dp_part);
+    p = live ? expf(s * scale - lse) : 0.0f;
+    ds = p * (dp - delta) * scale;
+}
+
 // Loads rows [first, first + TILE) of one head (column offset `col`) of a [B·T, stride]
 // tensor into `tile` as f32; rows past T are zero.
 template <typename T, int D>
@@ -163,16 +182,9 @@ __global__ void __launch_bounds__(256)
             __syncthreads();
             for (int j = 0; j < TILE; j++) {
                 const int qi = q0 + j;
-                float s_part = 0.0f, dp_part = 0.0f;
-#pragma unroll
-                for (int i = 0; i < DPT; i++) {
-                    s_part += k[i] * qs[j][t + G * i];
-                    dp_part += v[i] * dos[j][t + G * i];
-                }
-                const float s = group_sum(s_part), dp = group_sum(dp_part);
-                const bool live = valid && qi < Tn && qi >= kj;
-                const float p = live ? expf(s * scale - lses[j]) : 0.0f;
-                const float ds = p * (dp - deltas[j]) * scale;
+                float p, ds;
+                probs<DPT>(k, qs[j], v, dos[j], t, valid && qi < Tn && qi >= kj, lses[j], deltas[j],
+                           scale, p, ds);
 #pragma unroll
                 for (int i = 0; i < DPT; i++) {
                     dv[i] += p * dos[j][t + G * i];
@@ -226,16 +238,8 @@ __global__ void __launch_bounds__(256)
         __syncthreads();
         for (int j = 0; j < TILE; j++) {
             const int kj = k0 + j;
-            float s_part = 0.0f, dp_part = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DPT; i++) {
-                s_part += q[i] * ks[j][t + G * i];
-                dp_part += dO[i] * vs[j][t + G * i];
-            }
-            const float s = group_sum(s_part), dp = group_sum(dp_part);
-            const bool live = valid && kj <= qi;
-            const float p = live ? expf(s * scale - row_lse) : 0.0f;
-            const float ds = p * (dp - row_delta) * scale;
+            float p, ds;
+            probs<DPT>(q, ks[j], dO, vs[j], t, valid && kj <= qi, row_lse, row_delta, scale, p, ds);
 #pragma unroll
             for (int i = 0; i < DPT; i++) dq[i] += ds * ks[j][t + G * i];
         }

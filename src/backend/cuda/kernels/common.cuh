@@ -34,38 +34,34 @@ __device__ __forceinline__ float warp_max(float x) {
     return x;
 }
 
-// Sum over the block in a fixed tree order, so the result is the same on every run.
-// Every thread must call it; every thread gets the total. `blockDim.x` is a multiple of 32.
-__device__ __forceinline__ float block_sum(float x) {
+struct SumOp {
+    static __device__ __forceinline__ float identity() { return 0.0f; }
+    static __device__ __forceinline__ float warp(float x) { return warp_sum(x); }
+};
+struct MaxOp {
+    static __device__ __forceinline__ float identity() { return NEG_INF; }
+    static __device__ __forceinline__ float warp(float x) { return warp_max(x); }
+};
+
+// Reduces over the block in a fixed tree order, so the result is the same on every run.
+// Every thread must call it; every thread gets the result. `blockDim.x` is a multiple of 32.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float x) {
     __shared__ float partial[32];
     __shared__ float total;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    x = warp_sum(x);
-    __syncthreads();  // `partial` may still be read by a previous call
+    x = Op::warp(x);
+    __syncthreads();  // `partial` and `total` may still be read after a previous call
     if (lane == 0) partial[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        float y = lane < warps ? partial[lane] : 0.0f;
-        y = warp_sum(y);
+        float y = lane < warps ? partial[lane] : Op::identity();
+        y = Op::warp(y);
         if (lane == 0) total = y;
     }
     __syncthreads();
     return total;
 }
 
-__device__ __forceinline__ float block_max(float x) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    x = warp_max(x);
-    __syncthreads();
-    if (lane == 0) partial[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        float y = lane < warps ? partial[lane] : NEG_INF;
-        y = warp_max(y);
-        if (lane == 0) total = y;
-    }
-    __syncthreads();
-    return total;
-}
+__device__ __forceinline__ float block_sum(float x) { return block_reduce<SumOp>(x); }
+__device__ __forceinline__ float block_max(float x) { return block_reduce<MaxOp>(x); }
