@@ -120,6 +120,22 @@ fn qwen2_5_0_5b_throughput() {
         ),
     );
     println!("SMELT_TOK_S {tok_s:.0}");
-    println!("memory:\n{}", gpu.memory_report().unwrap());
+    let memory = gpu.memory_report().unwrap();
+    println!("memory:\n{memory}");
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    let table: Vec<String> = memory
+        .categories
+        .iter()
+        .map(|(name, bytes)| format!("{name} {:.2}", gib(*bytes)))
+        .collect();
+    figure(
+        test,
+        format!(
+            "memory GiB: {}; device used {:.1} of {:.1}",
+            table.join(", "),
+            gib(memory.total - memory.free),
+            gib(memory.total)
+        ),
+    );
     assert!(last_loss.is_finite(), "{test}: loss {last_loss}");
 }

@@ -29,6 +29,7 @@ for line in sys.stdin:
 strip .gpu/smelt .gpu/tests/*
 if [ -d ../shared/bench ]; then
     cp -r ../shared/bench .gpu/bench
+    chmod -R u+w .gpu/bench # the shared folder is read-only; keep the copy removable
 fi
 
 size=$(du -sm .gpu | cut -f1)

@@ -18,7 +18,8 @@ fi
 } 2>&1 | tee "$OUT/device.txt"
 
 : > "$OUT/results.txt"
-for bin in .gpu/tests/*; do
+# Correctness first, benchmarks last.
+for bin in $(ls .gpu/tests/* | grep -v bench) $(ls .gpu/tests/* | grep bench); do
     name=$(basename "$bin")
     for test in $("$bin" --list --ignored 2>/dev/null | sed -n 's/: test$//p'); do
         echo "=== $name::$test"

@@ -4,7 +4,7 @@
 //! running out of memory says what to change instead of printing a CUDA error code.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use anyhow::{Result, anyhow};
 use cudarc::driver::result::{self, DriverError};
@@ -80,10 +80,11 @@ pub fn carve(specs: &[TensorSpec]) -> (Vec<usize>, usize) {
     (offsets, end)
 }
 
-/// Bytes held per category, in allocation order, and the growable scratch buffer.
+/// The allocations of each category, in allocation order (weak, so that the report counts
+/// only live memory), and the growable scratch buffer.
 pub struct Memory {
     ctx: Arc<CudaContext>,
-    categories: RefCell<Vec<(String, usize)>>,
+    categories: RefCell<Vec<(String, Vec<Weak<Arena>>)>>,
     scratch: RefCell<Option<Arena>>,
 }
 
@@ -123,9 +124,17 @@ impl Memory {
     pub fn report(&self) -> Result<MemoryReport> {
         self.ctx.bind_to_thread()?;
         let (free, total) = result::mem_get_info()?;
-        let mut categories = self.categories.borrow().clone();
+        let mut categories: Vec<(String, usize)> = self
+            .categories
+            .borrow()
+            .iter()
+            .map(|(name, arenas)| {
+                let live = arenas.iter().filter_map(Weak::upgrade).map(|a| a.bytes());
+                (name.clone(), live.sum())
+            })
+            .collect();
         if let Some(s) = self.scratch.borrow().as_ref() {
-            add(&mut categories, "scratch", s.bytes());
+            categories.push(("scratch".into(), s.bytes()));
         }
         Ok(MemoryReport {
             categories,
@@ -139,8 +148,17 @@ impl Memory {
     pub fn allocate(&self, category: &str, bytes: usize) -> Result<Arc<Arena>> {
         match Arena::new(&self.ctx, bytes) {
             Ok(arena) => {
-                add(&mut self.categories.borrow_mut(), category, bytes);
-                Ok(Arc::new(arena))
+                let arena = Arc::new(arena);
+                let mut categories = self.categories.borrow_mut();
+                let weak = Arc::downgrade(&arena);
+                match categories.iter_mut().find(|(n, _)| n == category) {
+                    Some((_, arenas)) => {
+                        arenas.retain(|a| a.strong_count() > 0);
+                        arenas.push(weak);
+                    }
+                    None => categories.push((category.to_string(), vec![weak])),
+                }
+                Ok(arena)
             }
             Err(e) => Err(self.out_of_memory(category, bytes, e)),
         }
@@ -178,12 +196,5 @@ impl Memory {
         let ptr = arena.ptr();
         *self.scratch.borrow_mut() = Some(arena);
         Ok(ptr)
-    }
-}
-
-fn add(categories: &mut Vec<(String, usize)>, category: &str, bytes: usize) {
-    match categories.iter_mut().find(|(n, _)| n == category) {
-        Some((_, b)) => *b += bytes,
-        None => categories.push((category.to_string(), bytes)),
     }
 }

@@ -98,6 +98,22 @@ impl Cuda {
     /// libnvrtc or libcublasLt cannot be loaded, or when there is no such GPU.
     pub fn new(ordinal: usize) -> Result<Self> {
         device::ensure_libraries()?;
+        // cudarc panics when a loaded library lacks a symbol it wants (a driver older than
+        // CUDA 13): turn that into an error too.
+        std::panic::catch_unwind(|| Self::open(ordinal)).unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(anyhow::anyhow!(
+                "the CUDA libraries failed to start ({why}); smelt needs a driver and \
+                 libraries for CUDA 13"
+            ))
+        })
+    }
+
+    fn open(ordinal: usize) -> Result<Self> {
         let count = device::gpu_count()?;
         ensure!(
             ordinal < count,
