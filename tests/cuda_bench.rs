@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use common::gpu::*;
 use common::{batch, options, trained_tokens};
-use smelt::backend::{AdamW, Backend};
+use smelt::backend::Backend;
 use smelt::model::{LossOptions, ModelConfig, Recompute, Transformer};
-use smelt::tensor::{DType, TensorSpec};
+use smelt::tensor::DType;
 
 /// The datasheet's dense bf16 peak of an H100 SXM, as in the PyTorch baseline's MFU.
 const PEAK_FLOPS: f64 = 989e12;
@@ -54,18 +54,7 @@ fn qwen2_5_0_5b_throughput() {
         Err(e) => panic!("{e:#}"),
     };
     model.init_weights(&gpu, 1).unwrap();
-    let specs = model.layout.tensor_specs();
-    let (m, v) = (
-        gpu.allocate("adam m", &specs).unwrap(),
-        gpu.allocate("adam v", &specs).unwrap(),
-    );
-    for t in m.iter().chain(&v) {
-        gpu.fill(t, 0.0).unwrap();
-    }
-    let norm = gpu
-        .allocate("norm", &[TensorSpec::new("norm_sq", &[1], DType::F32)])
-        .unwrap()
-        .remove(0);
+    let optimizer = Optimizer::new(&gpu, &model, DType::BF16);
     let test = "bench qwen2.5-0.5b 32x1024 bf16";
     let mut times = vec![];
     let mut last_loss = 0.0;
@@ -81,26 +70,7 @@ fn qwen2_5_0_5b_throughput() {
         model
             .forward_backward(&gpu, &tokens, &targets, loss)
             .unwrap();
-        gpu.fill(&norm, 0.0).unwrap();
-        for g in model.grads.iter() {
-            gpu.sum_squares(&norm, g).unwrap();
-        }
-        let params: Vec<_> = model.params.iter().collect();
-        let grads: Vec<_> = model.grads.iter().collect();
-        for (i, spec) in model.layout.iter().enumerate() {
-            let hp = AdamW {
-                lr: 1e-4,
-                beta1: 0.9,
-                beta2: 0.95,
-                eps: 1e-8,
-                weight_decay: if spec.kind.decays() { 0.1 } else { 0.0 },
-                step,
-                grad_clip: 1.0,
-                seed: step << 32 | i as u64,
-            };
-            gpu.adamw(params[i], None, grads[i], &m[i], &v[i], &norm, &hp)
-                .unwrap();
-        }
+        optimizer.step(&gpu, &model, step, 1e-4);
         gpu.synchronize().unwrap();
         times.push(start.elapsed().as_secs_f64());
         last_loss = model.loss_sum(&gpu).unwrap() / trained_tokens(&targets) as f64;

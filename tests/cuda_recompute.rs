@@ -7,9 +7,9 @@ mod common;
 
 use common::gpu::*;
 use common::{batch, options, trained_tokens};
-use smelt::backend::{AdamW, Backend};
+use smelt::backend::Backend;
 use smelt::model::{LossOptions, ModelConfig, Recompute, Transformer};
-use smelt::tensor::{DType, TensorSpec};
+use smelt::tensor::DType;
 
 const STEPS: u64 = 5;
 
@@ -27,17 +27,7 @@ fn train<B: Backend>(
     )
     .unwrap();
     upload_weights(gpu, &model, &host_weights(&model, 3, 0.05));
-    let specs = model.layout.tensor_specs();
-    let zeros = |category: &str| {
-        let ts = gpu.allocate(category, &specs).unwrap();
-        ts.iter().for_each(|t| gpu.fill(t, 0.0).unwrap());
-        ts
-    };
-    let (m, v) = (zeros("adam m"), zeros("adam v"));
-    let norm = gpu
-        .allocate("norm", &[TensorSpec::new("norm_sq", &[1], DType::F32)])
-        .unwrap()
-        .remove(0);
+    let optimizer = Optimizer::new(gpu, &model, DType::BF16);
     let mut losses = vec![];
     for step in 1..=STEPS {
         let (tokens, targets) = batch(batch_size * seq, config.vocab_size, 100 + step);
@@ -50,26 +40,7 @@ fn train<B: Backend>(
             .forward_backward(gpu, &tokens, &targets, loss)
             .unwrap();
         losses.extend(gpu.download(model.losses()).unwrap());
-        gpu.fill(&norm, 0.0).unwrap();
-        for g in model.grads.iter() {
-            gpu.sum_squares(&norm, g).unwrap();
-        }
-        let params: Vec<_> = model.params.iter().collect();
-        let grads: Vec<_> = model.grads.iter().collect();
-        for (i, spec) in model.layout.iter().enumerate() {
-            let hp = AdamW {
-                lr: 1e-3,
-                beta1: 0.9,
-                beta2: 0.95,
-                eps: 1e-8,
-                weight_decay: if spec.kind.decays() { 0.1 } else { 0.0 },
-                step,
-                grad_clip: 1.0,
-                seed: step << 32 | i as u64,
-            };
-            gpu.adamw(params[i], None, grads[i], &m[i], &v[i], &norm, &hp)
-                .unwrap();
-        }
+        optimizer.step(gpu, &model, step, 1e-3);
     }
     let weights = model
         .params

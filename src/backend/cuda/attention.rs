@@ -1,14 +1,34 @@
-//! Causal grouped-query attention, forward and backward (see kernels/attention.cu).
+//! Causal grouped-query attention, forward and backward: on the tensor cores for bf16
+//! (kernels/attention_tc.cu), on the CUDA cores otherwise (kernels/attention.cu, which is also
+//! the simple reference the tensor-core version is tested against).
 
 use anyhow::{Result, ensure};
 
-use super::kernels::{Arg, Kernel};
+use super::kernels::{Arg, KArg, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
 
-/// Query (or key) rows per block; the kernels' TILE.
+/// Query (or key) rows per block in both versions.
 const TILE: usize = 32;
+
+/// Which attention kernels run. `SMELT_ATTENTION=simple` picks the CUDA-core ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernels {
+    /// mma.sync tensor-core kernels for bf16 on sm_80 and later; the simple ones otherwise.
+    TensorCore,
+    /// The CUDA-core kernels, for every storage type.
+    Simple,
+}
+
+impl AttentionKernels {
+    pub fn from_env() -> Self {
+        match std::env::var("SMELT_ATTENTION").as_deref() {
+            Ok("simple") => AttentionKernels::Simple,
+            _ => AttentionKernels::TensorCore,
+        }
+    }
+}
 
 fn scale(s: &AttnShape) -> f32 {
     (1.0 / (s.head_dim as f64).sqrt()) as f32
@@ -33,6 +53,17 @@ fn check(s: &AttnShape, qkv: &Tensor<Cuda>, lse: &Tensor<Cuda>) -> Result<()> {
 }
 
 impl Cuda {
+    /// Chooses the attention kernels from now on (tests compare the two).
+    pub fn set_attention_kernels(&self, kernels: AttentionKernels) {
+        self.attention.set(kernels);
+    }
+
+    fn tensor_cores(&self, dtype: DType) -> bool {
+        self.attention.get() == AttentionKernels::TensorCore
+            && dtype == DType::BF16
+            && self.compute_capability.0 >= 8
+    }
+
     pub(super) fn attention_forward_impl(
         &self,
         out: &Tensor<Cuda>,
@@ -47,14 +78,27 @@ impl Cuda {
             "attention_forward: out {:?}",
             out.shape
         );
+        let (kernel, targs, threads) = if self.tensor_cores(qkv.dtype) {
+            (
+                Kernel::AttentionForwardTc,
+                vec![Arg::HeadDim(s.head_dim)],
+                64,
+            )
+        } else {
+            (
+                Kernel::AttentionForward,
+                vec![float(qkv), Arg::HeadDim(s.head_dim)],
+                BLOCK,
+            )
+        };
         // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
         // its 32 rows of head h in out [B·T, Hq·D] and lse [B, Hq, T].
         unsafe {
             self.launch(
-                Kernel::AttentionForward,
-                &[float(qkv), Arg::HeadDim(s.head_dim)],
+                kernel,
+                &targs,
                 (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
-                BLOCK,
+                threads,
                 &[
                     ptr(out).into(),
                     ptr(lse).into(),
@@ -88,7 +132,7 @@ impl Cuda {
         let targs = [float(qkv), Arg::HeadDim(s.head_dim)];
         let rows = s.batch * s.seq * s.q_heads;
         let delta = self.scratch_f32(rows)?;
-        let common = |d: u64| -> Vec<super::kernels::KArg> {
+        let common = |d: u64| -> Vec<KArg> {
             vec![
                 ptr(dqkv).into(),
                 ptr(dout).into(),
@@ -119,18 +163,33 @@ impl Cuda {
                     (s.q_heads as i32).into(),
                 ],
             )?;
+            let (dkdv, dq, tc_targs, threads) = if self.tensor_cores(qkv.dtype) {
+                (
+                    Kernel::AttentionBackwardDkDvTc,
+                    Kernel::AttentionBackwardDqTc,
+                    vec![Arg::HeadDim(s.head_dim)],
+                    64,
+                )
+            } else {
+                (
+                    Kernel::AttentionBackwardDkDv,
+                    Kernel::AttentionBackwardDq,
+                    targs.to_vec(),
+                    BLOCK,
+                )
+            };
             self.launch(
-                Kernel::AttentionBackwardDkDv,
-                &targs,
+                dkdv,
+                &tc_targs,
                 (blocks(s.seq, TILE), s.kv_heads as u32, s.batch as u32),
-                BLOCK,
+                threads,
                 &common(delta),
             )?;
             self.launch(
-                Kernel::AttentionBackwardDq,
-                &targs,
+                dq,
+                &tc_targs,
                 (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
-                BLOCK,
+                threads,
                 &common(delta),
             )
         }

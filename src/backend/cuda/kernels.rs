@@ -52,6 +52,11 @@ pub static ATTENTION: Source = Source {
     text: include_str!("kernels/attention.cu"),
     options: &[],
 };
+pub static ATTENTION_TC: Source = Source {
+    name: "attention_tc.cu",
+    text: include_str!("kernels/attention_tc.cu"),
+    options: &[],
+};
 pub static CLASSIFIER: Source = Source {
     name: "classifier.cu",
     text: include_str!("kernels/classifier.cu"),
@@ -64,7 +69,7 @@ pub static ADAMW: Source = Source {
     options: &["--fmad=false"],
 };
 
-pub static SOURCES: [&Source; 9] = [
+pub static SOURCES: [&Source; 10] = [
     &ELEMENTWISE,
     &EMBEDDING,
     &RMSNORM,
@@ -72,6 +77,7 @@ pub static SOURCES: [&Source; 9] = [
     &ROPE,
     &SWIGLU,
     &ATTENTION,
+    &ATTENTION_TC,
     &CLASSIFIER,
     &ADAMW,
 ];
@@ -170,6 +176,9 @@ kernel_table! {
     AttentionBackwardDelta => ATTENTION, "attention_backward_delta", [Float, HeadDim];
     AttentionBackwardDkDv => ATTENTION, "attention_backward_dkdv", [Float, HeadDim];
     AttentionBackwardDq => ATTENTION, "attention_backward_dq", [Float, HeadDim];
+    AttentionForwardTc => ATTENTION_TC, "attention_forward_tc", [HeadDim];
+    AttentionBackwardDkDvTc => ATTENTION_TC, "attention_backward_dkdv_tc", [HeadDim];
+    AttentionBackwardDqTc => ATTENTION_TC, "attention_backward_dq_tc", [HeadDim];
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float];
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag];
 }

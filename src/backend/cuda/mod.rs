@@ -10,7 +10,7 @@
 //! `Cuda::new` checks that they can be loaded before touching them and says what to install.
 
 mod adamw;
-mod attention;
+pub mod attention;
 mod classifier;
 pub mod cublaslt;
 pub mod device;
@@ -24,6 +24,7 @@ mod rmsnorm;
 mod rope;
 mod swiglu;
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
@@ -43,6 +44,8 @@ pub struct Cuda {
     blas: Blas,
     memory: Memory,
     name: String,
+    compute_capability: (i32, i32),
+    attention: Cell<attention::AttentionKernels>,
 }
 
 /// Threads per block of the simple element-wise and row kernels.
@@ -140,6 +143,8 @@ impl Cuda {
             blas,
             memory,
             name,
+            compute_capability: (major, minor),
+            attention: Cell::new(attention::AttentionKernels::from_env()),
         })
     }
 

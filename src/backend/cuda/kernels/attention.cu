@@ -173,12 +173,7 @@ __global__ void __launch_bounds__(256)
             __syncthreads();
             load_tile<T, D>(qs, qkv, b, q0, Tn, W, (long long)h * D);
             load_tile<T, D>(dos, dout, b, q0, Tn, (long long)Hq * D, (long long)h * D);
-            if (threadIdx.x < TILE) {
-                const int qi = q0 + threadIdx.x;
-                const long long at = ((long long)b * Hq + h) * Tn + qi;
-                lses[threadIdx.x] = qi < Tn ? lse[at] : 0.0f;
-                deltas[threadIdx.x] = qi < Tn ? delta[at] : 0.0f;
-            }
+            load_row_stats(lses, deltas, lse, delta, ((long long)b * Hq + h) * Tn, q0, TILE, Tn);
             __syncthreads();
             for (int j = 0; j < TILE; j++) {
                 const int qi = q0 + j;

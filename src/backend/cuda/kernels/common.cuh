@@ -65,3 +65,15 @@ __device__ __forceinline__ float block_reduce(float x) {
 
 __device__ __forceinline__ float block_sum(float x) { return block_reduce<SumOp>(x); }
 __device__ __forceinline__ float block_max(float x) { return block_reduce<MaxOp>(x); }
+
+// lses[i] and deltas[i] = lse[base + first + i] and delta[...] (0 past T), for i < n, by the
+// first n threads: the per-row statistics of one tile of attention rows.
+__device__ __forceinline__ void load_row_stats(float* lses, float* deltas, const float* lse,
+                                               const float* delta, long long base, int first,
+                                               int n, int Tn) {
+    if (threadIdx.x < n) {
+        const int t = first + threadIdx.x;
+        lses[threadIdx.x] = t < Tn ? lse[base + t] : 0.0f;
+        deltas[threadIdx.x] = t < Tn ? delta[base + t] : 0.0f;
+    }
+}
