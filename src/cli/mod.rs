@@ -1,5 +1,7 @@
 //! The `smelt` command line: one subcommand per file, each with its arguments and `run`.
 
+mod tokenize;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
@@ -15,10 +17,15 @@ pub struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Turn text, JSONL or Parquet files into token files with a HF tokenizer.json
+    Tokenize(tokenize::TokenizeArgs),
+}
 
 impl Cli {
     pub fn run(self) -> Result<()> {
-        match self.command {}
+        match self.command {
+            Command::Tokenize(args) => tokenize::run(args),
+        }
     }
 }
