@@ -10,114 +10,87 @@ use parquet::basic::Compression;
 use serde_json::json;
 use tokenizing::*;
 
-/// Runs `smelt tokenize ARGS`, which must fail; returns its one line of error.
-fn fails(args: &[&str]) -> String {
+/// Runs `smelt tokenize INPUTS --tokenizer TOKENIZER --out-dir OUT EXTRA`, which must fail
+/// with one line of error containing `want`, print no summary, and leave no file in `out`.
+fn refused(inputs: &[&Path], tokenizer: &Path, out: &Path, extra: &[&str], want: &str) {
     let output = Command::new(env!("CARGO_BIN_EXE_smelt"))
+        // Two threads make the batches of `after_many_shards` 16 MiB on any machine.
+        .env("RAYON_NUM_THREADS", "2")
         .arg("tokenize")
-        .args(args)
+        .args(inputs)
+        .arg("--tokenizer")
+        .arg(tokenizer)
+        .arg("--out-dir")
+        .arg(out)
+        .args(extra)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(!output.status.success(), "succeeded: {args:?}");
-    assert!(
-        output.stdout.is_empty(),
-        "printed a summary: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "succeeded: {inputs:?} {extra:?}");
+    assert!(output.stdout.is_empty(), "printed a summary");
     assert_eq!(stderr.lines().count(), 1, "one line of error: {stderr}");
-    assert!(stderr.starts_with("error: "), "{stderr}");
-    stderr
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(want),
+        "want {want:?}, got {stderr}"
+    );
+    assert_eq!(
+        listing(out),
+        Vec::<String>::new(),
+        "no token file, complete or temporary"
+    );
 }
 
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
-
-/// Runs `smelt tokenize` on 17 documents of 1 MiB, then `bad`, in shards of 100,000 tokens.
-/// With two threads a batch is 16 MiB of text, so the first batch is encoded and written
-/// while the reader reaches `bad`: a dozen shards are complete (under temporary names) when
-/// the run fails. The text is one long word repeated, which the tokenizer's cache makes fast.
-fn after_many_shards(bad: &Path, out: &Path) -> String {
-    let dir = bad.parent().unwrap();
+/// 17 documents of 1 MiB in `dir`: with two threads a batch is 16 MiB of text, so the first
+/// batch is encoded and written, in shards of 100,000 tokens, while the reader reaches the
+/// next input. A dozen shards are complete (under temporary names) when a bad input after
+/// this one fails. The text is one long word repeated, which the tokenizer's cache makes fast.
+fn many_shards(dir: &Path) -> (std::path::PathBuf, [&'static str; 4]) {
     let big = dir.join("big.jsonl");
     let text: String = "Supercalifragilisticexpialidocious ".repeat(30_000)[..1 << 20].into();
     write_jsonl(&big, (0..17).map(|_| json!({ "text": text })));
-    let output = Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .env("RAYON_NUM_THREADS", "2")
-        .args([
-            "tokenize",
-            &s(&big),
-            &s(bad),
-            "--tokenizer",
-            &s(&qwen()),
-            "--out-dir",
-            &s(out),
-        ])
-        .args(["--shard-tokens", "100000", "--eval-fraction", "0.1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(
-        !output.status.success() && stderr.lines().count() == 1,
-        "{stderr}"
-    );
-    stderr
+    (big, ["--shard-tokens", "100000", "--eval-fraction", "0.1"])
+}
+
+fn text_file(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("a.txt");
+    std::fs::write(&path, "Hello world").unwrap();
+    path
 }
 
 #[test]
 fn a_missing_tokenizer_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let text = dir.path().join("a.txt");
-    std::fs::write(&text, "some text").unwrap();
-    let out = dir.path().join("out");
+    let (text, out) = (text_file(dir.path()), dir.path().join("out"));
     let missing = dir.path().join("no-such-tokenizer.json");
-    let err = fails(&[
-        &s(&text),
-        "--tokenizer",
-        &s(&missing),
-        "--out-dir",
-        &s(&out),
-    ]);
-    assert!(
-        err.contains(&format!("--tokenizer {}: no such file", missing.display())),
-        "{err}"
-    );
+    let want = format!("--tokenizer {}: no such file", missing.display());
+    refused(&[&text], &missing, &out, &[], &want);
     // A directory without a tokenizer.json.
-    let err = fails(&[
-        &s(&text),
-        "--tokenizer",
-        &s(dir.path()),
-        "--out-dir",
-        &s(&out),
-    ]);
-    assert!(err.contains("has no tokenizer.json"), "{err}");
-    assert!(listing(&out).is_empty());
+    let want = format!(
+        "--tokenizer {}: the directory has no tokenizer.json",
+        dir.path().display()
+    );
+    refused(&[&text], dir.path(), &out, &[], &want);
 }
 
 #[test]
 fn a_json_line_without_the_field_is_named_and_nothing_is_left() {
     let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let (big, flags) = many_shards(dir.path());
     let bad = dir.path().join("bad.jsonl");
     write_jsonl(
         &bad,
         [
             json!({"text": "fine"}),
-            json!({"text": "also fine"}),
-            json!({"content": "no text"}),
+            json!({"text": "also"}),
+            json!({"content": "x"}),
         ],
     );
-    let out = dir.path().join("out");
-    let err = after_many_shards(&bad, &out);
     let want = format!(
         "{}:3: no field \"text\" (the line has [\"content\"]); choose the field with --text-field",
         bad.display()
     );
-    assert!(err.contains(&want), "{err}");
-    assert_eq!(
-        listing(&out),
-        Vec::<String>::new(),
-        "no token file, complete or temporary"
-    );
+    refused(&[&big, &bad], &qwen(), &out, &flags, &want);
 
     // A chat line without its response field names that flag.
     let chat = dir.path().join("chat.jsonl");
@@ -125,28 +98,35 @@ fn a_json_line_without_the_field_is_named_and_nothing_is_left() {
         &chat,
         [json!({"q": "hi", "a": "hello"}), json!({"q": "bye"})],
     );
-    let err = fails(&[
-        &s(&chat),
-        "--tokenizer",
-        &s(&qwen()),
-        "--out-dir",
-        &s(&out),
-        "--prompt-field",
-        "q",
-        "--response-field",
-        "a",
-    ]);
-    assert!(
-        err.contains(&format!("{}:2: no field \"a\"", chat.display())),
-        "{err}"
+    let flags = ["--prompt-field", "q", "--response-field", "a"];
+    let want = format!(
+        "{}:2: no field \"a\" (the line has [\"q\"]); choose the field with --response-field",
+        chat.display()
     );
-    assert!(err.contains("--response-field"), "{err}");
-    assert!(listing(&out).is_empty());
+    refused(&[&chat], &qwen(), &out, &flags, &want);
+    // Chat fields with a file that is not JSONL.
+    let text = text_file(dir.path());
+    let want = format!(
+        "{}: --prompt-field and --response-field apply to .jsonl inputs only",
+        text.display()
+    );
+    refused(&[&chat, &text], &qwen(), &out, &flags, &want);
+    // A line that is not JSON.
+    std::fs::write(&bad, "{\"text\": \"ok\"}\n{\"text\": \n").unwrap();
+    refused(
+        &[&bad],
+        &qwen(),
+        &out,
+        &[],
+        &format!("{}:2: not valid JSON", bad.display()),
+    );
 }
 
 #[test]
 fn a_parquet_file_without_the_column_is_named_and_nothing_is_left() {
     let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let (big, flags) = many_shards(dir.path());
     let bad = dir.path().join("docs.parquet");
     write_parquet(
         &bad,
@@ -155,78 +135,58 @@ fn a_parquet_file_without_the_column_is_named_and_nothing_is_left() {
         1,
         Compression::SNAPPY,
     );
-    let out = dir.path().join("out");
-    let err = after_many_shards(&bad, &out);
     let want = format!(
         "{}: no column \"text\" (the file has [\"id\", \"content\"]); choose the text column with --text-column",
         bad.display()
     );
-    assert!(err.contains(&want), "{err}");
-    assert!(listing(&out).is_empty());
+    refused(&[&big, &bad], &qwen(), &out, &flags, &want);
 
-    // A null in the column: the row is named.
+    // A null in the column: its row is named.
     let nulls = dir.path().join("nulls.parquet");
-    write_parquet(
-        &nulls,
-        "text",
-        &[Some("a"), Some("b"), Some("c"), None, Some("e")],
-        2,
-        Compression::SNAPPY,
-    );
-    let text = dir.path().join("a.txt");
-    std::fs::write(&text, "some text").unwrap();
-    let err = fails(&[
-        &s(&text),
-        &s(&nulls),
-        "--tokenizer",
-        &s(&qwen()),
-        "--out-dir",
-        &s(&out),
-    ]);
-    assert!(
-        err.contains(&format!(
-            "{}: row 3: column \"text\" is null",
-            nulls.display()
-        )),
-        "{err}"
-    );
-    assert!(listing(&out).is_empty());
+    let rows = [Some("a"), Some("b"), Some("c"), None, Some("e")];
+    write_parquet(&nulls, "text", &rows, 2, Compression::SNAPPY);
+    let want = format!("{}: row 3: column \"text\" is null", nulls.display());
+    refused(&[&nulls], &qwen(), &out, &[], &want);
 }
 
 #[test]
 fn an_unwritable_output_dir_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let text = dir.path().join("a.txt");
-    std::fs::write(&text, "some text").unwrap();
+    let text = text_file(dir.path());
     // Tests may run as root, which ignores permission bits: a directory that cannot be made
     // because a plain file stands in its path is unwritable for everyone.
     let blocker = dir.path().join("a-file");
     std::fs::write(&blocker, "").unwrap();
     let out = blocker.join("out");
-    let err = fails(&[&s(&text), "--tokenizer", &s(&qwen()), "--out-dir", &s(&out)]);
-    assert!(
-        err.contains(&format!("--out-dir {}: cannot create", out.display())),
-        "{err}"
-    );
+    let want = format!("--out-dir {}: cannot create", out.display());
+    refused(&[&text], &qwen(), &out, &[], &want);
     assert_eq!(listing(dir.path()), ["a-file", "a.txt"]);
 
     // A directory holding an earlier run's files: refused, and they are kept as they were.
     let out = dir.path().join("out");
     std::fs::create_dir(&out).unwrap();
-    std::fs::write(out.join("train-000.bin"), "earlier run").unwrap();
-    let err = fails(&[&s(&text), "--tokenizer", &s(&qwen()), "--out-dir", &s(&out)]);
+    let earlier = out.join("train-000.bin");
+    std::fs::write(&earlier, "earlier run").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_smelt"))
+        .arg("tokenize")
+        .arg(&text)
+        .arg("--tokenizer")
+        .arg(qwen())
+        .arg("--out-dir")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let want = format!(
+        "error: --out-dir {}: already holds token files (train-000.bin)",
+        out.display()
+    );
     assert!(
-        err.contains(&format!(
-            "--out-dir {}: already holds token files (train-000.bin)",
-            out.display()
-        )),
-        "{err}"
+        !output.status.success() && stderr.starts_with(&want),
+        "{stderr}"
     );
     assert_eq!(listing(&out), ["train-000.bin"]);
-    assert_eq!(
-        std::fs::read(out.join("train-000.bin")).unwrap(),
-        b"earlier run"
-    );
+    assert_eq!(std::fs::read(&earlier).unwrap(), b"earlier run");
 }
 
 /// A hand-built WordLevel tokenizer whose vocabulary has the id 3,000,000,000 (the
@@ -239,29 +199,16 @@ fn a_vocabulary_beyond_int32_is_refused() {
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
         "decoder": null,
-        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1, "b": 3_000_000_000u64}, "unk_token": "[UNK]"},
+        "model": {"type": "WordLevel", "unk_token": "[UNK]",
+                  "vocab": {"[UNK]": 0, "a": 1, "b": 3_000_000_000u64}},
     });
     std::fs::write(&tokenizer, model.to_string()).unwrap();
-    let text = dir.path().join("a.txt");
-    std::fs::write(&text, "a b").unwrap();
-    let out = dir.path().join("out");
-    let err = fails(&[
-        &s(&text),
-        "--tokenizer",
-        &s(&tokenizer),
-        "--out-dir",
-        &s(&out),
-        "--eos-id",
-        "1",
-    ]);
-    assert!(
-        err.contains(&format!(
-            "{}: token id 3000000000 does not fit BIN.TOK's int32 tokens",
-            tokenizer.display()
-        )),
-        "{err}"
+    let (text, out) = (text_file(dir.path()), dir.path().join("out"));
+    let want = format!(
+        "{}: token id 3000000000 does not fit BIN.TOK's int32 tokens",
+        tokenizer.display()
     );
-    assert!(listing(&out).is_empty());
+    refused(&[&text], &tokenizer, &out, &["--eos-id", "1"], &want);
 }
 
 /// Without --eos-id and with no configuration naming one, the EOS is never guessed.
@@ -270,51 +217,28 @@ fn a_tokenizer_without_an_eos_asks_for_eos_id() {
     let dir = tempfile::tempdir().unwrap();
     let tokenizer = dir.path().join("tokenizer.json");
     std::fs::copy(qwen(), &tokenizer).unwrap();
-    let text = dir.path().join("a.txt");
-    std::fs::write(&text, "Hello world").unwrap();
-    let out = dir.path().join("out");
-    let err = fails(&[
-        &s(&text),
-        "--tokenizer",
-        &s(&tokenizer),
-        "--out-dir",
-        &s(&out),
-    ]);
-    assert!(
-        err.contains(&format!("{}: no EOS token", tokenizer.display())),
-        "{err}"
+    let (text, out) = (text_file(dir.path()), dir.path().join("out"));
+    let want = format!(
+        "{}: no EOS token: none of tokenizer_config.json, config.json, generation_config.json beside it names one; pass --eos-id (the tokenizer's special tokens: <|endoftext|> = 151643, ",
+        tokenizer.display()
     );
-    assert!(
-        err.contains("pass --eos-id (the tokenizer's special tokens: <|endoftext|> = 151643"),
-        "{err}"
-    );
-    assert!(listing(&out).is_empty());
+    refused(&[&text], &tokenizer, &out, &[], &want);
+    let want = "--eos-id: EOS id 151665 is outside the tokenizer's vocabulary of 151665";
+    refused(&[&text], &tokenizer, &out, &["--eos-id", "151665"], want);
 
-    // An id outside the vocabulary is refused too; a good one works.
-    let err = fails(&[
-        &s(&text),
-        "--tokenizer",
-        &s(&tokenizer),
-        "--out-dir",
-        &s(&out),
-        "--eos-id",
-        "151665",
-    ]);
-    assert!(
-        err.contains("--eos-id: EOS id 151665 is outside the tokenizer's vocabulary of 151665"),
-        "{err}"
-    );
+    // A config.json naming the EOS by id (a list: the first is taken) is enough.
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"eos_token_id": [151643, 151645]}"#,
+    )
+    .unwrap();
     let ok = Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .args([
-            "tokenize",
-            &s(&text),
-            "--tokenizer",
-            &s(&tokenizer),
-            "--out-dir",
-            &s(&out),
-            "--eos-id",
-            "151643",
-        ])
+        .arg("tokenize")
+        .arg(&text)
+        .arg("--tokenizer")
+        .arg(&tokenizer)
+        .arg("--out-dir")
+        .arg(&out)
         .output()
         .unwrap();
     assert!(
@@ -322,50 +246,19 @@ fn a_tokenizer_without_an_eos_asks_for_eos_id() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
-    let files = token_files(&out);
-    assert_eq!(tokens(&files[0]), [9707, 1879, 151643]);
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("EOS 151643 \"<|endoftext|>\""));
+    assert_eq!(tokens(&token_files(&out)[0]), [9707, 1879, 151643]);
 }
 
 #[test]
 fn inputs_that_match_nothing_or_are_of_unknown_type_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let pattern = format!("{}/*.txt", dir.path().display());
-    let err = fails(&[&pattern, "--tokenizer", &s(&qwen()), "--out-dir", &s(&out)]);
-    assert!(
-        err.contains(&format!("input {pattern:?} matches no file")),
-        "{err}"
-    );
-    let md = dir.path().join("a.md");
-    std::fs::write(&md, "text").unwrap();
-    let flags = ["--prompt-field", "q", "--response-field", "a"];
-    let err = fails(
-        &[
-            &[&s(&md), "--tokenizer", &s(&qwen()), "--out-dir", &s(&out)][..],
-            &flags,
-        ]
-        .concat(),
-    );
-    assert!(
-        err.contains(&format!(
-            "{}: --prompt-field and --response-field apply to .jsonl inputs only",
-            md.display()
-        )),
-        "{err}"
-    );
+    let pattern = dir.path().join("*.txt");
+    let want = format!("input {:?} matches no file", pattern.display().to_string());
+    refused(&[&pattern], &qwen(), &out, &[], &want);
     let csv = dir.path().join("data.csv");
     std::fs::write(&csv, "a,b").unwrap();
-    let err = fails(&[&s(&csv), "--tokenizer", &s(&qwen()), "--out-dir", &s(&out)]);
-    assert!(
-        err.contains(&format!("{}: unknown input type", csv.display())),
-        "{err}"
-    );
-    let bad = dir.path().join("bad.jsonl");
-    std::fs::write(&bad, "{\"text\": \"ok\"}\n{\"text\": \n").unwrap();
-    let err = fails(&[&s(&bad), "--tokenizer", &s(&qwen()), "--out-dir", &s(&out)]);
-    assert!(
-        err.contains(&format!("{}:2: not valid JSON", bad.display())),
-        "{err}"
-    );
-    assert!(listing(&out).is_empty());
+    let want = format!("{}: unknown input type", csv.display());
+    refused(&[&csv], &qwen(), &out, &[], &want);
 }
