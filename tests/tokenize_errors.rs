@@ -4,17 +4,16 @@
 mod tokenizing;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use parquet::basic::Compression;
 use serde_json::json;
 use tokenizing::*;
 
-/// Runs `smelt tokenize INPUTS --tokenizer TOKENIZER --out-dir OUT EXTRA`, which must fail
-/// with one line of error containing `want`, print no summary, and leave no file in `out`.
-fn refused(inputs: &[&Path], tokenizer: &Path, out: &Path, extra: &[&str], want: &str) {
-    let output = Command::new(env!("CARGO_BIN_EXE_smelt"))
-        // Two threads make the batches of `after_many_shards` 16 MiB on any machine.
+/// Runs `smelt tokenize INPUTS --tokenizer TOKENIZER --out-dir OUT EXTRA`.
+fn smelt(inputs: &[&Path], tokenizer: &Path, out: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_smelt"))
+        // Two threads make the batches of `many_shards` 16 MiB on any machine.
         .env("RAYON_NUM_THREADS", "2")
         .arg("tokenize")
         .args(inputs)
@@ -24,7 +23,13 @@ fn refused(inputs: &[&Path], tokenizer: &Path, out: &Path, extra: &[&str], want:
         .arg(out)
         .args(extra)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `smelt`, which must fail with one line of error containing `want`, print no summary,
+/// and leave no file in `out`.
+fn refused(inputs: &[&Path], tokenizer: &Path, out: &Path, extra: &[&str], want: &str) {
+    let output = smelt(inputs, tokenizer, out, extra);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "succeeded: {inputs:?} {extra:?}");
     assert!(output.stdout.is_empty(), "printed a summary");
@@ -167,15 +172,7 @@ fn an_unwritable_output_dir_is_named() {
     std::fs::create_dir(&out).unwrap();
     let earlier = out.join("train-000.bin");
     std::fs::write(&earlier, "earlier run").unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .arg("tokenize")
-        .arg(&text)
-        .arg("--tokenizer")
-        .arg(qwen())
-        .arg("--out-dir")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let output = smelt(&[&text], &qwen(), &out, &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let want = format!(
         "error: --out-dir {}: already holds token files (train-000.bin)",
@@ -232,15 +229,7 @@ fn a_tokenizer_without_an_eos_asks_for_eos_id() {
         r#"{"eos_token_id": [151643, 151645]}"#,
     )
     .unwrap();
-    let ok = Command::new(env!("CARGO_BIN_EXE_smelt"))
-        .arg("tokenize")
-        .arg(&text)
-        .arg("--tokenizer")
-        .arg(&tokenizer)
-        .arg("--out-dir")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let ok = smelt(&[&text], &tokenizer, &out, &[]);
     assert!(
         ok.status.success(),
         "{}",

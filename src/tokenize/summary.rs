@@ -25,9 +25,12 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         writeln!(
             f,
-            "tokenized {} documents from {} files ({:.1} MB) in {:.1} s ({:.2} MB/s)",
+            "tokenized {} documents from {} ({:.1} MB) in {:.1} s ({:.2} MB/s)",
             HumanCount(self.documents as u64),
-            self.input_files,
+            match self.input_files {
+                1 => "1 file".to_string(),
+                n => format!("{n} files"),
+            },
             self.input_bytes as f64 / 1e6,
             self.seconds,
             self.input_bytes as f64 / 1e6 / self.seconds.max(1e-9)
