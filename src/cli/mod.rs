@@ -1,6 +1,7 @@
 //! The `smelt` command line: one subcommand per file, each with its arguments and `run`.
 
 mod export;
+mod tokenize;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -20,12 +21,15 @@ pub struct Cli {
 enum Command {
     /// Write a model as a HF directory (config.json + model.safetensors).
     Export(export::ExportArgs),
+    /// Turn text, JSONL or Parquet files into token files with a HF tokenizer.json
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 impl Cli {
     pub fn run(self) -> Result<()> {
         match self.command {
             Command::Export(args) => args.run(),
+            Command::Tokenize(args) => tokenize::run(args),
         }
     }
 }
