@@ -9,8 +9,18 @@ use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
 
-/// Query (or key) rows per block in both versions.
+/// Query (or key) rows per block of the CUDA-core kernels (attention.cu's TILE).
 const TILE: usize = 32;
+/// Rows per block and threads per block of the tensor-core kernels (attention_tc.cu's
+/// `tc::TILE` and `tc::THREADS`).
+const TC_TILE: usize = 64;
+const TC_THREADS: u32 = 128;
+
+/// Dynamic shared memory of a tensor-core kernel that stages `tiles` 64-row tiles of
+/// `head_dim + 8` bf16 (plus `extra` bytes).
+fn tc_smem(head_dim: usize, tiles: usize, extra: usize) -> u32 {
+    (tiles * TC_TILE * (head_dim + 8) * 2 + extra) as u32
+}
 
 /// Which attention kernels run. `SMELT_ATTENTION=simple` picks the CUDA-core ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,37 +88,37 @@ impl Cuda {
             "attention_forward: out {:?}",
             out.shape
         );
-        let (kernel, targs, threads) = if self.tensor_cores(qkv.dtype) {
-            (
-                Kernel::AttentionForwardTc,
-                vec![Arg::HeadDim(s.head_dim)],
-                64,
-            )
-        } else {
-            (
-                Kernel::AttentionForward,
-                vec![float(qkv), Arg::HeadDim(s.head_dim)],
-                BLOCK,
-            )
-        };
+        let args: [KArg; 7] = [
+            ptr(out).into(),
+            ptr(lse).into(),
+            ptr(qkv).into(),
+            (s.seq as i32).into(),
+            (s.q_heads as i32).into(),
+            (s.kv_heads as i32).into(),
+            scale(&s).into(),
+        ];
         // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
-        // its 32 rows of head h in out [B·T, Hq·D] and lse [B, Hq, T].
+        // its rows of head h in out [B·T, Hq·D] and lse [B, Hq, T]; the tensor-core kernel
+        // stages Q, K and V tiles in exactly `tc_smem(D, 3, 0)` bytes.
         unsafe {
-            self.launch(
-                kernel,
-                &targs,
-                (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
-                threads,
-                &[
-                    ptr(out).into(),
-                    ptr(lse).into(),
-                    ptr(qkv).into(),
-                    (s.seq as i32).into(),
-                    (s.q_heads as i32).into(),
-                    (s.kv_heads as i32).into(),
-                    scale(&s).into(),
-                ],
-            )
+            if self.tensor_cores(qkv.dtype) {
+                self.launch_with_smem(
+                    Kernel::AttentionForwardTc,
+                    &[Arg::HeadDim(s.head_dim)],
+                    (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
+                    TC_THREADS,
+                    tc_smem(s.head_dim, 3, 0),
+                    &args,
+                )
+            } else {
+                self.launch(
+                    Kernel::AttentionForward,
+                    &[float(qkv), Arg::HeadDim(s.head_dim)],
+                    (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
+                    BLOCK,
+                    &args,
+                )
+            }
         }
     }
 
@@ -163,35 +173,42 @@ impl Cuda {
                     (s.q_heads as i32).into(),
                 ],
             )?;
-            let (dkdv, dq, tc_targs, threads) = if self.tensor_cores(qkv.dtype) {
-                (
+            if self.tensor_cores(qkv.dtype) {
+                // dK/dV stages K, V, Q and dout tiles plus the query tile's lse and delta;
+                // dQ stages Q, dout, K and V.
+                let dims = [Arg::HeadDim(s.head_dim)];
+                self.launch_with_smem(
                     Kernel::AttentionBackwardDkDvTc,
+                    &dims,
+                    (blocks(s.seq, TC_TILE), s.kv_heads as u32, s.batch as u32),
+                    TC_THREADS,
+                    tc_smem(s.head_dim, 4, 2 * TC_TILE * 4),
+                    &common(delta),
+                )?;
+                self.launch_with_smem(
                     Kernel::AttentionBackwardDqTc,
-                    vec![Arg::HeadDim(s.head_dim)],
-                    64,
+                    &dims,
+                    (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
+                    TC_THREADS,
+                    tc_smem(s.head_dim, 4, 0),
+                    &common(delta),
                 )
             } else {
-                (
+                self.launch(
                     Kernel::AttentionBackwardDkDv,
-                    Kernel::AttentionBackwardDq,
-                    targs.to_vec(),
+                    &targs,
+                    (blocks(s.seq, TILE), s.kv_heads as u32, s.batch as u32),
                     BLOCK,
+                    &common(delta),
+                )?;
+                self.launch(
+                    Kernel::AttentionBackwardDq,
+                    &targs,
+                    (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
+                    BLOCK,
+                    &common(delta),
                 )
-            };
-            self.launch(
-                dkdv,
-                &tc_targs,
-                (blocks(s.seq, TILE), s.kv_heads as u32, s.batch as u32),
-                threads,
-                &common(delta),
-            )?;
-            self.launch(
-                dq,
-                &tc_targs,
-                (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
-                threads,
-                &common(delta),
-            )
+            }
         }
     }
 }

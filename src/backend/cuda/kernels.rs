@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
@@ -257,6 +258,9 @@ pub fn all_names(source: &Source) -> Vec<String> {
         .collect()
 }
 
+/// Dynamic shared memory a kernel may use without opting in.
+const STATIC_SHARED_LIMIT: u32 = 48 * 1024;
+
 /// A kernel argument: device pointers travel as `u64`.
 #[derive(Clone, Copy, Debug)]
 pub enum KArg {
@@ -345,20 +349,31 @@ impl Kernels {
         Ok(f)
     }
 
-    /// Enqueues `inst` on `stream` with a 1-D block and dynamic shared memory `smem`.
+    /// Enqueues `inst` on `stream` with a 1-D block and `smem` bytes of dynamic shared memory.
     ///
     /// # Safety
-    /// `args` must match the kernel's parameters in number, order and size, and every
-    /// pointer must be valid for what the kernel accesses with these sizes.
+    /// `args` must match the kernel's parameters in number, order and size, every pointer
+    /// must be valid for what the kernel accesses with these sizes, and `smem` must be what
+    /// the kernel expects.
     pub unsafe fn launch(
         &self,
         stream: &CudaStream,
         inst: &Instance,
         grid: (u32, u32, u32),
         block: u32,
+        smem: u32,
         args: &[KArg],
     ) -> Result<()> {
         let f = self.function(inst)?;
+        if smem > STATIC_SHARED_LIMIT {
+            // Past 48 KB a kernel must opt in to more dynamic shared memory; setting the limit
+            // is a cheap driver call, not a stream operation, so graph capture is unaffected.
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .with_context(|| format!("allowing {} {smem} bytes of shared memory", inst.name))?;
+        }
         let mut builder = stream.launch_builder(&f);
         for a in args {
             match a {
@@ -372,7 +387,7 @@ impl Kernels {
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         // SAFETY: forwarded contract.
         unsafe { builder.launch(cfg) }

@@ -164,12 +164,32 @@ impl Cuda {
         block: u32,
         args: &[KArg],
     ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_with_smem(kernel, targs, grid, block, 0, args) }
+    }
+
+    /// `launch` with `smem` bytes of dynamic shared memory.
+    ///
+    /// # Safety
+    /// As `launch`, and `smem` must be what the kernel expects.
+    unsafe fn launch_with_smem(
+        &self,
+        kernel: Kernel,
+        targs: &[Arg],
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[KArg],
+    ) -> Result<()> {
         let inst = kernel.instance(targs)?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(()); // an empty tensor: nothing to do, and CUDA refuses empty grids
         }
         // SAFETY: forwarded contract.
-        unsafe { self.kernels.launch(&self.stream, &inst, grid, block, args) }
+        unsafe {
+            self.kernels
+                .launch(&self.stream, &inst, grid, block, smem, args)
+        }
     }
 
     /// The f32 scratch buffer, at least `floats` long, for one op's transient partials.

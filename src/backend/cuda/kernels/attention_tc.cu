@@ -1,410 +1,355 @@
-// Causal grouped-query attention on the tensor cores (mma.sync m16n8k16, bf16 in, f32
-// accumulate), for bf16 storage. Same layouts and results as attention.cu (the CUDA-core
-// version, which is the reference it is tested against), and the same deterministic split of
-// the backward: one kernel for dK/dV per key tile, one for dQ per query tile, no atomics.
+// Causal grouped-query attention on the tensor cores (FlashAttention-2 style), for bf16 storage:
+// mma.sync m16n8k16 with bf16 operands and f32 accumulation. Same layouts and results as
+// attention.cu (the CUDA-core version, the reference this is tested against), within bf16
+// rounding.
 //
-// A block is two warps; each warp owns 16 rows (queries, or keys in the dK/dV kernel) and the
-// block walks tiles of 32 keys (or queries). Score tiles go through shared memory in f32,
-// where each lane handles half a row: row lane/2, columns (lane%2)·16 .. +16.
+// Layouts (row-major): qkv [B, T, (Hq + 2 Hkv) * D] holding q heads, then k heads, then v heads;
+// out [B, T, Hq * D]; lse [B, Hq, T] (natural log-sum-exp of each scaled score row, f32);
+// dqkv like qkv. The head size D is a template parameter (64, 80, 96 or 128).
 //
-// The forward takes two passes over the keys: the first finds each row's log-sum-exp, the
-// second accumulates exp(s − lse)·v with P rounded to bf16 for the tensor cores. Scores are
-// recomputed rather than rescaled, which gives P exactly as the CPU defines it.
+// Forward: one block of 4 warps per (64 queries, q head, batch); each warp owns 16 query rows
+// and streams 64-key tiles of K and V through shared memory with an online softmax.
+// Backward, deterministic (no atomics), after attention.cu's `attention_backward_delta`
+// (delta = rowsum(dout * out)): `attention_backward_dkdv_tc` gives one block per (64 keys,
+// kv head, batch) that loops over the group's q heads and the query tiles at or after the
+// diagonal, each warp owning 16 keys; `attention_backward_dq_tc` gives one block per
+// (64 queries, q head, batch), each warp owning 16 queries. Both recompute the scores.
 //
-// The pip CUDA wheels ship no <mma.h>, so the 16×16 fragments below are written against the
-// PTX ISA's documented m16n8k16 layouts. With g = lane/4 and q = lane%4:
-//   A (16×16, row-major): reg0 = A[g][2q..2q+1], reg1 = A[g+8][2q..], reg2 = A[g][2q+8..],
-//     reg3 = A[g+8][2q+8..] (two bf16 per register, the lower column in the low half);
-//   B (16×8): reg0 = B[2q..2q+1][g], reg1 = B[2q+8..2q+9][g];
-//   C (16×8, f32): c0 = C[g][2q], c1 = C[g][2q+1], c2 = C[g+8][2q], c3 = C[g+8][2q+1].
-// A 16×16 B or C is two such 16×8 halves (columns 0–7, then 8–15).
+// Shared memory is dynamic (it exceeds the 48 KB static limit at D = 128): the launcher passes
+// `tiles * 64 * (D + 8) * 2` bytes — 3 tiles for the forward, 4 for dq, and 4 tiles plus 512
+// bytes for dkdv (attention.rs, `smem_bytes`) — and raises the kernel's limit to match.
+//
+// Tensor-core fragments follow PTX's mma.m16n8k16 layouts: in a 16x8 f32 accumulator, lane l
+// holds rows l/4 and l/4 + 8, columns 2(l%4) and 2(l%4) + 1; an accumulator pair over 16
+// columns is, packed to bf16, exactly the A operand of the next product (the FA2 trick).
+
 #include "common.cuh"
 
-#define ROWS 32    // rows per block: 2 warps × 16
-#define TILE 32    // keys (or queries) per inner tile
-#define PAD_H 8    // bf16 row padding, 16 bytes, against bank conflicts
-#define PAD_F 4    // f32 row padding, 16 bytes
+namespace tc {
 
-struct FragA { u32 r[4]; };   // 16×16 bf16, row-major operand
-struct FragB { u32 r[4]; };   // 16×16 bf16, second operand: halves (r0, r1) and (r2, r3)
-struct FragC { float c[8]; }; // 16×16 f32: halves c[0..3] and c[4..7]
+constexpr int TILE = 64;            // queries or keys per block tile
+constexpr int WARPS = 4;            // 16 rows each
+constexpr int THREADS = WARPS * 32;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+// Padded shared row of a D-wide tile: 16 bytes keep ldmatrix rows off one bank.
+template <int D> __host__ __device__ constexpr int ld() { return D + 8; }
 
-__device__ __forceinline__ u32 lane_g() { return (threadIdx.x % 32) / 4; }
-__device__ __forceinline__ u32 lane_q() { return threadIdx.x % 4; }
+extern __shared__ __align__(16) unsigned char smem[];
 
-__device__ __forceinline__ u32 pack(bf16 lo, bf16 hi) {
-    return (u32)__bfloat16_as_ushort(lo) | ((u32)__bfloat16_as_ushort(hi) << 16);
-}
-
-__device__ __forceinline__ void fill_zero(FragC& f) {
-#pragma unroll
-    for (int i = 0; i < 8; i++) f.c[i] = 0.0f;
-}
-
-// A = p[0..16)[0..16) of a row-major bf16 tile with row stride ld.
-__device__ __forceinline__ void load_a(FragA& f, const bf16* p, int ld) {
-    const int g = lane_g(), q = lane_q();
-    f.r[0] = *(const u32*)(p + g * ld + 2 * q);
-    f.r[1] = *(const u32*)(p + (g + 8) * ld + 2 * q);
-    f.r[2] = *(const u32*)(p + g * ld + 2 * q + 8);
-    f.r[3] = *(const u32*)(p + (g + 8) * ld + 2 * q + 8);
-}
-
-// B = Xᵀ, B[k][n] = x[n][k], for x row-major [16 n][16 k].
-__device__ __forceinline__ void load_bt(FragB& f, const bf16* x, int ld) {
-    const int g = lane_g(), q = lane_q();
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        f.r[2 * h] = *(const u32*)(x + (h * 8 + g) * ld + 2 * q);
-        f.r[2 * h + 1] = *(const u32*)(x + (h * 8 + g) * ld + 2 * q + 8);
-    }
-}
-
-// B = X, B[k][n] = x[k][n], for x row-major [16 k][16 n].
-__device__ __forceinline__ void load_b(FragB& f, const bf16* x, int ld) {
-    const int g = lane_g(), q = lane_q();
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int n = h * 8 + g;
-        f.r[2 * h] = pack(x[(2 * q) * ld + n], x[(2 * q + 1) * ld + n]);
-        f.r[2 * h + 1] = pack(x[(2 * q + 8) * ld + n], x[(2 * q + 9) * ld + n]);
-    }
-}
-
-// c += a · b over one 16×16×16 step: two m16n8k16 MMAs.
-__device__ __forceinline__ void mma(FragC& c, const FragA& a, const FragB& b) {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-            : "+f"(c.c[4 * h]), "+f"(c.c[4 * h + 1]), "+f"(c.c[4 * h + 2]), "+f"(c.c[4 * h + 3])
-            : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * h]),
-              "r"(b.r[2 * h + 1]));
-    }
-}
-
-// out[0..16)[0..16) = c, row-major f32 with row stride ld.
-__device__ __forceinline__ void store_c(float* out, int ld, const FragC& f) {
-    const int g = lane_g(), q = lane_q();
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        out[g * ld + h * 8 + 2 * q] = f.c[4 * h];
-        out[g * ld + h * 8 + 2 * q + 1] = f.c[4 * h + 1];
-        out[(g + 8) * ld + h * 8 + 2 * q] = f.c[4 * h + 2];
-        out[(g + 8) * ld + h * 8 + 2 * q + 1] = f.c[4 * h + 3];
-    }
-}
-
-// Rows [first, first + ROWS) of one head (column offset `col`) of a [B·T, stride] bf16 tensor
-// into dst[ROWS][ld]; rows past T are zero. Pairs of elements move as 32-bit words.
+// The i-th 64-row tile of dynamic shared memory.
 template <int D>
-__device__ __forceinline__ void tc_load(bf16* dst, int ld, const bf16* src, int b, int first,
-                                        int Tn, long long stride, long long col) {
-    for (int idx = threadIdx.x; idx < ROWS * D / 2; idx += blockDim.x) {
-        const int j = idx / (D / 2), c = (idx % (D / 2)) * 2;
-        const int row = first + j;
-        u32 v = 0;
-        if (row < Tn) v = *(const u32*)(src + ((long long)b * Tn + row) * stride + col + c);
-        *(u32*)(dst + j * ld + c) = v;
+__device__ __forceinline__ bf16* smem_tile(int i) {
+    return reinterpret_cast<bf16*>(smem) + i * TILE * ld<D>();
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned r[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+
+// c += a * b for one 16x8 tile, k = 16.
+__device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+// Copies rows [0, valid) of a TILE x D tile (row stride `stride` elements) into shared memory,
+// zero-filling the rest so padded rows contribute nothing.
+template <int D>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid, size_t stride) {
+    constexpr int CHUNKS = D / 8;
+    for (int i = threadIdx.x; i < TILE * CHUNKS; i += THREADS) {
+        const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < valid) v = *reinterpret_cast<const uint4*>(src + r * stride + c);
+        *reinterpret_cast<uint4*>(dst + r * ld<D>() + c) = v;
     }
 }
 
-// out[16][TILE] (f32, row stride ldo) = a[16][D] · b[TILE][D]ᵀ, for one warp.
+// Address of lane's row for an A operand (16 rows x 16 cols at row0, col0) or for a
+// non-transposed B pair (two 8-row blocks of n, 16 of k): matrix j = lane/8 covers
+// rows +8*(j%2) and cols +8*(j/2) for A; rows +8*(j/2) and cols +8*(j%2) for B.
 template <int D>
-__device__ __forceinline__ void tc_scores(float* out, int ldo, const bf16* a, int lda,
-                                          const bf16* b, int ldb) {
-#pragma unroll
-    for (int n = 0; n < TILE; n += 16) {
-        FragC acc;
-        fill_zero(acc);
-#pragma unroll
-        for (int k = 0; k < D; k += 16) {
-            FragA fa;
-            FragB fb;
-            load_a(fa, a + k, lda);
-            load_bt(fb, b + n * ldb + k, ldb);
-            mma(acc, fa, fb);
-        }
-        store_c(out + n, ldo, acc);
-    }
+__device__ __forceinline__ const bf16* a_addr(const bf16* s, int row0, int col0, int lane) {
+    return s + (row0 + (lane % 8) + ((lane / 8) % 2) * 8) * ld<D>() + col0 + (lane / 16) * 8;
+}
+template <int D>
+__device__ __forceinline__ const bf16* b_addr(const bf16* s, int row0, int col0, int lane) {
+    return s + (row0 + (lane % 8) + (lane / 16) * 8) * ld<D>() + col0 + ((lane / 8) % 2) * 8;
+}
+// A transposed-B pair for an operand stored [k rows, n cols]: rows +8*(j%2), cols +8*(j/2).
+template <int D>
+__device__ __forceinline__ const bf16* bt_addr(const bf16* s, int row0, int col0, int lane) {
+    return a_addr<D>(s, row0, col0, lane);
 }
 
-// acc[n] += p[16][TILE] · x[TILE][D] for the D/16 column blocks n of the output.
-template <int D>
-__device__ __forceinline__ void tc_accumulate(FragC (&acc)[D / 16], const bf16* p, int ldp,
-                                              const bf16* x, int ldx) {
+// acc[nb] (16 rows x 8*nb) += A(16 x D, from shared rows row0..) * Bᵀ where B rows are
+// `n` rows of shared tile `b` (n = 8 * NB): scores of 16 rows against NB*8 rows.
+template <int D, int NB>
+__device__ __forceinline__ void scores(float acc[NB][4], const bf16* a, int a_row0, const bf16* b, int b_row0, int lane) {
 #pragma unroll
-    for (int k = 0; k < TILE; k += 16) {
-        FragA fa;
-        load_a(fa, p + k, ldp);
+    for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned af[4];
+        ldsm_x4(af, a_addr<D>(a, a_row0, kk * 16, lane));
 #pragma unroll
-        for (int n = 0; n < D / 16; n++) {
-            FragB fb;
-            load_b(fb, x + k * ldx + n * 16, ldx);
-            mma(acc[n], fa, fb);
+        for (int nb = 0; nb < NB; nb += 2) {
+            unsigned bf[4];
+            ldsm_x4(bf, b_addr<D>(b, b_row0 + nb * 8, kk * 16, lane));
+            mma(acc[nb], af, bf[0], bf[1]);
+            mma(acc[nb + 1], af, bf[2], bf[3]);
         }
     }
 }
 
-// Writes the two warps' accumulators (rows first .. first + 31) as bf16 into columns
-// [col, col + D) of a [B·T, stride] tensor, through `stage` (ROWS × (D + PAD_F) floats of
-// shared memory that no one else uses now). Rows past T are skipped.
-template <int D>
-__device__ __forceinline__ void tc_store(bf16* dst, const FragC (&acc)[D / 16], float* stage,
-                                         int b, int first, int Tn, long long stride,
-                                         long long col) {
-    constexpr int LDO = D + PAD_F;
-    const int warp = threadIdx.x / 32;
+// acc (16 x D) += P (16 x 8*NB, accumulator layout, packed to bf16) * V where V rows are
+// shared rows v_row0.. of `v` (row = the contracted index).
+template <int D, int NB>
+__device__ __forceinline__ void accumulate_pv(float acc[D / 8][4], const float p[NB][4], const bf16* v, int v_row0, int lane) {
 #pragma unroll
-    for (int n = 0; n < D / 16; n++)
-        store_c(stage + warp * 16 * LDO + n * 16, LDO, acc[n]);
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < ROWS * D; idx += blockDim.x) {
-        const int r = idx / D, c = idx % D;
-        const int row = first + r;
-        if (row < Tn) dst[((long long)b * Tn + row) * stride + col + c] = __float2bfloat16_rn(stage[r * LDO + c]);
+    for (int kk = 0; kk < NB / 2; ++kk) {
+        const unsigned pf[4] = {pack(p[2 * kk][0], p[2 * kk][1]), pack(p[2 * kk][2], p[2 * kk][3]),
+                                pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int db = 0; db < D / 8; db += 2) {
+            unsigned vf[4];
+            ldsm_x4_t(vf, bt_addr<D>(v, v_row0 + kk * 16, db * 8, lane));
+            mma(acc[db], pf, vf[0], vf[1]);
+            mma(acc[db + 1], pf, vf[2], vf[3]);
+        }
     }
 }
 
-// Shared memory of the forward, carved by hand so the output stage can reuse the K/V tiles.
-template <int D> struct ForwardSmem {
-    static constexpr int LDH = D + PAD_H, LDS = TILE + PAD_F, LDP = TILE + PAD_H;
-    static constexpr int Q = 0;
-    static constexpr int K = Q + ROWS * LDH * 2;
-    static constexpr int V = K + TILE * LDH * 2;
-    static constexpr int S = V + TILE * LDH * 2;
-    static constexpr int P = S + ROWS * LDS * 4;
-    static constexpr int BYTES = P + ROWS * LDP * 2;
-    // The output stage (ROWS × (D + PAD_F) f32) fits in the K and V tiles.
-    static_assert(ROWS * (D + PAD_F) * 4 <= S - K, "output stage does not fit");
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+struct Heads {
+    size_t stride;   // elements per token row of qkv
+    const bf16* q;   // this (batch, head)'s q column block at token 0
+    const bf16* k;
+    const bf16* v;
 };
 
-// Grid: (ceil(T / 32), Hq, B); block 64.
 template <int D>
-__global__ void __launch_bounds__(64)
-    attention_forward_tc(bf16* out, float* lse, const bf16* qkv, int Tn, int Hq, int Hkv,
-                         float scale) {
-    typedef ForwardSmem<D> L;
-    __shared__ __align__(128) unsigned char smem[L::BYTES];
-    bf16* qs = (bf16*)(smem + L::Q);
-    bf16* ks = (bf16*)(smem + L::K);
-    bf16* vs = (bf16*)(smem + L::V);
-    float* ss = (float*)(smem + L::S);
-    bf16* ps = (bf16*)(smem + L::P);
-    const int q_tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int kvh = h / (Hq / Hkv);
-    const long long W = (long long)(Hq + 2 * Hkv) * D;
+__device__ __forceinline__ Heads heads(const bf16* qkv, int T, int Hq, int Hkv, int b, int h) {
+    const int g = h / (Hq / Hkv);
+    const size_t stride = static_cast<size_t>(Hq + 2 * Hkv) * D;
+    const bf16* base = qkv + static_cast<size_t>(b) * T * stride;
+    return {stride, base + h * D, base + (Hq + g) * D, base + (Hq + Hkv + g) * D};
+}
+
+}  // namespace tc
+
+template <int D>
+__global__ void __launch_bounds__(tc::THREADS)
+    attention_forward_tc(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int T, int Hq,
+                         int Hkv, float scale) {
+    using namespace tc;
+    bf16 *sQ = smem_tile<D>(0), *sK = smem_tile<D>(1), *sV = smem_tile<D>(2);
+    const int q0 = blockIdx.x * TILE, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int q0 = q_tile * ROWS;
-    const int row = warp * 16 + lane / 2, j0 = (lane % 2) * 16;
-    const int qi = q0 + row;
-    const bool valid = qi < Tn;
-    float* ss_w = ss + warp * 16 * L::LDS;
-    const int k_end = min(Tn, q0 + ROWS);  // causal: no key after the block's last query
+    const Heads hd = heads<D>(qkv, T, Hq, Hkv, b, h);
+    const float log2_scale = scale * LOG2E;  // scores in log2 units
+    const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
 
-    tc_load<D>(qs, L::LDH, qkv, b, q0, Tn, W, (long long)h * D);
-    // Pass 1: each row's max and sum of exponentials, hence its log-sum-exp.
-    float m = NEG_INF, l = 0.0f;
-    for (int k0 = 0; k0 < k_end; k0 += TILE) {
-        __syncthreads();  // the previous K tile is no longer read (and Q is loaded)
-        tc_load<D>(ks, L::LDH, qkv, b, k0, Tn, W, (long long)(Hq + kvh) * D);
+    load_tile<D>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
+    float o[D / 8][4] = {};
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const int tiles = (min(q0 + TILE, T) - 1) / TILE + 1;  // key tiles up to the diagonal
+    for (int t = 0; t < tiles; ++t) {
+        const int k0 = t * TILE;
+        load_tile<D>(sK, hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        load_tile<D>(sV, hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
         __syncthreads();
-        tc_scores<D>(ss_w, L::LDS, qs + warp * 16 * L::LDH, L::LDH, ks, L::LDH);
-        __syncwarp();
-        float s[16];
-        float tile_max = NEG_INF;
+        float s[TILE / 8][4] = {};
+        scores<D, TILE / 8>(s, sQ, warp * 16, sK, 0, lane);
+        float mx[2] = {m[0], m[1]};
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int kj = k0 + j0 + j;
-            s[j] = (valid && kj <= qi) ? ss[row * L::LDS + j0 + j] * scale : NEG_INF;
-            tile_max = fmaxf(tile_max, s[j]);
+        for (int nb = 0; nb < TILE / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + nb * 8 + (lane % 4) * 2 + (e & 1);
+                const float v = (key > rows[e / 2] || key >= T) ? NEG_INF : s[nb][e] * log2_scale;
+                s[nb][e] = v;
+                mx[e / 2] = fmaxf(mx[e / 2], v);
+            }
+        float corr[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = quad_max(mx[r]);
+            corr[r] = exp2f(m[r] - mx[r]);  // exp2(-inf) = 0 on the first tile
+            m[r] = mx[r];
         }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        const float m_new = fmaxf(m, tile_max);
-        const float m_use = m_new == NEG_INF ? 0.0f : m_new;  // no key seen yet: all exps 0
-        float sum = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 16; j++) sum += expf(s[j] - m_use);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l = l * expf(m - m_use) + sum;
-        m = m_new;
-    }
-    const float row_lse = m + logf(l);
-    if (lane % 2 == 0 && valid) lse[((long long)b * Hq + h) * Tn + qi] = row_lse;
-
-    // Pass 2: O = Σ_j exp(s_j − lse) v_j.
-    FragC o[D / 16];
+        for (int nb = 0; nb < TILE / 8; ++nb)
 #pragma unroll
-    for (int n = 0; n < D / 16; n++) fill_zero(o[n]);
-    for (int k0 = 0; k0 < k_end; k0 += TILE) {
-        __syncthreads();
-        tc_load<D>(ks, L::LDH, qkv, b, k0, Tn, W, (long long)(Hq + kvh) * D);
-        tc_load<D>(vs, L::LDH, qkv, b, k0, Tn, W, (long long)(Hq + Hkv + kvh) * D);
-        __syncthreads();
-        tc_scores<D>(ss_w, L::LDS, qs + warp * 16 * L::LDH, L::LDH, ks, L::LDH);
-        __syncwarp();
+            for (int e = 0; e < 4; ++e) {
+                s[nb][e] = exp2f(s[nb][e] - m[e / 2]);
+                sum[e / 2] += s[nb][e];
+            }
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int kj = k0 + j0 + j;
-            const float p = (valid && kj <= qi) ? expf(ss[row * L::LDS + j0 + j] * scale - row_lse) : 0.0f;
-            ps[row * L::LDP + j0 + j] = __float2bfloat16_rn(p);
+        for (int r = 0; r < 2; ++r) l[r] = l[r] * corr[r] + quad_sum(sum[r]);
+#pragma unroll
+        for (int db = 0; db < D / 8; ++db) {
+            o[db][0] *= corr[0]; o[db][1] *= corr[0];
+            o[db][2] *= corr[1]; o[db][3] *= corr[1];
         }
-        __syncwarp();
-        tc_accumulate<D>(o, ps + warp * 16 * L::LDP, L::LDP, vs, L::LDH);
+        accumulate_pv<D, TILE / 8>(o, s, sV, 0, lane);
+        __syncthreads();  // before the next tile overwrites sK and sV
     }
-    __syncthreads();  // every warp is done with the K/V tiles, which become the stage
-    tc_store<D>(out, o, (float*)(smem + L::K), b, q0, Tn, (long long)Hq * D, (long long)h * D);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (rows[r] >= T) continue;
+        const float inv = 1.f / l[r];
+        bf16* dst = out + (static_cast<size_t>(b) * T + rows[r]) * Hq * D + h * D + (lane % 4) * 2;
+#pragma unroll
+        for (int db = 0; db < D / 8; ++db)
+            *reinterpret_cast<__nv_bfloat162*>(dst + db * 8) =
+                __floats2bfloat162_rn(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
+        if (lane % 4 == 0) lse[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] = (m[r] + log2f(l[r])) * LN2;
+    }
 }
 
-// Shared memory of the backward kernels: four bf16 tiles (A, B, C, E), an f32 score tile, a
-// bf16 tile of P or dS, and per-row statistics.
-template <int D> struct BackwardSmem {
-    static constexpr int LDH = D + PAD_H, LDS = TILE + PAD_F, LDP = TILE + PAD_H;
-    static constexpr int A = 0;
-    static constexpr int B = A + ROWS * LDH * 2;
-    static constexpr int C = B + ROWS * LDH * 2;
-    static constexpr int E = C + TILE * LDH * 2;
-    static constexpr int S = E + TILE * LDH * 2;
-    static constexpr int P = S + ROWS * LDS * 4;
-    static constexpr int DS = P + ROWS * LDP * 2;
-    static constexpr int STATS = DS + ROWS * LDP * 2;
-    static constexpr int BYTES = STATS + 2 * TILE * 4;
-    static_assert(ROWS * (D + PAD_F) * 4 <= C - A, "output stage does not fit");
-};
-
-// dK and dV of 32 keys of one kv head (the warp's 16 keys are the rows): over the group's
-// query heads and the query tiles at or after the key tile,
-//   Sᵀ = K·Qᵀ, Pᵀ = exp(Sᵀ·scale − lse), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ⊙ (dPᵀ − delta) · scale,
-//   dV += Pᵀ·dO, dK += dSᵀ·Q.
-// Grid: (ceil(T / 32), Hkv, B); block 64.
+// dK and dV for 64 keys of one kv head, summed over the group's q heads and the query tiles
+// that see them, in a fixed order. Each warp owns 16 keys and works with transposed scores
+// Sᵀ = K Qᵀ so that its accumulators are rows of dK and dV.
 template <int D>
-__global__ void __launch_bounds__(64)
-    attention_backward_dkdv_tc(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                               const float* delta, int Tn, int Hq, int Hkv, float scale) {
-    typedef BackwardSmem<D> L;
-    __shared__ __align__(128) unsigned char smem[L::BYTES];
-    bf16* ks = (bf16*)(smem + L::A);
-    bf16* vs = (bf16*)(smem + L::B);
-    bf16* qs = (bf16*)(smem + L::C);
-    bf16* dos = (bf16*)(smem + L::E);
-    float* ss = (float*)(smem + L::S);
-    bf16* ps = (bf16*)(smem + L::P);
-    bf16* dss = (bf16*)(smem + L::DS);
-    float* lses = (float*)(smem + L::STATS);
-    float* deltas = lses + TILE;
-    const int k_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+__global__ void __launch_bounds__(tc::THREADS)
+    attention_backward_dkdv_tc(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                               const float* __restrict__ lse, const float* __restrict__ delta, int T, int Hq, int Hkv,
+                               float scale) {
+    using namespace tc;
+    bf16 *sK = smem_tile<D>(0), *sV = smem_tile<D>(1), *sQ = smem_tile<D>(2), *sO = smem_tile<D>(3);  // sO: dout
+    float* sL = reinterpret_cast<float*>(smem_tile<D>(4));  // lse of the query tile, log2 units
+    float* sD = sL + TILE;                               // delta of the query tile
+    const int k0 = blockIdx.x * TILE, g = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = Hq / Hkv;
-    const long long W = (long long)(Hq + 2 * Hkv) * D;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int k0 = k_tile * ROWS;
-    const int row = warp * 16 + lane / 2, j0 = (lane % 2) * 16;
-    const int kj = k0 + row;
-    float* ss_w = ss + warp * 16 * L::LDS;
+    const Heads kv = heads<D>(qkv, T, Hq, Hkv, b, g * group);
+    const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
 
-    tc_load<D>(ks, L::LDH, qkv, b, k0, Tn, W, (long long)(Hq + kvh) * D);
-    tc_load<D>(vs, L::LDH, qkv, b, k0, Tn, W, (long long)(Hq + Hkv + kvh) * D);
-    FragC dk[D / 16], dv[D / 16];
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) {
-        fill_zero(dk[n]);
-        fill_zero(dv[n]);
-    }
-    for (int g = 0; g < group; g++) {
-        const int h = kvh * group + g;
-        for (int q0 = k0; q0 < Tn; q0 += TILE) {
-            __syncthreads();  // the previous Q/dO tiles are no longer read (and K/V are loaded)
-            tc_load<D>(qs, L::LDH, qkv, b, q0, Tn, W, (long long)h * D);
-            tc_load<D>(dos, L::LDH, dout, b, q0, Tn, (long long)Hq * D, (long long)h * D);
-            load_row_stats(lses, deltas, lse, delta, ((long long)b * Hq + h) * Tn, q0, TILE, Tn);
+    load_tile<D>(sK, kv.k + k0 * kv.stride, min(TILE, T - k0), kv.stride);
+    load_tile<D>(sV, kv.v + k0 * kv.stride, min(TILE, T - k0), kv.stride);
+    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+        const Heads qh = heads<D>(qkv, T, Hq, Hkv, b, h);
+        const bf16* dout_h = dout + static_cast<size_t>(b) * T * Hq * D + h * D;
+        for (int q0 = k0; q0 < T; q0 += TILE) {  // query tiles at or after the diagonal
+            __syncthreads();  // the previous tile's readers are done
+            load_tile<D>(sQ, qh.q + q0 * qh.stride, min(TILE, T - q0), qh.stride);
+            load_tile<D>(sO, dout_h + static_cast<size_t>(q0) * Hq * D, min(TILE, T - q0), static_cast<size_t>(Hq) * D);
+            for (int i = threadIdx.x; i < TILE; i += THREADS) {
+                const bool ok = q0 + i < T;
+                sL[i] = ok ? lse[(static_cast<size_t>(b) * Hq + h) * T + q0 + i] * LOG2E : 0.f;
+                sD[i] = ok ? delta[(static_cast<size_t>(b) * Hq + h) * T + q0 + i] : 0.f;
+            }
             __syncthreads();
-            tc_scores<D>(ss_w, L::LDS, ks + warp * 16 * L::LDH, L::LDH, qs, L::LDH);
-            __syncwarp();
-            float p[16];
+            float p[TILE / 8][4] = {}, dp[TILE / 8][4] = {};
+            scores<D, TILE / 8>(p, sK, warp * 16, sQ, 0, lane);   // Sᵀ: keys x queries
+            scores<D, TILE / 8>(dp, sV, warp * 16, sO, 0, lane);  // dPᵀ = V doutᵀ
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const int qi = q0 + j0 + j;
-                const bool live = kj < Tn && qi < Tn && qi >= kj;
-                p[j] = live ? expf(ss[row * L::LDS + j0 + j] * scale - lses[j0 + j]) : 0.0f;
-                ps[row * L::LDP + j0 + j] = __float2bfloat16_rn(p[j]);
-            }
-            __syncwarp();  // the scores are read; dPᵀ overwrites them
-            tc_scores<D>(ss_w, L::LDS, vs + warp * 16 * L::LDH, L::LDH, dos, L::LDH);
-            __syncwarp();
+            for (int nb = 0; nb < TILE / 8; ++nb)
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const float ds = p[j] * (ss[row * L::LDS + j0 + j] - deltas[j0 + j]) * scale;
-                dss[row * L::LDP + j0 + j] = __float2bfloat16_rn(ds);
-            }
-            __syncwarp();
-            tc_accumulate<D>(dv, ps + warp * 16 * L::LDP, L::LDP, dos, L::LDH);
-            tc_accumulate<D>(dk, dss + warp * 16 * L::LDP, L::LDP, qs, L::LDH);
+                for (int e = 0; e < 4; ++e) {
+                    const int qi = nb * 8 + (lane % 4) * 2 + (e & 1), query = q0 + qi;
+                    const bool live = query >= keys[e / 2] && query < T;
+                    const float pe = live ? exp2f(p[nb][e] * scale * LOG2E - sL[qi]) : 0.f;
+                    p[nb][e] = pe;
+                    dp[nb][e] = pe * (dp[nb][e] - sD[qi]);  // dSᵀ
+                }
+            accumulate_pv<D, TILE / 8>(dv, p, sO, 0, lane);   // dV += Pᵀ dout
+            accumulate_pv<D, TILE / 8>(dk, dp, sQ, 0, lane);  // dK += dSᵀ Q (scaled below)
         }
     }
-    __syncthreads();  // the K/V tiles become the stage
-    tc_store<D>(dqkv, dk, (float*)(smem + L::A), b, k0, Tn, W, (long long)(Hq + kvh) * D);
-    __syncthreads();
-    tc_store<D>(dqkv, dv, (float*)(smem + L::A), b, k0, Tn, W, (long long)(Hq + Hkv + kvh) * D);
+    bf16* base = dqkv + static_cast<size_t>(b) * T * kv.stride;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (keys[r] >= T) continue;
+        bf16* dk_row = base + keys[r] * kv.stride + (Hq + g) * D + (lane % 4) * 2;
+        bf16* dv_row = base + keys[r] * kv.stride + (Hq + Hkv + g) * D + (lane % 4) * 2;
+#pragma unroll
+        for (int db = 0; db < D / 8; ++db) {
+            *reinterpret_cast<__nv_bfloat162*>(dk_row + db * 8) =
+                __floats2bfloat162_rn(dk[db][2 * r] * scale, dk[db][2 * r + 1] * scale);
+            *reinterpret_cast<__nv_bfloat162*>(dv_row + db * 8) = __floats2bfloat162_rn(dv[db][2 * r], dv[db][2 * r + 1]);
+        }
+    }
 }
 
-// dQ of 32 queries of one head (the warp's 16 queries are the rows), over the key tiles up to
-// the diagonal: S = Q·Kᵀ, P = exp(S·scale − lse), dP = dO·Vᵀ, dS = P ⊙ (dP − delta) · scale,
-// dQ += dS·K. Grid: (ceil(T / 32), Hq, B); block 64.
+// dQ for 64 queries of one q head: each warp owns 16 queries and loops over the key tiles up
+// to the diagonal, recomputing P and dS.
 template <int D>
-__global__ void __launch_bounds__(64)
-    attention_backward_dq_tc(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                             const float* delta, int Tn, int Hq, int Hkv, float scale) {
-    typedef BackwardSmem<D> L;
-    __shared__ __align__(128) unsigned char smem[L::BYTES];
-    bf16* qs = (bf16*)(smem + L::A);
-    bf16* dos = (bf16*)(smem + L::B);
-    bf16* ks = (bf16*)(smem + L::C);
-    bf16* vs = (bf16*)(smem + L::E);
-    float* ss = (float*)(smem + L::S);
-    bf16* dss = (bf16*)(smem + L::DS);
-    const int q_tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int kvh = h / (Hq / Hkv);
-    const long long W = (long long)(Hq + 2 * Hkv) * D;
+__global__ void __launch_bounds__(tc::THREADS)
+    attention_backward_dq_tc(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                             const float* __restrict__ lse, const float* __restrict__ delta, int T, int Hq, int Hkv,
+                             float scale) {
+    using namespace tc;
+    bf16 *sQ = smem_tile<D>(0), *sO = smem_tile<D>(1), *sK = smem_tile<D>(2), *sV = smem_tile<D>(3);  // sO: dout
+    const int q0 = blockIdx.x * TILE, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int q0 = q_tile * ROWS;
-    const int row = warp * 16 + lane / 2, j0 = (lane % 2) * 16;
-    const int qi = q0 + row;
-    const bool valid = qi < Tn;
-    const long long stat_at = ((long long)b * Hq + h) * Tn + qi;
-    const float row_lse = valid ? lse[stat_at] : 0.0f;
-    const float row_delta = valid ? delta[stat_at] : 0.0f;
-    float* ss_w = ss + warp * 16 * L::LDS;
-
-    tc_load<D>(qs, L::LDH, qkv, b, q0, Tn, W, (long long)h * D);
-    tc_load<D>(dos, L::LDH, dout, b, q0, Tn, (long long)Hq * D, (long long)h * D);
-    FragC dq[D / 16];
+    const Heads hd = heads<D>(qkv, T, Hq, Hkv, b, h);
+    const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+    float row_lse[2], row_delta[2];
 #pragma unroll
-    for (int n = 0; n < D / 16; n++) fill_zero(dq[n]);
-    const int k_end = min(Tn, q0 + ROWS);
-    for (int k0 = 0; k0 < k_end; k0 += TILE) {
-        __syncthreads();
-        tc_load<D>(ks, L::LDH, qkv, b, k0, Tn, W, (long long)(Hq + kvh) * D);
-        tc_load<D>(vs, L::LDH, qkv, b, k0, Tn, W, (long long)(Hq + Hkv + kvh) * D);
-        __syncthreads();
-        tc_scores<D>(ss_w, L::LDS, qs + warp * 16 * L::LDH, L::LDH, ks, L::LDH);
-        __syncwarp();
-        float p[16];
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int kj = k0 + j0 + j;
-            p[j] = (valid && kj <= qi) ? expf(ss[row * L::LDS + j0 + j] * scale - row_lse) : 0.0f;
-        }
-        __syncwarp();
-        tc_scores<D>(ss_w, L::LDS, dos + warp * 16 * L::LDH, L::LDH, vs, L::LDH);
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const float ds = p[j] * (ss[row * L::LDS + j0 + j] - row_delta) * scale;
-            dss[row * L::LDP + j0 + j] = __float2bfloat16_rn(ds);
-        }
-        __syncwarp();
-        tc_accumulate<D>(dq, dss + warp * 16 * L::LDP, L::LDP, ks, L::LDH);
+    for (int r = 0; r < 2; ++r) {
+        const bool ok = rows[r] < T;
+        row_lse[r] = ok ? lse[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] * LOG2E : 0.f;
+        row_delta[r] = ok ? delta[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] : 0.f;
     }
-    __syncthreads();
-    tc_store<D>(dqkv, dq, (float*)(smem + L::A), b, q0, Tn, W, (long long)h * D);
+    load_tile<D>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
+    load_tile<D>(sO, dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, min(TILE, T - q0), static_cast<size_t>(Hq) * D);
+    float dq[D / 8][4] = {};
+    const int tiles = (min(q0 + TILE, T) - 1) / TILE + 1;
+    for (int t = 0; t < tiles; ++t) {
+        const int k0 = t * TILE;
+        __syncthreads();
+        load_tile<D>(sK, hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        load_tile<D>(sV, hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        __syncthreads();
+        float p[TILE / 8][4] = {}, ds[TILE / 8][4] = {};
+        scores<D, TILE / 8>(p, sQ, warp * 16, sK, 0, lane);   // S = Q Kᵀ
+        scores<D, TILE / 8>(ds, sO, warp * 16, sV, 0, lane);  // dP = dout Vᵀ
+#pragma unroll
+        for (int nb = 0; nb < TILE / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + nb * 8 + (lane % 4) * 2 + (e & 1);
+                const bool live = key <= rows[e / 2] && key < T;
+                const float pe = live ? exp2f(p[nb][e] * scale * LOG2E - row_lse[e / 2]) : 0.f;
+                ds[nb][e] = pe * (ds[nb][e] - row_delta[e / 2]);
+            }
+        accumulate_pv<D, TILE / 8>(dq, ds, sK, 0, lane);  // dQ += dS K
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (rows[r] >= T) continue;
+        bf16* dst = dqkv + (static_cast<size_t>(b) * T + rows[r]) * hd.stride + h * D + (lane % 4) * 2;
+#pragma unroll
+        for (int db = 0; db < D / 8; ++db)
+            *reinterpret_cast<__nv_bfloat162*>(dst + db * 8) =
+                __floats2bfloat162_rn(dq[db][2 * r] * scale, dq[db][2 * r + 1] * scale);
+    }
 }
