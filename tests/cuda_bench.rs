@@ -15,20 +15,6 @@ use smelt::tensor::DType;
 /// The datasheet's dense bf16 peak of an H100 SXM, as in the PyTorch baseline's MFU.
 const PEAK_FLOPS: f64 = 989e12;
 
-/// Model FLOPs per token, as `torch_baseline.py` counts them (causal attention at half).
-fn flops_per_token(c: &ModelConfig, seq: usize) -> f64 {
-    let (d, f, l, v) = (
-        c.hidden_size as f64,
-        c.intermediate_size as f64,
-        c.num_layers as f64,
-        c.vocab_size as f64,
-    );
-    let dkv = c.kv_dim() as f64;
-    let layer = 2.0 * d * (2.0 * d + 2.0 * dkv + 3.0 * f);
-    let attn = 0.5 * 2.0 * 2.0 * seq as f64 * d;
-    l * (3.0 * layer + 3.0 * attn) + 3.0 * 2.0 * d * v
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn qwen2_5_0_5b_throughput() {
@@ -81,7 +67,7 @@ fn qwen2_5_0_5b_throughput() {
     let step_s = steady[steady.len() / 2];
     let tokens = (batch_size * seq) as f64;
     let tok_s = tokens / step_s;
-    let mfu = flops_per_token(&config, seq) * tokens / step_s / PEAK_FLOPS;
+    let mfu = config.training_flops_per_token(seq) * tokens / step_s / PEAK_FLOPS;
     figure(
         test,
         format!(

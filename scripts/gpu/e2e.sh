@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# End to end on the GPU (run from the repo root with .gpu carried; see prepare.sh): Qwen2.5-0.5B's
+# architecture from scratch on Shakespeare tokenized with the Qwen2.5 tokenizer (.gpu/data),
+# 100 steps with periodic evals and checkpoints at 50 and 100, exported as a HF directory.
+# Then `--continue` from the step-50 checkpoint must reproduce steps 51..100 exactly, and
+# transformers, loading the export, must compute smelt's final eval loss within 1e-2.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-.gpu/logs}
+mkdir -p "$OUT/e2e"
+work=$(mktemp -d)
+run() {
+    ./.gpu/smelt train --model qwen2.5-0.5b --from-scratch --device cuda \
+        --train-file '.gpu/data/train-*.bin' --eval-file .gpu/data/eval.bin \
+        --batch-size 16 --seq-len 1024 --steps 100 --lr 6e-4 --warmup 10 \
+        --eval-every-n-steps 25 --eval-num-steps 2 --ckpt-interval 50 \
+        --checkpoint-dir "$work/ckpt" "$@"
+}
+
+echo "=== e2e: 100 steps from scratch"
+run --log-file "$OUT/e2e/full.jsonl" --out-dir "$work/model" 2>&1 | tee "$OUT/e2e/full.txt"
+
+echo "=== e2e: --continue from step 50"
+printf step-00000050 > "$work/ckpt/latest"
+run --continue --log-file "$OUT/e2e/continued.jsonl" --out-dir "$work/model-continued" 2>&1 |
+    tee "$OUT/e2e/continued.txt"
+
+python3 - "$OUT/e2e/full.jsonl" "$OUT/e2e/continued.jsonl" <<'EOF'
+import json, sys
+def losses(path):
+    return {e["step"]: e["loss"] for e in map(json.loads, open(path)) if e.get("event") == "step"}
+full, cont = losses(sys.argv[1]), losses(sys.argv[2])
+later = sorted(s for s in full if s > 50)
+same = bool(later) and all(cont.get(s) == full[s] for s in later)
+print("RESULT " + json.dumps({"continue_steps": len(later), "losses_identical": same,
+                              "step_100_loss": full.get(100)}))
+sys.exit(0 if same else 1)
+EOF
+
+echo "=== e2e: transformers on the export"
+python3 scripts/gpu/check_export.py "$work/model" '.gpu/data/eval.bin' 1024 "$OUT/e2e/full.jsonl"
