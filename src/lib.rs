@@ -11,3 +11,4 @@ pub mod io;
 pub mod model;
 pub mod rng;
 pub mod tensor;
+pub mod train;

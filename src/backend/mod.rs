@@ -100,6 +100,11 @@ pub trait Backend: Sized {
 
     /// One line for logs: the device and its precision.
     fn describe(&self) -> String;
+    /// The device's datasheet dense bf16 peak in FLOP/s, which MFU is measured against;
+    /// `None` where there is no such figure (the CPU), and MFU is not reported.
+    fn peak_flops(&self) -> Option<f64> {
+        None
+    }
 
     // ----- memory -----
 
