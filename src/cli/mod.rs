@@ -1,5 +1,7 @@
 //! The `smelt` command line: one subcommand per file, each with its arguments and `run`.
 
+mod export;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
@@ -15,10 +17,15 @@ pub struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Write a model as a HF directory (config.json + model.safetensors).
+    Export(export::ExportArgs),
+}
 
 impl Cli {
     pub fn run(self) -> Result<()> {
-        match self.command {}
+        match self.command {
+            Command::Export(args) => args.run(),
+        }
     }
 }

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use memmap2::Mmap;
 
+use crate::io::atomic::{sync_dir, temporary_name};
+
 pub const MAGIC: &[u8; 8] = b"BIN.TOK\n";
 pub const HEADER_BYTES: usize = 1024;
 const BYTES_PER_TOKEN: i32 = 4;
@@ -255,17 +257,9 @@ impl TokenWriter {
         file.sync_all()?;
         std::fs::rename(&self.tmp, &self.path)
             .with_context(|| format!("renaming {} into place", self.path.display()))?;
+        sync_dir(&self.path)?;
         Ok(self.path)
     }
-}
-
-/// `dir/.name.tmp`: hidden, in the same directory so that the rename is atomic.
-pub fn temporary_name(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp"))
 }
 
 #[cfg(test)]

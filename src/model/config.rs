@@ -37,7 +37,7 @@ pub struct RopeScaling {
     pub factor: f64,
     pub low_freq_factor: f64,
     pub high_freq_factor: f64,
-    pub original_max_position_embeddings: f64,
+    pub original_max_position_embeddings: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -301,13 +301,22 @@ impl ModelConfig {
                         }
                     })
                 };
+                let original = p
+                    .get("original_max_position_embeddings")
+                    .and_then(Value::as_f64);
                 Ok((
                     theta,
                     Some(RopeScaling {
                         factor: need("factor")?,
                         low_freq_factor: need("low_freq_factor")?,
                         high_freq_factor: need("high_freq_factor")?,
-                        original_max_position_embeddings: need("original_max_position_embeddings")?,
+                        original_max_position_embeddings: match original {
+                            Some(x) if x >= 1.0 && x.fract() == 0.0 => x as usize,
+                            _ => bail!(
+                                "{}: field `{key}.original_max_position_embeddings` must be a positive integer",
+                                f.source
+                            ),
+                        },
                     }),
                 ))
             }
@@ -390,6 +399,17 @@ impl ModelConfig {
         self.num_layers * layer + c + heads * self.vocab_size * c
     }
 
+    /// Training FLOPs per token at sequence length `seq`: forward plus backward (3x the
+    /// forward) of every matmul, with causal attention counted at half of its square, as in
+    /// ml_dataflow's and the PyTorch baseline's formula, so MFU figures compare directly.
+    pub fn training_flops_per_token(&self, seq: usize) -> f64 {
+        let (c, f) = (self.hidden_size as f64, self.intermediate_size as f64);
+        let linear = 2.0 * c * (self.qkv_dim() as f64 + self.q_dim() as f64 + 3.0 * f);
+        let attention = 0.5 * 2.0 * 2.0 * seq as f64 * self.q_dim() as f64;
+        let head = 2.0 * c * self.vocab_size as f64;
+        3.0 * (self.num_layers as f64 * (linear + attention) + head)
+    }
+
     /// The RoPE inverse frequencies, one per rotated pair, with llama3 scaling applied.
     pub fn rope_inv_freq(&self) -> Vec<f64> {
         let d = self.head_dim as f64;
@@ -399,8 +419,9 @@ impl ModelConfig {
         let Some(s) = &self.rope_scaling else {
             return base;
         };
-        let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-        let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+        let context = s.original_max_position_embeddings as f64;
+        let (low_wavelen, high_wavelen) =
+            (context / s.low_freq_factor, context / s.high_freq_factor);
         base.into_iter()
             .map(|f| {
                 let wavelen = 2.0 * std::f64::consts::PI / f;
@@ -409,7 +430,7 @@ impl ModelConfig {
                 } else if wavelen > low_wavelen {
                     f / s.factor
                 } else {
-                    let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                    let smooth = (context / wavelen - s.low_freq_factor)
                         / (s.high_freq_factor - s.low_freq_factor);
                     (1.0 - smooth) * f / s.factor + smooth * f
                 }
@@ -505,7 +526,7 @@ mod tests {
             factor: 8.0,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
-            original_max_position_embeddings: 8192.0,
+            original_max_position_embeddings: 8192,
         });
         let scaled = c.rope_inv_freq();
         // High frequencies (short wavelengths) are untouched, the lowest are divided by the factor.

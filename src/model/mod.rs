@@ -9,6 +9,7 @@ mod forward;
 mod head;
 mod init;
 pub mod params;
+pub mod presets;
 mod transformer;
 
 pub use activations::Recompute;

@@ -59,6 +59,31 @@ pub struct ParamSpec {
     pub hf: Vec<(String, usize)>,
 }
 
+/// One HF tensor inside a (possibly fused) parameter.
+pub struct HfSlice<'a> {
+    pub name: &'a str,
+    /// Elements of the parameter, in row-major order, that this tensor holds.
+    pub range: std::ops::Range<usize>,
+    pub shape: Vec<usize>,
+}
+
+impl ParamSpec {
+    /// The HF tensors stacked into this parameter, with where each one sits.
+    pub fn hf_slices(&self) -> impl Iterator<Item = HfSlice<'_>> {
+        let cols = self.tensor.shape.get(1).copied();
+        let mut start = 0;
+        self.hf.iter().map(move |(name, rows)| {
+            let len = rows * cols.unwrap_or(1);
+            start += len;
+            HfSlice {
+                name,
+                range: start - len..start,
+                shape: cols.map_or(vec![*rows], |c| vec![*rows, c]),
+            }
+        })
+    }
+}
+
 impl<T> LayerParams<T> {
     pub fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<LayerParams<U>> {
         Ok(LayerParams {

@@ -46,54 +46,34 @@ pub trait Scalar:
     }
 }
 
-impl Scalar for f32 {
-    const DTYPE: DType = DType::F32;
+/// `Scalar` for a float type whose strided GEMM is `$gemm` in matrixmultiply.
+macro_rules! scalar_with_gemm {
+    ($t:ty, $dtype:expr, $gemm:path) => {
+        impl Scalar for $t {
+            const DTYPE: DType = $dtype;
 
-    unsafe fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: f32,
-        a: *const f32,
-        rsa: isize,
-        csa: isize,
-        b: *const f32,
-        rsb: isize,
-        csb: isize,
-        beta: f32,
-        c: *mut f32,
-        rsc: isize,
-        csc: isize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe {
-            matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+            unsafe fn gemm(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: $t,
+                a: *const $t,
+                rsa: isize,
+                csa: isize,
+                b: *const $t,
+                rsb: isize,
+                csb: isize,
+                beta: $t,
+                c: *mut $t,
+                rsc: isize,
+                csc: isize,
+            ) {
+                // SAFETY: forwarded contract.
+                unsafe { $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+            }
         }
-    }
+    };
 }
 
-impl Scalar for f64 {
-    const DTYPE: DType = DType::F64;
-
-    unsafe fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: f64,
-        a: *const f64,
-        rsa: isize,
-        csa: isize,
-        b: *const f64,
-        rsb: isize,
-        csb: isize,
-        beta: f64,
-        c: *mut f64,
-        rsc: isize,
-        csc: isize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe {
-            matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
-        }
-    }
-}
+scalar_with_gemm!(f32, DType::F32, matrixmultiply::sgemm);
+scalar_with_gemm!(f64, DType::F64, matrixmultiply::dgemm);

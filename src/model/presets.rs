@@ -1,0 +1,131 @@
+//! Named architectures for training from scratch and benchmarks, with the shapes of the
+//! published models (and of `shared/bench/torch_baseline.py`, so comparisons are like for like).
+
+use anyhow::{Result, bail};
+use serde_json::json;
+
+use super::config::ModelConfig;
+
+/// (name, arch, hidden, intermediate, layers, heads, kv heads, vocab, tied, rope theta)
+type Shape = (
+    &'static str,
+    &'static str,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    bool,
+    f64,
+);
+
+const PRESETS: [Shape; 5] = [
+    (
+        "qwen2.5-0.5b",
+        "Qwen2ForCausalLM",
+        896,
+        4864,
+        24,
+        14,
+        2,
+        151936,
+        true,
+        1e6,
+    ),
+    (
+        "qwen2.5-1.5b",
+        "Qwen2ForCausalLM",
+        1536,
+        8960,
+        28,
+        12,
+        2,
+        151936,
+        true,
+        1e6,
+    ),
+    (
+        "qwen2.5-3b",
+        "Qwen2ForCausalLM",
+        2048,
+        11008,
+        36,
+        16,
+        2,
+        151936,
+        true,
+        1e6,
+    ),
+    (
+        "llama-3.2-1b",
+        "LlamaForCausalLM",
+        2048,
+        8192,
+        16,
+        32,
+        8,
+        128256,
+        true,
+        5e5,
+    ),
+    (
+        "llama-3-8b",
+        "LlamaForCausalLM",
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        128256,
+        false,
+        5e5,
+    ),
+];
+
+pub fn names() -> Vec<&'static str> {
+    PRESETS.iter().map(|p| p.0).collect()
+}
+
+/// The config of a named architecture.
+pub fn preset(name: &str) -> Result<ModelConfig> {
+    let Some(&(_, arch, hidden, inter, layers, heads, kv, vocab, tied, theta)) =
+        PRESETS.iter().find(|p| p.0 == name)
+    else {
+        bail!(
+            "unknown model preset `{name}`; choose one of {} or give a HF model directory",
+            names().join(", ")
+        );
+    };
+    let qwen = arch == "Qwen2ForCausalLM";
+    let config = json!({
+        "architectures": [arch], "hidden_size": hidden, "intermediate_size": inter,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+        "vocab_size": vocab, "tie_word_embeddings": tied, "rope_theta": theta,
+        "rms_norm_eps": if qwen { 1e-6 } else { 1e-5 },
+        "max_position_embeddings": if qwen { 32768 } else { 131072 },
+        "eos_token_id": if qwen { 151643 } else { 128001 },
+    });
+    ModelConfig::from_json(&config, &format!("preset {name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen05b_has_its_published_size() {
+        // Qwen2.5-0.5B has 494M parameters (0.49B in its model card).
+        let c = preset("qwen2.5-0.5b").unwrap();
+        assert_eq!(c.num_parameters(), 494_032_768);
+        // DESIGN.md: "the 0.5B model costs about 3.0 GFLOP per token" at seq 1024.
+        let flops = c.training_flops_per_token(1024);
+        assert!((flops / 3.0e9 - 1.0).abs() < 0.05, "{flops}");
+        assert!(
+            preset("gpt-5")
+                .unwrap_err()
+                .to_string()
+                .contains("qwen2.5-0.5b")
+        );
+    }
+}
