@@ -1,6 +1,9 @@
 //! The `smelt` command line: one subcommand per file, each with its arguments and `run`.
 
 mod export;
+mod plot;
+mod sample;
+mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -20,12 +23,18 @@ pub struct Cli {
 enum Command {
     /// Write a model as a HF directory (config.json + model.safetensors).
     Export(export::ExportArgs),
+    Train(Box<train::TrainArgs>),
+    Plot(plot::PlotArgs),
+    Sample(sample::SampleArgs),
 }
 
 impl Cli {
     pub fn run(self) -> Result<()> {
         match self.command {
             Command::Export(args) => args.run(),
+            Command::Train(args) => args.run(),
+            Command::Plot(args) => args.run(),
+            Command::Sample(args) => args.run(),
         }
     }
 }

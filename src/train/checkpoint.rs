@@ -8,8 +8,6 @@
 //! point leaves `latest` naming a complete checkpoint.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -20,7 +18,7 @@ use super::loader::LoaderState;
 use super::optimizer::AdamWState;
 use super::schedule::Schedule;
 use crate::backend::Backend;
-use crate::data::tokfile::temporary_name;
+use crate::io::atomic::{sync_dir, temporary_name, write_bytes_atomically};
 use crate::io::tensors;
 use crate::model::Transformer;
 use crate::model::params::{ParamSpec, Params};
@@ -68,7 +66,12 @@ impl State {
 
     /// Refuses to continue from `saved` unless the model and fixed settings match. Returns
     /// the other options that changed (except those in `free`), to warn about.
-    pub fn check_continues(&self, saved: &State, path: &Path, free: &[&str]) -> Result<Vec<String>> {
+    pub fn check_continues(
+        &self,
+        saved: &State,
+        path: &Path,
+        free: &[&str],
+    ) -> Result<Vec<String>> {
         let mut diffs = vec![];
         if saved.version != VERSION {
             diffs.push(format!(
@@ -84,7 +87,11 @@ impl State {
         }
         if saved.config_hash != self.config_hash {
             let config = differences(&saved.model_config, &self.model_config);
-            diffs.extend(config.into_iter().map(|(k, d)| format!("model config `{k}`: {d}")));
+            diffs.extend(
+                config
+                    .into_iter()
+                    .map(|(k, d)| format!("model config `{k}`: {d}")),
+            );
             let fixed = differences(&to_object(&saved.fixed), &to_object(&self.fixed));
             diffs.extend(fixed.into_iter().map(|(k, d)| format!("{k}: {d}")));
         }
@@ -186,19 +193,21 @@ pub fn save<B: Backend>(
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
     }
-    write_synced(&tmp.join(STATE), &serde_json::to_vec_pretty(state)?)?;
-    sync_dir(&tmp)?;
+    write_bytes_atomically(&tmp.join(STATE), &serde_json::to_vec_pretty(state)?)?;
     if last.exists() {
         // A checkpoint past `latest` from a run that died before it could point at it.
         if read_latest(dir)?.as_deref() == Some(last.as_path()) {
-            bail!("{}: refusing to replace the latest checkpoint", last.display());
+            bail!(
+                "{}: refusing to replace the latest checkpoint",
+                last.display()
+            );
         }
         std::fs::remove_dir_all(&last).with_context(|| io("removing", &last))?;
     }
     std::fs::rename(&tmp, &last).with_context(|| io("renaming into place", &last))?;
-    sync_dir(dir)?;
+    sync_dir(&last)?;
     let name = last.file_name().expect("step dirs have names");
-    write_synced(&dir.join(LATEST), name.as_encoded_bytes())?;
+    write_bytes_atomically(&dir.join(LATEST), name.as_encoded_bytes())?;
     Ok(last)
 }
 
@@ -223,8 +232,7 @@ pub fn read_latest(dir: &Path) -> Result<Option<PathBuf>> {
 
 pub fn read_state(checkpoint: &Path) -> Result<State> {
     let path = checkpoint.join(STATE);
-    let text =
-        std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let text = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
     serde_json::from_slice(&text).with_context(|| {
         format!(
             "{}: not a smelt checkpoint state (written by another version?)",
@@ -250,23 +258,4 @@ pub fn load<B: Backend>(
 pub fn load_weights<B: Backend>(b: &B, checkpoint: &Path, model: &Transformer<B>) -> Result<()> {
     let path = checkpoint.join(format!("{WEIGHTS}.safetensors"));
     tensors::load(b, &path, &named(&model.layout, &model.params))
-}
-
-/// Writes `bytes` to `path` through a synced temporary file and a rename.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = temporary_name(path);
-    let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-    sync_dir(parent.unwrap_or(Path::new(".")))
-}
-
-/// Makes a directory's entries (a rename into it) durable.
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing {}", dir.display()))
 }

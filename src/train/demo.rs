@@ -39,7 +39,7 @@ pub fn config() -> Value {
 pub const DEFAULTS: Defaults = Defaults {
     batch_size: 16,
     seq_len: 128,
-    steps: Some(300),
+    steps: Some(250),
     lr: 3e-3,
     warmup: 20,
     final_lr_fraction: 0.1,

@@ -80,7 +80,11 @@ impl DataSet {
         f.read(start, tokens);
         for (i, t) in targets.iter_mut().enumerate() {
             let p = start + i + 1;
-            *t = if f.trained(p) { f.token(p) } else { IGNORE_INDEX };
+            *t = if f.trained(p) {
+                f.token(p)
+            } else {
+                IGNORE_INDEX
+            };
         }
     }
 }
@@ -216,11 +220,7 @@ impl Loader {
     /// epoch when this one ends.
     pub fn next_batch(&mut self, out: &mut Batch) {
         let seq = self.data.seq;
-        for (tokens, targets) in out
-            .tokens
-            .chunks_mut(seq)
-            .zip(out.targets.chunks_mut(seq))
-        {
+        for (tokens, targets) in out.tokens.chunks_mut(seq).zip(out.targets.chunks_mut(seq)) {
             if self.state.taken as usize == self.order.len() {
                 self.state = LoaderState {
                     epoch: self.state.epoch + 1,

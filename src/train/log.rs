@@ -90,7 +90,12 @@ impl Log {
             .create(true)
             .append(true)
             .open(path)
-            .with_context(|| format!("--log-file {}: cannot open for appending; {fix}", path.display()))?;
+            .with_context(|| {
+                format!(
+                    "--log-file {}: cannot open for appending; {fix}",
+                    path.display()
+                )
+            })?;
         // A run killed mid-write leaves a partial last line; end it so ours start clean.
         let len = file.metadata().map_or(0, |m| m.len());
         if len > 0 && !ends_with_newline(path)? {
@@ -141,7 +146,11 @@ pub fn read(path: &Path) -> Result<Contents> {
         events: vec![],
         skipped: vec![],
     };
-    for (i, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (i, l) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         match serde_json::from_str::<Line>(l) {
             Ok(line) => contents.events.push(line.event),
             Err(_) => contents.skipped.push(i + 1),

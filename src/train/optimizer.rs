@@ -17,12 +17,12 @@ use crate::tensor::{DType, Tensor, TensorSpec};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OptimizerOptions {
-    pub beta_1: f32,
-    pub beta_2: f32,
-    pub adam_eps: f32,
-    pub weight_decay: f32,
+    pub beta_1: f64,
+    pub beta_2: f64,
+    pub adam_eps: f64,
+    pub weight_decay: f64,
     /// Global gradient-norm clip; 0 disables it.
-    pub grad_clip: f32,
+    pub grad_clip: f64,
     pub opt_m_dtype: DType,
     pub opt_v_dtype: DType,
     /// The dtype of a master copy of the weights; `None` updates the weights in place.
@@ -136,16 +136,16 @@ impl<B: Backend> AdamWState<B> {
         for (i, ((((spec, param), grad), (m, v)), master)) in tensors.enumerate() {
             let hp = AdamW {
                 lr,
-                beta1: o.beta_1,
-                beta2: o.beta_2,
-                eps: o.adam_eps,
+                beta1: o.beta_1 as f32,
+                beta2: o.beta_2 as f32,
+                eps: o.adam_eps as f32,
                 weight_decay: if spec.kind.decays() {
-                    o.weight_decay
+                    o.weight_decay as f32
                 } else {
                     0.0
                 },
                 step,
-                grad_clip: o.grad_clip,
+                grad_clip: o.grad_clip as f32,
                 seed: Rng::derived(seed, i as u64).next_u64(),
             };
             b.adamw(param, master, grad, m, v, &self.norm_sq, &hp)?;

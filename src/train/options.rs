@@ -37,7 +37,7 @@ pub struct Options {
     pub cooldown: u64,
     #[serde(flatten)]
     pub optimizer: OptimizerOptions,
-    pub z_loss: f32,
+    pub z_loss: f64,
     pub model_dtype: DType,
     pub recompute: Recompute,
     pub lmhead_chunks: usize,

@@ -102,7 +102,7 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
         opt: None,
         loader,
         eval: eval.map(|d| EvalSet::new(d, o.batch_size, 0, 1)),
-        flops_per_token: metrics::flops_per_token(&config, o.seq_len),
+        flops_per_token: config.training_flops_per_token(o.seq_len),
         state,
         saved_step: None,
         summary: Summary {
@@ -234,7 +234,9 @@ struct Run<'a, B: Backend> {
 
 impl<B: Backend> Run<'_, B> {
     fn opt(&self) -> &AdamWState<B> {
-        self.opt.as_ref().expect("the optimizer is set before training")
+        self.opt
+            .as_ref()
+            .expect("the optimizer is set before training")
     }
 
     fn warn(&mut self, message: String) -> Result<()> {
@@ -255,15 +257,40 @@ impl<B: Backend> Run<'_, B> {
             o.seq_len,
             o.grad_accumulation
         ));
+        let source = match &o.model {
+            ModelSource::Config(_) => "the built-in demo config".to_string(),
+            ModelSource::Dir { path, from_scratch } => format!(
+                "{}{}",
+                path.display(),
+                if *from_scratch {
+                    " (config only, random weights)"
+                } else {
+                    ""
+                }
+            ),
+        };
+        self.console.line(&format!(
+            "model: {source}: {} layers, hidden {}, {} heads ({} kv) of {}, MLP {}, vocabulary {}{}",
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.vocab_size,
+            if c.tie_word_embeddings { ", tied embeddings" } else { "" },
+        ));
         let mut line = String::from("options:");
         for (name, value) in o.listing() {
-            let item = format!(" {name}={value}");
+            // The model's source and shape have their own line above.
+            let item = (name != "model").then(|| format!(" {name}={value}"));
+            self.log.write(Event::Option { name, value })?;
+            let Some(item) = item else { continue };
             if line.len() + item.len() > 100 {
                 self.console.line(&line);
                 line = " ".repeat(8);
             }
             line.push_str(&item);
-            self.log.write(Event::Option { name, value })?;
         }
         self.console.line(&line);
         let device = self.b.describe();
@@ -351,7 +378,7 @@ impl<B: Backend> Run<'_, B> {
         for (k, batch) in batches.iter().enumerate() {
             let loss = LossOptions {
                 grad_scale: 1.0 / trained.max(1) as f32,
-                z_loss: o.z_loss,
+                z_loss: o.z_loss as f32,
                 accumulate: k > 0,
             };
             self.model
