@@ -127,9 +127,14 @@ fn the_mask_bit_of_the_target_position_decides() {
     assert_eq!((batch.targets[4], batch.targets[5]), (IGNORE_INDEX, 106));
 }
 
-/// One file per length, each token `1000·file + position`, so a sequence names its origin.
-fn files(dir: &Path, lengths: &[usize]) -> String {
-    for (f, &len) in lengths.iter().enumerate() {
+/// Tokens per sequence in the shuffle tests, and the sequences of `four_files`: 8 + 16 + 4 + 12.
+const SEQ: usize = 10;
+const TOTAL: usize = 40;
+
+/// Four files whose tokens are `1000·file + position`, so that a sequence names its
+/// origin; returns their glob.
+fn four_files(dir: &Path) -> String {
+    for (f, len) in [81, 161, 41, 121].into_iter().enumerate() {
         let tokens: Vec<i32> = (0..len).map(|p| (1000 * f + p) as i32).collect();
         write(
             &dir.join(format!("part-{f}.bin")),
@@ -139,9 +144,14 @@ fn files(dir: &Path, lengths: &[usize]) -> String {
     dir.join("part-*.bin").to_str().unwrap().to_string()
 }
 
+fn loader(pattern: &str, seed: u64, rank: usize, world: usize) -> Loader {
+    let data = DataSet::open(pattern, "--train-file", 10_000, SEQ).unwrap();
+    Loader::new(data, seed, rank, world).unwrap()
+}
+
 /// The (file, position) at which each of the next `n` sequences starts.
-fn take(loader: &mut Loader, n: usize, seq: usize) -> Vec<(i32, i32)> {
-    let mut batch = Batch::new(seq);
+fn take(loader: &mut Loader, n: usize) -> Vec<(i32, i32)> {
+    let mut batch = Batch::new(SEQ);
     (0..n)
         .map(|_| {
             loader.next_batch(&mut batch);
@@ -153,29 +163,27 @@ fn take(loader: &mut Loader, n: usize, seq: usize) -> Vec<(i32, i32)> {
 #[test]
 fn shuffle_is_two_level_and_reproducible_from_the_seed() {
     let dir = tempfile::tempdir().unwrap();
-    let pattern = files(dir.path(), &[81, 161, 41, 121]);
-    let seq = 10;
-    let open = || DataSet::open(&pattern, "--train-file", 10_000, seq).unwrap();
-    // 8 + 16 + 4 + 12 sequences.
-    let total = 40;
-    let loader = |seed| Loader::new(open(), seed, 0, 1).unwrap();
-
-    let mut a = loader(7);
-    assert_eq!(a.per_epoch(), total);
-    let epoch1 = take(&mut a, total, seq);
-    let epoch2 = take(&mut a, total, seq);
+    let pattern = four_files(dir.path());
+    let mut a = loader(&pattern, 7, 0, 1);
+    assert_eq!(a.per_epoch(), TOTAL);
+    let epoch1 = take(&mut a, TOTAL);
+    let epoch2 = take(&mut a, TOTAL);
     assert_eq!(
-        take(&mut loader(7), total, seq),
+        take(&mut loader(&pattern, 7, 0, 1), TOTAL),
         epoch1,
-        "same seed, same order"
+        "same seed"
     );
-    assert_ne!(take(&mut loader(8), total, seq), epoch1, "another seed");
+    assert_ne!(
+        take(&mut loader(&pattern, 8, 0, 1), TOTAL),
+        epoch1,
+        "another seed"
+    );
     assert_ne!(epoch1, epoch2, "each epoch reshuffles");
     for epoch in [&epoch1, &epoch2] {
         // Every sequence exactly once per epoch ...
         let all: BTreeSet<(i32, i32)> = epoch.iter().copied().collect();
-        assert_eq!(all.len(), total);
-        assert!(all.iter().all(|&(_, p)| p % seq as i32 == 0));
+        assert_eq!(all.len(), TOTAL);
+        assert!(all.iter().all(|&(_, p)| p % SEQ as i32 == 0));
         // ... one file after another (the first level), in shuffled order within each.
         let mut runs: Vec<i32> = epoch.iter().map(|x| x.0).collect();
         runs.dedup();
@@ -188,26 +196,23 @@ fn shuffle_is_two_level_and_reproducible_from_the_seed() {
     );
 
     // The position restores exactly, mid-epoch and across the epoch boundary.
-    let mut b = loader(7);
-    take(&mut b, 33, seq);
+    let mut b = loader(&pattern, 7, 0, 1);
+    take(&mut b, 33);
     let state = b.state();
-    let expected = take(&mut b, 20, seq);
-    let mut c = loader(7);
+    let expected = take(&mut b, 20);
+    let mut c = loader(&pattern, 7, 0, 1);
     c.restore(state).unwrap();
-    assert_eq!(take(&mut c, 20, seq), expected);
+    assert_eq!(take(&mut c, 20), expected);
 }
 
 #[test]
 fn ranks_take_every_wth_sequence() {
     let dir = tempfile::tempdir().unwrap();
-    let pattern = files(dir.path(), &[81, 161, 41, 121]);
-    let seq = 10;
-    let open = || DataSet::open(&pattern, "--train-file", 10_000, seq).unwrap();
-    let mut single = Loader::new(open(), 3, 0, 1).unwrap();
-    let order = take(&mut single, 40, seq);
+    let pattern = four_files(dir.path());
+    let order = take(&mut loader(&pattern, 3, 0, 1), TOTAL);
     // 40 sequences over 3 ranks: 13 each, the last one left out.
     for rank in 0..3 {
-        let mut r = Loader::new(open(), 3, rank, 3).unwrap();
+        let mut r = loader(&pattern, 3, rank, 3);
         assert_eq!(r.per_epoch(), 13);
         let expected: Vec<_> = order
             .iter()
@@ -216,6 +221,6 @@ fn ranks_take_every_wth_sequence() {
             .step_by(3)
             .take(13)
             .collect();
-        assert_eq!(take(&mut r, 13, seq), expected, "rank {rank}");
+        assert_eq!(take(&mut r, 13), expected, "rank {rank}");
     }
 }

@@ -142,7 +142,7 @@ fn missing_empty_and_foreign_train_files() {
     );
     // An eval file is checked the same way.
     c.check(
-        &c.args(&s(&c.good), &["--eval-file", &c.path("nope.bin")]),
+        &c.args(s(&c.good), &["--eval-file", &c.path("nope.bin")]),
         &["nope.bin: no such token file (--eval-file)"],
     );
 }

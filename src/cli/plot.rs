@@ -269,3 +269,56 @@ fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<()> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn option() -> Event {
+        Event::Option {
+            name: "lr".into(),
+            value: serde_json::json!(1e-3),
+        }
+    }
+
+    fn step(step: u64, loss: f64) -> Event {
+        Event::Step {
+            step,
+            loss,
+            norm: 1.0,
+            lr: 1e-3,
+            tokens: 8,
+            seconds: 0.1,
+            tokens_per_second: 80.0,
+            mfu: None,
+            data: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_continued_run_replaces_what_followed_its_checkpoint() {
+        let loaded = Event::Checkpoint {
+            step: 2,
+            path: "ckpt/step-00000002".into(),
+            loaded: true,
+        };
+        let events = [
+            option(),
+            step(1, 5.0),
+            step(2, 4.0),
+            step(3, 3.5), // lost: the run died before checkpointing it
+            option(),
+            loaded,
+            step(3, 3.0),
+            step(4, 2.0),
+        ];
+        let s = Series::from_events(&events);
+        let losses: Vec<(u64, f64)> = s.loss.into_iter().collect();
+        assert_eq!(losses, [(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.0)]);
+        // A fresh run appended to the same log starts the plot over.
+        let mut more = events.to_vec();
+        more.extend([option(), step(1, 6.0)]);
+        let s = Series::from_events(&more);
+        assert_eq!(s.loss.into_iter().collect::<Vec<_>>(), [(1, 6.0)]);
+    }
+}

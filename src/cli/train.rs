@@ -38,7 +38,7 @@ fn dtype(name: &str) -> Result<DType, String> {
     about = "Train or fine-tune a model; with no data arguments, run the built-in demo",
     after_help = "With no --train-file, smelt trains a small byte-level Llama on the text built \
 into the binary (its README and sources), writes a log and a model under --demo-dir, and ends \
-with a sample. Options it does not set keep the demo's defaults.\n\nFlags marked \"not \
+with a sample. Options given on the command line override the demo's settings.\n\nFlags marked \"not \
 implemented yet\" are accepted only at their default value, and refused otherwise."
 )]
 pub struct TrainArgs {
@@ -134,10 +134,10 @@ pub struct TrainArgs {
     /// --model-dtype [default: f32].
     #[arg(long, value_parser = dtype, help_heading = "Precision")]
     master_dtype: Option<DType>,
-    /// Dtype of Adam's first moment: f32 or bf16 (updated with stochastic rounding).
+    /// Dtype of Adam's first moment: f32, or bf16 (updated with stochastic rounding).
     #[arg(long, value_parser = dtype, default_value = "f32", help_heading = "Precision")]
     opt_m_dtype: DType,
-    /// Dtype of Adam's second moment: f32 or bf16 (updated with stochastic rounding).
+    /// Dtype of Adam's second moment: f32, or bf16 (updated with stochastic rounding).
     #[arg(long, value_parser = dtype, default_value = "f32", help_heading = "Precision")]
     opt_v_dtype: DType,
 
@@ -205,8 +205,8 @@ pub struct TrainArgs {
     /// file, for `smelt plot` [demo: DEMO_DIR/log.jsonl].
     #[arg(long, value_name = "FILE", help_heading = "Output")]
     log_file: Option<PathBuf>,
-    /// Evaluate every N steps on the first --eval-num-steps batches of --eval-file; 0 only
-    /// evaluates at the end, on all of it [default: 100; demo 50].
+    /// Evaluate every N steps on the first --eval-num-steps batches of --eval-file (0: not
+    /// during the run); a full eval over all of it always ends the run [default: 100; demo 50].
     #[arg(long, help_heading = "Output")]
     eval_every_n_steps: Option<u64>,
     /// Batches in each periodic eval [default: 20; demo 8].
@@ -311,7 +311,7 @@ impl TrainArgs {
             bail!("--final-lr-fraction {final_lr_fraction}: must be between 0 and 1");
         }
         let lr = self.lr.unwrap_or(d.lr);
-        if !(lr > 0.0) {
+        if lr.is_nan() || lr <= 0.0 {
             bail!("--lr {lr}: must be positive");
         }
         let demo_path = |name: &str| demo.then(|| self.demo_dir.join(name));

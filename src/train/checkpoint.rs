@@ -140,11 +140,14 @@ pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Tensors with the names they are saved under.
+type Named<'a, B> = Vec<(String, &'a Tensor<B>)>;
+
 /// Each tensor of `set` under its parameter name.
 fn named<'a, B: Backend>(
     layout: &'a Params<ParamSpec>,
     set: &'a Params<Tensor<B>>,
-) -> Vec<(String, &'a Tensor<B>)> {
+) -> Named<'a, B> {
     layout
         .zip(set)
         .map(|(spec, t)| (spec.tensor.name.clone(), t))
@@ -155,7 +158,7 @@ fn named<'a, B: Backend>(
 fn files<'a, B: Backend>(
     model: &'a Transformer<B>,
     opt: &'a AdamWState<B>,
-) -> Vec<(&'static str, Vec<(String, &'a Tensor<B>)>)> {
+) -> Vec<(&'static str, Named<'a, B>)> {
     let mut out = vec![(WEIGHTS, named(&model.layout, &model.params))];
     out.extend(
         opt.categories()

@@ -164,3 +164,29 @@ pub fn read(path: &Path) -> Result<Contents> {
     }
     Ok(contents)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_and_survives_a_line_cut_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("logs/run.jsonl");
+        let warning = |m: &str| Event::Warning { message: m.into() };
+        Log::open(Some(&path))
+            .unwrap()
+            .write(warning("one"))
+            .unwrap();
+        // A crash in the middle of a line.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"time\": 1, \"event\": \"st").unwrap();
+        Log::open(Some(&path))
+            .unwrap()
+            .write(warning("two"))
+            .unwrap();
+        let contents = read(&path).unwrap();
+        assert_eq!(contents.events, [warning("one"), warning("two")]);
+        assert_eq!(contents.skipped, [2]);
+    }
+}

@@ -7,9 +7,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Decay {
+    /// Half a cosine from --lr down to the final rate.
     Cosine,
+    /// A straight line from --lr down to the final rate.
     Linear,
-    /// Hold the peak rate; `final_fraction` is unused.
+    /// Hold --lr (ignores --final-lr-fraction); with --cooldown, warmup-stable-decay.
     Constant,
 }
 

@@ -356,10 +356,11 @@ impl<B: Backend> Run<'_, B> {
         while self.state.step < steps {
             self.train_step(&mut batches)?;
             let step = self.state.step;
-            if o.eval_every_n_steps > 0 && step % o.eval_every_n_steps == 0 && step < steps {
+            if o.eval_every_n_steps > 0 && step.is_multiple_of(o.eval_every_n_steps) && step < steps
+            {
                 self.evaluate(Some(o.eval_num_steps))?;
             }
-            if o.ckpt_interval > 0 && step % o.ckpt_interval == 0 {
+            if o.ckpt_interval > 0 && step.is_multiple_of(o.ckpt_interval) {
                 self.checkpoint()?;
             }
         }
