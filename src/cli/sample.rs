@@ -8,6 +8,7 @@ use clap::Args;
 use crate::backend::cpu::Cpu;
 use crate::io::hf;
 use crate::model::ModelConfig;
+use crate::tensor::DType;
 use crate::train::checkpoint;
 use crate::train::demo;
 use crate::train::sample::{Generator, SampleOptions};
@@ -101,7 +102,9 @@ impl SampleArgs {
         let (config, tokenizer_dir, mut generator) = match (&self.model, &self.checkpoint) {
             (Some(dir), _) => {
                 let config = hf::read_config(dir)?;
-                let g = Generator::new(&cpu, config.clone(), |m| hf::import(&cpu, m, dir))?;
+                let g = Generator::new(&cpu, config.clone(), DType::F32, |m| {
+                    hf::import(&cpu, m, dir)
+                })?;
                 (config, Some(dir.clone()), g)
             }
             (None, Some(path)) => {
@@ -112,7 +115,10 @@ impl SampleArgs {
                 let state = checkpoint::read_state(&path)?;
                 let source = format!("{}/state.json", path.display());
                 let config = ModelConfig::from_json(&state.model_config, &source)?;
-                let g = Generator::new(&cpu, config.clone(), |m| {
+                // The weights are read back exactly, at the dtype they were trained in.
+                let dtype = serde_json::from_value(state.options["model_dtype"].clone())
+                    .with_context(|| format!("{source}: no valid `options.model_dtype`"))?;
+                let g = Generator::new(&cpu, config.clone(), dtype, |m| {
                     checkpoint::load_weights(&cpu, &path, m)
                 })?;
                 (config, state.model_dir, g)

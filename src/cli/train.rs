@@ -399,7 +399,7 @@ impl TrainArgs {
 /// The demo's closing sample, from the model it just exported.
 fn demo_sample(cpu: &Cpu, model_dir: &std::path::Path, seed: u64) -> Result<()> {
     let config = hf::read_config(model_dir)?;
-    let mut generator = Generator::new(cpu, config, |m| hf::import(cpu, m, model_dir))?;
+    let mut generator = Generator::new(cpu, config, DType::F32, |m| hf::import(cpu, m, model_dir))?;
     let prompt: Vec<i32> = demo::SAMPLE_PROMPT.bytes().map(i32::from).collect();
     let options = SampleOptions {
         max_new_tokens: demo::SAMPLE_TOKENS,

@@ -29,11 +29,11 @@ pub struct Generator<B: Backend> {
     max_context: usize,
 }
 
-fn model_options(seq: usize) -> ModelOptions {
+fn model_options(seq: usize, dtype: DType) -> ModelOptions {
     ModelOptions {
         batch: 1,
         seq,
-        dtype: DType::F32,
+        dtype,
         // Forward only: one shared buffer per activation is enough.
         recompute: Recompute::all(),
         lmhead_chunks: 1,
@@ -41,14 +41,15 @@ fn model_options(seq: usize) -> ModelOptions {
 }
 
 impl<B: Backend> Generator<B> {
-    /// A generator whose weights `load` fills in.
+    /// A generator with weights of `dtype`, which `load` fills in.
     pub fn new(
         b: &B,
         config: ModelConfig,
+        dtype: DType,
         load: impl FnOnce(&Transformer<B>) -> Result<()>,
     ) -> Result<Self> {
         let max_context = config.max_position_embeddings.max(1);
-        let model = Transformer::new(b, config, model_options(max_context.min(64)))?;
+        let model = Transformer::new(b, config, model_options(max_context.min(64), dtype))?;
         load(&model)?;
         Ok(Generator { model, max_context })
     }
@@ -59,7 +60,8 @@ impl<B: Backend> Generator<B> {
             return Ok(());
         }
         let seq = len.next_power_of_two().min(self.max_context);
-        let bigger = Transformer::new(b, self.model.config.clone(), model_options(seq))?;
+        let options = model_options(seq, self.model.options.dtype);
+        let bigger = Transformer::new(b, self.model.config.clone(), options)?;
         for (dst, src) in bigger.params.zip(&self.model.params) {
             b.copy(dst, src)?;
         }
