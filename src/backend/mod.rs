@@ -15,6 +15,8 @@
 //! always added into.
 
 pub mod cpu;
+pub mod cuda;
+pub mod select;
 
 use anyhow::Result;
 

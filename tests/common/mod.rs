@@ -82,3 +82,5 @@ pub fn gradients<B: Backend>(b: &B, model: &Transformer<B>) -> Vec<(String, Vec<
         .map(|(spec, g)| (spec.tensor.name.clone(), b.download_f64(g).unwrap()))
         .collect()
 }
+
+pub mod gpu;

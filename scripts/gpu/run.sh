@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repo root, with `.gpu` carried (see prepare.sh): every
+# ignored test (the GPU tests) of every test binary, one at a time, logs teed into $OUT, then
+# the PyTorch baseline for the throughput ratio, and last a short table: test, pass/fail, and
+# the key figures the tests print as `[figure]` lines.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-.gpu/logs}
+mkdir -p "$OUT"
+if [ ! -d .gpu/tests ]; then
+    echo "error: no .gpu/tests here; run scripts/gpu/prepare.sh first and carry .gpu" >&2
+    exit 2
+fi
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    ./.gpu/smelt --version || true
+} 2>&1 | tee "$OUT/device.txt"
+
+: > "$OUT/results.txt"
+# Correctness first, benchmarks last.
+for bin in $(ls .gpu/tests/* | grep -v bench) $(ls .gpu/tests/* | grep bench); do
+    name=$(basename "$bin")
+    for test in $("$bin" --list --ignored 2>/dev/null | sed -n 's/: test$//p'); do
+        echo "=== $name::$test"
+        start=$(date +%s)
+        # A hung kernel must not eat the whole device call.
+        timeout "${TEST_TIMEOUT:-300}" "$bin" "$test" --exact --ignored --nocapture 2>&1 |
+            tee -a "$OUT/$name.log"
+        rc=${PIPESTATUS[0]}
+        result=$([ "$rc" -eq 0 ] && echo PASS || echo "FAIL(rc=$rc)")
+        echo "$name $test $result $(($(date +%s) - start))s" >> "$OUT/results.txt"
+    done
+done
+
+# The PyTorch baseline in the same call, for the throughput ratio (SKIP_TORCH=1 skips it).
+torch_tok_s=""
+if [ -z "${SKIP_TORCH:-}" ] && [ -f .gpu/bench/torch_baseline.py ] &&
+    python3 -c "import torch, transformers" 2>/dev/null; then
+    echo "=== torch baseline"
+    python3 .gpu/bench/torch_baseline.py qwen2.5-0.5b 32 1024 --compile 2>&1 |
+        tee "$OUT/torch_baseline.txt"
+    torch_tok_s=$(sed -n 's/^RESULT .*"tok_s": \([0-9]*\).*/\1/p' "$OUT/torch_baseline.txt")
+fi
+smelt_tok_s=$(cat "$OUT"/*.log | sed -n 's/^SMELT_TOK_S //p' | head -1)
+
+{
+    echo
+    echo "==================== GPU test summary ===================="
+    printf '%-22s %-48s %-12s %s\n' binary test result time
+    while read -r bin test result secs; do
+        printf '%-22s %-48s %-12s %s\n' "$bin" "$test" "$result" "$secs"
+    done < "$OUT/results.txt"
+    echo
+    echo "key figures:"
+    cat "$OUT"/*.log | grep '^\[figure\]' | sed 's/^\[figure\] /  /'
+    if [ -n "$smelt_tok_s" ] && [ -n "$torch_tok_s" ]; then
+        ratio=$(python3 -c "print(f'{$smelt_tok_s / $torch_tok_s:.2f}')")
+        echo "  throughput qwen2.5-0.5b 32x1024: smelt $smelt_tok_s tok/s," \
+            "torch.compile $torch_tok_s tok/s, ratio $ratio"
+    fi
+    if grep -q FAIL "$OUT/results.txt"; then
+        echo
+        echo "failures (first lines of each panic):"
+        cat "$OUT"/*.log | grep -A4 'panicked at' | head -80
+    fi
+} | tee "$OUT/table.txt"
+! grep -q FAIL "$OUT/results.txt"

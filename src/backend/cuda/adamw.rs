@@ -1,0 +1,70 @@
+//! AdamW: the CPU's update in f64 on the device, clipping by the device-side norm.
+
+use anyhow::{Result, ensure};
+
+use super::kernels::{Arg, Kernel};
+use super::{BLOCK, Cuda, blocks, ensure_dtype, float, ptr};
+use crate::backend::AdamW;
+use crate::tensor::{DType, Tensor};
+
+impl Cuda {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn adamw_impl(
+        &self,
+        param: &Tensor<Cuda>,
+        master: Option<&Tensor<Cuda>>,
+        grad: &Tensor<Cuda>,
+        m: &Tensor<Cuda>,
+        v: &Tensor<Cuda>,
+        norm_sq: &Tensor<Cuda>,
+        hp: &AdamW,
+    ) -> Result<()> {
+        ensure_dtype(norm_sq, DType::F32, "adamw (norm_sq)")?;
+        if let Some(master) = master {
+            ensure_dtype(master, DType::F32, "adamw (master)")?;
+        }
+        let n = param.numel();
+        ensure!(
+            [grad, m, v].iter().all(|t| t.numel() == n) && master.is_none_or(|t| t.numel() == n),
+            "adamw: tensors of different sizes"
+        );
+        // The bias corrections exactly as the CPU computes them.
+        let (b1, b2) = (hp.beta1 as f64, hp.beta2 as f64);
+        let bias1 = 1.0 - b1.powi(hp.step as i32);
+        let bias2 = 1.0 - b2.powi(hp.step as i32);
+        // SAFETY: one thread per element of param, master, grad, m and v (all n long);
+        // norm_sq is one f32.
+        unsafe {
+            self.launch(
+                Kernel::AdamW,
+                &[
+                    float(param),
+                    float(grad),
+                    float(m),
+                    float(v),
+                    Arg::Flag(master.is_some()),
+                ],
+                (blocks(n, BLOCK as usize), 1, 1),
+                BLOCK,
+                &[
+                    ptr(param).into(),
+                    master.map_or(0, ptr).into(),
+                    ptr(grad).into(),
+                    ptr(m).into(),
+                    ptr(v).into(),
+                    ptr(norm_sq).into(),
+                    (n as i64).into(),
+                    (hp.lr as f64).into(),
+                    b1.into(),
+                    b2.into(),
+                    (hp.eps as f64).into(),
+                    (hp.weight_decay as f64).into(),
+                    bias1.into(),
+                    bias2.into(),
+                    hp.grad_clip.into(),
+                    hp.seed.into(),
+                ],
+            )
+        }
+    }
+}

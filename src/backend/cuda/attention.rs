@@ -1,0 +1,197 @@
+//! Causal grouped-query attention, forward and backward: on the tensor cores for bf16
+//! (kernels/attention_tc.cu), on the CUDA cores otherwise (kernels/attention.cu, which is also
+//! the simple reference the tensor-core version is tested against).
+
+use anyhow::{Result, ensure};
+
+use super::kernels::{Arg, KArg, Kernel};
+use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
+use crate::backend::AttnShape;
+use crate::tensor::{DType, Tensor};
+
+/// Query (or key) rows per block in both versions.
+const TILE: usize = 32;
+
+/// Which attention kernels run. `SMELT_ATTENTION=simple` picks the CUDA-core ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernels {
+    /// mma.sync tensor-core kernels for bf16 on sm_80 and later; the simple ones otherwise.
+    TensorCore,
+    /// The CUDA-core kernels, for every storage type.
+    Simple,
+}
+
+impl AttentionKernels {
+    pub fn from_env() -> Self {
+        match std::env::var("SMELT_ATTENTION").as_deref() {
+            Ok("simple") => AttentionKernels::Simple,
+            _ => AttentionKernels::TensorCore,
+        }
+    }
+}
+
+fn scale(s: &AttnShape) -> f32 {
+    (1.0 / (s.head_dim as f64).sqrt()) as f32
+}
+
+fn check(s: &AttnShape, qkv: &Tensor<Cuda>, lse: &Tensor<Cuda>) -> Result<()> {
+    ensure_dtype(lse, DType::F32, "attention (lse)")?;
+    ensure!(
+        s.kv_heads > 0 && s.q_heads.is_multiple_of(s.kv_heads),
+        "attention: {} query heads are not a multiple of {} kv heads",
+        s.q_heads,
+        s.kv_heads
+    );
+    ensure!(
+        qkv.numel() == s.batch * s.seq * s.qkv_width()
+            && lse.numel() == s.batch * s.q_heads * s.seq,
+        "attention: qkv {:?}, lse {:?} for {s:?}",
+        qkv.shape,
+        lse.shape
+    );
+    Ok(())
+}
+
+impl Cuda {
+    /// Chooses the attention kernels from now on (tests compare the two).
+    pub fn set_attention_kernels(&self, kernels: AttentionKernels) {
+        self.attention.set(kernels);
+    }
+
+    fn tensor_cores(&self, dtype: DType) -> bool {
+        self.attention.get() == AttentionKernels::TensorCore
+            && dtype == DType::BF16
+            && self.compute_capability.0 >= 8
+    }
+
+    pub(super) fn attention_forward_impl(
+        &self,
+        out: &Tensor<Cuda>,
+        lse: &Tensor<Cuda>,
+        qkv: &Tensor<Cuda>,
+        s: AttnShape,
+    ) -> Result<()> {
+        check(&s, qkv, lse)?;
+        ensure_same_dtype("attention_forward", &[out, qkv])?;
+        ensure!(
+            out.numel() == s.batch * s.seq * s.q_heads * s.head_dim,
+            "attention_forward: out {:?}",
+            out.shape
+        );
+        let (kernel, targs, threads) = if self.tensor_cores(qkv.dtype) {
+            (
+                Kernel::AttentionForwardTc,
+                vec![Arg::HeadDim(s.head_dim)],
+                64,
+            )
+        } else {
+            (
+                Kernel::AttentionForward,
+                vec![float(qkv), Arg::HeadDim(s.head_dim)],
+                BLOCK,
+            )
+        };
+        // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
+        // its 32 rows of head h in out [B·T, Hq·D] and lse [B, Hq, T].
+        unsafe {
+            self.launch(
+                kernel,
+                &targs,
+                (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
+                threads,
+                &[
+                    ptr(out).into(),
+                    ptr(lse).into(),
+                    ptr(qkv).into(),
+                    (s.seq as i32).into(),
+                    (s.q_heads as i32).into(),
+                    (s.kv_heads as i32).into(),
+                    scale(&s).into(),
+                ],
+            )
+        }
+    }
+
+    /// delta = rowsum(dout ⊙ out) into scratch, then dK/dV per key tile and dQ per query tile.
+    pub(super) fn attention_backward_impl(
+        &self,
+        dqkv: &Tensor<Cuda>,
+        dout: &Tensor<Cuda>,
+        qkv: &Tensor<Cuda>,
+        out: &Tensor<Cuda>,
+        lse: &Tensor<Cuda>,
+        s: AttnShape,
+    ) -> Result<()> {
+        check(&s, qkv, lse)?;
+        ensure_same_dtype("attention_backward", &[dqkv, dout, qkv, out])?;
+        let q_numel = s.batch * s.seq * s.q_heads * s.head_dim;
+        ensure!(
+            dqkv.numel() == qkv.numel() && dout.numel() == q_numel && out.numel() == q_numel,
+            "attention_backward shapes"
+        );
+        let targs = [float(qkv), Arg::HeadDim(s.head_dim)];
+        let rows = s.batch * s.seq * s.q_heads;
+        let delta = self.scratch_f32(rows)?;
+        let common = |d: u64| -> Vec<KArg> {
+            vec![
+                ptr(dqkv).into(),
+                ptr(dout).into(),
+                ptr(qkv).into(),
+                ptr(lse).into(),
+                d.into(),
+                (s.seq as i32).into(),
+                (s.q_heads as i32).into(),
+                (s.kv_heads as i32).into(),
+                scale(&s).into(),
+            ]
+        };
+        // SAFETY: delta is [B, Hq, T] f32 of scratch, written by one warp per (row, head) from
+        // dout and out [B·T, Hq·D]. The dK/dV blocks write disjoint k and v columns of dqkv,
+        // the dQ blocks disjoint q columns; all read qkv, dout, lse and delta in bounds.
+        unsafe {
+            self.launch(
+                Kernel::AttentionBackwardDelta,
+                &targs,
+                (blocks(rows, 8), 1, 1),
+                BLOCK,
+                &[
+                    delta.into(),
+                    ptr(dout).into(),
+                    ptr(out).into(),
+                    (s.batch as i32).into(),
+                    (s.seq as i32).into(),
+                    (s.q_heads as i32).into(),
+                ],
+            )?;
+            let (dkdv, dq, tc_targs, threads) = if self.tensor_cores(qkv.dtype) {
+                (
+                    Kernel::AttentionBackwardDkDvTc,
+                    Kernel::AttentionBackwardDqTc,
+                    vec![Arg::HeadDim(s.head_dim)],
+                    64,
+                )
+            } else {
+                (
+                    Kernel::AttentionBackwardDkDv,
+                    Kernel::AttentionBackwardDq,
+                    targs.to_vec(),
+                    BLOCK,
+                )
+            };
+            self.launch(
+                dkdv,
+                &tc_targs,
+                (blocks(s.seq, TILE), s.kv_heads as u32, s.batch as u32),
+                threads,
+                &common(delta),
+            )?;
+            self.launch(
+                dq,
+                &tc_targs,
+                (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
+                threads,
+                &common(delta),
+            )
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! Finding the GPU: checks that the CUDA libraries load before cudarc touches them (cudarc
+//! panics on a missing library), and counts devices.
+
+use anyhow::{Result, bail};
+use cudarc::driver::CudaContext;
+
+/// Whether libcuda (the driver) can be loaded at all: false on machines without an NVIDIA
+/// driver, where the CPU backend is the right choice.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library under its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Fails, naming the library and what to install, unless libcuda, libnvrtc and libcublasLt
+/// can all be loaded.
+pub fn ensure_libraries() -> Result<()> {
+    if !driver_present() {
+        bail!(
+            "cannot load libcuda.so (the NVIDIA driver): install the NVIDIA driver, or run with \
+             --device cpu"
+        );
+    }
+    super::nvrtc::ensure_available()?;
+    // SAFETY: as above.
+    if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+        bail!(
+            "cannot load libcublasLt.so.13 (cuBLASLt): install the CUDA 13 toolkit or \
+             `pip install nvidia-cublas`, and put its lib directory on LD_LIBRARY_PATH"
+        );
+    }
+    Ok(())
+}
+
+/// The number of CUDA devices the driver reports (0 when it reports none).
+pub fn gpu_count() -> Result<usize> {
+    if !driver_present() {
+        return Ok(0);
+    }
+    match CudaContext::device_count() {
+        Ok(n) => Ok(n.max(0) as usize),
+        Err(e) if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => Ok(0),
+        Err(e) => bail!("the CUDA driver failed to initialise: {e}"),
+    }
+}

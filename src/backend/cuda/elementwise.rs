@@ -1,0 +1,108 @@
+//! Host transfers, fill, convert-copy and the deterministic sum of squares.
+
+use anyhow::{Result, ensure};
+use cudarc::driver::result;
+
+use super::kernels::Kernel;
+use super::{BLOCK, Cuda, blocks, ensure_dtype, float, ptr};
+use crate::tensor::{DType, Tensor};
+
+/// Blocks of the two-pass sum of squares: a function of the length only, so the reduction
+/// tree, and hence the result, is the same on every run and every GPU.
+fn sum_squares_blocks(n: usize) -> u32 {
+    blocks(n, BLOCK as usize * 8).min(1024)
+}
+
+/// Grid-stride element-wise kernels need no more blocks than this.
+fn elementwise_blocks(n: usize) -> u32 {
+    blocks(n, BLOCK as usize).min(1 << 16)
+}
+
+impl Cuda {
+    /// Copies host elements of the tensor's storage type in. Pageable host memory is staged
+    /// before the call returns, so `src` may be reused at once.
+    pub(super) fn copy_in<T>(&self, dst: &Tensor<Cuda>, src: &[T]) -> Result<()> {
+        ensure!(
+            std::mem::size_of_val(src) == dst.bytes(),
+            "upload size mismatch"
+        );
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `dst` spans `dst.bytes()` bytes of a live arena, equal to `src`'s size.
+        unsafe { result::memcpy_htod_async(ptr(dst), src, self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    /// Waits for the stream and copies the tensor's raw elements out.
+    pub(super) fn copy_out<T: Default + Clone>(&self, src: &Tensor<Cuda>) -> Result<Vec<T>> {
+        ensure!(
+            src.bytes().is_multiple_of(std::mem::size_of::<T>()),
+            "download size mismatch"
+        );
+        let mut out = vec![T::default(); src.bytes() / std::mem::size_of::<T>()];
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `src` spans exactly `out`'s bytes of a live arena.
+        unsafe { result::memcpy_dtoh_async(&mut out, ptr(src), self.stream.cu_stream()) }?;
+        self.stream.synchronize()?;
+        Ok(out)
+    }
+
+    pub(super) fn fill_impl(&self, dst: &Tensor<Cuda>, value: f32) -> Result<()> {
+        let n = dst.numel();
+        // SAFETY: fill<T>(T* dst, long long n, float value) writes n elements of dst.
+        unsafe {
+            self.launch(
+                Kernel::Fill,
+                &[float(dst)],
+                (elementwise_blocks(n), 1, 1),
+                BLOCK,
+                &[ptr(dst).into(), (n as i64).into(), value.into()],
+            )
+        }
+    }
+
+    pub(super) fn copy_impl(&self, dst: &Tensor<Cuda>, src: &Tensor<Cuda>) -> Result<()> {
+        let n = dst.numel();
+        ensure!(
+            n == src.numel(),
+            "copy {:?} into {:?}",
+            src.shape,
+            dst.shape
+        );
+        // SAFETY: copy<S, D>(D* dst, const S* src, long long n) touches n elements of each.
+        unsafe {
+            self.launch(
+                Kernel::Copy,
+                &[float(src), float(dst)],
+                (elementwise_blocks(n), 1, 1),
+                BLOCK,
+                &[ptr(dst).into(), ptr(src).into(), (n as i64).into()],
+            )
+        }
+    }
+
+    pub(super) fn sum_squares_impl(&self, out: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
+        ensure_dtype(out, DType::F32, "sum_squares")?;
+        ensure!(out.numel() == 1, "sum_squares: out must hold one value");
+        let n = x.numel();
+        let grid = sum_squares_blocks(n);
+        let partials = self.scratch_f32(grid as usize)?;
+        // SAFETY: the partial pass writes `grid` floats of scratch and reads n elements of x;
+        // the finish pass reads them and updates out[0].
+        unsafe {
+            self.launch(
+                Kernel::SumSquaresPartial,
+                &[float(x)],
+                (grid, 1, 1),
+                BLOCK,
+                &[partials.into(), ptr(x).into(), (n as i64).into()],
+            )?;
+            self.launch(
+                Kernel::SumSquaresFinish,
+                &[],
+                (1, 1, 1),
+                1024,
+                &[ptr(out).into(), partials.into(), (grid as i32).into()],
+            )
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The one table of CUDA kernels: each entry names its source file, its template and the kinds
+//! of its template parameters. Launch sites pick a `Kernel` variant (a typo there fails to
+//! build) and its arguments; `instance` checks them against the table and spells the NVRTC
+//! name expression. The CPU-only compile test instantiates every entry with every argument,
+//! so a misspelt template fails there.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+use super::nvrtc::{self, Source};
+use crate::backend::UnsupportedDtype;
+use crate::tensor::DType;
+
+pub static ELEMENTWISE: Source = Source {
+    name: "elementwise.cu",
+    text: include_str!("kernels/elementwise.cu"),
+    options: &[],
+};
+pub static EMBEDDING: Source = Source {
+    name: "embedding.cu",
+    text: include_str!("kernels/embedding.cu"),
+    options: &[],
+};
+pub static RMSNORM: Source = Source {
+    name: "rmsnorm.cu",
+    text: include_str!("kernels/rmsnorm.cu"),
+    options: &[],
+};
+pub static COLSUM: Source = Source {
+    name: "colsum.cu",
+    text: include_str!("kernels/colsum.cu"),
+    options: &[],
+};
+pub static ROPE: Source = Source {
+    name: "rope.cu",
+    text: include_str!("kernels/rope.cu"),
+    options: &[],
+};
+pub static SWIGLU: Source = Source {
+    name: "swiglu.cu",
+    text: include_str!("kernels/swiglu.cu"),
+    options: &[],
+};
+pub static ATTENTION: Source = Source {
+    name: "attention.cu",
+    text: include_str!("kernels/attention.cu"),
+    options: &[],
+};
+pub static ATTENTION_TC: Source = Source {
+    name: "attention_tc.cu",
+    text: include_str!("kernels/attention_tc.cu"),
+    options: &[],
+};
+pub static CLASSIFIER: Source = Source {
+    name: "classifier.cu",
+    text: include_str!("kernels/classifier.cu"),
+    options: &[],
+};
+// Uncontracted f64 math, so the update is bitwise the CPU's (see adamw.cu).
+pub static ADAMW: Source = Source {
+    name: "adamw.cu",
+    text: include_str!("kernels/adamw.cu"),
+    options: &["--fmad=false"],
+};
+
+pub static SOURCES: [&Source; 10] = [
+    &ELEMENTWISE,
+    &EMBEDDING,
+    &RMSNORM,
+    &COLSUM,
+    &ROPE,
+    &SWIGLU,
+    &ATTENTION,
+    &ATTENTION_TC,
+    &CLASSIFIER,
+    &ADAMW,
+];
+
+/// The kind of one template parameter, and so the values it may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// A storage type: f32 or bf16.
+    Float,
+    /// An attention head size.
+    HeadDim,
+    Flag,
+}
+
+pub const HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
+
+/// One template argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    Float(DType),
+    HeadDim(usize),
+    Flag(bool),
+}
+
+impl Arg {
+    fn spelled(self) -> String {
+        match self {
+            Arg::Float(DType::BF16) => "bf16".into(),
+            Arg::Float(_) => "float".into(),
+            Arg::HeadDim(d) => d.to_string(),
+            Arg::Flag(f) => f.to_string(),
+        }
+    }
+
+    fn fits(self, param: Param) -> bool {
+        match (self, param) {
+            (Arg::Float(d), Param::Float) => matches!(d, DType::F32 | DType::BF16),
+            (Arg::HeadDim(d), Param::HeadDim) => HEAD_DIMS.contains(&d),
+            (Arg::Flag(_), Param::Flag) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Param {
+    fn values(self) -> Vec<Arg> {
+        match self {
+            Param::Float => vec![Arg::Float(DType::F32), Arg::Float(DType::BF16)],
+            Param::HeadDim => HEAD_DIMS.iter().map(|&d| Arg::HeadDim(d)).collect(),
+            Param::Flag => vec![Arg::Flag(false), Arg::Flag(true)],
+        }
+    }
+}
+
+macro_rules! kernel_table {
+    ($($variant:ident => $source:ident, $template:literal, [$($param:ident),*];)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Kernel { $($variant),* }
+
+        impl Kernel {
+            pub const ALL: &[Kernel] = &[$(Kernel::$variant),*];
+
+            pub fn source(self) -> &'static Source {
+                match self { $(Kernel::$variant => &$source),* }
+            }
+
+            pub fn template(self) -> &'static str {
+                match self { $(Kernel::$variant => $template),* }
+            }
+
+            pub fn params(self) -> &'static [Param] {
+                match self { $(Kernel::$variant => &[$(Param::$param),*]),* }
+            }
+        }
+    };
+}
+
+kernel_table! {
+    Fill => ELEMENTWISE, "fill", [Float];
+    Copy => ELEMENTWISE, "copy", [Float, Float];
+    SumSquaresPartial => ELEMENTWISE, "sum_squares_partial", [Float];
+    SumSquaresFinish => ELEMENTWISE, "sum_squares_finish", [];
+    EmbeddingForward => EMBEDDING, "embedding_forward", [Float];
+    EmbeddingSortKeys => EMBEDDING, "embedding_sort_keys", [];
+    BitonicGlobal => EMBEDDING, "bitonic_global", [];
+    BitonicLocal => EMBEDDING, "bitonic_local", [];
+    EmbeddingBackward => EMBEDDING, "embedding_backward", [Float];
+    RmsnormForward => RMSNORM, "rmsnorm_forward", [Float, Flag];
+    RmsnormBackward => RMSNORM, "rmsnorm_backward", [Float];
+    ColsumPartial => COLSUM, "colsum_partial", [Float, Flag];
+    ColsumFinish => COLSUM, "colsum_finish", [Float];
+    Rope => ROPE, "rope", [Float];
+    SwigluForward => SWIGLU, "swiglu_forward", [Float];
+    SwigluBackward => SWIGLU, "swiglu_backward", [Float];
+    AttentionForward => ATTENTION, "attention_forward", [Float, HeadDim];
+    AttentionBackwardDelta => ATTENTION, "attention_backward_delta", [Float, HeadDim];
+    AttentionBackwardDkDv => ATTENTION, "attention_backward_dkdv", [Float, HeadDim];
+    AttentionBackwardDq => ATTENTION, "attention_backward_dq", [Float, HeadDim];
+    AttentionForwardTc => ATTENTION_TC, "attention_forward_tc", [HeadDim];
+    AttentionBackwardDkDvTc => ATTENTION_TC, "attention_backward_dkdv_tc", [HeadDim];
+    AttentionBackwardDqTc => ATTENTION_TC, "attention_backward_dq_tc", [HeadDim];
+    CrossEntropy => CLASSIFIER, "cross_entropy", [Float];
+    AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag];
+}
+
+/// A kernel with its template arguments, e.g. `rmsnorm_forward<bf16, true>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Instance {
+    pub kernel: Kernel,
+    pub name: String,
+}
+
+impl Kernel {
+    /// Checks `args` against the table. A storage type the kernel has no instance for comes
+    /// back as `UnsupportedDtype`.
+    pub fn instance(self, args: &[Arg]) -> Result<Instance> {
+        let unsupported =
+            |a: &Arg| matches!(a, Arg::Float(d) if !matches!(d, DType::F32 | DType::BF16));
+        if args.iter().any(unsupported) {
+            let dtypes = args
+                .iter()
+                .filter_map(|a| match a {
+                    Arg::Float(d) => Some(*d),
+                    _ => None,
+                })
+                .collect();
+            return Err(UnsupportedDtype {
+                backend: "cuda",
+                op: self.template(),
+                dtypes,
+            }
+            .into());
+        }
+        let params = self.params();
+        if args.len() != params.len() || args.iter().zip(params).any(|(a, &p)| !a.fits(p)) {
+            bail!("{}: no instance for {args:?}", self.template());
+        }
+        Ok(self.spell(args))
+    }
+
+    fn spell(self, args: &[Arg]) -> Instance {
+        let name = if args.is_empty() {
+            self.template().to_string()
+        } else {
+            let spelled: Vec<String> = args.iter().map(|a| a.spelled()).collect();
+            format!("{}<{}>", self.template(), spelled.join(", "))
+        };
+        Instance { kernel: self, name }
+    }
+
+    /// Every instantiation the table allows, for the compile test.
+    pub fn all_instances(self) -> Vec<Instance> {
+        let mut combos: Vec<Vec<Arg>> = vec![vec![]];
+        for p in self.params() {
+            combos = combos
+                .into_iter()
+                .flat_map(|prefix| {
+                    p.values().into_iter().map(move |v| {
+                        let mut c = prefix.clone();
+                        c.push(v);
+                        c
+                    })
+                })
+                .collect();
+        }
+        combos.iter().map(|args| self.spell(args)).collect()
+    }
+}
+
+/// Every instance of every kernel in `source`, as NVRTC name expressions.
+pub fn all_names(source: &Source) -> Vec<String> {
+    Kernel::ALL
+        .iter()
+        .filter(|k| std::ptr::eq(k.source(), source))
+        .flat_map(|k| k.all_instances())
+        .map(|i| i.name)
+        .collect()
+}
+
+/// A kernel argument: device pointers travel as `u64`.
+#[derive(Clone, Copy, Debug)]
+pub enum KArg {
+    U64(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+    F64(f64),
+}
+
+impl From<u64> for KArg {
+    fn from(x: u64) -> Self {
+        KArg::U64(x)
+    }
+}
+impl From<i64> for KArg {
+    fn from(x: i64) -> Self {
+        KArg::I64(x)
+    }
+}
+impl From<i32> for KArg {
+    fn from(x: i32) -> Self {
+        KArg::I32(x)
+    }
+}
+impl From<f32> for KArg {
+    fn from(x: f32) -> Self {
+        KArg::F32(x)
+    }
+}
+impl From<f64> for KArg {
+    fn from(x: f64) -> Self {
+        KArg::F64(x)
+    }
+}
+
+/// Compiles kernels for this device at first use and keeps the loaded functions.
+pub struct Kernels {
+    ctx: Arc<CudaContext>,
+    arch: String,
+    include: RefCell<Option<Vec<PathBuf>>>,
+    loaded: RefCell<HashMap<String, CudaFunction>>,
+}
+
+impl Kernels {
+    pub fn new(ctx: Arc<CudaContext>, arch: String) -> Self {
+        Kernels {
+            ctx,
+            arch,
+            include: RefCell::new(None),
+            loaded: RefCell::new(HashMap::new()),
+        }
+    }
+
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    fn function(&self, inst: &Instance) -> Result<CudaFunction> {
+        if let Some(f) = self.loaded.borrow().get(&inst.name) {
+            return Ok(f.clone());
+        }
+        let include = {
+            let mut slot = self.include.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(nvrtc::include_dirs()?);
+            }
+            slot.clone().expect("set above")
+        };
+        let compiled = nvrtc::compile_cached(
+            inst.kernel.source(),
+            std::slice::from_ref(&inst.name),
+            &self.arch,
+            &include,
+        )?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(compiled.cubin))
+            .with_context(|| format!("loading the CUBIN of {}", inst.name))?;
+        let f = module
+            .load_function(&compiled.lowered[0])
+            .with_context(|| format!("finding kernel {} in its CUBIN", inst.name))?;
+        self.loaded
+            .borrow_mut()
+            .insert(inst.name.clone(), f.clone());
+        Ok(f)
+    }
+
+    /// Enqueues `inst` on `stream` with a 1-D block and dynamic shared memory `smem`.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number, order and size, and every
+    /// pointer must be valid for what the kernel accesses with these sizes.
+    pub unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        inst: &Instance,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[KArg],
+    ) -> Result<()> {
+        let f = self.function(inst)?;
+        let mut builder = stream.launch_builder(&f);
+        for a in args {
+            match a {
+                KArg::U64(x) => builder.arg(x),
+                KArg::I64(x) => builder.arg(x),
+                KArg::I32(x) => builder.arg(x),
+                KArg::F32(x) => builder.arg(x),
+                KArg::F64(x) => builder.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: forwarded contract.
+        unsafe { builder.launch(cfg) }
+            .with_context(|| format!("launching {} with grid {grid:?}", inst.name))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,57 @@
+// AdamW with decoupled weight decay and clipping by the global norm read on the device.
+//
+// This is the CPU's `adamw` step for step: the math is in f64 and the file is compiled with
+// --fmad=false, so that no multiply-add is contracted, and the bias corrections come from the
+// host; with the same inputs the GPU writes the same bits as the CPU. bf16 moments and
+// weights are stochastically rounded with the CPU's hash of (seed, element index).
+#include "common.cuh"
+
+// The CPU's `hash_u32` (rounding.rs): a splitmix-style finalizer of seed ^ index·φ.
+__device__ __forceinline__ u32 hash_u32(u64 seed, u64 index) {
+    u64 z = seed ^ (index * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (u32)(z ^ (z >> 31));
+}
+
+// The CPU's `stochastic_round_bf16`: add 16 random bits below bf16's mantissa, truncate.
+__device__ __forceinline__ bf16 stochastic_round_bf16(float x, u64 seed, u64 index) {
+    if (!isfinite(x)) return __float2bfloat16_rn(x);
+    const u32 noise = hash_u32(seed, index) & 0xFFFFu;
+    const u32 bits = (__float_as_uint(x) + noise) & 0xFFFF0000u;
+    return __ushort_as_bfloat16((unsigned short)(bits >> 16));
+}
+
+// The CPU's `store`: f64 → f32 (nearest), then to T, stochastically when T is bf16 and asked.
+template <typename T> __device__ __forceinline__ T store(double x, bool stochastic, u64 seed, u64 index);
+template <> __device__ __forceinline__ float store<float>(double x, bool, u64, u64) { return (float)x; }
+template <> __device__ __forceinline__ bf16 store<bf16>(double x, bool stochastic, u64 seed, u64 index) {
+    const float f = (float)x;
+    return stochastic ? stochastic_round_bf16(f, seed, index) : __float2bfloat16_rn(f);
+}
+
+// Param P, gradient Gr, moments M and V; with MASTER an f32 master copy is updated and P
+// receives it rounded to nearest. `norm_sq` is Σ g² over all gradients (f32, on the device).
+template <typename P, typename Gr, typename M, typename V, bool MASTER>
+__global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const float* norm_sq,
+                      long long n, double lr, double beta1, double beta2, double eps,
+                      double weight_decay, double bias1, double bias2, float grad_clip, u64 seed) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const double norm = sqrt((double)norm_sq[0]);
+    const double scale = (grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0;
+    const double g = (double)to_f32(grad[i]) * scale;
+    const double m_new = beta1 * (double)to_f32(m[i]) + (1.0 - beta1) * g;
+    const double v_new = beta2 * (double)to_f32(v[i]) + (1.0 - beta2) * g * g;
+    m[i] = store<M>(m_new, true, seed ^ 0x6Dull, (u64)i);
+    v[i] = store<V>(v_new, true, seed ^ 0x76ull, (u64)i);
+    const double update = (m_new / bias1) / (sqrt(v_new / bias2) + eps);
+    const double p = MASTER ? (double)master[i] : (double)to_f32(param[i]);
+    const double p_new = p - lr * (update + weight_decay * p);
+    if (MASTER) {
+        master[i] = (float)p_new;
+        param[i] = store<P>((double)master[i], false, 0, 0);
+    } else {
+        param[i] = store<P>(p_new, true, seed, (u64)i);
+    }
+}

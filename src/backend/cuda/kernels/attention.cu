@@ -1,0 +1,246 @@
+// Causal grouped-query attention, flash style: scores live in registers one tile at a time,
+// never as an S×S matrix. This first version runs on the CUDA cores (f32 math, any storage
+// type), which also makes it the simple reference a tensor-core version is tested against.
+//
+// Layout: qkv is [B·T, W] with W = (Hq + 2·Hkv)·D: q heads, then k heads, then v heads.
+// out is [B·T, Hq·D]; lse and delta are [B, Hq, T] f32.
+//
+// Each query (or key) row is owned by a group of G = 8 adjacent lanes; lane t of the group
+// holds dimensions t, t + 8, t + 16, ... (D/8 of them) in registers. A dot product is the
+// lanes' partial sums reduced with three xor shuffles. A block holds 32 rows (256 threads),
+// and key/value (or query/dout) tiles of 32 rows are staged in shared memory as f32.
+//
+// The backward is deterministic without atomics: one kernel writes dK and dV, one block per
+// (key tile, kv head), looping over the group's query heads and the query tiles at or after
+// the key tile; another writes dQ, one block per (query tile, query head).
+#include "common.cuh"
+
+#define G 8
+#define TILE 32
+
+// Sum over the G lanes of a row group; every lane of the warp must call it.
+__device__ __forceinline__ float group_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    return x;
+}
+
+// p = exp(x·xs·scale − lse) and ds = p · (y·ys − delta) · scale for one (query, key) pair,
+// from this lane's dimensions of x, y (registers) and xs, ys (a shared tile row); p is 0
+// where the pair is masked. In dK/dV, x = k, xs = q, y = v, ys = dout; in dQ, x = q, xs = k,
+// y = dout, ys = v.
+template <int DPT>
+__device__ __forceinline__ void probs(const float (&x)[DPT], const float* xs, const float (&y)[DPT],
+                                      const float* ys, int t, bool live, float lse, float delta,
+                                      float scale, float& p, float& ds) {
+    float s_part = 0.0f, dp_part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPT; i++) {
+        s_part += x[i] * xs[t + G * i];
+        dp_part += y[i] * ys[t + G * i];
+    }
+    const float s = group_sum(s_part), dp = group_sum(dp_part);
+    p = live ? expf(s * scale - lse) : 0.0f;
+    ds = p * (dp - delta) * scale;
+}
+
+// Loads rows [first, first + TILE) of one head (column offset `col`) of a [B·T, stride]
+// tensor into `tile` as f32; rows past T are zero.
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(float (*tile)[D], const T* src, int b, int first, int Tn,
+                                          long long stride, long long col) {
+    for (int idx = threadIdx.x; idx < TILE * D; idx += blockDim.x) {
+        const int j = idx / D, c = idx % D;
+        const int row = first + j;
+        tile[j][c] = row < Tn ? to_f32(src[((long long)b * Tn + row) * stride + col + c]) : 0.0f;
+    }
+}
+
+// Grid: (ceil(T / 32), Hq, B); block 256.
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    attention_forward(T* out, float* lse, const T* qkv, int Tn, int Hq, int Hkv, float scale) {
+    constexpr int DPT = D / G;
+    __shared__ float ks[TILE][D];
+    __shared__ float vs[TILE][D];
+    const int q_tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (Hq / Hkv);
+    const long long W = (long long)(Hq + 2 * Hkv) * D;
+    const int r = threadIdx.x / G, t = threadIdx.x % G;
+    const int qi = q_tile * TILE + r;
+    const bool valid = qi < Tn;
+
+    float q[DPT], o[DPT];
+#pragma unroll
+    for (int i = 0; i < DPT; i++) {
+        q[i] = valid ? to_f32(qkv[((long long)b * Tn + qi) * W + (long long)h * D + t + G * i]) : 0.0f;
+        o[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    const int k_end = min(Tn, (q_tile + 1) * TILE);  // causal: no key after the tile's last query
+    for (int k0 = 0; k0 < k_end; k0 += TILE) {
+        __syncthreads();  // the previous tile is no longer read
+        load_tile<T, D>(ks, qkv, b, k0, Tn, W, (long long)(Hq + kvh) * D);
+        load_tile<T, D>(vs, qkv, b, k0, Tn, W, (long long)(Hq + Hkv + kvh) * D);
+        __syncthreads();
+        float s[TILE];
+        float tile_max = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < TILE; j++) {
+            float part = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPT; i++) part += q[i] * ks[j][t + G * i];
+            const float dot = group_sum(part);
+            const int kj = k0 + j;
+            s[j] = (valid && kj <= qi) ? dot * scale : NEG_INF;
+            tile_max = fmaxf(tile_max, s[j]);
+        }
+        const float m_new = fmaxf(m, tile_max);
+        // While a row has seen no key, m_new is -inf; use 0 so that every exp below is 0.
+        const float m_use = m_new == NEG_INF ? 0.0f : m_new;
+        const float correction = expf(m - m_use);
+        l *= correction;
+#pragma unroll
+        for (int i = 0; i < DPT; i++) o[i] *= correction;
+#pragma unroll
+        for (int j = 0; j < TILE; j++) {
+            const float p = expf(s[j] - m_use);
+            l += p;
+#pragma unroll
+            for (int i = 0; i < DPT; i++) o[i] += p * vs[j][t + G * i];
+        }
+        m = m_new;
+    }
+    if (valid) {
+        const float inv_l = 1.0f / l;
+#pragma unroll
+        for (int i = 0; i < DPT; i++)
+            out[((long long)b * Tn + qi) * Hq * D + (long long)h * D + t + G * i] = from_f32<T>(o[i] * inv_l);
+        if (t == 0) lse[((long long)b * Hq + h) * Tn + qi] = m + logf(l);
+    }
+}
+
+// delta[b, h, t] = Σ_d dout · out, one warp per (row, head). Grid: ceil(B·T·Hq / 8); block 256.
+template <typename T, int D>
+__global__ void attention_backward_delta(float* delta, const T* dout, const T* out, int B, int Tn,
+                                         int Hq) {
+    const long long task = blockIdx.x * 8ll + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (task >= (long long)B * Tn * Hq) return;  // whole warps leave together
+    const int h = (int)(task % Hq);
+    const long long bt = task / Hq;  // b·T + t
+    const long long at = bt * Hq * D + (long long)h * D;
+    float acc = 0.0f;
+    for (int c = lane; c < D; c += 32) acc += to_f32(dout[at + c]) * to_f32(out[at + c]);
+    acc = warp_sum(acc);
+    const long long b = bt / Tn, tt = bt % Tn;
+    if (lane == 0) delta[(b * Hq + h) * Tn + tt] = acc;
+}
+
+// dK and dV of 32 keys of one kv head: Σ over the group's query heads and the queries at or
+// after each key of dv += p · dout, dk += ds · q with p = exp(q·k·scale − lse) and
+// ds = p · (dout·v − delta) · scale. Grid: (ceil(T / 32), Hkv, B); block 256.
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    attention_backward_dkdv(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                            const float* delta, int Tn, int Hq, int Hkv, float scale) {
+    constexpr int DPT = D / G;
+    __shared__ float qs[TILE][D];
+    __shared__ float dos[TILE][D];
+    __shared__ float lses[TILE];
+    __shared__ float deltas[TILE];
+    const int k_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int group = Hq / Hkv;
+    const long long W = (long long)(Hq + 2 * Hkv) * D;
+    const int r = threadIdx.x / G, t = threadIdx.x % G;
+    const int kj = k_tile * TILE + r;
+    const bool valid = kj < Tn;
+    const long long k_at = ((long long)b * Tn + kj) * W + (long long)(Hq + kvh) * D;
+    const long long v_at = ((long long)b * Tn + kj) * W + (long long)(Hq + Hkv + kvh) * D;
+
+    float k[DPT], v[DPT], dk[DPT], dv[DPT];
+#pragma unroll
+    for (int i = 0; i < DPT; i++) {
+        k[i] = valid ? to_f32(qkv[k_at + t + G * i]) : 0.0f;
+        v[i] = valid ? to_f32(qkv[v_at + t + G * i]) : 0.0f;
+        dk[i] = 0.0f;
+        dv[i] = 0.0f;
+    }
+    for (int g = 0; g < group; g++) {
+        const int h = kvh * group + g;
+        for (int q0 = k_tile * TILE; q0 < Tn; q0 += TILE) {
+            __syncthreads();
+            load_tile<T, D>(qs, qkv, b, q0, Tn, W, (long long)h * D);
+            load_tile<T, D>(dos, dout, b, q0, Tn, (long long)Hq * D, (long long)h * D);
+            load_row_stats(lses, deltas, lse, delta, ((long long)b * Hq + h) * Tn, q0, TILE, Tn);
+            __syncthreads();
+            for (int j = 0; j < TILE; j++) {
+                const int qi = q0 + j;
+                float p, ds;
+                probs<DPT>(k, qs[j], v, dos[j], t, valid && qi < Tn && qi >= kj, lses[j], deltas[j],
+                           scale, p, ds);
+#pragma unroll
+                for (int i = 0; i < DPT; i++) {
+                    dv[i] += p * dos[j][t + G * i];
+                    dk[i] += ds * qs[j][t + G * i];
+                }
+            }
+        }
+    }
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < DPT; i++) {
+            dqkv[k_at + t + G * i] = from_f32<T>(dk[i]);
+            dqkv[v_at + t + G * i] = from_f32<T>(dv[i]);
+        }
+    }
+}
+
+// dQ of 32 queries of one head: Σ over keys at or before each query of ds · k.
+// Grid: (ceil(T / 32), Hq, B); block 256.
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    attention_backward_dq(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                          const float* delta, int Tn, int Hq, int Hkv, float scale) {
+    constexpr int DPT = D / G;
+    __shared__ float ks[TILE][D];
+    __shared__ float vs[TILE][D];
+    const int q_tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (Hq / Hkv);
+    const long long W = (long long)(Hq + 2 * Hkv) * D;
+    const int r = threadIdx.x / G, t = threadIdx.x % G;
+    const int qi = q_tile * TILE + r;
+    const bool valid = qi < Tn;
+    const long long q_at = ((long long)b * Tn + qi) * W + (long long)h * D;
+    const long long do_at = ((long long)b * Tn + qi) * Hq * D + (long long)h * D;
+    const long long stat_at = ((long long)b * Hq + h) * Tn + qi;
+
+    float q[DPT], dO[DPT], dq[DPT];
+#pragma unroll
+    for (int i = 0; i < DPT; i++) {
+        q[i] = valid ? to_f32(qkv[q_at + t + G * i]) : 0.0f;
+        dO[i] = valid ? to_f32(dout[do_at + t + G * i]) : 0.0f;
+        dq[i] = 0.0f;
+    }
+    const float row_lse = valid ? lse[stat_at] : 0.0f;
+    const float row_delta = valid ? delta[stat_at] : 0.0f;
+    const int k_end = min(Tn, (q_tile + 1) * TILE);
+    for (int k0 = 0; k0 < k_end; k0 += TILE) {
+        __syncthreads();
+        load_tile<T, D>(ks, qkv, b, k0, Tn, W, (long long)(Hq + kvh) * D);
+        load_tile<T, D>(vs, qkv, b, k0, Tn, W, (long long)(Hq + Hkv + kvh) * D);
+        __syncthreads();
+        for (int j = 0; j < TILE; j++) {
+            const int kj = k0 + j;
+            float p, ds;
+            probs<DPT>(q, ks[j], dO, vs[j], t, valid && kj <= qi, row_lse, row_delta, scale, p, ds);
+#pragma unroll
+            for (int i = 0; i < DPT; i++) dq[i] += ds * ks[j][t + G * i];
+        }
+    }
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < DPT; i++) dqkv[q_at + t + G * i] = from_f32<T>(dq[i]);
+    }
+}

@@ -1,0 +1,79 @@
+// Shared helpers for every smelt kernel: storage types, conversions and block reductions.
+// Storage is `float` or `bf16`; all arithmetic is in f32 (f64 in the optimizer).
+#pragma once
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define NEG_INF __int_as_float(0xff800000)
+#define POS_INF __int_as_float(0x7f800000)
+#define QUIET_NAN __int_as_float(0x7fffffff)
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+
+// Round-to-nearest-even into the storage type, as the CPU backend's `round_slice` does.
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// The value `x` takes once stored as T and read back.
+template <typename T> __device__ __forceinline__ float rounded(float x) { return to_f32(from_f32<T>(x)); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+struct SumOp {
+    static __device__ __forceinline__ float identity() { return 0.0f; }
+    static __device__ __forceinline__ float warp(float x) { return warp_sum(x); }
+};
+struct MaxOp {
+    static __device__ __forceinline__ float identity() { return NEG_INF; }
+    static __device__ __forceinline__ float warp(float x) { return warp_max(x); }
+};
+
+// Reduces over the block in a fixed tree order, so the result is the same on every run.
+// Every thread must call it; every thread gets the result. `blockDim.x` is a multiple of 32.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float x) {
+    __shared__ float partial[32];
+    __shared__ float total;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    x = Op::warp(x);
+    __syncthreads();  // `partial` and `total` may still be read after a previous call
+    if (lane == 0) partial[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        float y = lane < warps ? partial[lane] : Op::identity();
+        y = Op::warp(y);
+        if (lane == 0) total = y;
+    }
+    __syncthreads();
+    return total;
+}
+
+__device__ __forceinline__ float block_sum(float x) { return block_reduce<SumOp>(x); }
+__device__ __forceinline__ float block_max(float x) { return block_reduce<MaxOp>(x); }
+
+// lses[i] and deltas[i] = lse[base + first + i] and delta[...] (0 past T), for i < n, by the
+// first n threads: the per-row statistics of one tile of attention rows.
+__device__ __forceinline__ void load_row_stats(float* lses, float* deltas, const float* lse,
+                                               const float* delta, long long base, int first,
+                                               int n, int Tn) {
+    if (threadIdx.x < n) {
+        const int t = first + threadIdx.x;
+        lses[threadIdx.x] = t < Tn ? lse[base + t] : 0.0f;
+        deltas[threadIdx.x] = t < Tn ? delta[base + t] : 0.0f;
+    }
+}

@@ -1,0 +1,40 @@
+// Fill, convert-copy and the deterministic sum of squares.
+#include "common.cuh"
+
+template <typename T>
+__global__ void fill(T* dst, long long n, float value) {
+    const T v = from_f32<T>(value);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dst[i] = v;
+}
+
+// dst = src, converting with round-to-nearest-even.
+template <typename S, typename D>
+__global__ void copy(D* dst, const S* src, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
+// partials[block] = Σ x² over a fixed grid-stride pattern; the grid size depends only on n,
+// so with `sum_squares_finish` the total is the same on every run.
+template <typename T>
+__global__ void sum_squares_partial(float* partials, const T* x, long long n) {
+    float acc = 0.0f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float v = to_f32(x[i]);
+        acc += v * v;
+    }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// out[0] += Σ partials, by one block in a fixed order.
+__global__ void sum_squares_finish(float* out, const float* partials, int count) {
+    float acc = 0.0f;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) out[0] += acc;
+}

@@ -1,0 +1,435 @@
+//! The CUDA backend: one device, one compute stream, NVRTC-compiled kernels (one `.cu` file
+//! per op family under `kernels/`, mirroring `cpu/`), cuBLASLt matmuls, and memory planned as
+//! one allocation per category.
+//!
+//! Every op enqueues work on the stream and returns; only `download` and `synchronize` wait
+//! (see the trait's header). Nothing in an op allocates, except the scratch buffer growing
+//! during the first step.
+//!
+//! cudarc loads libcuda, libnvrtc and libcublasLt at run time, so building needs no CUDA;
+//! `Cuda::new` checks that they can be loaded before touching them and says what to install.
+
+mod adamw;
+pub mod attention;
+mod classifier;
+pub mod cublaslt;
+pub mod device;
+mod elementwise;
+mod embedding;
+pub mod kernels;
+mod matmul;
+pub mod memory;
+pub mod nvrtc;
+mod rmsnorm;
+mod rope;
+mod swiglu;
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, ensure};
+use cudarc::driver::{CudaContext, CudaStream};
+use half::bf16;
+
+use self::cublaslt::Blas;
+use self::kernels::{Arg, KArg, Kernel, Kernels};
+use self::memory::{CudaStorage, Memory, MemoryReport, carve};
+use super::{AdamW, AttnShape, Backend, Matmul, UnsupportedDtype};
+use crate::tensor::{DType, Tensor, TensorSpec};
+
+pub struct Cuda {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    blas: Blas,
+    memory: Memory,
+    name: String,
+    compute_capability: (i32, i32),
+    attention: Cell<attention::AttentionKernels>,
+}
+
+/// Threads per block of the simple element-wise and row kernels.
+const BLOCK: u32 = 256;
+
+/// `ceil(n / per)` blocks, at least one.
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per).max(1) as u32
+}
+
+/// The device address of a tensor's first element.
+fn ptr(t: &Tensor<Cuda>) -> u64 {
+    t.storage.address(t.offset, t.dtype.size_bytes())
+}
+
+fn float(t: &Tensor<Cuda>) -> Arg {
+    Arg::Float(t.dtype)
+}
+
+/// `n` of an `[n, cols]` view of a tensor whose last dimension is `cols`.
+fn rows_of(t: &Tensor<Cuda>) -> usize {
+    t.numel() / t.cols()
+}
+
+fn ensure_dtype(t: &Tensor<Cuda>, dtype: DType, op: &'static str) -> Result<()> {
+    if t.dtype == dtype {
+        Ok(())
+    } else {
+        Err(UnsupportedDtype {
+            backend: "cuda",
+            op,
+            dtypes: vec![t.dtype],
+        }
+        .into())
+    }
+}
+
+fn ensure_same_dtype(op: &'static str, tensors: &[&Tensor<Cuda>]) -> Result<()> {
+    if tensors.windows(2).all(|w| w[0].dtype == w[1].dtype) {
+        Ok(())
+    } else {
+        Err(UnsupportedDtype {
+            backend: "cuda",
+            op,
+            dtypes: tensors.iter().map(|t| t.dtype).collect(),
+        }
+        .into())
+    }
+}
+
+impl Cuda {
+    /// Opens GPU `ordinal`. Fails with a message naming what is missing when libcuda,
+    /// libnvrtc or libcublasLt cannot be loaded, or when there is no such GPU.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        device::ensure_libraries()?;
+        // cudarc panics when a loaded library lacks a symbol it wants (a driver older than
+        // CUDA 13): turn that into an error too.
+        std::panic::catch_unwind(|| Self::open(ordinal)).unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(anyhow::anyhow!(
+                "the CUDA libraries failed to start ({why}); smelt needs a driver and \
+                 libraries for CUDA 13"
+            ))
+        })
+    }
+
+    fn open(ordinal: usize) -> Result<Self> {
+        let count = device::gpu_count()?;
+        ensure!(
+            ordinal < count,
+            "no CUDA GPU {ordinal}: the driver reports {count} device(s)"
+        );
+        let ctx =
+            CudaContext::new(ordinal).with_context(|| format!("opening CUDA GPU {ordinal}"))?;
+        let stream = ctx.new_stream()?;
+        let (major, minor) = ctx.compute_capability()?;
+        // Hopper's arch-specific target unlocks wgmma and setmaxnreg.
+        let arch = if major == 9 {
+            format!("sm_{major}{minor}a")
+        } else {
+            format!("sm_{major}{minor}")
+        };
+        let name = ctx.name()?;
+        let memory = Memory::new(ctx.clone());
+        let workspace = memory.allocate("workspace", cublaslt::WORKSPACE_BYTES)?;
+        let blas = Blas::new(stream.clone(), workspace)?;
+        Ok(Cuda {
+            kernels: Kernels::new(ctx.clone(), arch),
+            ctx,
+            stream,
+            blas,
+            memory,
+            name,
+            compute_capability: (major, minor),
+            attention: Cell::new(attention::AttentionKernels::from_env()),
+        })
+    }
+
+    /// Bytes per allocation category (plus scratch), and the device's free and total bytes.
+    pub fn memory_report(&self) -> Result<MemoryReport> {
+        self.memory.report()
+    }
+
+    /// # Safety
+    /// `args` must match the kernel's parameters, with every pointer valid for the accesses
+    /// the kernel makes with the sizes passed.
+    unsafe fn launch(
+        &self,
+        kernel: Kernel,
+        targs: &[Arg],
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[KArg],
+    ) -> Result<()> {
+        let inst = kernel.instance(targs)?;
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(()); // an empty tensor: nothing to do, and CUDA refuses empty grids
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.kernels.launch(&self.stream, &inst, grid, block, args) }
+    }
+
+    /// The f32 scratch buffer, at least `floats` long, for one op's transient partials.
+    fn scratch_f32(&self, floats: usize) -> Result<u64> {
+        self.memory.scratch(floats * 4)
+    }
+}
+
+impl Backend for Cuda {
+    type Storage = CudaStorage;
+
+    fn describe(&self) -> String {
+        format!("cuda ({}, {})", self.name, self.kernels.arch())
+    }
+
+    fn allocate(&self, category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>> {
+        for spec in specs {
+            if !matches!(spec.dtype, DType::F32 | DType::BF16 | DType::I32) {
+                return Err(UnsupportedDtype {
+                    backend: "cuda",
+                    op: "allocate",
+                    dtypes: vec![spec.dtype],
+                }
+                .into());
+            }
+        }
+        let (offsets, total) = carve(specs);
+        let arena = self.memory.allocate(category, total)?;
+        Ok(specs
+            .iter()
+            .zip(offsets)
+            .map(|(spec, base)| {
+                let storage = CudaStorage {
+                    arena: arena.clone(),
+                    base,
+                };
+                Tensor::new(storage, spec.shape.clone(), spec.dtype)
+            })
+            .collect())
+    }
+
+    fn upload(&self, dst: &Tensor<Self>, src: &[f32]) -> Result<()> {
+        ensure!(
+            src.len() == dst.numel(),
+            "upload of {} values into {:?}",
+            src.len(),
+            dst.shape
+        );
+        match dst.dtype {
+            DType::F32 => self.copy_in(dst, src),
+            DType::BF16 => {
+                let v: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
+                self.copy_in(dst, &v)
+            }
+            other => anyhow::bail!("upload of f32 values into a {other} tensor {:?}", dst.shape),
+        }
+    }
+
+    fn upload_i32(&self, dst: &Tensor<Self>, src: &[i32]) -> Result<()> {
+        ensure!(
+            src.len() == dst.numel() && dst.dtype == DType::I32,
+            "upload of {} i32 values into {:?} {}",
+            src.len(),
+            dst.shape,
+            dst.dtype
+        );
+        self.copy_in(dst, src)
+    }
+
+    fn download(&self, src: &Tensor<Self>) -> Result<Vec<f32>> {
+        Ok(match src.dtype {
+            DType::F32 => self.copy_out::<f32>(src)?,
+            DType::BF16 => self
+                .copy_out::<bf16>(src)?
+                .into_iter()
+                .map(f32::from)
+                .collect(),
+            DType::I32 => self
+                .copy_out::<i32>(src)?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+            other => anyhow::bail!("download of a {other} tensor"),
+        })
+    }
+
+    fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()> {
+        self.fill_impl(dst, value)
+    }
+
+    fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
+        self.copy_impl(dst, src)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().context("waiting for the GPU")
+    }
+
+    fn embedding_forward(
+        &self,
+        out: &Tensor<Self>,
+        tokens: &Tensor<Self>,
+        wte: &Tensor<Self>,
+    ) -> Result<()> {
+        self.embedding_forward_impl(out, tokens, wte)
+    }
+
+    fn embedding_backward(
+        &self,
+        dwte: &Tensor<Self>,
+        tokens: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.embedding_backward_impl(dwte, tokens, dout, accumulate)
+    }
+
+    fn rmsnorm_forward(
+        &self,
+        out: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        inp: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        eps: f32,
+    ) -> Result<()> {
+        self.rmsnorm_forward_impl(out, rstd, None, inp, None, weight, eps)
+    }
+
+    fn residual_rmsnorm_forward(
+        &self,
+        residual_out: &Tensor<Self>,
+        out: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        residual: &Tensor<Self>,
+        branch: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        eps: f32,
+    ) -> Result<()> {
+        self.rmsnorm_forward_impl(
+            out,
+            rstd,
+            Some(residual_out),
+            residual,
+            Some(branch),
+            weight,
+            eps,
+        )
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dinp: &Tensor<Self>,
+        dweight: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        inp: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, accumulate)
+    }
+
+    fn matmul(
+        &self,
+        out: &Tensor<Self>,
+        a: &Tensor<Self>,
+        b: &Tensor<Self>,
+        bias: Option<&Tensor<Self>>,
+        spec: Matmul,
+    ) -> Result<()> {
+        self.matmul_impl(out, a, b, bias, spec)
+    }
+
+    fn bias_backward(
+        &self,
+        dbias: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.column_sum(dbias, dout, None, accumulate)
+    }
+
+    fn rope_forward(
+        &self,
+        qkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        self.rope_impl(qkv, freqs, shape, false)
+    }
+
+    fn rope_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        self.rope_impl(dqkv, freqs, shape, true)
+    }
+
+    fn attention_forward(
+        &self,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        self.attention_forward_impl(out, lse, qkv, shape)
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        self.attention_backward_impl(dqkv, dout, qkv, out, lse, shape)
+    }
+
+    fn swiglu_forward(&self, out: &Tensor<Self>, gate_up: &Tensor<Self>) -> Result<()> {
+        self.swiglu_forward_impl(out, gate_up)
+    }
+
+    fn swiglu_backward(
+        &self,
+        dgate_up: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        gate_up: &Tensor<Self>,
+    ) -> Result<()> {
+        self.swiglu_backward_impl(dgate_up, dout, gate_up)
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &Tensor<Self>,
+        losses: &Tensor<Self>,
+        targets: &Tensor<Self>,
+        z_loss: f32,
+        grad_scale: Option<f32>,
+    ) -> Result<()> {
+        self.cross_entropy_impl(logits, losses, targets, z_loss, grad_scale)
+    }
+
+    fn sum_squares(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
+        self.sum_squares_impl(out, x)
+    }
+
+    fn adamw(
+        &self,
+        param: &Tensor<Self>,
+        master: Option<&Tensor<Self>>,
+        grad: &Tensor<Self>,
+        m: &Tensor<Self>,
+        v: &Tensor<Self>,
+        norm_sq: &Tensor<Self>,
+        hp: &AdamW,
+    ) -> Result<()> {
+        self.adamw_impl(param, master, grad, m, v, norm_sq, hp)
+    }
+}

@@ -1,0 +1,240 @@
+//! Helpers for the GPU tests: tensors with the same values on both backends, comparisons
+//! that print their figures (the GPU script collects `[figure]` lines), and model weights
+//! drawn once on the host.
+
+use smelt::backend::cuda::Cuda;
+use smelt::backend::{AdamW, Backend};
+use smelt::model::{ParamKind, Transformer};
+use smelt::rng::Rng;
+use smelt::tensor::{DType, Tensor, TensorSpec};
+
+pub fn cuda() -> Cuda {
+    Cuda::new(0).expect("these tests need a CUDA GPU")
+}
+
+/// A line the GPU script puts in its summary table.
+pub fn figure(test: &str, text: impl std::fmt::Display) {
+    println!("[figure] {test}: {text}");
+}
+
+pub fn normal(n: usize, std: f64, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.normal() * std) as f32).collect()
+}
+
+/// A fresh tensor holding `values` (rounded to `dtype` by the upload).
+pub fn tensor<B: Backend>(b: &B, shape: &[usize], dtype: DType, values: &[f32]) -> Tensor<B> {
+    let t = b
+        .allocate("test", &[TensorSpec::new("t", shape, dtype)])
+        .unwrap()
+        .remove(0);
+    b.upload(&t, values).unwrap();
+    t
+}
+
+pub fn tensor_i32<B: Backend>(b: &B, values: &[i32]) -> Tensor<B> {
+    let t = b
+        .allocate("test", &[TensorSpec::new("t", &[values.len()], DType::I32)])
+        .unwrap()
+        .remove(0);
+    b.upload_i32(&t, values).unwrap();
+    t
+}
+
+/// `‖a − b‖ / ‖b‖` in f64 (0 when both are 0).
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "compared outputs differ in length");
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        diff += (x as f64 - y as f64).powi(2);
+        norm += (y as f64).powi(2);
+    }
+    if diff == 0.0 {
+        0.0
+    } else {
+        (diff / norm).sqrt()
+    }
+}
+
+pub fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Named outputs of one run of an op.
+pub type Outputs = Vec<(&'static str, Vec<f32>)>;
+
+/// Runs the op on the GPU twice (demanding bitwise-equal outputs: the kernels are
+/// deterministic) and once on the CPU, and checks each output's relative error against
+/// its tolerance. `tolerance` maps an output name to the bound, chosen by the caller.
+/// Returns the GPU's outputs for further checks.
+pub fn check_op(
+    test: &str,
+    gpu: impl Fn() -> Outputs,
+    cpu: impl Fn() -> Outputs,
+    tolerance: impl Fn(&str) -> f64,
+) -> Outputs {
+    let (first, second, reference) = (gpu(), gpu(), cpu());
+    for (((name, g1), (_, g2)), (_, c)) in first.iter().zip(&second).zip(&reference) {
+        assert!(
+            g1.iter().all(|x| x.is_finite()),
+            "{test} {name}: non-finite GPU output"
+        );
+        assert!(same_bits(g1, g2), "{test} {name}: two GPU runs differ");
+        let err = rel_err(g1, c);
+        let tol = tolerance(name);
+        figure(
+            test,
+            format!("{name} rel err {err:.2e} (tol {tol:.0e}), deterministic"),
+        );
+        assert!(
+            err <= tol,
+            "{test} {name}: relative error {err:e} > {tol:e}"
+        );
+    }
+    first
+}
+
+/// The output called `name`.
+pub fn output<'a>(outputs: &'a Outputs, name: &str) -> &'a [f32] {
+    &outputs
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("no such output")
+        .1
+}
+
+/// Host values for every parameter of `model`: norms near 1, biases small, matrices
+/// N(0, std). Large enough that attention is far from uniform.
+pub fn host_weights<B: Backend>(model: &Transformer<B>, seed: u64, std: f64) -> Vec<Vec<f32>> {
+    model
+        .layout
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let n = spec.tensor.numel();
+            let mut rng = Rng::derived(seed, i as u64);
+            (0..n)
+                .map(|_| {
+                    let r = rng.normal();
+                    (match spec.kind {
+                        ParamKind::Norm => 1.0 + 0.1 * r,
+                        ParamKind::Bias => 0.1 * r,
+                        _ => std * r,
+                    }) as f32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+pub fn upload_weights<B: Backend>(b: &B, model: &Transformer<B>, weights: &[Vec<f32>]) {
+    for (t, w) in model.params.iter().zip(weights) {
+        b.upload(t, w).unwrap();
+    }
+}
+
+/// A small model config of `arch` (GQA when `kv_heads < heads`), for the GPU model tests.
+pub fn small_config(
+    arch: &str,
+    tied: bool,
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> smelt::model::ModelConfig {
+    let v = serde_json::json!({
+        "architectures": [arch], "hidden_size": hidden, "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "vocab_size": 1024, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": tied, "eos_token_id": 1,
+    });
+    smelt::model::ModelConfig::from_json(&v, "small GPU test config").unwrap()
+}
+
+/// The four shapes of the model-level GPU tests: both families, tied and untied, GQA, and
+/// every supported head size.
+pub fn small_configs() -> Vec<(&'static str, smelt::model::ModelConfig)> {
+    vec![
+        (
+            "qwen2 untied D64",
+            small_config("Qwen2ForCausalLM", false, 256, 4, 2, 64),
+        ),
+        (
+            "qwen2 tied D128",
+            small_config("Qwen2ForCausalLM", true, 256, 4, 1, 128),
+        ),
+        (
+            "llama untied D80",
+            small_config("LlamaForCausalLM", false, 320, 4, 2, 80),
+        ),
+        (
+            "llama tied D96",
+            small_config("LlamaForCausalLM", true, 384, 6, 2, 96),
+        ),
+    ]
+}
+
+/// Adam moments (zeroed, in `dtype`) and the global-norm cell for `model`'s optimizer.
+pub struct Optimizer<B: Backend> {
+    m: Vec<Tensor<B>>,
+    v: Vec<Tensor<B>>,
+    norm_sq: Tensor<B>,
+}
+
+impl<B: Backend> Optimizer<B> {
+    pub fn new(b: &B, model: &Transformer<B>, dtype: DType) -> Self {
+        let specs: Vec<TensorSpec> = model
+            .layout
+            .tensor_specs()
+            .into_iter()
+            .map(|s| TensorSpec::new(s.name, &s.shape, dtype))
+            .collect();
+        let zeros = |category: &str| {
+            let ts = b.allocate(category, &specs).unwrap();
+            ts.iter().for_each(|t| b.fill(t, 0.0).unwrap());
+            ts
+        };
+        let (m, v) = (zeros("adam m"), zeros("adam v"));
+        let norm_sq = b
+            .allocate("norm", &[TensorSpec::new("norm_sq", &[1], DType::F32)])
+            .unwrap()
+            .remove(0);
+        Optimizer { m, v, norm_sq }
+    }
+
+    /// The global gradient norm on the device, then AdamW on every parameter (clip 1, decay
+    /// 0.1 on matrices and embeddings), as the trainer does it; `step` counts from 1.
+    pub fn step(&self, b: &B, model: &Transformer<B>, step: u64, lr: f32) {
+        b.fill(&self.norm_sq, 0.0).unwrap();
+        for g in model.grads.iter() {
+            b.sum_squares(&self.norm_sq, g).unwrap();
+        }
+        let tensors = model.params.iter().zip(model.grads.iter());
+        for (i, ((spec, (p, g)), (m, v))) in model
+            .layout
+            .iter()
+            .zip(tensors)
+            .zip(self.m.iter().zip(&self.v))
+            .enumerate()
+        {
+            let hp = AdamW {
+                lr,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: if spec.kind.decays() { 0.1 } else { 0.0 },
+                step,
+                grad_clip: 1.0,
+                seed: step << 32 | i as u64,
+            };
+            b.adamw(p, None, g, m, v, &self.norm_sq, &hp).unwrap();
+        }
+    }
+}

@@ -1,0 +1,632 @@
+//! Each backend method on the GPU against the CPU backend, on fresh random inputs at
+//! realistic sizes, run twice on the GPU to demand bitwise-equal (deterministic) results.
+//!
+//! Tolerances are relative errors ‖gpu − cpu‖/‖cpu‖. Both sides read the same (bf16-rounded)
+//! inputs and compute in f32, so they differ by summation order, fused multiply-adds and
+//! library `exp`/`log`, and then by the rounding of the output: for a bf16 output a value
+//! that lands on the other side of a rounding boundary moves by one bf16 step (2⁻⁸
+//! relative), so 1e-2 is the bf16 bound; f32 outputs get 1e-5 unless noted.
+
+mod common;
+
+use common::gpu::*;
+use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
+use smelt::backend::cuda::attention::AttentionKernels;
+use smelt::backend::{AdamW, AttnShape, Backend, Matmul};
+use smelt::rng::Rng;
+use smelt::tensor::{DType, Tensor};
+
+/// Tolerance of an output stored in `dtype` (see the header).
+fn tol(dtype: DType) -> f64 {
+    if dtype == DType::BF16 { 1e-2 } else { 1e-5 }
+}
+
+fn download<B: Backend>(b: &B, t: &Tensor<B>) -> Vec<f32> {
+    b.download(t).unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fill_and_copy() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let n = 1_000_003;
+    let x = normal(n, 3.0, 1);
+    fn run<B: Backend>(b: &B, x: &[f32]) -> Outputs {
+        let n = x.len();
+        let src = tensor(b, &[n], DType::F32, x);
+        let (to_bf16, back) = (
+            tensor(b, &[n], DType::BF16, &vec![0.0; n]),
+            tensor(b, &[n], DType::F32, &vec![0.0; n]),
+        );
+        b.copy(&to_bf16, &src).unwrap();
+        b.copy(&back, &to_bf16).unwrap();
+        let filled = tensor(b, &[n], DType::BF16, &vec![0.0; n]);
+        b.fill(&filled, 1.2345).unwrap();
+        vec![
+            ("f32 to bf16", download(b, &to_bf16)),
+            ("bf16 to f32", download(b, &back)),
+            ("fill", download(b, &filled)),
+        ]
+    }
+    // Round-to-nearest-even on both sides: identical bits.
+    check_op("fill_and_copy", || run(&gpu, &x), || run(&cpu, &x), |_| 0.0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn embedding_forward_and_backward() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let (n, v, c) = (8192, 32000, 896);
+    let mut rng = Rng::new(2);
+    // Mostly a few hundred frequent tokens, so rows collect many positions, plus rare ones.
+    let tokens: Vec<i32> = (0..n)
+        .map(|i| if i % 7 == 0 { rng.below(v) } else { rng.below(300) } as i32)
+        .collect();
+    let (wte, dout, dwte0) = (
+        normal(v * c, 1.0, 3),
+        normal(n * c, 1.0, 4),
+        normal(v * c, 1.0, 5),
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn run<B: Backend>(
+        b: &B,
+        dtype: DType,
+        acc: bool,
+        tokens: &[i32],
+        wte: &[f32],
+        dout: &[f32],
+        dwte0: &[f32],
+        (v, c): (usize, usize),
+    ) -> Outputs {
+        let n = tokens.len();
+        let toks = tensor_i32(b, tokens);
+        let (wte, out) = (
+            tensor(b, &[v, c], dtype, wte),
+            tensor(b, &[n, c], dtype, &vec![0.0; n * c]),
+        );
+        b.embedding_forward(&out, &toks, &wte).unwrap();
+        let (dout, dwte) = (
+            tensor(b, &[n, c], dtype, dout),
+            tensor(b, &[v, c], dtype, dwte0),
+        );
+        b.embedding_backward(&dwte, &toks, &dout, acc).unwrap();
+        vec![("out", download(b, &out)), ("dwte", download(b, &dwte))]
+    }
+    for dtype in [DType::BF16, DType::F32] {
+        for acc in [false, true] {
+            let name = format!("embedding {dtype} accumulate={acc}");
+            // The GPU adds each row's gradients in the CPU's order, in f32: the same bits are
+            // expected, and 1e-6 allows no error that matters.
+            check_op(
+                &name,
+                || run(&gpu, dtype, acc, &tokens, &wte, &dout, &dwte0, (v, c)),
+                || run(&cpu, dtype, acc, &tokens, &wte, &dout, &dwte0, (v, c)),
+                |_| 1e-6,
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rmsnorm_forward_fused_and_backward() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let (n, c) = (4096, 896);
+    let (x, branch, w, dy, dx0, dw0) = (
+        normal(n * c, 1.0, 6),
+        normal(n * c, 0.5, 7),
+        normal(c, 0.2, 8)
+            .iter()
+            .map(|r| 1.0 + r)
+            .collect::<Vec<_>>(),
+        normal(n * c, 1.0, 9),
+        normal(n * c, 1.0, 10),
+        normal(c, 1.0, 11),
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn run<B: Backend>(
+        b: &B,
+        dtype: DType,
+        acc: bool,
+        (n, c): (usize, usize),
+        x: &[f32],
+        branch: &[f32],
+        w: &[f32],
+        dy: &[f32],
+        dx0: &[f32],
+        dw0: &[f32],
+    ) -> Outputs {
+        let t = |shape: &[usize], v: &[f32]| tensor(b, shape, dtype, v);
+        let stat = || tensor(b, &[n], DType::F32, &vec![0.0; n]);
+        let zeros = vec![0.0; n * c];
+        let (x, branch, w) = (t(&[n, c], x), t(&[n, c], branch), t(&[c], w));
+        let (out, rstd) = (t(&[n, c], &zeros), stat());
+        b.rmsnorm_forward(&out, &rstd, &x, &w, 1e-6).unwrap();
+        let (res, fused, fused_rstd) = (t(&[n, c], &zeros), t(&[n, c], &zeros), stat());
+        b.residual_rmsnorm_forward(&res, &fused, &fused_rstd, &x, &branch, &w, 1e-6)
+            .unwrap();
+        // The plain norm of the fused kernel's rounded residual.
+        let (replain, replain_rstd) = (t(&[n, c], &zeros), stat());
+        b.rmsnorm_forward(&replain, &replain_rstd, &res, &w, 1e-6)
+            .unwrap();
+        let (dy, dx, dw) = (t(&[n, c], dy), t(&[n, c], dx0), t(&[c], dw0));
+        b.rmsnorm_backward(&dx, &dw, &dy, &res, &w, &fused_rstd, acc)
+            .unwrap();
+        vec![
+            ("out", download(b, &out)),
+            ("rstd", download(b, &rstd)),
+            ("residual", download(b, &res)),
+            ("fused out", download(b, &fused)),
+            ("fused rstd", download(b, &fused_rstd)),
+            ("plain out of fused residual", download(b, &replain)),
+            ("plain rstd of fused residual", download(b, &replain_rstd)),
+            ("dinp", download(b, &dx)),
+            ("dweight", download(b, &dw)),
+        ]
+    }
+    for dtype in [DType::BF16, DType::F32] {
+        for acc in [false, true] {
+            let name = format!("rmsnorm {dtype} accumulate={acc}");
+            let gpu_out = check_op(
+                &name,
+                || run(&gpu, dtype, acc, (n, c), &x, &branch, &w, &dy, &dx0, &dw0),
+                || run(&cpu, dtype, acc, (n, c), &x, &branch, &w, &dy, &dx0, &dw0),
+                // rstd is f32 from identical inputs: f32 tolerance whatever the storage.
+                |name| {
+                    if name.contains("rstd") {
+                        1e-5
+                    } else {
+                        tol(dtype)
+                    }
+                },
+            );
+            // Recompute relies on this: the fused kernel normalizes exactly like the plain one.
+            assert!(same_bits(
+                output(&gpu_out, "fused out"),
+                output(&gpu_out, "plain out of fused residual")
+            ));
+            assert!(same_bits(
+                output(&gpu_out, "fused rstd"),
+                output(&gpu_out, "plain rstd of fused residual")
+            ));
+            figure(&name, "fused norm bitwise equal to the plain norm");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_all_modes() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // (m, k, n): a Qwen2.5-0.5B MLP shape, and an odd-aligned one viewed 3 rows into its
+    // storage so that the pointers are only 16-byte aligned.
+    for (m, k, n, skip) in [(2048, 896, 4864, 0), (200, 904, 136, 3)] {
+        let (x, w, dy, bias, acc0) = (
+            normal((m + skip) * k, 1.0, 12),
+            normal(n * k, 0.05, 13),
+            normal(m * n, 1.0, 14),
+            normal(n, 1.0, 15),
+            normal(n * k, 1.0, 16),
+        );
+        #[allow(clippy::too_many_arguments)]
+        fn run<B: Backend>(
+            b: &B,
+            dtype: DType,
+            (m, k, n, skip): (usize, usize, usize, usize),
+            x: &[f32],
+            w: &[f32],
+            dy: &[f32],
+            bias: &[f32],
+            acc0: &[f32],
+        ) -> Outputs {
+            let t = |shape: &[usize], v: &[f32]| tensor(b, shape, dtype, v);
+            let x = t(&[m + skip, k], x).narrow_rows(skip, skip + m);
+            let (w, dy, bias) = (t(&[n, k], w), t(&[m, n], dy), t(&[n], bias));
+            let y = t(&[m, n], &vec![0.0; m * n]);
+            b.matmul(&y, &x, &w, Some(&bias), Matmul::FORWARD).unwrap();
+            let dx = t(&[m, k], &vec![0.0; m * k]);
+            b.matmul(&dx, &dy, &w, None, Matmul::BACKWARD_INPUT)
+                .unwrap();
+            let dw = t(&[n, k], &vec![0.0; n * k]);
+            b.matmul(&dw, &dy, &x, None, Matmul::backward_weight(false))
+                .unwrap();
+            let dw_acc = t(&[n, k], acc0);
+            b.matmul(&dw_acc, &dy, &x, None, Matmul::backward_weight(true))
+                .unwrap();
+            // Both operands transposed (unused by the model): xᵀ · zᵀ with z stored [64, m].
+            let z = t(&[64, m], &download(b, &x)[..64 * m]);
+            let both = t(&[k, 64], &vec![0.0; k * 64]);
+            let spec = Matmul {
+                trans_a: true,
+                trans_b: true,
+                accumulate: false,
+            };
+            b.matmul(&both, &x, &z, None, spec).unwrap();
+            vec![
+                ("forward + bias", download(b, &y)),
+                ("backward input", download(b, &dx)),
+                ("backward weight", download(b, &dw)),
+                ("backward weight accumulate", download(b, &dw_acc)),
+                ("both transposed", download(b, &both)),
+            ]
+        }
+        for dtype in [DType::BF16, DType::F32] {
+            let name = format!("matmul {m}x{k}x{n} {dtype}");
+            let shape = (m, k, n, skip);
+            check_op(
+                &name,
+                || run(&gpu, dtype, shape, &x, &w, &dy, &bias, &acc0),
+                || run(&cpu, dtype, shape, &x, &w, &dy, &bias, &acc0),
+                |_| tol(dtype),
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bias_backward() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let (n, c) = (8192, 1152);
+    let (dy, db0) = (normal(n * c, 1.0, 17), normal(c, 1.0, 18));
+    fn run<B: Backend>(
+        b: &B,
+        dtype: DType,
+        acc: bool,
+        n: usize,
+        dy: &[f32],
+        db0: &[f32],
+    ) -> Outputs {
+        let c = db0.len();
+        let (dy, db) = (tensor(b, &[n, c], dtype, dy), tensor(b, &[c], dtype, db0));
+        b.bias_backward(&db, &dy, acc).unwrap();
+        vec![("dbias", download(b, &db))]
+    }
+    for dtype in [DType::BF16, DType::F32] {
+        for acc in [false, true] {
+            // f32 sums of 8192 rows in another order: ~sqrt(n)·2⁻²⁴ relative, under 1e-5.
+            check_op(
+                &format!("bias_backward {dtype} accumulate={acc}"),
+                || run(&gpu, dtype, acc, n, &dy, &db0),
+                || run(&cpu, dtype, acc, n, &dy, &db0),
+                |_| tol(dtype),
+            );
+        }
+    }
+}
+
+/// (cos, sin) of t·θ^(−2i/D), as the model builds it.
+fn rope_table(seq: usize, d: usize) -> Vec<f32> {
+    let mut table = vec![];
+    for t in 0..seq {
+        for i in 0..d / 2 {
+            let angle = t as f64 * 1e6f64.powf(-2.0 * i as f64 / d as f64);
+            table.extend([angle.cos() as f32, angle.sin() as f32]);
+        }
+    }
+    table
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rope_forward_and_backward() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let s = AttnShape {
+        batch: 4,
+        seq: 1024,
+        q_heads: 14,
+        kv_heads: 2,
+        head_dim: 64,
+    };
+    let n = s.batch * s.seq * s.qkv_width();
+    let (x, table) = (normal(n, 1.0, 19), rope_table(s.seq, s.head_dim));
+    fn run<B: Backend>(b: &B, dtype: DType, s: AttnShape, x: &[f32], table: &[f32]) -> Outputs {
+        let rows = s.batch * s.seq;
+        let freqs = tensor(b, &[s.seq, s.head_dim / 2, 2], DType::F32, table);
+        let fwd = tensor(b, &[rows, s.qkv_width()], dtype, x);
+        b.rope_forward(&fwd, &freqs, s).unwrap();
+        let bwd = tensor(b, &[rows, s.qkv_width()], dtype, x);
+        b.rope_backward(&bwd, &freqs, s).unwrap();
+        vec![
+            ("forward", download(b, &fwd)),
+            ("backward", download(b, &bwd)),
+        ]
+    }
+    for dtype in [DType::BF16, DType::F32] {
+        check_op(
+            &format!("rope {dtype}"),
+            || run(&gpu, dtype, s, &x, &table),
+            || run(&cpu, dtype, s, &x, &table),
+            |_| tol(dtype),
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swiglu_forward_and_backward() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let (n, f) = (4096, 4864);
+    let (gu, dy) = (normal(n * 2 * f, 2.0, 20), normal(n * f, 1.0, 21));
+    fn run<B: Backend>(b: &B, dtype: DType, f: usize, gu: &[f32], dy: &[f32]) -> Outputs {
+        let n = dy.len() / f;
+        let gate_up = tensor(b, &[n, 2 * f], dtype, gu);
+        let out = tensor(b, &[n, f], dtype, &vec![0.0; n * f]);
+        b.swiglu_forward(&out, &gate_up).unwrap();
+        let (dout, dgu) = (
+            tensor(b, &[n, f], dtype, dy),
+            tensor(b, &[n, 2 * f], dtype, &vec![0.0; n * 2 * f]),
+        );
+        b.swiglu_backward(&dgu, &dout, &gate_up).unwrap();
+        vec![("out", download(b, &out)), ("dgate_up", download(b, &dgu))]
+    }
+    for dtype in [DType::BF16, DType::F32] {
+        check_op(
+            &format!("swiglu {dtype}"),
+            || run(&gpu, dtype, f, &gu, &dy),
+            || run(&cpu, dtype, f, &gu, &dy),
+            |_| tol(dtype),
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_forward_and_backward() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let shape = |batch, seq, q_heads, kv_heads, head_dim| AttnShape {
+        batch,
+        seq,
+        q_heads,
+        kv_heads,
+        head_dim,
+    };
+    let cases = [
+        (shape(2, 1024, 8, 2, 64), DType::BF16),
+        (shape(2, 1024, 8, 2, 64), DType::F32),
+        (shape(1, 4096, 4, 2, 128), DType::BF16),
+        (shape(2, 256, 4, 2, 80), DType::BF16),
+        (shape(2, 256, 6, 3, 96), DType::BF16),
+        (shape(2, 256, 4, 1, 128), DType::BF16),
+        // Plain multi-head attention, and a length that is no multiple of the 32-row tiles.
+        (shape(1, 300, 4, 4, 64), DType::F32),
+        (shape(1, 300, 4, 4, 64), DType::BF16),
+    ];
+    fn run<B: Backend>(b: &B, dtype: DType, s: AttnShape, qkv: &[f32], dout: &[f32]) -> Outputs {
+        let rows = s.batch * s.seq;
+        let q = s.q_heads * s.head_dim;
+        let qkv = tensor(b, &[rows, s.qkv_width()], dtype, qkv);
+        let out = tensor(b, &[rows, q], dtype, &vec![0.0; rows * q]);
+        let lse = tensor(
+            b,
+            &[s.batch, s.q_heads, s.seq],
+            DType::F32,
+            &vec![0.0; rows * s.q_heads],
+        );
+        b.attention_forward(&out, &lse, &qkv, s).unwrap();
+        let dout = tensor(b, &[rows, q], dtype, dout);
+        let dqkv = tensor(
+            b,
+            &[rows, s.qkv_width()],
+            dtype,
+            &vec![0.0; rows * s.qkv_width()],
+        );
+        b.attention_backward(&dqkv, &dout, &qkv, &out, &lse, s)
+            .unwrap();
+        vec![
+            ("out", download(b, &out)),
+            ("lse", download(b, &lse)),
+            ("dqkv", download(b, &dqkv)),
+        ]
+    }
+    for (i, (s, dtype)) in cases.into_iter().enumerate() {
+        let rows = s.batch * s.seq;
+        // Entries of std 1.5 give scores of std ~2: attention far from uniform.
+        let qkv = normal(rows * s.qkv_width(), 1.5, 30 + i as u64);
+        let dout = normal(rows * s.q_heads * s.head_dim, 1.0, 40 + i as u64);
+        let cpu_out = run(&cpu, dtype, s, &qkv, &dout);
+        // The tensor-core kernels serve bf16 only; f32 always runs the CUDA-core ones.
+        let versions: &[AttentionKernels] = if dtype == DType::BF16 {
+            &[AttentionKernels::TensorCore, AttentionKernels::Simple]
+        } else {
+            &[AttentionKernels::Simple]
+        };
+        for &version in versions {
+            gpu.set_attention_kernels(version);
+            let name = format!(
+                "attention {version:?} {dtype} B{} T{} H{}/{} D{}",
+                s.batch, s.seq, s.q_heads, s.kv_heads, s.head_dim
+            );
+            check_op(
+                &name,
+                || run(&gpu, dtype, s, &qkv, &dout),
+                || cpu_out.clone(),
+                |output| match (output, dtype) {
+                    // f32 log-sum-exps of identical inputs, summed in another order.
+                    ("lse", _) => 1e-5,
+                    // Gradients in f32 storage: sums over up to T terms in another order,
+                    // with the cancellation in dout·v − delta, stay within 1e-4.
+                    ("dqkv", DType::F32) => 1e-4,
+                    // bf16: besides the output's rounding, the tensor-core kernels round P
+                    // and dS to bf16 for the MMAs (relative 2⁻⁹ per term, ~4e-3 in all in a
+                    // float64 emulation of the kernels); 1e-2 still holds.
+                    _ => tol(dtype),
+                },
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cross_entropy_with_z_loss() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let (rows, v) = (64, 151_936);
+    let logits = normal(rows * v, 3.0, 22);
+    let mut rng = Rng::new(23);
+    let mut targets: Vec<i32> = (0..rows).map(|_| rng.below(v) as i32).collect();
+    for i in [5, 17, 63] {
+        targets[i] = IGNORE_INDEX;
+    }
+    fn run<B: Backend>(
+        b: &B,
+        dtype: DType,
+        v: usize,
+        logits: &[f32],
+        targets: &[i32],
+        grad: Option<f32>,
+    ) -> Outputs {
+        let rows = targets.len();
+        let l = tensor(b, &[rows, v], dtype, logits);
+        let losses = tensor(b, &[rows], DType::F32, &vec![0.0; rows]);
+        let t = tensor_i32(b, targets);
+        b.cross_entropy(&l, &losses, &t, 1e-4, grad).unwrap();
+        vec![
+            ("losses", download(b, &losses)),
+            ("logits after", download(b, &l)),
+        ]
+    }
+    for dtype in [DType::BF16, DType::F32] {
+        for grad in [None, Some(1.0 / 61.0)] {
+            check_op(
+                &format!("cross_entropy {dtype} grad={grad:?}"),
+                || run(&gpu, dtype, v, &logits, &targets, grad),
+                || run(&cpu, dtype, v, &logits, &targets, grad),
+                // Losses are f32 log-sum-exps of identical inputs over 150k terms.
+                |name| if name == "losses" { 1e-5 } else { tol(dtype) },
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sum_squares() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let n = 1_000_003;
+    let x = normal(n, 1.0, 24);
+    fn run<B: Backend>(b: &B, dtype: DType, x: &[f32]) -> Outputs {
+        let (t, out) = (
+            tensor(b, &[x.len()], dtype, x),
+            tensor(b, &[1], DType::F32, &[0.5]),
+        );
+        b.sum_squares(&out, &t).unwrap();
+        b.sum_squares(&out, &t).unwrap();
+        vec![("sum", download(b, &out))]
+    }
+    for dtype in [DType::BF16, DType::F32] {
+        let rounded: Vec<f64> = download(&cpu, &tensor(&cpu, &[n], dtype, &x))
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        let exact = 0.5 + 2.0 * rounded.iter().map(|v| v * v).sum::<f64>();
+        // The CPU adds a million f32 squares one after another, which drifts by up to
+        // ~n·2⁻²⁴ ≈ 6e-2 in the worst case and ~1e-4 in practice: 1e-3 against it. The GPU's
+        // tree of partial sums is checked against the exact f64 sum at 1e-5.
+        let gpu_out = check_op(
+            &format!("sum_squares {dtype}"),
+            || run(&gpu, dtype, &x),
+            || run(&cpu, dtype, &x),
+            |_| 1e-3,
+        );
+        let err = (output(&gpu_out, "sum")[0] as f64 - exact).abs() / exact;
+        figure(
+            &format!("sum_squares {dtype}"),
+            format!("vs f64 rel err {err:.2e} (tol 1e-5)"),
+        );
+        assert!(err <= 1e-5, "sum_squares {dtype}: {err:e} from the f64 sum");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn adamw_matches_the_cpu_bit_for_bit() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let n = 1_000_003;
+    let (p0, g1, g2) = (
+        normal(n, 0.05, 25),
+        normal(n, 1e-3, 26),
+        normal(n, 1e-3, 27),
+    );
+    struct Case {
+        param: DType,
+        grad: DType,
+        moments: DType,
+        master: bool,
+    }
+    let cases = [
+        // llm.q's setting: everything bf16, stochastic rounding everywhere.
+        Case {
+            param: DType::BF16,
+            grad: DType::BF16,
+            moments: DType::BF16,
+            master: false,
+        },
+        Case {
+            param: DType::BF16,
+            grad: DType::BF16,
+            moments: DType::F32,
+            master: true,
+        },
+        Case {
+            param: DType::F32,
+            grad: DType::F32,
+            moments: DType::F32,
+            master: false,
+        },
+        Case {
+            param: DType::BF16,
+            grad: DType::F32,
+            moments: DType::BF16,
+            master: true,
+        },
+    ];
+    fn run<B: Backend>(b: &B, c: &Case, p0: &[f32], grads: [&[f32]; 2]) -> Outputs {
+        let n = p0.len();
+        let param = tensor(b, &[n], c.param, p0);
+        let master = c.master.then(|| tensor(b, &[n], DType::F32, p0));
+        let (m, v) = (
+            tensor(b, &[n], c.moments, &vec![0.0; n]),
+            tensor(b, &[n], c.moments, &vec![0.0; n]),
+        );
+        // Step 1 is clipped (norm 2 > 1), step 2 is not (norm 0.5).
+        for (step, (g, norm_sq)) in grads.iter().zip([4.0f32, 0.25]).enumerate() {
+            let grad = tensor(b, &[n], c.grad, g);
+            let norm = tensor(b, &[1], DType::F32, &[norm_sq]);
+            let hp = AdamW {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                step: step as u64 + 1,
+                grad_clip: 1.0,
+                seed: 0x5EED + step as u64,
+            };
+            b.adamw(&param, master.as_ref(), &grad, &m, &v, &norm, &hp)
+                .unwrap();
+        }
+        let mut out = vec![
+            ("param", download(b, &param)),
+            ("m", download(b, &m)),
+            ("v", download(b, &v)),
+        ];
+        if let Some(master) = &master {
+            out.push(("master", download(b, master)));
+        }
+        out
+    }
+    for c in &cases {
+        // The kernel runs the CPU's f64 operations uncontracted and rounds with the CPU's
+        // hash, so the bits must agree exactly.
+        check_op(
+            &format!(
+                "adamw param {} grad {} moments {} master {}",
+                c.param, c.grad, c.moments, c.master
+            ),
+            || run(&gpu, c, &p0, [&g1, &g2]),
+            || run(&cpu, c, &p0, [&g1, &g2]),
+            |_| 0.0,
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! On the GPU, every recompute option gives bitwise the losses (and weights) of keeping all
+//! activations, over 5 optimizer steps. The kernels and cuBLASLt plans are deterministic and
+//! the recompute reruns the same ops on the same inputs, so nothing less than equal bits is
+//! right.
+
+mod common;
+
+use common::gpu::*;
+use common::{batch, options, trained_tokens};
+use smelt::backend::Backend;
+use smelt::model::{LossOptions, ModelConfig, Recompute, Transformer};
+use smelt::tensor::DType;
+
+const STEPS: u64 = 5;
+
+/// Per-token losses of every step, and the final weights.
+fn train<B: Backend>(
+    gpu: &B,
+    config: &ModelConfig,
+    recompute: Recompute,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let (batch_size, seq) = (2, 256);
+    let mut model = Transformer::new(
+        gpu,
+        config.clone(),
+        options(batch_size, seq, DType::BF16, recompute, 2),
+    )
+    .unwrap();
+    upload_weights(gpu, &model, &host_weights(&model, 3, 0.05));
+    let optimizer = Optimizer::new(gpu, &model, DType::BF16);
+    let mut losses = vec![];
+    for step in 1..=STEPS {
+        let (tokens, targets) = batch(batch_size * seq, config.vocab_size, 100 + step);
+        let loss = LossOptions {
+            grad_scale: 1.0 / trained_tokens(&targets) as f32,
+            z_loss: 1e-4,
+            accumulate: false,
+        };
+        model
+            .forward_backward(gpu, &tokens, &targets, loss)
+            .unwrap();
+        losses.extend(gpu.download(model.losses()).unwrap());
+        optimizer.step(gpu, &model, step, 1e-3);
+    }
+    let weights = model
+        .params
+        .iter()
+        .map(|p| gpu.download(p).unwrap())
+        .collect();
+    (losses, weights)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn recompute_is_bitwise_identical_on_the_gpu() {
+    let gpu = cuda();
+    let mut variants: Vec<(&str, Recompute)> = Recompute::NAMES
+        .iter()
+        .map(|&name| (name, Recompute::parse(name).unwrap()))
+        .collect();
+    variants.push(("all", Recompute::all()));
+    for (config_name, config) in small_configs().into_iter().take(2) {
+        let (base_losses, base_weights) = train(&gpu, &config, Recompute::default());
+        assert!(base_losses.iter().all(|l| l.is_finite()) && base_losses.iter().any(|&l| l > 0.0));
+        let per_step = base_losses.len() / STEPS as usize;
+        let mean = |s: usize| {
+            base_losses[s * per_step..(s + 1) * per_step]
+                .iter()
+                .sum::<f32>()
+                / per_step as f32
+        };
+        let test = format!("recompute {config_name}");
+        figure(
+            &test,
+            format!(
+                "mean token loss step 1 {:.4}, step 5 {:.4}",
+                mean(0),
+                mean(4)
+            ),
+        );
+        for (name, recompute) in &variants {
+            let (losses, weights) = train(&gpu, &config, *recompute);
+            assert!(
+                same_bits(&losses, &base_losses),
+                "{test}: recompute {name} changes the losses"
+            );
+            for (w, base) in weights.iter().zip(&base_weights) {
+                assert!(
+                    same_bits(w, base),
+                    "{test}: recompute {name} changes the weights"
+                );
+            }
+        }
+        figure(
+            &test,
+            format!(
+                "{} variants bitwise equal over {STEPS} steps",
+                variants.len()
+            ),
+        );
+    }
+}
