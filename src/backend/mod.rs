@@ -107,6 +107,11 @@ pub trait Backend: Sized {
     fn peak_flops(&self) -> Option<f64> {
         None
     }
+    /// The device's free and total memory in bytes, for the startup memory table; `None`
+    /// where the planned tensors are all there is to report (the CPU).
+    fn free_memory(&self) -> Option<(usize, usize)> {
+        None
+    }
 
     // ----- memory -----
 

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 
-use crate::backend::cpu::Cpu;
+use crate::backend::Backend;
+use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
 use crate::model::ModelConfig;
 use crate::tensor::DType;
@@ -41,6 +42,9 @@ pub struct SampleArgs {
     /// Seeds the sampling.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Where to run: the GPU when the driver reports one, else the CPU.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    device: DeviceChoice,
 }
 
 /// How text becomes tokens and back.
@@ -98,13 +102,17 @@ impl Codec {
 
 impl SampleArgs {
     pub fn run(self) -> Result<()> {
-        let cpu = Cpu::<f32>::new();
+        match select(self.device)? {
+            Device::Cpu(b) => self.sample(&b),
+            Device::Cuda(b) => self.sample(&b),
+        }
+    }
+
+    fn sample<B: Backend>(&self, b: &B) -> Result<()> {
         let (config, tokenizer_dir, mut generator) = match (&self.model, &self.checkpoint) {
             (Some(dir), _) => {
                 let config = hf::read_config(dir)?;
-                let g = Generator::new(&cpu, config.clone(), DType::F32, |m| {
-                    hf::import(&cpu, m, dir)
-                })?;
+                let g = Generator::new(b, config.clone(), DType::F32, |m| hf::import(b, m, dir))?;
                 (config, Some(dir.clone()), g)
             }
             (None, Some(path)) => {
@@ -118,8 +126,8 @@ impl SampleArgs {
                 // The weights are read back exactly, at the dtype they were trained in.
                 let dtype = serde_json::from_value(state.options["model_dtype"].clone())
                     .with_context(|| format!("{source}: no valid `options.model_dtype`"))?;
-                let g = Generator::new(&cpu, config.clone(), dtype, |m| {
-                    checkpoint::load_weights(&cpu, &path, m)
+                let g = Generator::new(b, config.clone(), dtype, |m| {
+                    checkpoint::load_weights(b, &path, m)
                 })?;
                 (config, state.model_dir, g)
             }
@@ -138,7 +146,7 @@ impl SampleArgs {
             stop: config.eos_token_ids.iter().map(|&t| t as i32).collect(),
         };
         let new = generator
-            .generate(&cpu, &prompt, &options, |_| Ok(()))
+            .generate(b, &prompt, &options, |_| Ok(()))
             .context("sampling")?;
         let mut all = prompt;
         all.extend(&new);

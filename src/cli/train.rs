@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use crate::backend::cpu::Cpu;
+use crate::backend::Backend;
+use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
 use crate::model::Recompute;
 use crate::tensor::DType;
@@ -175,6 +176,9 @@ pub struct TrainArgs {
     offload_opt_v: bool,
 
     // ----- devices -----
+    /// Where to run: the GPU when the driver reports one, else the CPU.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto, help_heading = "Devices")]
+    device: DeviceChoice,
     /// GPUs to train on (not implemented yet: runs use one device).
     #[arg(long, default_value_t = 1, help_heading = "Devices")]
     gpus: usize,
@@ -216,31 +220,24 @@ pub struct TrainArgs {
 
 impl TrainArgs {
     pub fn run(self) -> Result<()> {
+        self.refuse_unimplemented()?;
+        let device = select(self.device)?;
+        let options = self.options(matches!(device, Device::Cuda(_)))?;
         let demo = self.train_file.is_none();
-        let options = self.options()?;
-        let cpu = Cpu::<f32>::new();
-        let summary = crate::train::train(&cpu, &options)?;
-        if demo {
-            if let (Some(first), Some(eval)) = (summary.losses.first(), summary.final_eval) {
-                println!(
-                    "demo: loss {first:.3} at the first step, eval loss {eval:.3} at the end ({:+.0}%)",
-                    100.0 * (eval - first) / first
-                );
-            }
-            let out = options
-                .out_dir
-                .as_ref()
-                .expect("the demo always writes a model");
-            demo_sample(&cpu, out, options.seed)?;
+        match &device {
+            Device::Cpu(b) => train_on(b, &options, demo),
+            Device::Cuda(b) => train_on(b, &options, demo),
         }
-        Ok(())
     }
 
-    /// Resolves the command line into the run's options, refusing what is not implemented.
-    fn options(&self) -> Result<Options> {
-        self.refuse_unimplemented()?;
+    /// Resolves the command line into the run's options.
+    fn options(&self, on_gpu: bool) -> Result<Options> {
         let demo = self.train_file.is_none();
-        let d = if demo { demo::DEFAULTS } else { DEFAULTS };
+        let mut d = if demo { demo::DEFAULTS } else { DEFAULTS };
+        if on_gpu {
+            // The demo runs in f32 on the CPU, where that is fastest; on a GPU, in bf16.
+            d.model_dtype = DType::BF16;
+        }
         if demo && (self.model.is_some() || self.eval_file.is_some() || self.from_scratch) {
             bail!(
                 "--model, --from-scratch and --eval-file need --train-file (without data arguments, smelt train runs its built-in demo)"
@@ -396,10 +393,29 @@ impl TrainArgs {
     }
 }
 
+/// Trains on backend `b`; the demo then reports its loss and shows a sample.
+fn train_on<B: Backend>(b: &B, options: &Options, demo: bool) -> Result<()> {
+    let summary = crate::train::train(b, options)?;
+    if demo {
+        if let (Some(first), Some(eval)) = (summary.losses.first(), summary.final_eval) {
+            println!(
+                "demo: loss {first:.3} at the first step, eval loss {eval:.3} at the end ({:+.0}%)",
+                100.0 * (eval - first) / first
+            );
+        }
+        let out = options
+            .out_dir
+            .as_ref()
+            .expect("the demo always writes a model");
+        demo_sample(b, out, options.seed)?;
+    }
+    Ok(())
+}
+
 /// The demo's closing sample, from the model it just exported.
-fn demo_sample(cpu: &Cpu, model_dir: &std::path::Path, seed: u64) -> Result<()> {
+fn demo_sample<B: Backend>(b: &B, model_dir: &std::path::Path, seed: u64) -> Result<()> {
     let config = hf::read_config(model_dir)?;
-    let mut generator = Generator::new(cpu, config, DType::F32, |m| hf::import(cpu, m, model_dir))?;
+    let mut generator = Generator::new(b, config, DType::F32, |m| hf::import(b, m, model_dir))?;
     let prompt: Vec<i32> = demo::SAMPLE_PROMPT.bytes().map(i32::from).collect();
     let options = SampleOptions {
         max_new_tokens: demo::SAMPLE_TOKENS,
@@ -407,7 +423,7 @@ fn demo_sample(cpu: &Cpu, model_dir: &std::path::Path, seed: u64) -> Result<()> 
         seed,
         stop: vec![],
     };
-    let new = generator.generate(cpu, &prompt, &options, |_| Ok(()))?;
+    let new = generator.generate(b, &prompt, &options, |_| Ok(()))?;
     println!(
         "sample (temperature {}):\n{}{}",
         options.temperature,

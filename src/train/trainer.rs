@@ -315,14 +315,26 @@ impl<B: Backend> Run<'_, B> {
             .map(|(name, specs)| (*name, specs.as_slice()))
             .collect();
         let table = console::memory_table(&categories);
-        let cells: Vec<String> = table
+        let mut cells: Vec<String> = table
             .iter()
             .map(|(name, bytes)| format!("{name} {}", console::mib(*bytes)))
             .collect();
-        self.console.line(&format!("memory: {}", cells.join(" | ")));
         for (category, bytes) in table {
             self.log.write(Event::Memory { category, bytes })?;
         }
+        if let Some((free, total)) = self.b.free_memory() {
+            let (free, total) = (free as u64, total as u64);
+            cells.push(format!(
+                "device free {} of {}",
+                console::mib(free),
+                console::mib(total)
+            ));
+            self.log.write(Event::Memory {
+                category: "free".into(),
+                bytes: free,
+            })?;
+        }
+        self.console.line(&format!("memory: {}", cells.join(" | ")));
         Ok(())
     }
 
