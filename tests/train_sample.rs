@@ -4,6 +4,8 @@
 
 mod train_support;
 
+use std::path::Path;
+
 use serde_json::json;
 use train_support::*;
 
@@ -27,6 +29,14 @@ fn word_tokenizer() -> String {
     .to_string()
 }
 
+/// Trains `model` from scratch on `data` into `out`.
+fn train(model: &Path, data: &Path, out: &Path, extra: &[&str]) {
+    let mut args = vec!["train", "--model", s(model), "--from-scratch"];
+    args.extend(["--train-file", s(data), "--out-dir", s(out)]);
+    args.extend(extra);
+    smelt_ok(&args);
+}
+
 fn sample(args: &[&str]) -> String {
     let mut all = vec!["sample", "--max-new-tokens", "12"];
     all.extend(args);
@@ -39,13 +49,10 @@ fn samples_from_model_dir_and_checkpoint_alike() {
     let root = dir.path();
     let model = tiny_model_dir(root);
     let data = corpus_file(&root.join("train.bin"), 4000, false);
-    smelt_ok(&[
-        "train",
-        "--model",
-        s(&model),
-        "--from-scratch",
-        "--train-file",
-        s(&data),
+    let out = root.join("out");
+    let ckpt = root.join("ckpt");
+    let ckpt_args = ["--ckpt-interval", "30", "--checkpoint-dir", s(&ckpt)];
+    let shape = [
         "--batch-size",
         "4",
         "--seq-len",
@@ -54,17 +61,13 @@ fn samples_from_model_dir_and_checkpoint_alike() {
         "30",
         "--lr",
         "1e-2",
-        "--model-dtype",
-        "f32",
-        "--ckpt-interval",
-        "30",
-        "--checkpoint-dir",
-        s(&root.join("ckpt")),
-        "--out-dir",
-        s(&root.join("out")),
-    ]);
-    let out = root.join("out");
-    let ckpt = root.join("ckpt");
+    ];
+    train(
+        &model,
+        &data,
+        &out,
+        &[&shape[..], &ckpt_args, &["--model-dtype", "f32"]].concat(),
+    );
     // f32 weights: the exported model and the last checkpoint hold the same values, so
     // greedy decoding agrees token for token; "fn" is bytes 102, 110 in the demo's vocabulary.
     let greedy = |source: &[&str], prompt: &[&str]| {
@@ -102,23 +105,9 @@ fn samples_from_model_dir_and_checkpoint_alike() {
     // With a tokenizer.json next to the model, a text prompt goes through it; the run
     // copies the file into its output.
     std::fs::write(model.join("tokenizer.json"), word_tokenizer()).unwrap();
-    smelt_ok(&[
-        "train",
-        "--model",
-        s(&model),
-        "--from-scratch",
-        "--train-file",
-        s(&data),
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--steps",
-        "2",
-        "--out-dir",
-        s(&root.join("out2")),
-    ]);
     let out2 = root.join("out2");
+    let shape = ["--batch-size", "2", "--seq-len", "16", "--steps", "2"];
+    train(&model, &data, &out2, &shape);
     assert!(out2.join("tokenizer.json").is_file());
     let text = greedy(&["--model", s(&out2)], &["--prompt", "hello world"]);
     assert!(text.starts_with("hello world w"), "{text}");

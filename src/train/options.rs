@@ -66,13 +66,17 @@ impl Options {
 
     /// Options that may differ between a run and the run it continues, since they do not
     /// change what has already been computed (later ones may change with a warning).
-    pub const FREE_ON_CONTINUE: [&str; 6] = [
+    /// `recompute` is among them because recomputing gives bitwise the same results.
+    pub const FREE_ON_CONTINUE: [&str; 9] = [
         "resume",
         "out_dir",
         "log_file",
         "ckpt_interval",
         "checkpoint_dir",
+        "eval_file",
         "eval_every_n_steps",
+        "eval_num_steps",
+        "recompute",
     ];
 }
 

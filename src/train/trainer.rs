@@ -170,8 +170,8 @@ fn fixed_settings(o: &Options, data: &DataSet) -> BTreeMap<String, Value> {
 }
 
 /// With `--continue`, the checkpoint to continue from (checked against this run), and the
-/// warnings about options that changed. Without it, refuses a directory that already holds
-/// checkpoints, which a fresh run would mix its own with.
+/// warnings about options that changed. Without it, a run that writes checkpoints refuses a
+/// directory that already holds some, which it would mix its own with.
 fn check_checkpoint_dir(o: &Options, now: &State) -> Result<Option<(PathBuf, State, Vec<String>)>> {
     let dir = &o.checkpoint_dir;
     let latest = checkpoint::read_latest(dir)?;
@@ -186,12 +186,12 @@ fn check_checkpoint_dir(o: &Options, now: &State) -> Result<Option<(PathBuf, Sta
             let warnings = now.check_continues(&saved, &path, &Options::FREE_ON_CONTINUE)?;
             Ok(Some((path, saved, warnings)))
         }
-        (false, Some(path)) => bail!(
+        (false, Some(path)) if o.ckpt_interval > 0 => bail!(
             "--checkpoint-dir {} already holds checkpoints (latest: {}); pass --continue to continue that run, or choose another --checkpoint-dir",
             dir.display(),
             path.display()
         ),
-        (false, None) => Ok(None),
+        (false, _) => Ok(None),
     }
 }
 
