@@ -245,4 +245,8 @@ fn flags_that_are_not_implemented_or_incomplete() {
     let mut args = c.args(s(&c.good), &[]);
     args[2] = nowhere;
     c.check(&args, &["no-model: no config.json"]);
+    // The tiny model has a config but no weights to fine-tune.
+    let mut args = c.args(s(&c.good), &[]);
+    args.retain(|a| a != "--from-scratch");
+    c.check(&args, &["no model.safetensors", "pass --from-scratch"]);
 }

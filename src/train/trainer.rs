@@ -43,15 +43,9 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
     // 1) Everything that reads the user's input, before anything is written.
     let (config, model_dir) = model_config(o)?;
     let data = DataSet::open(&o.train_file, "--train-file", config.vocab_size, o.seq_len)?;
-    let eval = match &o.eval_file {
-        Some(pattern) => Some(DataSet::open(
-            pattern,
-            "--eval-file",
-            config.vocab_size,
-            o.seq_len,
-        )?),
-        None => None,
-    };
+    let eval = (o.eval_file.as_deref())
+        .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
+        .transpose()?;
     let fixed = fixed_settings(o, &data);
     let loader = Loader::new(data, o.seed, 0, 1)?;
     let steps = o.steps.unwrap_or_else(|| {
@@ -138,7 +132,22 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
 fn model_config(o: &Options) -> Result<(ModelConfig, Option<PathBuf>)> {
     match &o.model {
         ModelSource::Config(json) => Ok((ModelConfig::from_json(json, "the demo config")?, None)),
-        ModelSource::Dir { path, .. } => Ok((hf::read_config(path)?, Some(path.clone()))),
+        ModelSource::Dir { path, from_scratch } => {
+            let config = hf::read_config(path)?;
+            if !from_scratch
+                && ![hf::WEIGHTS, hf::INDEX]
+                    .iter()
+                    .any(|f| path.join(f).exists())
+            {
+                bail!(
+                    "--model {}: no {} (or {}) to fine-tune; pass --from-scratch to train its config from random weights",
+                    path.display(),
+                    hf::WEIGHTS,
+                    hf::INDEX
+                );
+            }
+            Ok((config, Some(path.clone())))
+        }
     }
 }
 
