@@ -11,4 +11,5 @@ pub mod io;
 pub mod model;
 pub mod rng;
 pub mod tensor;
+pub mod tokenize;
 pub mod train;

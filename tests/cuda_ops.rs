@@ -492,8 +492,11 @@ fn cross_entropy_with_z_loss() {
                 &format!("cross_entropy {dtype} grad={grad:?}"),
                 || run(&gpu, dtype, v, &logits, &targets, grad),
                 || run(&cpu, dtype, v, &logits, &targets, grad),
-                // Losses are f32 log-sum-exps of identical inputs over 150k terms.
-                |name| if name == "losses" { 1e-5 } else { tol(dtype) },
+                // Losses are f32 log-sum-exps of identical inputs over 152k terms, summed one
+                // after another on the CPU and as a tree on the GPU: the CPU's running sum alone
+                // drifts by about sqrt(152k)·2^-24 ≈ 2.3e-5 relative (1.4e-5 was measured on an
+                // H100), so 1e-4 bounds the order difference while a wrong formula misses by far more.
+                |name| if name == "losses" { 1e-4 } else { tol(dtype) },
             );
         }
     }

@@ -3,6 +3,7 @@
 mod export;
 mod plot;
 mod sample;
+mod tokenize;
 mod train;
 
 use anyhow::Result;
@@ -26,6 +27,8 @@ enum Command {
     Train(Box<train::TrainArgs>),
     Plot(plot::PlotArgs),
     Sample(sample::SampleArgs),
+    /// Turn text, JSONL or Parquet files into token files with a HF tokenizer.json
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 impl Cli {
@@ -35,6 +38,7 @@ impl Cli {
             Command::Train(args) => args.run(),
             Command::Plot(args) => args.run(),
             Command::Sample(args) => args.run(),
+            Command::Tokenize(args) => tokenize::run(args),
         }
     }
 }

@@ -176,10 +176,10 @@ impl TokenFile {
 }
 
 /// Writes a token file under a temporary name and renames it into place on `finish`, so
-/// that a crash never leaves a partial file under the final name.
+/// that a crash never leaves a partial file under the final name. Dropped unfinished (an
+/// error on the way), it deletes its temporary file.
 pub struct TokenWriter {
-    path: PathBuf,
-    tmp: PathBuf,
+    pending: PendingFile,
     out: BufWriter<File>,
     tokens: usize,
     vocab_size: Option<usize>,
@@ -189,14 +189,22 @@ pub struct TokenWriter {
 
 impl TokenWriter {
     pub fn create(path: &Path, vocab_size: Option<usize>, with_mask: bool) -> Result<TokenWriter> {
-        let tmp = temporary_name(path);
-        let file = File::create(&tmp)
-            .with_context(|| format!("{}: cannot create token file", tmp.display()))?;
+        if let Some(vocab) = vocab_size.filter(|&v| v > i32::MAX as usize) {
+            bail!(
+                "{}: a vocabulary of {vocab} does not fit BIN.TOK's int32 tokens (at most 2^31 - 1)",
+                path.display()
+            );
+        }
+        let pending = PendingFile {
+            tmp: temporary_name(path),
+            path: path.to_path_buf(),
+        };
+        let file = File::create(&pending.tmp)
+            .with_context(|| format!("{}: cannot create token file", pending.tmp.display()))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(&[0u8; HEADER_BYTES])?;
         Ok(TokenWriter {
-            path: path.to_path_buf(),
-            tmp,
+            pending,
             out,
             tokens: 0,
             vocab_size,
@@ -209,7 +217,7 @@ impl TokenWriter {
         if self.tokens + tokens.len() > i32::MAX as usize {
             bail!(
                 "{}: a BIN.TOK file holds at most 2^31 - 1 tokens; use a smaller --shard-tokens",
-                self.path.display()
+                self.pending.path.display()
             );
         }
         for t in tokens {
@@ -240,7 +248,14 @@ impl TokenWriter {
     }
 
     /// Writes the mask and header, syncs, and renames the file into place.
-    pub fn finish(mut self) -> Result<PathBuf> {
+    pub fn finish(self) -> Result<PathBuf> {
+        self.seal()?.commit()
+    }
+
+    /// Writes the mask and header and syncs, still under the temporary name. Several files
+    /// sealed first and committed together appear only once all of them are complete.
+    pub fn seal(mut self) -> Result<SealedTokenFile> {
+        let name = self.pending.tmp.display().to_string();
         if let Some(bits) = &self.mask {
             self.out.write_all(bits)?;
         }
@@ -250,15 +265,56 @@ impl TokenWriter {
             vocab_size: self.vocab_size,
             has_mask: self.mask.is_some(),
         };
-        let mut file = self.out.into_inner().map_err(|e| e.into_error())?;
+        let mut file = self
+            .out
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(|| format!("{name}: cannot write"))?;
         use std::io::{Seek, SeekFrom};
         file.seek(SeekFrom::Start(0))?;
         file.write_all(&header.to_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&self.tmp, &self.path)
-            .with_context(|| format!("renaming {} into place", self.path.display()))?;
-        sync_dir(&self.path)?;
-        Ok(self.path)
+        file.sync_all()
+            .with_context(|| format!("{name}: cannot sync to disk"))?;
+        Ok(SealedTokenFile {
+            pending: self.pending,
+            tokens: self.tokens,
+        })
+    }
+}
+
+/// A complete token file under its temporary name, waiting for `commit`; dropped, it is
+/// deleted.
+pub struct SealedTokenFile {
+    pending: PendingFile,
+    pub tokens: usize,
+}
+
+impl SealedTokenFile {
+    /// The name the file will have once committed.
+    pub fn path(&self) -> &Path {
+        &self.pending.path
+    }
+
+    /// Renames the file into place.
+    pub fn commit(self) -> Result<PathBuf> {
+        let p = &self.pending;
+        std::fs::rename(&p.tmp, &p.path)
+            .with_context(|| format!("renaming {} into place", p.path.display()))?;
+        sync_dir(&p.path)?;
+        Ok(p.path.clone())
+    }
+}
+
+/// A temporary file that is removed when dropped, unless it was renamed away first (the
+/// removal then finds nothing, which is fine).
+struct PendingFile {
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 
@@ -288,5 +344,34 @@ mod tests {
         );
         assert!((0..21).all(|i| f.token(i) == i as i32 && f.trained(i) == (i % 3 == 0)));
         assert!(!temporary_name(&path).exists());
+    }
+
+    #[test]
+    fn dropped_writers_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+        let mut w = TokenWriter::create(&a, None, false).unwrap();
+        w.write(&[1, 2, 3], None).unwrap();
+        drop(w);
+        let mut w = TokenWriter::create(&b, None, false).unwrap();
+        w.write(&[1, 2, 3], None).unwrap();
+        let sealed = w.seal().unwrap();
+        assert_eq!(sealed.tokens, 3);
+        assert!(
+            !b.exists(),
+            "sealed but not committed: not under the final name"
+        );
+        drop(sealed);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn refuses_a_vocabulary_beyond_int32() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.bin");
+        let big = i32::MAX as usize + 1;
+        let err = TokenWriter::create(&path, Some(big), false).err().unwrap();
+        assert!(format!("{err:#}").contains("does not fit"), "{err:#}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

@@ -1,0 +1,72 @@
+//! JSON Lines inputs: one object per line, the document in a named string field, or for
+//! chat/SFT data a prompt field and a response field. Read line by line.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Map, Value};
+
+use super::document::{Document, Sink};
+
+/// Which fields hold a document.
+pub enum Fields {
+    Text(String),
+    Chat { prompt: String, response: String },
+}
+
+pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
+    let name = path.display();
+    let file = File::open(path).with_context(|| format!("{name}: cannot open"))?;
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let (mut line, mut number, mut offset) = (String::new(), 0usize, 0u64);
+    loop {
+        line.clear();
+        number += 1;
+        let read = reader
+            .read_line(&mut line)
+            .with_context(|| format!("{name}:{number}: cannot read as UTF-8 text"))?;
+        if read == 0 {
+            return Ok(());
+        }
+        offset += read as u64;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{name}:{number}");
+        let value: Value =
+            serde_json::from_str(&line).with_context(|| format!("{}: not valid JSON", at()))?;
+        let Value::Object(object) = value else {
+            bail!("{}: not a JSON object", at());
+        };
+        let take = |field: &str, flag: &str| -> Result<String> {
+            string_field(&object, field)
+                .map_err(|why| anyhow::anyhow!("{}: {why}; choose the field with {flag}", at()))
+        };
+        let doc = match fields {
+            Fields::Text(field) => Document::text(take(field, "--text-field")?),
+            Fields::Chat { prompt, response } => Document {
+                prompt: Some(take(prompt, "--prompt-field")?),
+                text: take(response, "--response-field")?,
+            },
+        };
+        sink(doc, offset)?;
+    }
+}
+
+/// The string in `field`, or what the line has instead. (A copy: it costs nothing next to
+/// tokenizing it.)
+fn string_field(object: &Map<String, Value>, field: &str) -> Result<String, String> {
+    match object.get(field) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => {
+            let shown: String = other.to_string().chars().take(40).collect();
+            Err(format!("field {field:?} is not a string but {shown}"))
+        }
+        None => {
+            let keys: Vec<&String> = object.keys().collect();
+            Err(format!("no field {field:?} (the line has {keys:?})"))
+        }
+    }
+}
