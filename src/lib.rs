@@ -12,3 +12,4 @@ pub mod model;
 pub mod rng;
 pub mod tensor;
 pub mod tokenize;
+pub mod train;

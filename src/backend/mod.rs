@@ -102,6 +102,16 @@ pub trait Backend: Sized {
 
     /// One line for logs: the device and its precision.
     fn describe(&self) -> String;
+    /// The device's datasheet dense bf16 peak in FLOP/s, which MFU is measured against;
+    /// `None` where there is no such figure (the CPU), and MFU is not reported.
+    fn peak_flops(&self) -> Option<f64> {
+        None
+    }
+    /// The device's free and total memory in bytes, for the startup memory table; `None`
+    /// where the planned tensors are all there is to report (the CPU).
+    fn free_memory(&self) -> Option<(usize, usize)> {
+        None
+    }
 
     // ----- memory -----
 

@@ -1,7 +1,10 @@
 //! The `smelt` command line: one subcommand per file, each with its arguments and `run`.
 
 mod export;
+mod plot;
+mod sample;
 mod tokenize;
+mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -21,6 +24,9 @@ pub struct Cli {
 enum Command {
     /// Write a model as a HF directory (config.json + model.safetensors).
     Export(export::ExportArgs),
+    Train(Box<train::TrainArgs>),
+    Plot(plot::PlotArgs),
+    Sample(sample::SampleArgs),
     /// Turn text, JSONL or Parquet files into token files with a HF tokenizer.json
     Tokenize(tokenize::TokenizeArgs),
 }
@@ -29,6 +35,9 @@ impl Cli {
     pub fn run(self) -> Result<()> {
         match self.command {
             Command::Export(args) => args.run(),
+            Command::Train(args) => args.run(),
+            Command::Plot(args) => args.run(),
+            Command::Sample(args) => args.run(),
             Command::Tokenize(args) => tokenize::run(args),
         }
     }

@@ -50,7 +50,7 @@ impl Header {
         let name = path.display();
         if bytes.len() < HEADER_BYTES {
             bail!(
-                "{name}: {} bytes is too short for a BIN.TOK file (the header alone is 1024 bytes)",
+                "{name}: {} bytes is too short for a BIN.TOK file (the header alone is 1024 bytes); recreate it with `smelt tokenize`",
                 bytes.len()
             );
         }
@@ -118,7 +118,7 @@ impl TokenFile {
             );
         }
         if header.tokens == 0 {
-            bail!("{name}: the file holds no tokens");
+            bail!("{name}: the file holds no tokens; tokenize some text into it, or leave it out");
         }
         let tf = TokenFile {
             path: path.to_path_buf(),
@@ -138,7 +138,7 @@ impl TokenFile {
                 .find(|&(_, t)| t < 0 || t as usize >= limit)
             {
                 bail!(
-                    "{name}: token {t} at position {i} is outside the model's vocabulary of {limit}"
+                    "{name}: token {t} at position {i} is outside the model's vocabulary of {limit}; tokenize with the model's own tokenizer"
                 );
             }
         }

@@ -205,6 +205,14 @@ impl Backend for Cuda {
         format!("cuda ({}, {})", self.name, self.kernels.arch())
     }
 
+    fn peak_flops(&self) -> Option<f64> {
+        device::peak_bf16_flops(&self.name)
+    }
+
+    fn free_memory(&self) -> Option<(usize, usize)> {
+        self.memory.report().ok().map(|r| (r.free, r.total))
+    }
+
     fn allocate(&self, category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>> {
         for spec in specs {
             if !matches!(spec.dtype, DType::F32 | DType::BF16 | DType::I32) {

@@ -1,0 +1,324 @@
+//! `smelt plot`: a training log (JSON Lines from `smelt train --log-file`) as a PNG of four
+//! panels: training and eval loss, learning rate, gradient norm, and throughput, each
+//! against the step. Text is drawn with DejaVu Sans, embedded in the binary, so plotting
+//! needs no system fonts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use plotters::prelude::*;
+
+use crate::io::atomic::write_atomically;
+use crate::train::log::{self, Event};
+
+#[derive(Args, Debug)]
+#[command(about = "Plot a training log as a PNG: loss and eval loss, lr, grad norm, tok/s")]
+pub struct PlotArgs {
+    /// The JSON Lines log a run wrote (`smelt train --log-file`).
+    log: PathBuf,
+    /// The PNG to write.
+    #[arg(short, long, value_name = "PNG", default_value = "train.png")]
+    out: PathBuf,
+    /// Image width in pixels.
+    #[arg(long, default_value_t = 1400)]
+    width: u32,
+    /// Image height in pixels.
+    #[arg(long, default_value_t = 900)]
+    height: u32,
+}
+
+/// Each plotted quantity by step, from the last run in a log.
+#[derive(Default, Debug)]
+pub struct Series {
+    pub loss: BTreeMap<u64, f64>,
+    pub eval: BTreeMap<u64, f64>,
+    pub lr: BTreeMap<u64, f64>,
+    pub norm: BTreeMap<u64, f64>,
+    pub tokens_per_second: BTreeMap<u64, f64>,
+}
+
+impl Series {
+    /// A log may hold several runs appended one after another. A run that continued from a
+    /// checkpoint replaces what followed that checkpoint; a fresh run replaces everything.
+    pub fn from_events(events: &[Event]) -> Series {
+        let mut s = Series::default();
+        // Set by a run's options; cleared by its first step unless it continues.
+        let mut fresh_run = false;
+        for e in events {
+            match e {
+                Event::Option { .. } => fresh_run = true,
+                Event::Checkpoint {
+                    step, loaded: true, ..
+                } => {
+                    fresh_run = false;
+                    s.for_each(|m| {
+                        m.split_off(&(step + 1));
+                    });
+                }
+                Event::Step { .. } | Event::Eval { .. } if fresh_run => {
+                    fresh_run = false;
+                    s = Series::default();
+                }
+                _ => {}
+            }
+            match *e {
+                Event::Step {
+                    step,
+                    loss,
+                    norm,
+                    lr,
+                    tokens_per_second,
+                    ..
+                } => {
+                    s.loss.insert(step, loss);
+                    s.norm.insert(step, norm);
+                    s.lr.insert(step, lr);
+                    s.tokens_per_second.insert(step, tokens_per_second);
+                }
+                Event::Eval { step, loss, .. } => {
+                    s.eval.insert(step, loss);
+                }
+                _ => {}
+            }
+        }
+        s
+    }
+
+    fn for_each(&mut self, mut f: impl FnMut(&mut BTreeMap<u64, f64>)) {
+        for m in [
+            &mut self.loss,
+            &mut self.eval,
+            &mut self.lr,
+            &mut self.norm,
+            &mut self.tokens_per_second,
+        ] {
+            f(m);
+        }
+    }
+}
+
+impl PlotArgs {
+    pub fn run(self) -> Result<()> {
+        let contents = log::read(&self.log)?;
+        if !contents.skipped.is_empty() {
+            eprintln!(
+                "warning: {}: skipped lines {:?}, which are not log events (cut short by a crash?)",
+                self.log.display(),
+                contents.skipped
+            );
+        }
+        let series = Series::from_events(&contents.events);
+        if series.loss.is_empty() {
+            bail!(
+                "{}: the log has no training steps to plot",
+                self.log.display()
+            );
+        }
+        if self.width < 200 || self.height < 200 {
+            bail!("--width and --height must be at least 200 pixels");
+        }
+        let rgb = render(&series, self.width, self.height)?;
+        write_png(&self.out, &rgb, self.width, self.height)?;
+        println!("wrote {}", self.out.display());
+        Ok(())
+    }
+}
+
+/// Registers the embedded font as plotters' "sans-serif", once per process.
+fn register_font() -> Result<()> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        result = plotters::style::register_font(
+            "sans-serif",
+            FontStyle::Normal,
+            dejavu::sans::regular(),
+        )
+        .map_err(|_| anyhow!("the embedded DejaVu Sans font did not load"));
+    });
+    result
+}
+
+/// Draws the four panels into an RGB buffer.
+pub fn render(s: &Series, width: u32, height: u32) -> Result<Vec<u8>> {
+    register_font()?;
+    let mut rgb = vec![0u8; (width * height * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_error)?;
+        let panels = root.split_evenly((2, 2));
+        let last = *s.loss.keys().last().expect("checked non-empty");
+        let first = *s.loss.keys().next().expect("checked non-empty");
+        let steps = first.saturating_sub(1)..last.max(first + 1);
+        let loss = [("train loss", &s.loss, BLUE), ("eval loss", &s.eval, RED)];
+        panel(&panels[0], "loss", steps.clone(), &loss)?;
+        panel(
+            &panels[1],
+            "learning rate",
+            steps.clone(),
+            &[("lr", &s.lr, GREEN)],
+        )?;
+        let norm = [("grad norm", &s.norm, MAGENTA)];
+        panel(
+            &panels[2],
+            "gradient norm (before clipping)",
+            steps.clone(),
+            &norm,
+        )?;
+        let tps = [("tok/s", &s.tokens_per_second, BLACK)];
+        panel(&panels[3], "throughput (tokens/s)", steps, &tps)?;
+        root.present().map_err(draw_error)?;
+    }
+    Ok(rgb)
+}
+
+fn draw_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("drawing the plot: {e:?}")
+}
+
+/// One chart of `lines` against the step, the y range fitted to their values.
+fn panel(
+    area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
+    title: &str,
+    steps: std::ops::Range<u64>,
+    lines: &[(&str, &BTreeMap<u64, f64>, RGBColor)],
+) -> Result<()> {
+    let values = lines.iter().flat_map(|(_, m, _)| m.values().copied());
+    let (lo, hi) = values
+        .filter(|v| v.is_finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
+    let (lo, hi) = if lo <= hi { (lo, hi) } else { (0.0, 1.0) };
+    let pad = ((hi - lo) * 0.05).max(hi.abs() * 1e-3).max(1e-12);
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(70)
+        .build_cartesian_2d(steps, (lo - pad)..(hi + pad))
+        .map_err(draw_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_label_formatter(&|y| tick(*y))
+        .draw()
+        .map_err(draw_error)?;
+    for (name, points, color) in lines.iter().filter(|l| !l.1.is_empty()) {
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().map(|(&x, &y)| (x, y)),
+                color.stroke_width(2),
+            ))
+            .map_err(draw_error)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        if points.len() < 50 {
+            // Sparse series (evals) get markers, so that single points show.
+            chart
+                .draw_series(
+                    points
+                        .iter()
+                        .map(|(&x, &y)| Circle::new((x, y), 4, color.filled())),
+                )
+                .map_err(draw_error)?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_error)?;
+    Ok(())
+}
+
+/// An axis label: plain decimals for ordinary magnitudes, scientific notation otherwise.
+fn tick(y: f64) -> String {
+    let a = y.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if !(1e-2..1e5).contains(&a) {
+        format!("{y:.2e}")
+    } else {
+        let s = format!("{y:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Encodes an RGB buffer as a PNG, written atomically.
+fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<()> {
+    write_atomically(path, |tmp| {
+        let file = std::fs::File::create(tmp)?;
+        let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), width, height);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder.write_header()?;
+        writer.write_image_data(rgb)?;
+        writer.finish()?;
+        Ok(())
+    })
+    .with_context(|| {
+        format!(
+            "-o {}: cannot write the PNG; choose a writable path",
+            path.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn option() -> Event {
+        Event::Option {
+            name: "lr".into(),
+            value: serde_json::json!(1e-3),
+        }
+    }
+
+    fn step(step: u64, loss: f64) -> Event {
+        Event::Step {
+            step,
+            loss,
+            norm: 1.0,
+            lr: 1e-3,
+            tokens: 8,
+            seconds: 0.1,
+            tokens_per_second: 80.0,
+            mfu: None,
+            data: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_continued_run_replaces_what_followed_its_checkpoint() {
+        let loaded = Event::Checkpoint {
+            step: 2,
+            path: "ckpt/step-00000002".into(),
+            loaded: true,
+        };
+        let events = [
+            option(),
+            step(1, 5.0),
+            step(2, 4.0),
+            step(3, 3.5), // lost: the run died before checkpointing it
+            option(),
+            loaded,
+            step(3, 3.0),
+            step(4, 2.0),
+        ];
+        let s = Series::from_events(&events);
+        let losses: Vec<(u64, f64)> = s.loss.into_iter().collect();
+        assert_eq!(losses, [(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.0)]);
+        // A fresh run appended to the same log starts the plot over.
+        let mut more = events.to_vec();
+        more.extend([option(), step(1, 6.0)]);
+        let s = Series::from_events(&more);
+        assert_eq!(s.loss.into_iter().collect::<Vec<_>>(), [(1, 6.0)]);
+    }
+}

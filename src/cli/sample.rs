@@ -1,0 +1,156 @@
+//! `smelt sample`: continues a prompt with a trained model, to see what a run learned.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+
+use crate::backend::Backend;
+use crate::backend::select::{Device, DeviceChoice, select};
+use crate::io::hf;
+use crate::model::ModelConfig;
+use crate::tensor::DType;
+use crate::train::checkpoint;
+use crate::train::demo;
+use crate::train::sample::{Generator, SampleOptions};
+
+#[derive(Args, Debug)]
+#[command(
+    about = "Generate text from a model directory or a checkpoint",
+    after_help = "A text --prompt is encoded with the model's tokenizer.json. A model without one \
+whose vocabulary is 256 (the demo's) reads bytes as tokens. Otherwise give --tokens."
+)]
+pub struct SampleArgs {
+    /// HF model directory (config.json + model.safetensors, as `smelt train --out-dir` writes).
+    #[arg(long, value_name = "DIR", required_unless_present = "checkpoint")]
+    model: Option<PathBuf>,
+    /// A checkpoint: a step-N directory, or a --checkpoint-dir (its latest checkpoint).
+    #[arg(long, value_name = "DIR", conflicts_with = "model")]
+    checkpoint: Option<PathBuf>,
+    /// The prompt as text.
+    #[arg(long, required_unless_present = "tokens")]
+    prompt: Option<String>,
+    /// The prompt as comma-separated token ids, e.g. 9707,1879.
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
+    tokens: Option<Vec<i32>>,
+    /// Tokens to generate (fewer if the model emits its EOS token).
+    #[arg(long, default_value_t = 200)]
+    max_new_tokens: usize,
+    /// Softmax temperature; 0 always takes the most likely token (greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Seeds the sampling.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Where to run: the GPU when the driver reports one, else the CPU.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    device: DeviceChoice,
+}
+
+/// How text becomes tokens and back.
+enum Codec {
+    Hf(Box<tokenizers::Tokenizer>),
+    Bytes,
+    /// No tokenizer: token ids in, token ids out.
+    None,
+}
+
+impl Codec {
+    /// The model's tokenizer.json in `dir` if there is one, else bytes for a 256-token
+    /// vocabulary.
+    fn find(dir: Option<&Path>, config: &ModelConfig) -> Result<Codec> {
+        if let Some(path) = dir.map(|d| d.join("tokenizer.json")).filter(|p| p.exists()) {
+            let t = tokenizers::Tokenizer::from_file(&path)
+                .map_err(|e| anyhow!("{}: cannot read the tokenizer: {e}", path.display()))?;
+            return Ok(Codec::Hf(Box::new(t)));
+        }
+        Ok(if config.vocab_size == demo::VOCAB {
+            Codec::Bytes
+        } else {
+            Codec::None
+        })
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<i32>> {
+        match self {
+            Codec::Hf(t) => Ok(t
+                .encode(text, true)
+                .map_err(|e| anyhow!("encoding the prompt: {e}"))?
+                .get_ids()
+                .iter()
+                .map(|&id| id as i32)
+                .collect()),
+            Codec::Bytes => Ok(text.bytes().map(i32::from).collect()),
+            Codec::None => bail!(
+                "--prompt needs a tokenizer.json next to the model, and there is none; give the prompt as --tokens ids"
+            ),
+        }
+    }
+
+    fn decode(&self, tokens: &[i32]) -> Result<String> {
+        match self {
+            Codec::Hf(t) => {
+                let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+                t.decode(&ids, false)
+                    .map_err(|e| anyhow!("decoding the sample: {e}"))
+            }
+            Codec::Bytes => Ok(demo::decode(tokens)),
+            Codec::None => Ok(format!("{tokens:?}")),
+        }
+    }
+}
+
+impl SampleArgs {
+    pub fn run(self) -> Result<()> {
+        match select(self.device)? {
+            Device::Cpu(b) => self.sample(&b),
+            Device::Cuda(b) => self.sample(&b),
+        }
+    }
+
+    fn sample<B: Backend>(&self, b: &B) -> Result<()> {
+        let (config, tokenizer_dir, mut generator) = match (&self.model, &self.checkpoint) {
+            (Some(dir), _) => {
+                let config = hf::read_config(dir)?;
+                let g = Generator::new(b, config.clone(), DType::F32, |m| hf::import(b, m, dir))?;
+                (config, Some(dir.clone()), g)
+            }
+            (None, Some(path)) => {
+                let path = match checkpoint::read_latest(path)? {
+                    Some(latest) => latest,
+                    None => path.clone(),
+                };
+                let state = checkpoint::read_state(&path)?;
+                let source = format!("{}/state.json", path.display());
+                let config = ModelConfig::from_json(&state.model_config, &source)?;
+                // The weights are read back exactly, at the dtype they were trained in.
+                let dtype = serde_json::from_value(state.options["model_dtype"].clone())
+                    .with_context(|| format!("{source}: no valid `options.model_dtype`"))?;
+                let g = Generator::new(b, config.clone(), dtype, |m| {
+                    checkpoint::load_weights(b, &path, m)
+                })?;
+                (config, state.model_dir, g)
+            }
+            (None, None) => unreachable!("clap requires --model or --checkpoint"),
+        };
+        let codec = Codec::find(tokenizer_dir.as_deref(), &config)?;
+        let prompt = match (&self.tokens, &self.prompt) {
+            (Some(ids), _) => ids.clone(),
+            (None, Some(text)) => codec.encode(text)?,
+            (None, None) => unreachable!("clap requires --prompt or --tokens"),
+        };
+        let options = SampleOptions {
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            seed: self.seed,
+            stop: config.eos_token_ids.iter().map(|&t| t as i32).collect(),
+        };
+        let new = generator
+            .generate(b, &prompt, &options, |_| Ok(()))
+            .context("sampling")?;
+        let mut all = prompt;
+        all.extend(&new);
+        println!("{}", codec.decode(&all)?);
+        Ok(())
+    }
+}

@@ -1,0 +1,434 @@
+//! `smelt train`: the command line of a training run. With no data arguments it runs the
+//! built-in demo (see `train::demo`).
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use crate::backend::Backend;
+use crate::backend::select::{Device, DeviceChoice, select};
+use crate::io::hf;
+use crate::model::Recompute;
+use crate::tensor::DType;
+use crate::train::optimizer::OptimizerOptions;
+use crate::train::options::Defaults;
+use crate::train::sample::{Generator, SampleOptions};
+use crate::train::schedule::Decay;
+use crate::train::{ModelSource, Options, demo};
+
+/// Defaults of an ordinary run (the demo has its own, in `train::demo::DEFAULTS`).
+const DEFAULTS: Defaults = Defaults {
+    batch_size: 4,
+    seq_len: 1024,
+    steps: None,
+    lr: 3e-4,
+    warmup: 0,
+    final_lr_fraction: 0.1,
+    model_dtype: DType::BF16,
+    eval_every_n_steps: 100,
+    eval_num_steps: 20,
+};
+
+fn dtype(name: &str) -> Result<DType, String> {
+    DType::parse(name).ok_or_else(|| format!("unknown dtype `{name}`; use f32 or bf16"))
+}
+
+#[derive(Args, Debug)]
+#[command(
+    about = "Train or fine-tune a model; with no data arguments, run the built-in demo",
+    after_help = "With no --train-file, smelt trains a small byte-level Llama on the text built \
+into the binary (its README and sources), writes a log and a model under --demo-dir, and ends \
+with a sample. Options given on the command line override the demo's settings.\n\nFlags marked \"not \
+implemented yet\" are accepted only at their default value, and refused otherwise."
+)]
+pub struct TrainArgs {
+    // ----- model and data -----
+    /// HF model directory to fine-tune (config.json + model.safetensors); with
+    /// --from-scratch, only its config.json is read. Its tokenizer files are copied to
+    /// --out-dir.
+    #[arg(long, value_name = "DIR", help_heading = "Model and data")]
+    model: Option<PathBuf>,
+    /// Start from random weights (seeded by --seed) instead of --model's weights.
+    #[arg(long, help_heading = "Model and data")]
+    from_scratch: bool,
+    /// Training token files (llm.q BIN.TOK, as `smelt tokenize` writes): a path or a glob
+    /// such as 'data/train-*.bin' (quote it).
+    #[arg(long, value_name = "GLOB", help_heading = "Model and data")]
+    train_file: Option<String>,
+    /// Eval token files, read in order: a path or a glob.
+    #[arg(long, value_name = "GLOB", help_heading = "Model and data")]
+    eval_file: Option<String>,
+    /// Where the demo writes its token files, and by default its log and model.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "smelt-demo",
+        help_heading = "Model and data"
+    )]
+    demo_dir: PathBuf,
+
+    // ----- batch and schedule -----
+    /// Sequences per micro-batch [default: 4; demo 16].
+    #[arg(long, help_heading = "Batch and schedule")]
+    batch_size: Option<usize>,
+    /// Tokens per sequence [default: 1024; demo 128].
+    #[arg(long, help_heading = "Batch and schedule")]
+    seq_len: Option<usize>,
+    /// Micro-batches per optimizer step; the gradient is the mean over all their trained
+    /// tokens.
+    #[arg(long, default_value_t = 1, help_heading = "Batch and schedule")]
+    grad_accumulation: usize,
+    /// Optimizer steps [default: one epoch of --train-file; demo 250].
+    #[arg(long, help_heading = "Batch and schedule")]
+    steps: Option<u64>,
+    /// Peak learning rate [default: 3e-4; demo 3e-3].
+    #[arg(long, help_heading = "Batch and schedule")]
+    lr: Option<f64>,
+    /// Steps of linear warmup from 0 to --lr [default: 0; demo 20].
+    #[arg(long, help_heading = "Batch and schedule")]
+    warmup: Option<u64>,
+    /// Shape of the decay after warmup.
+    #[arg(long, value_enum, default_value_t = Decay::Cosine, help_heading = "Batch and schedule")]
+    lr_schedule: Decay,
+    /// The decay ends at this fraction of --lr [default: 0.1].
+    #[arg(long, help_heading = "Batch and schedule")]
+    final_lr_fraction: Option<f64>,
+    /// Steps at the end that ramp the rate linearly down towards 0 (after the decay).
+    #[arg(long, default_value_t = 0, help_heading = "Batch and schedule")]
+    cooldown: u64,
+    /// Seeds initialisation, data order and stochastic rounding.
+    #[arg(long, default_value_t = 42, help_heading = "Batch and schedule")]
+    seed: u64,
+
+    // ----- optimizer -----
+    /// AdamW decoupled weight decay, applied to matrices and embeddings only.
+    #[arg(long, default_value_t = 0.1, help_heading = "Optimizer")]
+    weight_decay: f64,
+    /// Clip the global gradient norm to this; 0 disables clipping.
+    #[arg(long, default_value_t = 1.0, help_heading = "Optimizer")]
+    grad_clip: f64,
+    /// AdamW β1.
+    #[arg(long = "beta-1", default_value_t = 0.9, help_heading = "Optimizer")]
+    beta_1: f64,
+    /// AdamW β2.
+    #[arg(long = "beta-2", default_value_t = 0.95, help_heading = "Optimizer")]
+    beta_2: f64,
+    /// AdamW ε.
+    #[arg(long, default_value_t = 1e-8, help_heading = "Optimizer")]
+    adam_eps: f64,
+    /// Adds z · logsumexp² to each token's loss, keeping logits from drifting.
+    #[arg(long, default_value_t = 0.0, help_heading = "Optimizer")]
+    z_loss: f64,
+
+    // ----- precision -----
+    /// Dtype of weights and activations: f32 or bf16 [default: bf16; demo f32].
+    #[arg(long, value_parser = dtype, help_heading = "Precision")]
+    model_dtype: Option<DType>,
+    /// Dtype of matmul inputs; only the --model-dtype is implemented yet (FP8 e4m3 is not).
+    #[arg(long, value_parser = dtype, help_heading = "Precision")]
+    matmul_dtype: Option<DType>,
+    /// Dtype of gradients; only the --model-dtype is implemented yet.
+    #[arg(long, value_parser = dtype, help_heading = "Precision")]
+    gradient_dtype: Option<DType>,
+    /// Dtype of the optimizer's master weights; a master copy is kept when it is wider than
+    /// --model-dtype [default: f32].
+    #[arg(long, value_parser = dtype, help_heading = "Precision")]
+    master_dtype: Option<DType>,
+    /// Dtype of Adam's first moment: f32, or bf16 (updated with stochastic rounding).
+    #[arg(long, value_parser = dtype, default_value = "f32", help_heading = "Precision")]
+    opt_m_dtype: DType,
+    /// Dtype of Adam's second moment: f32, or bf16 (updated with stochastic rounding).
+    #[arg(long, value_parser = dtype, default_value = "f32", help_heading = "Precision")]
+    opt_v_dtype: DType,
+
+    // ----- memory -----
+    /// Recompute the SwiGLU output in the backward instead of keeping it.
+    #[arg(long, help_heading = "Memory")]
+    recompute_swiglu: bool,
+    /// Recompute both RMSNorm outputs of each block.
+    #[arg(long, help_heading = "Memory")]
+    recompute_norm: bool,
+    /// Recompute the QKV projection and RoPE.
+    #[arg(long, help_heading = "Memory")]
+    recompute_qkv: bool,
+    /// Recompute attention and its log-sum-exp.
+    #[arg(long, help_heading = "Memory")]
+    recompute_att: bool,
+    /// Recompute the gate/up projection and SwiGLU.
+    #[arg(long, help_heading = "Memory")]
+    recompute_ffn: bool,
+    /// Recompute everything but each block's input (implies all the others).
+    #[arg(long, help_heading = "Memory")]
+    recompute_block: bool,
+    /// Run the LM head and loss over the tokens in this many chunks, so that the full
+    /// batch × vocabulary logits never exist at once.
+    #[arg(long, default_value_t = 1, help_heading = "Memory")]
+    lmhead_chunks: usize,
+    /// Keep master weights in host memory (not implemented yet).
+    #[arg(long, help_heading = "Memory")]
+    offload_master: bool,
+    /// Keep Adam's first moment in host memory (not implemented yet).
+    #[arg(long, help_heading = "Memory")]
+    offload_opt_m: bool,
+    /// Keep Adam's second moment in host memory (not implemented yet).
+    #[arg(long, help_heading = "Memory")]
+    offload_opt_v: bool,
+
+    // ----- devices -----
+    /// Where to run: the GPU when the driver reports one, else the CPU.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto, help_heading = "Devices")]
+    device: DeviceChoice,
+    /// GPUs to train on (not implemented yet: runs use one device).
+    #[arg(long, default_value_t = 1, help_heading = "Devices")]
+    gpus: usize,
+    /// ZeRO sharding level across GPUs (not implemented yet).
+    #[arg(long, default_value_t = 0, help_heading = "Devices")]
+    zero_level: u8,
+    /// Capture each step as a CUDA graph (not implemented yet).
+    #[arg(long, help_heading = "Devices")]
+    use_cuda_graphs: bool,
+
+    // ----- output -----
+    /// Write a checkpoint every N steps (and at the end); 0 for none.
+    #[arg(long, default_value_t = 0, help_heading = "Output")]
+    ckpt_interval: u64,
+    /// Directory of the checkpoints, one step-N directory each plus a `latest` pointer
+    /// [default: checkpoints; demo DEMO_DIR/checkpoints].
+    #[arg(long, value_name = "DIR", help_heading = "Output")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Continue exactly from the latest checkpoint in --checkpoint-dir, with the same
+    /// model, data, batch shape, dtypes and seed.
+    #[arg(long = "continue", help_heading = "Output")]
+    resume: bool,
+    /// Write the trained model here as a HF directory (config.json + model.safetensors +
+    /// the tokenizer files of --model) [demo: DEMO_DIR/model].
+    #[arg(long, value_name = "DIR", help_heading = "Output")]
+    out_dir: Option<PathBuf>,
+    /// Append the run's events (options, steps, evals, checkpoints) to this JSON Lines
+    /// file, for `smelt plot` [demo: DEMO_DIR/log.jsonl].
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    log_file: Option<PathBuf>,
+    /// Evaluate every N steps on the first --eval-num-steps batches of --eval-file (0: not
+    /// during the run); a full eval over all of it always ends the run [default: 100; demo 50].
+    #[arg(long, help_heading = "Output")]
+    eval_every_n_steps: Option<u64>,
+    /// Batches in each periodic eval [default: 20; demo 8].
+    #[arg(long, help_heading = "Output")]
+    eval_num_steps: Option<usize>,
+}
+
+impl TrainArgs {
+    pub fn run(self) -> Result<()> {
+        self.refuse_unimplemented()?;
+        let device = select(self.device)?;
+        let options = self.options(matches!(device, Device::Cuda(_)))?;
+        let demo = self.train_file.is_none();
+        match &device {
+            Device::Cpu(b) => train_on(b, &options, demo),
+            Device::Cuda(b) => train_on(b, &options, demo),
+        }
+    }
+
+    /// Resolves the command line into the run's options.
+    fn options(&self, on_gpu: bool) -> Result<Options> {
+        let demo = self.train_file.is_none();
+        let mut d = if demo { demo::DEFAULTS } else { DEFAULTS };
+        if on_gpu {
+            // The demo runs in f32 on the CPU, where that is fastest; on a GPU, in bf16.
+            d.model_dtype = DType::BF16;
+        }
+        if demo && (self.model.is_some() || self.eval_file.is_some() || self.from_scratch) {
+            bail!(
+                "--model, --from-scratch and --eval-file need --train-file (without data arguments, smelt train runs its built-in demo)"
+            );
+        }
+        let (model, train_file, eval_file) = match (&self.train_file, &self.model) {
+            (None, _) => {
+                let (train, eval) = demo::write_data(&self.demo_dir.join("data"))?;
+                let path = |p: PathBuf| p.to_string_lossy().into_owned();
+                (
+                    ModelSource::Config(demo::config()),
+                    path(train),
+                    Some(path(eval)),
+                )
+            }
+            (Some(_), None) => bail!(
+                "--train-file needs --model DIR, a HF model directory (add --from-scratch to train its config from random weights)"
+            ),
+            (Some(train), Some(dir)) => (
+                ModelSource::Dir {
+                    path: dir.clone(),
+                    from_scratch: self.from_scratch,
+                },
+                train.clone(),
+                self.eval_file.clone(),
+            ),
+        };
+        let model_dtype = self.model_dtype.unwrap_or(d.model_dtype);
+        if !matches!(model_dtype, DType::F32 | DType::BF16) {
+            bail!("--model-dtype {model_dtype}: choose f32 or bf16");
+        }
+        for (flag, value) in [
+            ("--matmul-dtype", self.matmul_dtype),
+            ("--gradient-dtype", self.gradient_dtype),
+        ] {
+            if let Some(v) = value.filter(|&v| v != model_dtype) {
+                bail!(
+                    "{flag} {v}: not implemented yet; only the --model-dtype ({model_dtype}) is, so leave {flag} out"
+                );
+            }
+        }
+        for (flag, v) in [
+            ("--opt-m-dtype", self.opt_m_dtype),
+            ("--opt-v-dtype", self.opt_v_dtype),
+        ] {
+            if !matches!(v, DType::F32 | DType::BF16) {
+                bail!("{flag} {v}: choose f32 or bf16");
+            }
+        }
+        let master_dtype = match self.master_dtype.unwrap_or(DType::F32) {
+            m if m == model_dtype => None,
+            DType::F32 => Some(DType::F32),
+            m => bail!(
+                "--master-dtype {m}: the master weights must be f32, or the same as --model-dtype ({model_dtype})"
+            ),
+        };
+        let positive = [
+            ("--batch-size", self.batch_size.unwrap_or(d.batch_size)),
+            ("--seq-len", self.seq_len.unwrap_or(d.seq_len)),
+            ("--grad-accumulation", self.grad_accumulation),
+            ("--lmhead-chunks", self.lmhead_chunks),
+        ];
+        if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            bail!("{flag} must be at least 1");
+        }
+        let final_lr_fraction = self.final_lr_fraction.unwrap_or(d.final_lr_fraction);
+        if !(0.0..=1.0).contains(&final_lr_fraction) {
+            bail!("--final-lr-fraction {final_lr_fraction}: must be between 0 and 1");
+        }
+        let lr = self.lr.unwrap_or(d.lr);
+        if lr.is_nan() || lr <= 0.0 {
+            bail!("--lr {lr}: must be positive");
+        }
+        let demo_path = |name: &str| demo.then(|| self.demo_dir.join(name));
+        Ok(Options {
+            model,
+            train_file,
+            eval_file,
+            batch_size: positive[0].1,
+            seq_len: positive[1].1,
+            grad_accumulation: self.grad_accumulation,
+            steps: self.steps.or(d.steps),
+            lr,
+            warmup: self.warmup.unwrap_or(d.warmup),
+            final_lr_fraction,
+            lr_schedule: self.lr_schedule,
+            cooldown: self.cooldown,
+            optimizer: OptimizerOptions {
+                beta_1: self.beta_1,
+                beta_2: self.beta_2,
+                adam_eps: self.adam_eps,
+                weight_decay: self.weight_decay,
+                grad_clip: self.grad_clip,
+                opt_m_dtype: self.opt_m_dtype,
+                opt_v_dtype: self.opt_v_dtype,
+                master_dtype,
+            },
+            z_loss: self.z_loss,
+            model_dtype,
+            recompute: Recompute {
+                swiglu: self.recompute_swiglu,
+                norm: self.recompute_norm,
+                qkv: self.recompute_qkv,
+                att: self.recompute_att,
+                ffn: self.recompute_ffn,
+                block: self.recompute_block,
+            },
+            lmhead_chunks: self.lmhead_chunks,
+            seed: self.seed,
+            ckpt_interval: self.ckpt_interval,
+            checkpoint_dir: self
+                .checkpoint_dir
+                .clone()
+                .or_else(|| demo_path("checkpoints"))
+                .unwrap_or_else(|| "checkpoints".into()),
+            resume: self.resume,
+            out_dir: self.out_dir.clone().or_else(|| demo_path("model")),
+            log_file: self.log_file.clone().or_else(|| demo_path("log.jsonl")),
+            eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
+            eval_num_steps: self.eval_num_steps.unwrap_or(d.eval_num_steps),
+        })
+    }
+
+    fn refuse_unimplemented(&self) -> Result<()> {
+        let refused = [
+            ("--gpus", self.gpus != 1, "runs use one device"),
+            ("--zero-level", self.zero_level != 0, "there is no sharding"),
+            (
+                "--use-cuda-graphs",
+                self.use_cuda_graphs,
+                "there is no CUDA backend",
+            ),
+            (
+                "--offload-master",
+                self.offload_master,
+                "state stays on the device",
+            ),
+            (
+                "--offload-opt-m",
+                self.offload_opt_m,
+                "state stays on the device",
+            ),
+            (
+                "--offload-opt-v",
+                self.offload_opt_v,
+                "state stays on the device",
+            ),
+        ];
+        match refused.iter().find(|r| r.1) {
+            Some((flag, _, why)) => bail!("{flag} is not implemented yet ({why}); leave it out"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Trains on backend `b`; the demo then reports its loss and shows a sample.
+fn train_on<B: Backend>(b: &B, options: &Options, demo: bool) -> Result<()> {
+    let summary = crate::train::train(b, options)?;
+    if demo {
+        if let (Some(first), Some(eval)) = (summary.losses.first(), summary.final_eval) {
+            println!(
+                "demo: loss {first:.3} at the first step, eval loss {eval:.3} at the end ({:+.0}%)",
+                100.0 * (eval - first) / first
+            );
+        }
+        let out = options
+            .out_dir
+            .as_ref()
+            .expect("the demo always writes a model");
+        demo_sample(b, out, options.seed)?;
+    }
+    Ok(())
+}
+
+/// The demo's closing sample, from the model it just exported.
+fn demo_sample<B: Backend>(b: &B, model_dir: &std::path::Path, seed: u64) -> Result<()> {
+    let config = hf::read_config(model_dir)?;
+    let mut generator = Generator::new(b, config, DType::F32, |m| hf::import(b, m, model_dir))?;
+    let prompt: Vec<i32> = demo::SAMPLE_PROMPT.bytes().map(i32::from).collect();
+    let options = SampleOptions {
+        max_new_tokens: demo::SAMPLE_TOKENS,
+        temperature: demo::SAMPLE_TEMPERATURE,
+        seed,
+        stop: vec![],
+    };
+    let new = generator.generate(b, &prompt, &options, |_| Ok(()))?;
+    println!(
+        "sample (temperature {}):\n{}{}",
+        options.temperature,
+        demo::SAMPLE_PROMPT,
+        demo::decode(&new)
+    );
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! Checkpoints: one directory per step holding the tensors (safetensors, at each tensor's
+//! dtype, so they round-trip exactly) and `state.json` with everything else needed to
+//! continue bit for bit: step, schedule, data-loader position, RNG, and what must not change
+//! (model config hash, dtypes, batch shape, data files, world size).
+//!
+//! A checkpoint is written under a temporary name, synced, and renamed into place; only then
+//! is the `latest` pointer replaced, itself by a synced rename. A process killed at any
+//! point leaves `latest` naming a complete checkpoint.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::loader::LoaderState;
+use super::optimizer::AdamWState;
+use super::schedule::Schedule;
+use crate::backend::Backend;
+use crate::io::atomic::{sync_dir, temporary_name, write_bytes_atomically};
+use crate::io::tensors;
+use crate::model::Transformer;
+use crate::model::params::{ParamSpec, Params};
+use crate::rng::Rng;
+use crate::tensor::Tensor;
+
+pub const VERSION: u32 = 1;
+/// The pointer file naming the newest complete checkpoint.
+pub const LATEST: &str = "latest";
+const STATE: &str = "state.json";
+const WEIGHTS: &str = "model";
+
+/// A test hook: with this set to N, the writer pauses N ms after each tensor file, so that a
+/// test can kill the process in the middle of a checkpoint.
+pub const DELAY_ENV: &str = "SMELT_TEST_CHECKPOINT_DELAY_MS";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct State {
+    pub version: u32,
+    /// Optimizer steps completed.
+    pub step: u64,
+    pub world_size: usize,
+    /// A hash of `model_config` and `fixed`.
+    pub config_hash: String,
+    /// The model's HF `config.json`.
+    pub model_config: Value,
+    /// Settings that must be equal to continue, by flag name.
+    pub fixed: BTreeMap<String, Value>,
+    /// Every option of the run, for warnings about those changed on continuing.
+    pub options: Value,
+    pub schedule: Schedule,
+    pub loader: LoaderState,
+    pub rng: Rng,
+    pub tokens_seen: u64,
+    /// The model directory the run started from, whose tokenizer files belong to it.
+    pub model_dir: Option<PathBuf>,
+}
+
+impl State {
+    pub fn hash(model_config: &Value, fixed: &BTreeMap<String, Value>) -> String {
+        // serde_json's maps are sorted, so this text is canonical.
+        let text = serde_json::to_string(&(model_config, fixed)).expect("JSON values serialize");
+        format!("{:016x}", fnv1a(text.as_bytes()))
+    }
+
+    /// Refuses to continue from `saved` unless the model and fixed settings match. Returns
+    /// the other options that changed (except those in `free`), to warn about.
+    pub fn check_continues(
+        &self,
+        saved: &State,
+        path: &Path,
+        free: &[&str],
+    ) -> Result<Vec<String>> {
+        let mut diffs = vec![];
+        if saved.version != VERSION {
+            diffs.push(format!(
+                "checkpoint format version {} (this build reads {VERSION})",
+                saved.version
+            ));
+        }
+        if saved.world_size != self.world_size {
+            diffs.push(format!(
+                "world size: checkpoint {}, this run {}",
+                saved.world_size, self.world_size
+            ));
+        }
+        if saved.config_hash != self.config_hash {
+            let config = differences(&saved.model_config, &self.model_config);
+            diffs.extend(
+                config
+                    .into_iter()
+                    .map(|(k, d)| format!("model config `{k}`: {d}")),
+            );
+            let fixed = differences(&to_object(&saved.fixed), &to_object(&self.fixed));
+            diffs.extend(fixed.into_iter().map(|(k, d)| format!("{k}: {d}")));
+        }
+        if !diffs.is_empty() {
+            bail!(
+                "--continue: checkpoint {} was written by an incompatible run:\n  {}\nrerun with the checkpoint's settings, or start afresh with another --checkpoint-dir",
+                path.display(),
+                diffs.join("\n  ")
+            );
+        }
+        Ok(differences(&saved.options, &self.options)
+            .into_iter()
+            .filter(|(k, _)| !free.contains(&k.as_str()))
+            .map(|(k, d)| format!("--{} changed on continuing: {d}", k.replace('_', "-")))
+            .collect())
+    }
+}
+
+fn to_object(map: &BTreeMap<String, Value>) -> Value {
+    Value::Object(map.clone().into_iter().collect())
+}
+
+/// The keys of two JSON objects whose values differ, each with "checkpoint A, this run B".
+fn differences(saved: &Value, now: &Value) -> Vec<(String, String)> {
+    let empty = serde_json::Map::new();
+    let (a, b) = (
+        saved.as_object().unwrap_or(&empty),
+        now.as_object().unwrap_or(&empty),
+    );
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let show = |v: Option<&Value>| v.map_or("(none)".to_string(), Value::to_string);
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| {
+            let text = format!("checkpoint {}, this run {}", show(a.get(k)), show(b.get(k)));
+            (k.clone(), text)
+        })
+        .collect()
+}
+
+pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Tensors with the names they are saved under.
+type Named<'a, B> = Vec<(String, &'a Tensor<B>)>;
+
+/// Each tensor of `set` under its parameter name.
+fn named<'a, B: Backend>(
+    layout: &'a Params<ParamSpec>,
+    set: &'a Params<Tensor<B>>,
+) -> Named<'a, B> {
+    layout
+        .zip(set)
+        .map(|(spec, t)| (spec.tensor.name.clone(), t))
+        .collect()
+}
+
+/// Every tensor file of a checkpoint: (file stem, tensors).
+fn files<'a, B: Backend>(
+    model: &'a Transformer<B>,
+    opt: &'a AdamWState<B>,
+) -> Vec<(&'static str, Named<'a, B>)> {
+    let mut out = vec![(WEIGHTS, named(&model.layout, &model.params))];
+    out.extend(
+        opt.categories()
+            .into_iter()
+            .map(|(stem, set)| (stem, named(&model.layout, set))),
+    );
+    out
+}
+
+/// The directory of the checkpoint after `step` steps.
+pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!("step-{step:08}"))
+}
+
+/// Writes a checkpoint of `state.step` into `dir` and points `latest` at it.
+pub fn save<B: Backend>(
+    b: &B,
+    dir: &Path,
+    state: &State,
+    model: &Transformer<B>,
+    opt: &AdamWState<B>,
+) -> Result<PathBuf> {
+    let last = step_dir(dir, state.step);
+    let tmp = temporary_name(&last);
+    let io = |what: &str, p: &Path| format!("writing checkpoint: {what} {}", p.display());
+    if tmp.exists() {
+        // Left by a run killed while writing; it was never complete.
+        std::fs::remove_dir_all(&tmp).with_context(|| io("removing", &tmp))?;
+    }
+    std::fs::create_dir_all(&tmp).with_context(|| io("creating", &tmp))?;
+    let delay = std::env::var(DELAY_ENV).ok().and_then(|v| v.parse().ok());
+    for (stem, tensors) in files(model, opt) {
+        tensors::save(b, &tmp.join(format!("{stem}.safetensors")), &tensors)?;
+        if let Some(ms) = delay {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+    }
+    write_bytes_atomically(&tmp.join(STATE), &serde_json::to_vec_pretty(state)?)?;
+    if last.exists() {
+        // A checkpoint past `latest` from a run that died before it could point at it.
+        if read_latest(dir)?.as_deref() == Some(last.as_path()) {
+            bail!(
+                "{}: refusing to replace the latest checkpoint",
+                last.display()
+            );
+        }
+        std::fs::remove_dir_all(&last).with_context(|| io("removing", &last))?;
+    }
+    std::fs::rename(&tmp, &last).with_context(|| io("renaming into place", &last))?;
+    sync_dir(&last)?;
+    let name = last.file_name().expect("step dirs have names");
+    write_bytes_atomically(&dir.join(LATEST), name.as_encoded_bytes())?;
+    Ok(last)
+}
+
+/// The checkpoint `latest` points at in `dir`, if there is one.
+pub fn read_latest(dir: &Path) -> Result<Option<PathBuf>> {
+    let pointer = dir.join(LATEST);
+    if !pointer.exists() {
+        return Ok(None);
+    }
+    let name = std::fs::read_to_string(&pointer)
+        .with_context(|| format!("reading {}", pointer.display()))?;
+    let path = dir.join(name.trim());
+    if !path.join(STATE).is_file() {
+        bail!(
+            "{}: names {}, which is not a complete checkpoint; point it at an existing step-N directory",
+            pointer.display(),
+            path.display()
+        );
+    }
+    Ok(Some(path))
+}
+
+pub fn read_state(checkpoint: &Path) -> Result<State> {
+    let path = checkpoint.join(STATE);
+    let text = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+    serde_json::from_slice(&text).with_context(|| {
+        format!(
+            "{}: not a smelt checkpoint state (written by another version?)",
+            path.display()
+        )
+    })
+}
+
+/// Loads a checkpoint's weights and optimizer state into allocated tensors.
+pub fn load<B: Backend>(
+    b: &B,
+    checkpoint: &Path,
+    model: &Transformer<B>,
+    opt: &AdamWState<B>,
+) -> Result<()> {
+    for (stem, tensors) in files(model, opt) {
+        tensors::load(b, &checkpoint.join(format!("{stem}.safetensors")), &tensors)?;
+    }
+    Ok(())
+}
+
+/// Loads only the weights, for sampling.
+pub fn load_weights<B: Backend>(b: &B, checkpoint: &Path, model: &Transformer<B>) -> Result<()> {
+    let path = checkpoint.join(format!("{WEIGHTS}.safetensors"));
+    tensors::load(b, &path, &named(&model.layout, &model.params))
+}

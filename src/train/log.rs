@@ -1,0 +1,192 @@
+//! The training log: JSON Lines, one event per line, appended and flushed as it happens, so
+//! that a crash loses at most the line being written and reading it back is linear (llm.q
+//! rewrites a whole JSON array on every event).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// One command-line option of the run, as resolved.
+    Option {
+        name: String,
+        value: serde_json::Value,
+    },
+    Device {
+        name: String,
+    },
+    /// One allocation category's size.
+    Memory {
+        category: String,
+        bytes: u64,
+    },
+    Step {
+        step: u64,
+        loss: f64,
+        /// Global gradient norm before clipping.
+        norm: f64,
+        lr: f64,
+        /// Tokens processed in this step (trained or not).
+        tokens: u64,
+        seconds: f64,
+        tokens_per_second: f64,
+        /// Model FLOPs utilisation, where the device's peak is known.
+        mfu: Option<f64>,
+        /// A hash of the step's input tokens, to check that two runs read the same data.
+        data: String,
+    },
+    Eval {
+        step: u64,
+        loss: f64,
+        /// Trained target tokens the loss averages over.
+        tokens: u64,
+        /// A pass over all eval data (at the end) rather than the first `--eval-num-steps` batches.
+        full: bool,
+    },
+    Checkpoint {
+        step: u64,
+        path: String,
+        /// `true` when the run continued from this checkpoint, `false` when it wrote it.
+        loaded: bool,
+    },
+    Warning {
+        message: String,
+    },
+}
+
+/// A line of the log: the event and when it happened (seconds since the Unix epoch).
+#[derive(Serialize, Deserialize)]
+struct Line {
+    time: f64,
+    #[serde(flatten)]
+    event: Event,
+}
+
+pub struct Log {
+    file: Option<(PathBuf, File)>,
+}
+
+impl Log {
+    /// Opens `path` for appending (creating it and its folder), or logs nowhere.
+    pub fn open(path: Option<&Path>) -> Result<Log> {
+        let Some(path) = path else {
+            return Ok(Log { file: None });
+        };
+        let fix = "choose a writable --log-file";
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!(
+                    "--log-file {}: cannot create its folder; {fix}",
+                    path.display()
+                )
+            })?;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| {
+                format!(
+                    "--log-file {}: cannot open for appending; {fix}",
+                    path.display()
+                )
+            })?;
+        // A run killed mid-write leaves a partial last line; end it so ours start clean.
+        let len = file.metadata().map_or(0, |m| m.len());
+        if len > 0 && !ends_with_newline(path)? {
+            (&file).write_all(b"\n")?;
+        }
+        Ok(Log {
+            file: Some((path.to_path_buf(), file)),
+        })
+    }
+
+    /// Appends one event. Each line goes out in one write, so lines never interleave.
+    pub fn write(&mut self, event: Event) -> Result<()> {
+        let Some((path, file)) = &mut self.file else {
+            return Ok(());
+        };
+        let time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let mut line = serde_json::to_string(&Line { time, event })?;
+        line.push('\n');
+        file.write_all(line.as_bytes())
+            .and_then(|()| file.flush())
+            .with_context(|| format!("writing the log {}", path.display()))
+    }
+}
+
+fn ends_with_newline(path: &Path) -> Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8];
+    f.read_exact(&mut last)?;
+    Ok(last[0] == b'\n')
+}
+
+/// What a log file holds.
+pub struct Contents {
+    pub events: Vec<Event>,
+    /// Line numbers (from 1) that are not events: a line cut short by a crash, say.
+    pub skipped: Vec<usize>,
+}
+
+/// Reads every event of a log file, in order. A file with no event at all is an error.
+pub fn read(path: &Path) -> Result<Contents> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read the log", path.display()))?;
+    let mut contents = Contents {
+        events: vec![],
+        skipped: vec![],
+    };
+    for (i, l) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        match serde_json::from_str::<Line>(l) {
+            Ok(line) => contents.events.push(line.event),
+            Err(_) => contents.skipped.push(i + 1),
+        }
+    }
+    if contents.events.is_empty() {
+        bail!(
+            "{}: no training events; pass a log written by `smelt train --log-file`",
+            path.display()
+        );
+    }
+    Ok(contents)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_and_survives_a_line_cut_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("logs/run.jsonl");
+        let warning = |m: &str| Event::Warning { message: m.into() };
+        Log::open(Some(&path))
+            .unwrap()
+            .write(warning("one"))
+            .unwrap();
+        // A crash in the middle of a line.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"time\": 1, \"event\": \"st").unwrap();
+        Log::open(Some(&path))
+            .unwrap()
+            .write(warning("two"))
+            .unwrap();
+        let contents = read(&path).unwrap();
+        assert_eq!(contents.events, [warning("one"), warning("two")]);
+        assert_eq!(contents.skipped, [2]);
+    }
+}

@@ -1,0 +1,18 @@
+//! Training: the loop and everything around it — data loading, the optimizer, the
+//! learning-rate schedule, checkpoints, logs, the console — plus sampling and the built-in
+//! demo. It sees the model only through `Transformer`'s public methods and any `Backend`.
+
+pub mod checkpoint;
+pub mod console;
+pub mod demo;
+pub mod loader;
+pub mod log;
+pub mod metrics;
+pub mod optimizer;
+pub mod options;
+pub mod sample;
+pub mod schedule;
+pub mod trainer;
+
+pub use options::{ModelSource, Options};
+pub use trainer::{Summary, train};

@@ -1,0 +1,95 @@
+//! A training run's settings, resolved from the command line (or the demo's defaults).
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::optimizer::OptimizerOptions;
+use super::schedule::Decay;
+use crate::model::Recompute;
+use crate::tensor::DType;
+
+/// Where the model comes from.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelSource {
+    /// A HF `config.json` given inline, trained from random weights (the demo).
+    Config(Value),
+    /// A HF model directory: its weights, or only its config with `from_scratch`.
+    Dir { path: PathBuf, from_scratch: bool },
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Options {
+    pub model: ModelSource,
+    pub train_file: String,
+    pub eval_file: Option<String>,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    pub grad_accumulation: usize,
+    /// `None`: one epoch of the training data.
+    pub steps: Option<u64>,
+    pub lr: f64,
+    pub warmup: u64,
+    pub final_lr_fraction: f64,
+    pub lr_schedule: Decay,
+    pub cooldown: u64,
+    #[serde(flatten)]
+    pub optimizer: OptimizerOptions,
+    pub z_loss: f64,
+    pub model_dtype: DType,
+    pub recompute: Recompute,
+    pub lmhead_chunks: usize,
+    pub seed: u64,
+    /// Steps between checkpoints; 0 for none.
+    pub ckpt_interval: u64,
+    pub checkpoint_dir: PathBuf,
+    /// Continue from the latest checkpoint in `checkpoint_dir`.
+    pub resume: bool,
+    pub out_dir: Option<PathBuf>,
+    pub log_file: Option<PathBuf>,
+    /// Steps between evals; 0 evaluates only at the end.
+    pub eval_every_n_steps: u64,
+    /// Batches in each periodic eval (the final eval reads all the eval data).
+    pub eval_num_steps: usize,
+}
+
+impl Options {
+    /// The options as (name, value) pairs, for the log and the startup listing.
+    pub fn listing(&self) -> Vec<(String, Value)> {
+        match serde_json::to_value(self).expect("options serialize") {
+            Value::Object(map) => map.into_iter().collect(),
+            _ => unreachable!("a struct serializes to an object"),
+        }
+    }
+
+    /// Options that may differ between a run and the run it continues, since they do not
+    /// change what has already been computed (later ones may change with a warning).
+    /// `recompute` is among them because recomputing gives bitwise the same results.
+    pub const FREE_ON_CONTINUE: [&str; 9] = [
+        "resume",
+        "out_dir",
+        "log_file",
+        "ckpt_interval",
+        "checkpoint_dir",
+        "eval_file",
+        "eval_every_n_steps",
+        "eval_num_steps",
+        "recompute",
+    ];
+}
+
+/// The settings that the demo and an ordinary run default differently.
+#[derive(Clone, Copy, Debug)]
+pub struct Defaults {
+    pub batch_size: usize,
+    pub seq_len: usize,
+    pub steps: Option<u64>,
+    pub lr: f64,
+    pub warmup: u64,
+    pub final_lr_fraction: f64,
+    pub model_dtype: DType,
+    pub eval_every_n_steps: u64,
+    pub eval_num_steps: usize,
+}

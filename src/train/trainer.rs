@@ -1,0 +1,527 @@
+//! The training loop: per step, gradient accumulation over micro-batches (the gradient of
+//! each token's loss scaled by 1 / trained targets over all micro-steps, so the update does
+//! not depend on how a batch is split), one AdamW update, a `[T]` line and a log event; eval
+//! every `--eval-every-n-steps` and in full at the end; checkpoints; the model exported.
+//!
+//! Every check of the user's input (options, model config, data files, checkpoint, output
+//! folder) runs before anything is written, so a run refused for bad input changes nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use super::checkpoint::{self, State, VERSION};
+use super::console::{self, Console, StepReport};
+use super::loader::{Batch, DataSet, EvalSet, Loader, LoaderState};
+use super::log::{Event, Log};
+use super::metrics;
+use super::optimizer::AdamWState;
+use super::options::{ModelSource, Options};
+use super::schedule::Schedule;
+use crate::backend::Backend;
+use crate::io::hf;
+use crate::model::{LossOptions, ModelConfig, ModelOptions, Transformer};
+use crate::rng::Rng;
+
+/// What a finished run reports to its caller.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub config: ModelConfig,
+    /// Steps completed, counting those of the run it continued.
+    pub steps: u64,
+    /// The losses of the steps this process ran, in order.
+    pub losses: Vec<f64>,
+    /// The full eval at the end, when there is eval data.
+    pub final_eval: Option<f64>,
+}
+
+/// Trains as `o` says, on backend `b`.
+pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
+    // 1) Everything that reads the user's input, before anything is written.
+    let (config, model_dir) = model_config(o)?;
+    let data = DataSet::open(&o.train_file, "--train-file", config.vocab_size, o.seq_len)?;
+    let eval = (o.eval_file.as_deref())
+        .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
+        .transpose()?;
+    let fixed = fixed_settings(o, &data);
+    let loader = Loader::new(data, o.seed, 0, 1)?;
+    let steps = o.steps.unwrap_or_else(|| {
+        (loader.per_epoch() / (o.batch_size * o.grad_accumulation)).max(1) as u64
+    });
+    let model_json = config.to_hf_json();
+    let state = State {
+        version: VERSION,
+        step: 0,
+        world_size: 1,
+        config_hash: State::hash(&model_json, &fixed),
+        model_config: model_json,
+        fixed,
+        options: serde_json::to_value(o)?,
+        schedule: Schedule {
+            lr: o.lr,
+            warmup: o.warmup,
+            steps,
+            final_fraction: o.final_lr_fraction,
+            decay: o.lr_schedule,
+            cooldown: o.cooldown,
+        },
+        loader: LoaderState::default(),
+        rng: Rng::derived(o.seed, 1),
+        tokens_seen: 0,
+        model_dir: model_dir.clone(),
+    };
+    let resume = check_checkpoint_dir(o, &state)?;
+    check_out_dir(o.out_dir.as_deref())?;
+
+    // 2) Startup: options, device, model, memory.
+    let mut run = Run {
+        b,
+        o,
+        log: Log::open(o.log_file.as_deref())?,
+        console: Console::new(),
+        model: Transformer::new(
+            b,
+            config.clone(),
+            ModelOptions {
+                batch: o.batch_size,
+                seq: o.seq_len,
+                dtype: o.model_dtype,
+                recompute: o.recompute,
+                lmhead_chunks: o.lmhead_chunks,
+            },
+        )?,
+        opt: None,
+        loader,
+        eval: eval.map(|d| EvalSet::new(d, o.batch_size, 0, 1)),
+        flops_per_token: config.training_flops_per_token(o.seq_len),
+        state,
+        saved_step: None,
+        summary: Summary {
+            config,
+            steps: 0,
+            losses: vec![],
+            final_eval: None,
+        },
+    };
+    run.announce()?;
+    if resume.is_none() {
+        match &o.model {
+            ModelSource::Dir {
+                path,
+                from_scratch: false,
+            } => hf::import(b, &run.model, path)?,
+            _ => run.model.init_weights(b, o.seed)?,
+        }
+    }
+    run.opt = Some(AdamWState::new(b, &run.model, o.optimizer.clone())?);
+    run.announce_memory()?;
+    if let Some((path, saved, warnings)) = resume {
+        run.resume(&path, saved, warnings)?;
+    }
+
+    // 3) The loop, then the full eval, the last checkpoint and the export.
+    run.train_loop()?;
+    run.finish(model_dir.as_deref())?;
+    Ok(run.summary)
+}
+
+/// The model's config, and the directory it came from (whose tokenizer files belong to it).
+fn model_config(o: &Options) -> Result<(ModelConfig, Option<PathBuf>)> {
+    match &o.model {
+        ModelSource::Config(json) => Ok((ModelConfig::from_json(json, "the demo config")?, None)),
+        ModelSource::Dir { path, from_scratch } => {
+            let config = hf::read_config(path)?;
+            if !from_scratch
+                && ![hf::WEIGHTS, hf::INDEX]
+                    .iter()
+                    .any(|f| path.join(f).exists())
+            {
+                bail!(
+                    "--model {}: no {} (or {}) to fine-tune; pass --from-scratch to train its config from random weights",
+                    path.display(),
+                    hf::WEIGHTS,
+                    hf::INDEX
+                );
+            }
+            Ok((config, Some(path.clone())))
+        }
+    }
+}
+
+/// What must not change for a run to continue from a checkpoint, by flag.
+fn fixed_settings(o: &Options, data: &DataSet) -> BTreeMap<String, Value> {
+    let files: Vec<Value> = data
+        .files()
+        .iter()
+        .map(|f| {
+            let name = f.path.file_name().map(|n| n.to_string_lossy().into_owned());
+            json!([name, f.len()])
+        })
+        .collect();
+    let opt = &o.optimizer;
+    [
+        ("--model-dtype", json!(o.model_dtype)),
+        ("--master-dtype", json!(opt.master_dtype)),
+        ("--opt-m-dtype", json!(opt.opt_m_dtype)),
+        ("--opt-v-dtype", json!(opt.opt_v_dtype)),
+        ("--batch-size", json!(o.batch_size)),
+        ("--seq-len", json!(o.seq_len)),
+        ("--grad-accumulation", json!(o.grad_accumulation)),
+        ("--seed", json!(o.seed)),
+        ("--train-file (name, tokens)", Value::Array(files)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// With `--continue`, the checkpoint to continue from (checked against this run), and the
+/// warnings about options that changed. Without it, a run that writes checkpoints refuses a
+/// directory that already holds some, which it would mix its own with.
+fn check_checkpoint_dir(o: &Options, now: &State) -> Result<Option<(PathBuf, State, Vec<String>)>> {
+    let dir = &o.checkpoint_dir;
+    let latest = checkpoint::read_latest(dir)?;
+    match (o.resume, latest) {
+        (true, None) => bail!(
+            "--continue: no checkpoint in {} (it has no `{}` file); run without --continue to start afresh, or pass the --checkpoint-dir of the run to continue",
+            dir.display(),
+            checkpoint::LATEST
+        ),
+        (true, Some(path)) => {
+            let saved = checkpoint::read_state(&path)?;
+            let warnings = now.check_continues(&saved, &path, &Options::FREE_ON_CONTINUE)?;
+            Ok(Some((path, saved, warnings)))
+        }
+        (false, Some(path)) if o.ckpt_interval > 0 => bail!(
+            "--checkpoint-dir {} already holds checkpoints (latest: {}); pass --continue to continue that run, or choose another --checkpoint-dir",
+            dir.display(),
+            path.display()
+        ),
+        (false, _) => Ok(None),
+    }
+}
+
+/// Creates `--out-dir` and checks that files can be written there, so that a run does not
+/// find out only at its end.
+fn check_out_dir(dir: Option<&Path>) -> Result<()> {
+    let Some(dir) = dir else {
+        return Ok(());
+    };
+    let fail = || {
+        format!(
+            "--out-dir {}: cannot write there; choose a directory this user can write to",
+            dir.display()
+        )
+    };
+    std::fs::create_dir_all(dir).with_context(fail)?;
+    let probe = dir.join(".smelt-write-check.tmp");
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .with_context(fail)
+}
+
+struct Run<'a, B: Backend> {
+    b: &'a B,
+    o: &'a Options,
+    log: Log,
+    console: Console,
+    model: Transformer<B>,
+    /// Set once the weights are in place (the master copy is taken from them).
+    opt: Option<AdamWState<B>>,
+    loader: Loader,
+    eval: Option<EvalSet>,
+    flops_per_token: f64,
+    /// The state a checkpoint now would save.
+    state: State,
+    /// The step of the newest checkpoint on disk, written or continued from.
+    saved_step: Option<u64>,
+    summary: Summary,
+}
+
+impl<B: Backend> Run<'_, B> {
+    fn opt(&self) -> &AdamWState<B> {
+        self.opt
+            .as_ref()
+            .expect("the optimizer is set before training")
+    }
+
+    fn warn(&mut self, message: String) -> Result<()> {
+        self.console.line(&format!("warning: {message}"));
+        self.log.write(Event::Warning { message })
+    }
+
+    /// Prints and logs the options and the device.
+    fn announce(&mut self) -> Result<()> {
+        let c = &self.model.config;
+        let o = self.o;
+        self.console.line(&format!(
+            "smelt train: {} model, {} parameters; {} steps of {} × {} × {} tokens",
+            c.architecture.hf_class(),
+            console::si(c.num_parameters() as f64),
+            self.state.schedule.steps,
+            o.batch_size,
+            o.seq_len,
+            o.grad_accumulation
+        ));
+        let source = match &o.model {
+            ModelSource::Config(_) => "the built-in demo config".to_string(),
+            ModelSource::Dir { path, from_scratch } => format!(
+                "{}{}",
+                path.display(),
+                if *from_scratch {
+                    " (config only, random weights)"
+                } else {
+                    ""
+                }
+            ),
+        };
+        self.console.line(&format!(
+            "model: {source}: {} layers, hidden {}, {} heads ({} kv) of {}, MLP {}, vocabulary {}{}",
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.vocab_size,
+            if c.tie_word_embeddings { ", tied embeddings" } else { "" },
+        ));
+        let mut line = String::from("options:");
+        for (name, value) in o.listing() {
+            // The model's source and shape have their own line above.
+            let item = (name != "model").then(|| format!(" {name}={value}"));
+            self.log.write(Event::Option { name, value })?;
+            let Some(item) = item else { continue };
+            if line.len() + item.len() > 100 {
+                self.console.line(&line);
+                line = " ".repeat(8);
+            }
+            line.push_str(&item);
+        }
+        self.console.line(&line);
+        let device = self.b.describe();
+        self.console.line(&format!("device: {device}"));
+        self.log.write(Event::Device { name: device })?;
+        if o.seq_len > c.max_position_embeddings {
+            self.warn(format!(
+                "--seq-len {} is longer than the model's max_position_embeddings {}",
+                o.seq_len, c.max_position_embeddings
+            ))?;
+        }
+        Ok(())
+    }
+
+    /// Prints and logs the memory table: the model's allocations and the optimizer's.
+    fn announce_memory(&mut self) -> Result<()> {
+        let categories: Vec<(&str, &[_])> = self
+            .model
+            .memory
+            .iter()
+            .chain(&self.opt().memory)
+            .map(|(name, specs)| (*name, specs.as_slice()))
+            .collect();
+        let table = console::memory_table(&categories);
+        let mut cells: Vec<String> = table
+            .iter()
+            .map(|(name, bytes)| format!("{name} {}", console::mib(*bytes)))
+            .collect();
+        for (category, bytes) in table {
+            self.log.write(Event::Memory { category, bytes })?;
+        }
+        if let Some((free, total)) = self.b.free_memory() {
+            let (free, total) = (free as u64, total as u64);
+            cells.push(format!(
+                "device free {} of {}",
+                console::mib(free),
+                console::mib(total)
+            ));
+            self.log.write(Event::Memory {
+                category: "free".into(),
+                bytes: free,
+            })?;
+        }
+        self.console.line(&format!("memory: {}", cells.join(" | ")));
+        Ok(())
+    }
+
+    fn resume(&mut self, path: &Path, saved: State, warnings: Vec<String>) -> Result<()> {
+        checkpoint::load(self.b, path, &self.model, self.opt())?;
+        self.loader.restore(saved.loader)?;
+        self.state.step = saved.step;
+        self.state.loader = saved.loader;
+        self.state.rng = saved.rng;
+        self.state.tokens_seen = saved.tokens_seen;
+        self.saved_step = Some(saved.step);
+        for w in warnings {
+            self.warn(w)?;
+        }
+        self.console.line(&format!(
+            "continuing from {} (step {})",
+            path.display(),
+            saved.step
+        ));
+        self.log.write(Event::Checkpoint {
+            step: saved.step,
+            path: path.display().to_string(),
+            loaded: true,
+        })
+    }
+
+    fn train_loop(&mut self) -> Result<()> {
+        let o = self.o;
+        let steps = self.state.schedule.steps;
+        let mut batches = vec![Batch::new(o.batch_size * o.seq_len); o.grad_accumulation];
+        while self.state.step < steps {
+            self.train_step(&mut batches)?;
+            let step = self.state.step;
+            if o.eval_every_n_steps > 0 && step.is_multiple_of(o.eval_every_n_steps) && step < steps
+            {
+                self.evaluate(Some(o.eval_num_steps))?;
+            }
+            if o.ckpt_interval > 0 && step.is_multiple_of(o.ckpt_interval) {
+                self.checkpoint()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn train_step(&mut self, batches: &mut [Batch]) -> Result<()> {
+        let (b, o) = (self.b, self.o);
+        let start = Instant::now();
+        let lr = self.state.schedule.lr(self.state.step);
+        for batch in batches.iter_mut() {
+            self.loader.next_batch(batch);
+        }
+        let trained: usize = batches.iter().map(Batch::trained).sum();
+        let mut loss_sum = 0.0;
+        for (k, batch) in batches.iter().enumerate() {
+            let loss = LossOptions {
+                grad_scale: 1.0 / trained.max(1) as f32,
+                z_loss: o.z_loss as f32,
+                accumulate: k > 0,
+            };
+            self.model
+                .forward_backward(b, &batch.tokens, &batch.targets, loss)?;
+            loss_sum += self.model.loss_sum(b)?;
+        }
+        let seed = self.state.rng.next_u64();
+        self.opt()
+            .step(b, &self.model, lr as f32, self.state.step + 1, seed)?;
+        let norm = self.opt().grad_norm(b)?;
+        let seconds = start.elapsed().as_secs_f64();
+
+        self.state.step += 1;
+        self.state.loader = self.loader.state();
+        let tokens = (batches.len() * o.batch_size * o.seq_len) as u64;
+        self.state.tokens_seen += tokens;
+        let loss = loss_sum / trained.max(1) as f64;
+        if trained == 0 {
+            self.warn(format!(
+                "step {}: every target of the batch is masked out; the loss is 0 and only weight decay applies",
+                self.state.step
+            ))?;
+        }
+        if !loss.is_finite() || !norm.is_finite() {
+            bail!(
+                "step {}: the loss ({loss}) or gradient norm ({norm}) is not finite; lower --lr or set --grad-clip",
+                self.state.step
+            );
+        }
+        let tokens_per_second = tokens as f64 / seconds;
+        let report = StepReport {
+            step: self.state.step,
+            steps: self.state.schedule.steps,
+            seconds,
+            norm,
+            loss,
+            lr,
+            tokens_per_second,
+            mfu: metrics::mfu(self.flops_per_token, tokens_per_second, b.peak_flops()),
+        };
+        let data: Vec<u8> = batches
+            .iter()
+            .flat_map(|batch| batch.tokens.iter().flat_map(|t| t.to_le_bytes()))
+            .collect();
+        self.log.write(Event::Step {
+            step: report.step,
+            loss,
+            norm,
+            lr,
+            tokens,
+            seconds,
+            tokens_per_second,
+            mfu: report.mfu,
+            data: format!("{:016x}", checkpoint::fnv1a(&data)),
+        })?;
+        self.console.step(&report);
+        self.summary.losses.push(loss);
+        self.summary.steps = self.state.step;
+        Ok(())
+    }
+
+    /// The mean loss over the first `batches` eval batches (all of them with `None`).
+    fn evaluate(&mut self, batches: Option<usize>) -> Result<Option<f64>> {
+        let Some(eval) = &self.eval else {
+            return Ok(None);
+        };
+        let b = self.b;
+        let count = batches.map_or(eval.num_batches(), |n| n.min(eval.num_batches()));
+        let mut batch = Batch::new(self.o.batch_size * self.o.seq_len);
+        let (mut sum, mut trained) = (0.0, 0);
+        for i in 0..count {
+            eval.fill(i, &mut batch);
+            if batch.trained() == 0 {
+                continue;
+            }
+            self.model
+                .forward_loss(b, &batch.tokens, &batch.targets, 0.0)?;
+            sum += self.model.loss_sum(b)?;
+            trained += batch.trained() as u64;
+        }
+        let loss = sum / trained.max(1) as f64;
+        let (step, full) = (self.state.step, batches.is_none());
+        self.console.eval(step, loss, trained, full);
+        self.log.write(Event::Eval {
+            step,
+            loss,
+            tokens: trained,
+            full,
+        })?;
+        Ok(Some(loss))
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        let dir = &self.o.checkpoint_dir;
+        let path = checkpoint::save(self.b, dir, &self.state, &self.model, self.opt())?;
+        self.saved_step = Some(self.state.step);
+        self.console
+            .line(&format!("checkpoint: {}", path.display()));
+        self.log.write(Event::Checkpoint {
+            step: self.state.step,
+            path: path.display().to_string(),
+            loaded: false,
+        })
+    }
+
+    /// After the last step: a checkpoint if the interval did not just write one, the full
+    /// eval, and the exported model.
+    fn finish(&mut self, model_dir: Option<&Path>) -> Result<()> {
+        let (o, step) = (self.o, self.state.step);
+        if o.ckpt_interval > 0 && self.saved_step != Some(step) {
+            self.checkpoint()?;
+        }
+        self.summary.final_eval = self.evaluate(None)?;
+        if let Some(out) = &o.out_dir {
+            hf::export(self.b, &self.model, out, o.model_dtype)?;
+            if let Some(dir) = model_dir {
+                hf::copy_tokenizer_files(dir, out)?;
+            }
+            self.console.line(&format!("model: {}", out.display()));
+        }
+        self.console.finish();
+        Ok(())
+    }
+}

@@ -1,0 +1,252 @@
+//! Issue point 5: bad input gets one clear error naming the file (or flag) and the fix, and
+//! leaves every file as it was.
+
+mod train_support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use smelt::data::tokfile::TokenWriter;
+use train_support::*;
+
+/// Every file under `dir` with its contents.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+struct Case {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    model: PathBuf,
+    good: PathBuf,
+}
+
+impl Case {
+    fn new() -> Case {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let model = tiny_model_dir(&root);
+        let good = corpus_file(&root.join("good.bin"), 2000, false);
+        // Output of an earlier run, which a refused run must leave alone.
+        std::fs::create_dir_all(root.join("out")).unwrap();
+        std::fs::write(root.join("out/model.safetensors"), "earlier model").unwrap();
+        std::fs::write(root.join("log.jsonl"), "{\"earlier\": \"log\"}\n").unwrap();
+        Case {
+            _tmp: tmp,
+            root,
+            model,
+            good,
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        s(&self.root.join(name)).to_string()
+    }
+
+    /// `smelt train` on the tiny model with `train_file` and `extra` flags.
+    fn args(&self, train_file: &str, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "train",
+            "--model",
+            s(&self.model),
+            "--from-scratch",
+            "--train-file",
+            train_file,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let defaults = [
+            ("--batch-size", "2".to_string()),
+            ("--seq-len", "16".to_string()),
+            ("--steps", "2".to_string()),
+            ("--out-dir", self.path("out")),
+            ("--log-file", self.path("log.jsonl")),
+            ("--checkpoint-dir", self.path("ckpt")),
+        ];
+        for (flag, value) in defaults {
+            if !extra.contains(&flag) {
+                args.extend([flag.to_string(), value]);
+            }
+        }
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    }
+
+    /// Runs a command that must fail without changing any file; returns its error.
+    fn refused(&self, args: &[String]) -> String {
+        let before = snapshot(&self.root);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let err = smelt_err(&args);
+        assert_eq!(
+            err.lines().filter(|l| l.starts_with("error:")).count(),
+            1,
+            "one error: {err}"
+        );
+        assert!(
+            snapshot(&self.root) == before,
+            "a refused run changed files: {err}"
+        );
+        err
+    }
+
+    fn check(&self, args: &[String], expected: &[&str]) {
+        let err = self.refused(args);
+        for e in expected {
+            assert!(err.contains(e), "expected {e:?} in: {err}");
+        }
+    }
+}
+
+#[test]
+fn missing_empty_and_foreign_train_files() {
+    let c = Case::new();
+    c.check(
+        &c.args(&c.path("nope.bin"), &[]),
+        &[
+            "nope.bin: no such token file (--train-file)",
+            "smelt tokenize",
+        ],
+    );
+    c.check(
+        &c.args(&c.path("nothing-*.bin"), &[]),
+        &["--train-file", "nothing-*.bin: no file matches"],
+    );
+    std::fs::write(c.root.join("empty.bin"), "").unwrap();
+    c.check(
+        &c.args(&c.path("empty.bin"), &[]),
+        &[
+            "empty.bin: 0 bytes is too short",
+            "recreate it with `smelt tokenize`",
+        ],
+    );
+    std::fs::write(c.root.join("text.bin"), "not tokens ".repeat(200)).unwrap();
+    c.check(
+        &c.args(&c.path("text.bin"), &[]),
+        &[
+            "text.bin: not a BIN.TOK token file (wrong magic)",
+            "smelt tokenize",
+        ],
+    );
+    // An eval file is checked the same way.
+    c.check(
+        &c.args(s(&c.good), &["--eval-file", &c.path("nope.bin")]),
+        &["nope.bin: no such token file (--eval-file)"],
+    );
+}
+
+#[test]
+fn token_out_of_vocabulary_and_file_shorter_than_a_sequence() {
+    let c = Case::new();
+    let bad = c.root.join("big-ids.bin");
+    let mut w = TokenWriter::create(&bad, None, false).unwrap();
+    w.write(&[1, 2, 3, 300, 4], None).unwrap();
+    w.finish().unwrap();
+    c.check(
+        &c.args(s(&bad), &[]),
+        &[
+            "big-ids.bin: token 300 at position 3 is outside the model's vocabulary of 256",
+            "tokenize with the model's own tokenizer",
+        ],
+    );
+    let short = corpus_file(&c.root.join("short.bin"), 100, false);
+    c.check(
+        &c.args(s(&short), &["--seq-len", "128"]),
+        &[
+            "short.bin: 100 tokens is too short for one sequence of --seq-len 128",
+            "use a smaller --seq-len",
+        ],
+    );
+}
+
+#[test]
+fn unwritable_out_dir() {
+    let c = Case::new();
+    // A directory cannot be made inside a regular file, whoever runs the test (even root).
+    let inside_file = format!("{}/out", s(&c.good));
+    c.check(
+        &c.args(s(&c.good), &["--out-dir", &inside_file]),
+        &[
+            "--out-dir",
+            "good.bin/out: cannot write there",
+            "choose a directory",
+        ],
+    );
+}
+
+#[test]
+fn continue_refuses_an_incompatible_or_missing_checkpoint() {
+    let c = Case::new();
+    c.check(
+        &c.args(s(&c.good), &["--continue"]),
+        &["--continue: no checkpoint in", "run without --continue"],
+    );
+    let ok: Vec<String> = c.args(s(&c.good), &["--ckpt-interval", "1"]);
+    smelt_ok(&ok.iter().map(String::as_str).collect::<Vec<_>>());
+
+    c.check(
+        &c.args(s(&c.good), &["--continue", "--batch-size", "4"]),
+        &[
+            "--continue: checkpoint",
+            "step-00000002 was written by an incompatible run",
+            "--batch-size: checkpoint 2, this run 4",
+            "rerun with the checkpoint's settings",
+        ],
+    );
+    let wider = c.root.join("wider");
+    std::fs::create_dir_all(&wider).unwrap();
+    let config = std::fs::read_to_string(c.model.join("config.json")).unwrap();
+    std::fs::write(
+        wider.join("config.json"),
+        config.replace("\"hidden_size\":32", "\"hidden_size\":48"),
+    )
+    .unwrap();
+    let mut args = c.args(s(&c.good), &["--continue"]);
+    args[2] = s(&wider).to_string();
+    c.check(
+        &args,
+        &["model config `hidden_size`: checkpoint 32, this run 48"],
+    );
+    // Starting afresh with checkpoints into that directory would mix two runs.
+    c.check(
+        &c.args(s(&c.good), &["--ckpt-interval", "1"]),
+        &["already holds checkpoints", "pass --continue"],
+    );
+}
+
+#[test]
+fn flags_that_are_not_implemented_or_incomplete() {
+    let c = Case::new();
+    c.check(
+        &c.args(s(&c.good), &["--gpus", "2"]),
+        &["--gpus is not implemented yet"],
+    );
+    c.check(
+        &c.args(s(&c.good), &["--matmul-dtype", "e4m3"]),
+        &["--matmul-dtype e4m3: not implemented yet"],
+    );
+    c.check(
+        &["train".into(), "--train-file".into(), s(&c.good).into()],
+        &["--train-file needs --model DIR"],
+    );
+    let nowhere = c.path("no-model");
+    let mut args = c.args(s(&c.good), &[]);
+    args[2] = nowhere;
+    c.check(&args, &["no-model: no config.json"]);
+    // The tiny model has a config but no weights to fine-tune.
+    let mut args = c.args(s(&c.good), &[]);
+    args.retain(|a| a != "--from-scratch");
+    c.check(&args, &["no model.safetensors", "pass --from-scratch"]);
+}

@@ -1,0 +1,232 @@
+//! Issue points 2 and 3: resuming is exact, and a process killed while writing a checkpoint
+//! leaves the previous one intact for `--continue`.
+//!
+//! The runs use bf16 weights with an f32 master copy, bf16 Adam moments (so stochastic
+//! rounding is in play), gradient accumulation and a loss mask: every piece of state that
+//! must be saved for a bitwise resume is exercised.
+
+mod train_support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use smelt::train::checkpoint;
+use smelt::train::log::Event;
+use train_support::*;
+
+/// The command line of a 6-step run in `dir` (checkpoints every 2 steps).
+fn args(dir: &Path, model: &Path, data: &Path) -> Vec<String> {
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    [
+        "train",
+        "--model",
+        s(model),
+        "--from-scratch",
+        "--train-file",
+        s(data),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--grad-accumulation",
+        "2",
+        "--steps",
+        "6",
+        "--warmup",
+        "2",
+        "--lr",
+        "1e-2",
+        "--model-dtype",
+        "bf16",
+        "--opt-m-dtype",
+        "bf16",
+        "--opt-v-dtype",
+        "bf16",
+        "--z-loss",
+        "1e-4",
+        "--ckpt-interval",
+        "2",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .chain([
+        "--checkpoint-dir".into(),
+        p("ckpt"),
+        "--out-dir".into(),
+        p("out"),
+        "--log-file".into(),
+        p("log.jsonl"),
+    ])
+    .collect()
+}
+
+fn run(args: &[String], extra: &[&str]) {
+    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+    all.extend(extra);
+    smelt_ok(&all);
+}
+
+/// The bytes of every file in a checkpoint, by name.
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .filter(|p| p.file_name().unwrap() != "state.json")
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(p).unwrap())
+        })
+        .collect()
+}
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    model: PathBuf,
+    data: PathBuf,
+}
+
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let model = tiny_model_dir(&root);
+    let data = corpus_file(&root.join("train.bin"), 3000, true);
+    Setup {
+        _tmp: tmp,
+        root,
+        model,
+        data,
+    }
+}
+
+/// The uninterrupted 6-step run of `args`, in `dir`.
+fn uninterrupted(s: &Setup) -> PathBuf {
+    let dir = s.root.join("full");
+    run(&args(&dir, &s.model, &s.data), &[]);
+    dir
+}
+
+fn assert_same_run(full: &Path, resumed: &Path, from_step: u64) {
+    let (a, b) = (
+        steps(&full.join("log.jsonl")),
+        steps(&resumed.join("log.jsonl")),
+    );
+    // By step; a step the killed run did before it died is replaced by its replay.
+    let after = |v: &[(u64, f64, String)]| {
+        v.iter()
+            .filter(|x| x.0 > from_step)
+            .map(|(step, loss, data)| (*step, (loss.to_bits(), data.clone())))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(after(&a).len(), (6 - from_step) as usize);
+    // Bitwise: the same losses (as f64 bits) and the same input tokens, step by step.
+    assert_eq!(after(&a), after(&b));
+    assert_eq!(
+        std::fs::read(full.join("out/model.safetensors")).unwrap(),
+        std::fs::read(resumed.join("out/model.safetensors")).unwrap(),
+        "final weights differ"
+    );
+    let last = |d: &Path| checkpoint::step_dir(&d.join("ckpt"), 6);
+    assert_eq!(
+        files(&last(full)),
+        files(&last(resumed)),
+        "final optimizer state differs"
+    );
+}
+
+#[test]
+fn resume_is_bitwise_exact() {
+    let s = setup();
+    let full = uninterrupted(&s);
+
+    // A run that stopped after step 3 ... is what the checkpoint at step 2 plus one more
+    // step would be; take the run's own step-2 checkpoint, as a stopped run leaves it.
+    let resumed = s.root.join("resumed");
+    let ckpt = resumed.join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let step2 = checkpoint::step_dir(&full.join("ckpt"), 2);
+    let copy = checkpoint::step_dir(&ckpt, 2);
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&step2).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(ckpt.join(checkpoint::LATEST), "step-00000002").unwrap();
+    run(&args(&resumed, &s.model, &s.data), &["--continue"]);
+    assert_same_run(&full, &resumed, 2);
+
+    // Continuing at the end does no more steps and changes nothing.
+    let before = files(&checkpoint::step_dir(&resumed.join("ckpt"), 6));
+    run(&args(&resumed, &s.model, &s.data), &["--continue"]);
+    assert_eq!(
+        before,
+        files(&checkpoint::step_dir(&resumed.join("ckpt"), 6))
+    );
+    assert_eq!(steps(&resumed.join("log.jsonl")).len(), 4);
+}
+
+#[test]
+fn killed_while_writing_a_checkpoint_continues_from_the_previous_one() {
+    let s = setup();
+    let full = uninterrupted(&s);
+
+    let killed = s.root.join("killed");
+    let mut child = std::process::Command::new(SMELT)
+        .args(args(&killed, &s.model, &s.data))
+        // Pause 400 ms after each tensor file of a checkpoint (see checkpoint::DELAY_ENV).
+        .env(checkpoint::DELAY_ENV, "400")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill as soon as the step-4 checkpoint is half written.
+    let tmp = killed.join("ckpt/.step-00000004.tmp");
+    let start = Instant::now();
+    while !tmp.join("model.safetensors").exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it was killed"
+        );
+        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    // The half-written checkpoint never became `latest`; the one before is complete.
+    let ckpt = killed.join("ckpt");
+    let latest = checkpoint::read_latest(&ckpt).unwrap().unwrap();
+    assert_eq!(latest, checkpoint::step_dir(&ckpt, 2));
+    assert!(!checkpoint::step_dir(&ckpt, 4).exists());
+    assert_eq!(checkpoint::read_state(&latest).unwrap().step, 2);
+
+    run(&args(&killed, &s.model, &s.data), &["--continue"]);
+    let loaded: Vec<u64> = events(&killed.join("log.jsonl"))
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Checkpoint {
+                step, loaded: true, ..
+            } => Some(step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(loaded, [2]);
+    assert!(
+        !tmp.exists(),
+        "the stale temporary checkpoint was not cleared"
+    );
+    // Steps 3 and 4 ran before the kill and again after it, identically.
+    let log = steps(&killed.join("log.jsonl"));
+    let runs_of = |step| log.iter().filter(|x| x.0 == step).collect::<Vec<_>>();
+    for step in [3, 4] {
+        let runs = runs_of(step);
+        assert_eq!(runs.len(), 2, "step {step}");
+        assert_eq!(runs[0], runs[1], "step {step} replayed differently");
+    }
+    assert_same_run(&full, &killed, 2);
+}

@@ -1,0 +1,89 @@
+//! Helpers for the trainer's end-to-end tests: a tiny model directory, token files, running
+//! the `smelt` binary, and reading its log.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::json;
+use smelt::data::tokfile::TokenWriter;
+use smelt::train::demo::CORPUS;
+use smelt::train::log::{self, Event};
+
+pub const SMELT: &str = env!("CARGO_BIN_EXE_smelt");
+
+/// A tiny byte-level Llama's `config.json` in `dir`.
+pub fn tiny_model_dir(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny-model");
+    std::fs::create_dir_all(&model).unwrap();
+    let config = json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 256, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": false,
+    });
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    model
+}
+
+/// The first `n` bytes of the demo corpus as a token file, with every 7th target masked
+/// out when `masked`.
+pub fn corpus_file(path: &Path, n: usize, masked: bool) -> PathBuf {
+    let tokens: Vec<i32> = CORPUS.bytes().take(n).map(i32::from).collect();
+    let mut w = TokenWriter::create(path, Some(256), masked).unwrap();
+    let mask: Vec<bool> = (0..tokens.len()).map(|i| i % 7 != 3).collect();
+    w.write(&tokens, masked.then_some(mask.as_slice())).unwrap();
+    w.finish().unwrap()
+}
+
+/// Runs `smelt` with `args`.
+pub fn smelt(args: &[&str]) -> Output {
+    Command::new(SMELT).args(args).output().unwrap()
+}
+
+/// Runs `smelt` and fails the test, showing its output, unless it succeeds.
+pub fn smelt_ok(args: &[&str]) -> String {
+    let out = smelt(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "smelt {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Runs `smelt`, expecting it to fail; returns its stderr.
+pub fn smelt_err(args: &[&str]) -> String {
+    let out = smelt(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "smelt {args:?} should have failed:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr
+}
+
+/// (step, loss, data hash) of every step event in a log, in order.
+pub fn steps(log_path: &Path) -> Vec<(u64, f64, String)> {
+    log::read(log_path)
+        .unwrap()
+        .events
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Step {
+                step, loss, data, ..
+            } => Some((step, loss, data)),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn events(log_path: &Path) -> Vec<Event> {
+    log::read(log_path).unwrap().events
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
