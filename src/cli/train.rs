@@ -9,7 +9,7 @@ use clap::Args;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
-use crate::model::Recompute;
+use crate::model::{Recompute, presets};
 use crate::tensor::DType;
 use crate::train::optimizer::OptimizerOptions;
 use crate::train::options::Defaults;
@@ -46,8 +46,9 @@ pub struct TrainArgs {
     // ----- model and data -----
     /// HF model directory to fine-tune (config.json + model.safetensors); with
     /// --from-scratch, only its config.json is read. Its tokenizer files are copied to
-    /// --out-dir.
-    #[arg(long, value_name = "DIR", help_heading = "Model and data")]
+    /// --out-dir. With --from-scratch it may instead name a built-in architecture:
+    /// qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, llama-3.2-1b or llama-3-8b.
+    #[arg(long, value_name = "DIR|NAME", help_heading = "Model and data")]
     model: Option<PathBuf>,
     /// Start from random weights (seeded by --seed) instead of --model's weights.
     #[arg(long, help_heading = "Model and data")]
@@ -248,7 +249,10 @@ impl TrainArgs {
                 let (train, eval) = demo::write_data(&self.demo_dir.join("data"))?;
                 let path = |p: PathBuf| p.to_string_lossy().into_owned();
                 (
-                    ModelSource::Config(demo::config()),
+                    ModelSource::Config {
+                        name: "the demo".into(),
+                        config: demo::config(),
+                    },
                     path(train),
                     Some(path(eval)),
                 )
@@ -256,11 +260,8 @@ impl TrainArgs {
             (Some(_), None) => bail!(
                 "--train-file needs --model DIR, a HF model directory (add --from-scratch to train its config from random weights)"
             ),
-            (Some(train), Some(dir)) => (
-                ModelSource::Dir {
-                    path: dir.clone(),
-                    from_scratch: self.from_scratch,
-                },
+            (Some(train), Some(model)) => (
+                model_source(model, self.from_scratch)?,
                 train.clone(),
                 self.eval_file.clone(),
             ),
@@ -410,6 +411,29 @@ fn train_on<B: Backend>(b: &B, options: &Options, demo: bool) -> Result<()> {
         demo_sample(b, out, options.seed)?;
     }
     Ok(())
+}
+
+/// `--model` names a HF model directory, or one of the built-in architectures (see
+/// `model::presets`) to train from random weights.
+fn model_source(model: &std::path::Path, from_scratch: bool) -> Result<ModelSource> {
+    let preset = model
+        .to_str()
+        .filter(|name| !model.exists() && presets::names().contains(name));
+    let Some(name) = preset else {
+        return Ok(ModelSource::Dir {
+            path: model.to_path_buf(),
+            from_scratch,
+        });
+    };
+    if !from_scratch {
+        bail!(
+            "--model {name} is a built-in architecture without weights: add --from-scratch to train it from random weights"
+        );
+    }
+    Ok(ModelSource::Config {
+        name: name.to_string(),
+        config: presets::preset(name)?.to_hf_json(),
+    })
 }
 
 /// The demo's closing sample, from the model it just exported.

@@ -14,8 +14,9 @@ use crate::tensor::DType;
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelSource {
-    /// A HF `config.json` given inline, trained from random weights (the demo).
-    Config(Value),
+    /// A built-in HF `config.json` (the demo's, or a named architecture), trained from random
+    /// weights.
+    Config { name: String, config: Value },
     /// A HF model directory: its weights, or only its config with `from_scratch`.
     Dir { path: PathBuf, from_scratch: bool },
 }

@@ -131,7 +131,10 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
 /// The model's config, and the directory it came from (whose tokenizer files belong to it).
 fn model_config(o: &Options) -> Result<(ModelConfig, Option<PathBuf>)> {
     match &o.model {
-        ModelSource::Config(json) => Ok((ModelConfig::from_json(json, "the demo config")?, None)),
+        ModelSource::Config { name, config } => Ok((
+            ModelConfig::from_json(config, &format!("the config of {name}"))?,
+            None,
+        )),
         ModelSource::Dir { path, from_scratch } => {
             let config = hf::read_config(path)?;
             if !from_scratch
@@ -267,7 +270,9 @@ impl<B: Backend> Run<'_, B> {
             o.grad_accumulation
         ));
         let source = match &o.model {
-            ModelSource::Config(_) => "the built-in demo config".to_string(),
+            ModelSource::Config { name, .. } => {
+                format!("the built-in config of {name} (random weights)")
+            }
             ModelSource::Dir { path, from_scratch } => format!(
                 "{}{}",
                 path.display(),
