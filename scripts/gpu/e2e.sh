@@ -18,12 +18,11 @@ run() {
 }
 
 echo "=== e2e: 100 steps from scratch"
-run --log-file "$OUT/e2e/full.jsonl" --out-dir "$work/model" 2>&1 | tee "$OUT/e2e/full.txt"
+run --log-file "$OUT/e2e/full.jsonl" --out-dir "$work/model"
 
 echo "=== e2e: --continue from step 50"
 printf step-00000050 > "$work/ckpt/latest"
-run --continue --log-file "$OUT/e2e/continued.jsonl" --out-dir "$work/model-continued" 2>&1 |
-    tee "$OUT/e2e/continued.txt"
+run --continue --log-file "$OUT/e2e/continued.jsonl" --out-dir "$work/model-continued"
 
 python3 - "$OUT/e2e/full.jsonl" "$OUT/e2e/continued.jsonl" <<'EOF'
 import json, sys
