@@ -495,8 +495,10 @@ fn cross_entropy_with_z_loss() {
                 // Losses are f32 log-sum-exps of identical inputs over 152k terms, summed one
                 // after another on the CPU and as a tree on the GPU: the CPU's running sum alone
                 // drifts by about sqrt(152k)·2^-24 ≈ 2.3e-5 relative (1.4e-5 was measured on an
-                // H100), so 1e-4 bounds the order difference while a wrong formula misses by far more.
-                |name| if name == "losses" { 1e-4 } else { tol(dtype) },
+                // H100). That error in the log-sum-exp is also the relative error of every
+                // softmax entry of the f32 gradient (3.7e-5 measured), so both get 1e-4, while a
+                // wrong formula misses by far more; bf16 gradients keep the bf16 tolerance.
+                |name| if name == "losses" || dtype == DType::F32 { 1e-4 } else { tol(dtype) },
             );
         }
     }
