@@ -1,5 +1,6 @@
-//! Training throughput of Qwen2.5-0.5B's architecture at batch 32 × 1024 in bf16 on the GPU:
-//! forward, backward, global norm and AdamW per step, on random tokens. The GPU script runs
+//! Training throughput of a built-in architecture (Qwen2.5-0.5B at batch 32 × 1024 unless
+//! SMELT_BENCH_MODEL and SMELT_BENCH_BATCH say otherwise) in bf16 on the GPU: forward,
+//! backward, global norm and AdamW per step, on random tokens. The GPU script runs
 //! the PyTorch baseline in the same device call and prints the ratio.
 
 mod common;
@@ -9,7 +10,7 @@ use std::time::Instant;
 use common::gpu::*;
 use common::{batch, options, trained_tokens};
 use smelt::backend::Backend;
-use smelt::model::{LossOptions, ModelConfig, Recompute, Transformer};
+use smelt::model::{LossOptions, Recompute, Transformer, presets};
 use smelt::tensor::DType;
 
 /// The datasheet's dense bf16 peak of an H100 SXM, as in the PyTorch baseline's MFU.
@@ -17,19 +18,15 @@ const PEAK_FLOPS: f64 = 989e12;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn qwen2_5_0_5b_throughput() {
+fn throughput() {
     let gpu = cuda();
-    let config = ModelConfig::from_json(
-        &serde_json::json!({
-            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
-            "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-            "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-            "tie_word_embeddings": true, "eos_token_id": 151643,
-        }),
-        "Qwen2.5-0.5B architecture",
-    )
-    .unwrap();
-    let (batch_size, seq) = (32, 1024);
+    // The row to measure: SMELT_BENCH_MODEL (a built-in architecture) and SMELT_BENCH_BATCH;
+    // scripts/gpu/bench.sh runs the rows this way.
+    let name = std::env::var("SMELT_BENCH_MODEL").unwrap_or_else(|_| "qwen2.5-0.5b".into());
+    let config = presets::preset(&name).unwrap();
+    let batch_size: usize =
+        std::env::var("SMELT_BENCH_BATCH").map_or(32, |b| b.parse().expect("SMELT_BENCH_BATCH"));
+    let seq = 1024;
     let model = Transformer::new(
         &gpu,
         config.clone(),
@@ -41,7 +38,8 @@ fn qwen2_5_0_5b_throughput() {
     };
     model.init_weights(&gpu, 1).unwrap();
     let optimizer = Optimizer::new(&gpu, &model, DType::BF16);
-    let test = "bench qwen2.5-0.5b 32x1024 bf16";
+    let test = format!("bench {name} {batch_size}x{seq} bf16");
+    let test = test.as_str();
     let mut times = vec![];
     let mut last_loss = 0.0;
     for step in 1..=10u64 {

@@ -498,7 +498,13 @@ fn cross_entropy_with_z_loss() {
                 // H100). That error in the log-sum-exp is also the relative error of every
                 // softmax entry of the f32 gradient (3.7e-5 measured), so both get 1e-4, while a
                 // wrong formula misses by far more; bf16 gradients keep the bf16 tolerance.
-                |name| if name == "losses" || dtype == DType::F32 { 1e-4 } else { tol(dtype) },
+                |name| {
+                    if name == "losses" || dtype == DType::F32 {
+                        1e-4
+                    } else {
+                        tol(dtype)
+                    }
+                },
             );
         }
     }

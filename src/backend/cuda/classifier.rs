@@ -3,7 +3,7 @@
 use anyhow::{Result, ensure};
 
 use super::kernels::Kernel;
-use super::{Cuda, ensure_dtype, float, ptr, rows_of};
+use super::{Cuda, ensure_dtype, float, ptr, rows_of, vec_rows};
 use crate::tensor::{DType, Tensor};
 
 /// Threads per row: a vocabulary of 150k is 300 elements per thread.
@@ -36,7 +36,7 @@ impl Cuda {
         unsafe {
             self.launch(
                 Kernel::CrossEntropy,
-                &[float(logits)],
+                &[float(logits), vec_rows(logits, v)],
                 (n as u32, 1, 1),
                 THREADS,
                 &[

@@ -171,8 +171,8 @@ kernel_table! {
     ColsumPartial => COLSUM, "colsum_partial", [Float, Flag];
     ColsumFinish => COLSUM, "colsum_finish", [Float];
     Rope => ROPE, "rope", [Float];
-    SwigluForward => SWIGLU, "swiglu_forward", [Float];
-    SwigluBackward => SWIGLU, "swiglu_backward", [Float];
+    SwigluForward => SWIGLU, "swiglu_forward", [Float, Flag];
+    SwigluBackward => SWIGLU, "swiglu_backward", [Float, Flag];
     AttentionForward => ATTENTION, "attention_forward", [Float, HeadDim];
     AttentionBackwardDelta => ATTENTION, "attention_backward_delta", [Float, HeadDim];
     AttentionBackwardDkDv => ATTENTION, "attention_backward_dkdv", [Float, HeadDim];
@@ -180,7 +180,7 @@ kernel_table! {
     AttentionForwardTc => ATTENTION_TC, "attention_forward_tc", [HeadDim];
     AttentionBackwardDkDvTc => ATTENTION_TC, "attention_backward_dkdv_tc", [HeadDim];
     AttentionBackwardDqTc => ATTENTION_TC, "attention_backward_dq_tc", [HeadDim];
-    CrossEntropy => CLASSIFIER, "cross_entropy", [Float];
+    CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag];
 }
 

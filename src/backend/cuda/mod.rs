@@ -65,6 +65,13 @@ fn float(t: &Tensor<Cuda>) -> Arg {
     Arg::Float(t.dtype)
 }
 
+/// Whether rows of `row_len` elements of `t`'s dtype can be moved 16 bytes at a time: every
+/// view starts 16-byte aligned (see memory.rs), so each row does when its length in bytes
+/// is a multiple of 16.
+fn vec_rows(t: &Tensor<Cuda>, row_len: usize) -> Arg {
+    Arg::Flag((row_len * t.dtype.size_bytes()).is_multiple_of(16))
+}
+
 /// `n` of an `[n, cols]` view of a tensor whose last dimension is `cols`.
 fn rows_of(t: &Tensor<Cuda>) -> usize {
     t.numel() / t.cols()

@@ -2,8 +2,9 @@
 
 use anyhow::{Result, ensure};
 
+use super::kernels::Arg;
 use super::kernels::Kernel;
-use super::{BLOCK, Cuda, blocks, ensure_same_dtype, float, ptr};
+use super::{BLOCK, Cuda, blocks, ensure_same_dtype, float, ptr, vec_rows};
 use crate::tensor::Tensor;
 
 impl Cuda {
@@ -20,12 +21,14 @@ impl Cuda {
             "swiglu_forward: gate_up {:?}",
             gate_up.shape
         );
-        // SAFETY: one thread per element of out [rows, f]; gate_up is [rows, 2f].
+        let vec = vec_rows(out, f);
+        // SAFETY: one thread per `width` elements of out [rows, f] (16-byte aligned runs with
+        // `vec`); gate_up is [rows, 2f].
         unsafe {
             self.launch(
                 Kernel::SwigluForward,
-                &[float(out)],
-                (blocks(rows * f, BLOCK as usize), 1, 1),
+                &[float(out), vec],
+                (blocks(rows * f / width(out, vec), BLOCK as usize), 1, 1),
                 BLOCK,
                 &[
                     ptr(out).into(),
@@ -50,12 +53,14 @@ impl Cuda {
             gate_up.numel() == 2 * rows * f && dgate_up.numel() == 2 * rows * f,
             "swiglu_backward shapes"
         );
-        // SAFETY: one thread per element of dout [rows, f]; gate_up, dgate_up are [rows, 2f].
+        let vec = vec_rows(dout, f);
+        // SAFETY: one thread per `width` elements of dout [rows, f] (16-byte aligned runs with
+        // `vec`); gate_up and dgate_up are [rows, 2f].
         unsafe {
             self.launch(
                 Kernel::SwigluBackward,
-                &[float(dout)],
-                (blocks(rows * f, BLOCK as usize), 1, 1),
+                &[float(dout), vec],
+                (blocks(rows * f / width(dout, vec), BLOCK as usize), 1, 1),
                 BLOCK,
                 &[
                     ptr(dgate_up).into(),
@@ -66,5 +71,14 @@ impl Cuda {
                 ],
             )
         }
+    }
+}
+
+/// Elements each thread handles: 16 bytes' worth with `vec`, else one (swiglu.cu's W).
+fn width(t: &Tensor<Cuda>, vec: Arg) -> usize {
+    if vec == Arg::Flag(true) {
+        16 / t.dtype.size_bytes()
+    } else {
+        1
     }
 }

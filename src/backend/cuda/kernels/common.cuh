@@ -77,3 +77,37 @@ __device__ __forceinline__ void load_row_stats(float* lses, float* deltas, const
         deltas[threadIdx.x] = t < Tn ? delta[base + t] : 0.0f;
     }
 }
+
+// W consecutive values at p as f32: one 16-byte access when W values of T fill 16 bytes (p
+// must then be 16-byte aligned), else element by element.
+template <typename T, int W>
+__device__ __forceinline__ void load_vec(float (&v)[W], const T* p) {
+    if constexpr (W * sizeof(T) == 16) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(p);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < W; i++) v[i] = to_f32(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) v[i] = to_f32(p[i]);
+    }
+}
+
+// Stores W values rounded to T at p, as `load_vec` reads them.
+template <typename T, int W>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[W]) {
+    if constexpr (W * sizeof(T) == 16) {
+        uint4 raw;
+        T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < W; i++) e[i] = from_f32<T>(v[i]);
+        *reinterpret_cast<uint4*>(p) = raw;
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) p[i] = from_f32<T>(v[i]);
+    }
+}
+
+// Values per access: a whole 16 bytes with `vec` (the caller checked the alignment), else one.
+template <typename T, bool VEC>
+__host__ __device__ constexpr int access_width() { return VEC ? 16 / (int)sizeof(T) : 1; }
