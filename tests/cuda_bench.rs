@@ -37,7 +37,7 @@ fn throughput() {
         Err(e) => panic!("{e:#}"),
     };
     model.init_weights(&gpu, 1).unwrap();
-    let optimizer = Optimizer::new(&gpu, &model, DType::BF16);
+    let optimizer = bf16_adamw(&gpu, &model);
     let test = format!("bench {name} {batch_size}x{seq} bf16");
     let test = test.as_str();
     let mut times = vec![];
@@ -54,7 +54,7 @@ fn throughput() {
         model
             .forward_backward(&gpu, &tokens, &targets, loss)
             .unwrap();
-        optimizer.step(&gpu, &model, step, 1e-4);
+        optimizer.step(&gpu, &model, 1e-4, step, 7).unwrap();
         gpu.synchronize().unwrap();
         times.push(start.elapsed().as_secs_f64());
         last_loss = model.loss_sum(&gpu).unwrap() / trained_tokens(&targets) as f64;

@@ -27,7 +27,7 @@ fn train<B: Backend>(
     )
     .unwrap();
     upload_weights(gpu, &model, &host_weights(&model, 3, 0.05));
-    let optimizer = Optimizer::new(gpu, &model, DType::BF16);
+    let optimizer = bf16_adamw(gpu, &model);
     let mut losses = vec![];
     for step in 1..=STEPS {
         let (tokens, targets) = batch(batch_size * seq, config.vocab_size, 100 + step);
@@ -40,7 +40,7 @@ fn train<B: Backend>(
             .forward_backward(gpu, &tokens, &targets, loss)
             .unwrap();
         losses.extend(gpu.download(model.losses()).unwrap());
-        optimizer.step(gpu, &model, step, 1e-3);
+        optimizer.step(gpu, &model, 1e-3, step, 7).unwrap();
     }
     let weights = model
         .params

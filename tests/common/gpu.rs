@@ -2,11 +2,12 @@
 //! that print their figures (the GPU script collects `[figure]` lines), and model weights
 //! drawn once on the host.
 
+use smelt::backend::Backend;
 use smelt::backend::cuda::Cuda;
-use smelt::backend::{AdamW, Backend};
 use smelt::model::{ParamKind, Transformer};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor, TensorSpec};
+use smelt::train::optimizer::{AdamWState, OptimizerOptions};
 
 pub fn cuda() -> Cuda {
     Cuda::new(0).expect("these tests need a CUDA GPU")
@@ -181,60 +182,18 @@ pub fn small_configs() -> Vec<(&'static str, smelt::model::ModelConfig)> {
     ]
 }
 
-/// Adam moments (zeroed, in `dtype`) and the global-norm cell for `model`'s optimizer.
-pub struct Optimizer<B: Backend> {
-    m: Vec<Tensor<B>>,
-    v: Vec<Tensor<B>>,
-    norm_sq: Tensor<B>,
-}
-
-impl<B: Backend> Optimizer<B> {
-    pub fn new(b: &B, model: &Transformer<B>, dtype: DType) -> Self {
-        let specs: Vec<TensorSpec> = model
-            .layout
-            .tensor_specs()
-            .into_iter()
-            .map(|s| TensorSpec::new(s.name, &s.shape, dtype))
-            .collect();
-        let zeros = |category: &str| {
-            let ts = b.allocate(category, &specs).unwrap();
-            ts.iter().for_each(|t| b.fill(t, 0.0).unwrap());
-            ts
-        };
-        let (m, v) = (zeros("adam m"), zeros("adam v"));
-        let norm_sq = b
-            .allocate("norm", &[TensorSpec::new("norm_sq", &[1], DType::F32)])
-            .unwrap()
-            .remove(0);
-        Optimizer { m, v, norm_sq }
-    }
-
-    /// The global gradient norm on the device, then AdamW on every parameter (clip 1, decay
-    /// 0.1 on matrices and embeddings), as the trainer does it; `step` counts from 1.
-    pub fn step(&self, b: &B, model: &Transformer<B>, step: u64, lr: f32) {
-        b.fill(&self.norm_sq, 0.0).unwrap();
-        for g in model.grads.iter() {
-            b.sum_squares(&self.norm_sq, g).unwrap();
-        }
-        let tensors = model.params.iter().zip(model.grads.iter());
-        for (i, ((spec, (p, g)), (m, v))) in model
-            .layout
-            .iter()
-            .zip(tensors)
-            .zip(self.m.iter().zip(&self.v))
-            .enumerate()
-        {
-            let hp = AdamW {
-                lr,
-                beta1: 0.9,
-                beta2: 0.95,
-                eps: 1e-8,
-                weight_decay: if spec.kind.decays() { 0.1 } else { 0.0 },
-                step,
-                grad_clip: 1.0,
-                seed: step << 32 | i as u64,
-            };
-            b.adamw(p, None, g, m, v, &self.norm_sq, &hp).unwrap();
-        }
-    }
+/// The trainer's AdamW with bf16 moments updated in place (no master copy), clip 1 and decay
+/// 0.1: bf16 weights and bf16 Adam states, as the benchmark rows are defined.
+pub fn bf16_adamw<B: Backend>(b: &B, model: &Transformer<B>) -> AdamWState<B> {
+    let options = OptimizerOptions {
+        beta_1: 0.9,
+        beta_2: 0.95,
+        adam_eps: 1e-8,
+        weight_decay: 0.1,
+        grad_clip: 1.0,
+        opt_m_dtype: DType::BF16,
+        opt_v_dtype: DType::BF16,
+        master_dtype: None,
+    };
+    AdamWState::new(b, model, options).unwrap()
 }
