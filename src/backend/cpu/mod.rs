@@ -77,8 +77,9 @@ impl<T: Scalar> Cpu<T> {
         .map_err(|_| anyhow!("expected an i32 tensor, got {:?} {}", t.shape, t.dtype))
     }
 
-    /// Runs `f` on the tensor's values at full precision, then rounds them to its dtype.
-    /// Gradient checks use this to nudge one weight without the round trip through f32.
+    /// Runs `f` on the tensor's values at full precision, then rounds them to its dtype: how
+    /// every op writes its output, and how gradient checks nudge one weight without a round
+    /// trip through f32.
     pub fn update(&self, t: &Tensor<Self>, f: impl FnOnce(&mut [T])) -> Result<()> {
         let mut values = self.floats_mut(t)?;
         f(&mut values);
@@ -89,11 +90,6 @@ impl<T: Scalar> Cpu<T> {
     /// The tensor's values at full precision.
     pub fn values(&self, t: &Tensor<Self>) -> Result<Vec<T>> {
         Ok(self.floats(t)?.to_vec())
-    }
-
-    /// Runs an op that writes `out`, then rounds what it wrote to `out`'s dtype.
-    fn write(&self, out: &Tensor<Self>, op: impl FnOnce(&mut [T])) -> Result<()> {
-        self.update(out, op)
     }
 }
 
@@ -150,7 +146,7 @@ impl<T: Scalar> Backend for Cpu<T> {
             src.len(),
             dst.shape
         );
-        self.write(dst, |d| {
+        self.update(dst, |d| {
             d.iter_mut()
                 .zip(src)
                 .for_each(|(d, &s)| *d = T::of(s as f64))
@@ -181,7 +177,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     }
 
     fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()> {
-        self.write(dst, |d| d.fill(T::of(value as f64)))
+        self.update(dst, |d| d.fill(T::of(value as f64)))
     }
 
     fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
@@ -192,7 +188,7 @@ impl<T: Scalar> Backend for Cpu<T> {
             dst.shape
         );
         let src = self.floats(src)?;
-        self.write(dst, |d| d.copy_from_slice(&src))
+        self.update(dst, |d| d.copy_from_slice(&src))
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -206,7 +202,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         wte: &Tensor<Self>,
     ) -> Result<()> {
         let (tokens, wte_v) = (self.ints(tokens)?, self.floats(wte)?);
-        self.write(out, |o| {
+        self.update(out, |o| {
             embedding::embedding_forward(o, &tokens, &wte_v, wte.cols())
         })
     }
@@ -219,7 +215,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         accumulate: bool,
     ) -> Result<()> {
         let (tokens, dout) = (self.ints(tokens)?, self.floats(dout)?);
-        self.write(dwte, |d| {
+        self.update(dwte, |d| {
             embedding::embedding_backward(d, &tokens, &dout, dwte.cols(), accumulate)
         })
     }
@@ -234,7 +230,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) -> Result<()> {
         let (inp, weight) = (self.floats(inp)?, self.floats(weight)?);
         let mut rstd_v = self.floats_mut(rstd)?;
-        self.write(out, |o| {
+        self.update(out, |o| {
             rmsnorm::rmsnorm_forward(o, &mut rstd_v, &inp, &weight, eps as f64)
         })?;
         rounding::round_slice(rstd.dtype, &mut rstd_v);
@@ -253,7 +249,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) -> Result<()> {
         {
             let (residual, branch) = (self.floats(residual)?, self.floats(branch)?);
-            self.write(residual_out, |r| {
+            self.update(residual_out, |r| {
                 r.iter_mut()
                     .zip(residual.iter().zip(branch.iter()))
                     .for_each(|(r, (&a, &b))| *r = a + b)
@@ -280,7 +276,7 @@ impl<T: Scalar> Backend for Cpu<T> {
             self.floats(rstd)?,
         );
         let mut dweight_v = self.floats_mut(dweight)?;
-        self.write(dinp, |dx| {
+        self.update(dinp, |dx| {
             rmsnorm::rmsnorm_backward(dx, &mut dweight_v, &dout, &inp, &weight, &rstd, accumulate)
         })?;
         rounding::round_slice(dweight.dtype, &mut dweight_v);
@@ -304,7 +300,7 @@ impl<T: Scalar> Backend for Cpu<T> {
             "matmul: output {:?} is not {m}x{n}",
             out.shape
         );
-        self.write(out, |o| {
+        self.update(out, |o| {
             matmul::matmul(o, &a_v, a.cols(), &b_v, b.cols(), bias.as_deref(), spec)
         })
     }
@@ -316,7 +312,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         accumulate: bool,
     ) -> Result<()> {
         let dout = self.floats(dout)?;
-        self.write(dbias, |d| matmul::bias_backward(d, &dout, accumulate))
+        self.update(dbias, |d| matmul::bias_backward(d, &dout, accumulate))
     }
 
     fn rope_forward(
@@ -326,7 +322,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         shape: AttnShape,
     ) -> Result<()> {
         let freqs = self.floats(freqs)?;
-        self.write(qkv, |x| rope::rope_rotate(x, &freqs, shape, false))
+        self.update(qkv, |x| rope::rope_rotate(x, &freqs, shape, false))
     }
 
     fn rope_backward(
@@ -336,7 +332,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         shape: AttnShape,
     ) -> Result<()> {
         let freqs = self.floats(freqs)?;
-        self.write(dqkv, |x| rope::rope_rotate(x, &freqs, shape, true))
+        self.update(dqkv, |x| rope::rope_rotate(x, &freqs, shape, true))
     }
 
     fn attention_forward(
@@ -348,7 +344,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) -> Result<()> {
         let qkv = self.floats(qkv)?;
         let mut lse_v = self.floats_mut(lse)?;
-        self.write(out, |o| {
+        self.update(out, |o| {
             attention::attention_forward(o, &mut lse_v, &qkv, shape)
         })?;
         rounding::round_slice(lse.dtype, &mut lse_v);
@@ -370,14 +366,14 @@ impl<T: Scalar> Backend for Cpu<T> {
             self.floats(out)?,
             self.floats(lse)?,
         );
-        self.write(dqkv, |d| {
+        self.update(dqkv, |d| {
             attention::attention_backward(d, &dout, &qkv, &out, &lse, shape)
         })
     }
 
     fn swiglu_forward(&self, out: &Tensor<Self>, gate_up: &Tensor<Self>) -> Result<()> {
         let gu = self.floats(gate_up)?;
-        self.write(out, |o| swiglu::swiglu_forward(o, &gu, out.cols()))
+        self.update(out, |o| swiglu::swiglu_forward(o, &gu, out.cols()))
     }
 
     fn swiglu_backward(
@@ -387,7 +383,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         gate_up: &Tensor<Self>,
     ) -> Result<()> {
         let (dy, gu) = (self.floats(dout)?, self.floats(gate_up)?);
-        self.write(dgate_up, |d| {
+        self.update(dgate_up, |d| {
             swiglu::swiglu_backward(d, &dy, &gu, dout.cols())
         })
     }
@@ -402,7 +398,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) -> Result<()> {
         let targets = self.ints(targets)?;
         let mut losses_v = self.floats_mut(losses)?;
-        self.write(logits, |l| {
+        self.update(logits, |l| {
             classifier::cross_entropy(
                 l,
                 &mut losses_v,
@@ -417,7 +413,7 @@ impl<T: Scalar> Backend for Cpu<T> {
 
     fn sum_squares(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
         let x = self.floats(x)?;
-        self.write(out, |o| o[0] += x.iter().map(|&v| v * v).sum::<T>())
+        self.update(out, |o| o[0] += x.iter().map(|&v| v * v).sum::<T>())
     }
 
     fn adamw(
