@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use serde_json::json;
 use smelt::backend::cpu::Cpu;
-use smelt::model::{LossOptions, ModelConfig, ModelOptions, Recompute, Transformer};
+use smelt::model::{
+    LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
+};
 use smelt::rng::Rng;
 use smelt::tensor::DType;
 
@@ -31,6 +33,7 @@ fn main() -> anyhow::Result<()> {
         dtype: DType::F32,
         recompute: Recompute::default(),
         lmhead_chunks: 4,
+        matmul: MatmulPrecision::Native,
     };
     let mut model = Transformer::new(&cpu, config, options)?;
     model.init_weights(&cpu, 1)?;

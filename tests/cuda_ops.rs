@@ -141,13 +141,13 @@ fn rmsnorm_forward_fused_and_backward() {
         let zeros = vec![0.0; n * c];
         let (x, branch, w) = (t(&[n, c], x), t(&[n, c], branch), t(&[c], w));
         let (out, rstd) = (t(&[n, c], &zeros), stat());
-        b.rmsnorm_forward(&out, &rstd, &x, &w, 1e-6).unwrap();
+        b.rmsnorm_forward(&out, &rstd, &x, &w, 1e-6, None).unwrap();
         let (res, fused, fused_rstd) = (t(&[n, c], &zeros), t(&[n, c], &zeros), stat());
-        b.residual_rmsnorm_forward(&res, &fused, &fused_rstd, &x, &branch, &w, 1e-6)
+        b.residual_rmsnorm_forward(&res, &fused, &fused_rstd, &x, &branch, &w, 1e-6, None)
             .unwrap();
         // The plain norm of the fused kernel's rounded residual.
         let (replain, replain_rstd) = (t(&[n, c], &zeros), stat());
-        b.rmsnorm_forward(&replain, &replain_rstd, &res, &w, 1e-6)
+        b.rmsnorm_forward(&replain, &replain_rstd, &res, &w, 1e-6, None)
             .unwrap();
         let (dy, dx, dw) = (t(&[n, c], dy), t(&[n, c], dx0), t(&[c], dw0));
         b.rmsnorm_backward(&dx, &dw, &dy, &res, &w, &fused_rstd, acc)
@@ -352,7 +352,7 @@ fn swiglu_forward_and_backward() {
         let n = dy.len() / f;
         let gate_up = tensor(b, &[n, 2 * f], dtype, gu);
         let out = tensor(b, &[n, f], dtype, &vec![0.0; n * f]);
-        b.swiglu_forward(&out, &gate_up).unwrap();
+        b.swiglu_forward(&out, &gate_up, None).unwrap();
         let (dout, dgu) = (
             tensor(b, &[n, f], dtype, dy),
             tensor(b, &[n, 2 * f], dtype, &vec![0.0; n * 2 * f]),
@@ -403,7 +403,7 @@ fn attention_forward_and_backward() {
             DType::F32,
             &vec![0.0; rows * s.q_heads],
         );
-        b.attention_forward(&out, &lse, &qkv, s).unwrap();
+        b.attention_forward(&out, &lse, &qkv, s, None).unwrap();
         let dout = tensor(b, &[rows, q], dtype, dout);
         let dqkv = tensor(
             b,
@@ -614,7 +614,7 @@ fn adamw_matches_the_cpu_bit_for_bit() {
                 grad_clip: 1.0,
                 seed: 0x5EED + step as u64,
             };
-            b.adamw(&param, master.as_ref(), &grad, &m, &v, &norm, &hp)
+            b.adamw(&param, master.as_ref(), &grad, &m, &v, &norm, &hp, None)
                 .unwrap();
         }
         let mut out = vec![

@@ -8,7 +8,7 @@ use smelt::backend::Backend;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::io::hf;
 use smelt::io::tensors::{MappedFile, decode};
-use smelt::model::{LossOptions, ModelOptions, Recompute, Transformer};
+use smelt::model::{LossOptions, MatmulPrecision, ModelOptions, Recompute, Transformer};
 use smelt::tensor::DType;
 
 const FIXTURES: [&str; 4] = ["llama_untied", "llama_tied", "qwen2_untied", "qwen2_tied"];
@@ -84,6 +84,7 @@ fn cpu_matches_transformers() {
             dtype: DType::F32,
             recompute: Recompute::default(),
             lmhead_chunks: 3,
+            matmul: MatmulPrecision::Native,
         };
         let mut model = Transformer::new(&cpu, config, options).unwrap();
         hf::import(&cpu, &model, &dir).unwrap();

@@ -87,6 +87,23 @@ pub struct AdamW {
     pub seed: u64,
 }
 
+/// An FP8 operand of `matmul_scaled`: values quantized by `quantize`, and `descale` (`[1]`
+/// f32, on the device), the factor that turns them back into real values.
+#[derive(Clone, Copy, Debug)]
+pub struct Scaled<'a, B: Backend> {
+    pub data: &'a Tensor<B>,
+    pub descale: &'a Tensor<B>,
+}
+
+/// The largest finite value of an FP8 dtype, which `quantize` scales a tensor's abs-max to.
+pub fn fp8_max(dtype: DType) -> Option<f32> {
+    match dtype {
+        DType::E4M3 => Some(448.0),
+        DType::E5M2 => Some(57344.0),
+        _ => None,
+    }
+}
+
 /// A typed refusal for a dtype combination an op does not implement.
 #[derive(Debug, thiserror::Error)]
 #[error("{backend} backend: {op} does not support dtypes {dtypes:?}")]
@@ -134,6 +151,10 @@ pub trait Backend: Sized {
     fn synchronize(&self) -> Result<()>;
 
     // ----- the transformer's operations -----
+    //
+    // An `amax` argument, where given, is an FP8 input's abs-max reported by the op that
+    // produces it: `amax[0] = max(amax[0], max |out|)` over the values as stored (`[1]` f32,
+    // zeroed by the caller), so that quantizing needs no extra pass over the tensor.
 
     /// `out[n, :] = wte[tokens[n], :]`. tokens: `[N]` i32, wte: `[V, C]`, out: `[N, C]`.
     fn embedding_forward(
@@ -160,6 +181,7 @@ pub trait Backend: Sized {
         inp: &Tensor<Self>,
         weight: &Tensor<Self>,
         eps: f32,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// `residual_out = residual + branch`, then `rmsnorm_forward` of `residual_out`.
     #[allow(clippy::too_many_arguments)]
@@ -172,6 +194,7 @@ pub trait Backend: Sized {
         branch: &Tensor<Self>,
         weight: &Tensor<Self>,
         eps: f32,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// `dinp += ∂out/∂inp · dout` (the residual stream, always added into) and
     /// `dweight (+)= Σ_n dout[n] ⊙ inp[n] · rstd[n]`.
@@ -229,6 +252,7 @@ pub trait Backend: Sized {
         lse: &Tensor<Self>,
         qkv: &Tensor<Self>,
         shape: AttnShape,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// Writes `dqkv` (all three parts) from `dout`.
     fn attention_backward(
@@ -242,7 +266,12 @@ pub trait Backend: Sized {
     ) -> Result<()>;
 
     /// `out = silu(gate) ⊙ up` where `gate_up` is `[N, 2F]`: gate columns first, then up.
-    fn swiglu_forward(&self, out: &Tensor<Self>, gate_up: &Tensor<Self>) -> Result<()>;
+    fn swiglu_forward(
+        &self,
+        out: &Tensor<Self>,
+        gate_up: &Tensor<Self>,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()>;
     fn swiglu_backward(
         &self,
         dgate_up: &Tensor<Self>,
@@ -269,7 +298,8 @@ pub trait Backend: Sized {
     /// One AdamW step on `param` (`master` holds the high-precision copy when present, and
     /// `param` receives it rounded). `norm_sq` is the global gradient `Σ g²` from
     /// `sum_squares`, read on the device for clipping. Weight decay applies when
-    /// `hp.weight_decay` is non-zero; the caller passes 0 for norms and biases.
+    /// `hp.weight_decay` is non-zero; the caller passes 0 for norms and biases. `amax`, where
+    /// given, receives the updated `param`'s abs-max, for its FP8 copy.
     #[allow(clippy::too_many_arguments)]
     fn adamw(
         &self,
@@ -280,5 +310,34 @@ pub trait Backend: Sized {
         v: &Tensor<Self>,
         norm_sq: &Tensor<Self>,
         hp: &AdamW,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()>;
+
+    // ----- FP8 -----
+
+    /// `amax[0] = max(amax[0], max |x|)`, for tensors whose producer does not report it.
+    fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()>;
+    /// Current scaling: with `s = fp8_max(out.dtype) / amax[0]` (1 where amax is 0 or not
+    /// finite), both in f32, writes `out = fp8(x · s)` (round-to-nearest-even, saturating at
+    /// ±fp8_max) and `descale[0] = 1 / s`. x: `[R, C]` bf16; out: `[R, C]`, or `[C, R]` with
+    /// `transpose`, which is how the backward gets the layouts FP8 matmuls need.
+    fn quantize(
+        &self,
+        out: &Tensor<Self>,
+        descale: &Tensor<Self>,
+        x: &Tensor<Self>,
+        amax: &Tensor<Self>,
+        transpose: bool,
+    ) -> Result<()>;
+    /// `out[M, N] (+)= (a[M, K] · a.descale) · (b[N, K] · b.descale)ᵀ (+ bias[N])`, the one
+    /// form FP8 matmuls take on Hopper (K contiguous in both operands). a and b are e4m3 or
+    /// e5m2, not both e5m2; out and bias are bf16.
+    fn matmul_scaled(
+        &self,
+        out: &Tensor<Self>,
+        a: Scaled<'_, Self>,
+        b: Scaled<'_, Self>,
+        bias: Option<&Tensor<Self>>,
+        accumulate: bool,
     ) -> Result<()>;
 }

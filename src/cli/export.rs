@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::backend::cpu::Cpu;
 use crate::io::hf;
-use crate::model::{ModelOptions, Recompute, Transformer};
+use crate::model::{MatmulPrecision, ModelOptions, Recompute, Transformer};
 use crate::tensor::DType;
 
 #[derive(Args)]
@@ -39,6 +39,7 @@ impl ExportArgs {
             dtype: DType::F32,
             recompute: Recompute::default(),
             lmhead_chunks: 1,
+            matmul: MatmulPrecision::Native,
         };
         let model = Transformer::new(&cpu, config, options)?;
         hf::import(&cpu, &model, &self.model)?;

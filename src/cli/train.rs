@@ -9,7 +9,7 @@ use clap::Args;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
-use crate::model::{Recompute, presets};
+use crate::model::{MatmulPrecision, Recompute, presets};
 use crate::tensor::DType;
 use crate::train::optimizer::OptimizerOptions;
 use crate::train::options::Defaults;
@@ -126,12 +126,14 @@ pub struct TrainArgs {
     /// Dtype of weights and activations: f32 or bf16 [default: bf16; demo f32].
     #[arg(long, value_parser = dtype, help_heading = "Precision")]
     model_dtype: Option<DType>,
-    /// Dtype of matmul inputs; only the --model-dtype is implemented yet (FP8 e4m3 is not).
-    #[arg(long, value_parser = dtype, help_heading = "Precision")]
-    matmul_dtype: Option<DType>,
-    /// Dtype of gradients; only the --model-dtype is implemented yet.
-    #[arg(long, value_parser = dtype, help_heading = "Precision")]
-    gradient_dtype: Option<DType>,
+    /// Dtype the blocks' linear layers multiply in: bf16, or e4m3 (FP8 with per-tensor
+    /// scaling; needs --model-dtype bf16). The embeddings and the LM head stay bf16.
+    #[arg(long, default_value = "bf16", help_heading = "Precision")]
+    matmul_dtype: String,
+    /// Dtype of the output gradients those matmuls take in the backward, with
+    /// --matmul-dtype e4m3: e4m3 or e5m2 [default: e5m2].
+    #[arg(long, help_heading = "Precision")]
+    gradient_dtype: Option<String>,
     /// Dtype of the optimizer's master weights; a master copy is kept when it is wider than
     /// --model-dtype [default: f32].
     #[arg(long, value_parser = dtype, help_heading = "Precision")]
@@ -270,15 +272,12 @@ impl TrainArgs {
         if !matches!(model_dtype, DType::F32 | DType::BF16) {
             bail!("--model-dtype {model_dtype}: choose f32 or bf16");
         }
-        for (flag, value) in [
-            ("--matmul-dtype", self.matmul_dtype),
-            ("--gradient-dtype", self.gradient_dtype),
-        ] {
-            if let Some(v) = value.filter(|&v| v != model_dtype) {
-                bail!(
-                    "{flag} {v}: not implemented yet; only the --model-dtype ({model_dtype}) is, so leave {flag} out"
-                );
-            }
+        let matmul = MatmulPrecision::parse(&self.matmul_dtype, self.gradient_dtype.as_deref())?;
+        if matmul != MatmulPrecision::Native && model_dtype != DType::BF16 {
+            bail!(
+                "--matmul-dtype {}: FP8 matmuls write bf16, so they need --model-dtype bf16 (not {model_dtype})",
+                self.matmul_dtype
+            );
         }
         for (flag, v) in [
             ("--opt-m-dtype", self.opt_m_dtype),
@@ -338,6 +337,7 @@ impl TrainArgs {
             },
             z_loss: self.z_loss,
             model_dtype,
+            matmul,
             recompute: Recompute {
                 swiglu: self.recompute_swiglu,
                 norm: self.recompute_norm,

@@ -22,6 +22,12 @@ impl<B: Backend> Transformer<B> {
         loss: LossOptions,
     ) -> Result<()> {
         self.forward_hidden(b, tokens)?;
+        self.backward(b, targets, loss)
+    }
+
+    /// The second half of `forward_backward`, after `forward_hidden`: the LM head and its
+    /// loss, then every block's backward. Apart for benchmarks that time the two.
+    pub fn backward(&mut self, b: &B, targets: &[i32], loss: LossOptions) -> Result<()> {
         self.head(b, targets, loss.z_loss, Some(loss))?;
         let (a, p, g, acc) = (&self.acts, &self.params, &self.grads, loss.accumulate);
         let last = self.config.num_layers;

@@ -28,7 +28,7 @@ impl<B: Backend> Transformer<B> {
         let (a, p, last) = (&self.acts, &self.params, self.config.num_layers);
         let eps = self.config.rms_norm_eps as f32;
         if last == 0 {
-            b.rmsnorm_forward(&a.lnf, &a.rstdf, &a.residual[0], &p.final_norm, eps)
+            b.rmsnorm_forward(&a.lnf, &a.rstdf, &a.residual[0], &p.final_norm, eps, None)
         } else {
             let mid = a.residual_mid.layer(last - 1);
             b.residual_rmsnorm_forward(
@@ -39,6 +39,7 @@ impl<B: Backend> Transformer<B> {
                 &a.branch,
                 &p.final_norm,
                 eps,
+                None,
             )
         }
     }
@@ -74,9 +75,10 @@ impl<B: Backend> Transformer<B> {
                 &a.branch,
                 &w.ln1,
                 eps,
+                None,
             )?;
         } else if run(rc.norms()) {
-            b.rmsnorm_forward(ln1, a.rstd1.layer(l), &a.residual[l], &w.ln1, eps)?;
+            b.rmsnorm_forward(ln1, a.rstd1.layer(l), &a.residual[l], &w.ln1, eps, None)?;
         }
         // 2) QKV projection (+ bias), then RoPE on q and k
         if run(rc.qkv()) {
@@ -85,7 +87,7 @@ impl<B: Backend> Transformer<B> {
         }
         // 3) causal attention
         if run(rc.attention()) {
-            b.attention_forward(att, lse, qkv, shape)?;
+            b.attention_forward(att, lse, qkv, shape, None)?;
         }
         // 4) output projection, 5) residual add and post-attention norm
         if run(rc.residual_mid()) {
@@ -98,9 +100,10 @@ impl<B: Backend> Transformer<B> {
                 &a.branch,
                 &w.ln2,
                 eps,
+                None,
             )?;
         } else if run(rc.norms()) {
-            b.rmsnorm_forward(ln2, a.rstd2.layer(l), mid, &w.ln2, eps)?;
+            b.rmsnorm_forward(ln2, a.rstd2.layer(l), mid, &w.ln2, eps, None)?;
         }
         // 6) gate/up projection
         if run(rc.gate_up()) {
@@ -108,7 +111,7 @@ impl<B: Backend> Transformer<B> {
         }
         // 7) SwiGLU
         if run(rc.swiglu_out()) {
-            b.swiglu_forward(swiglu, gate_up)?;
+            b.swiglu_forward(swiglu, gate_up, None)?;
         }
         // 8) down projection; the backward never needs it again
         if pass == Pass::Forward {

@@ -6,6 +6,7 @@ pub mod activations;
 mod backward;
 pub mod config;
 mod forward;
+pub mod fp8;
 mod head;
 mod init;
 pub mod params;
@@ -14,6 +15,7 @@ mod transformer;
 
 pub use activations::Recompute;
 pub use config::{Architecture, ModelConfig};
+pub use fp8::MatmulPrecision;
 pub use head::LossOptions;
 pub use params::{ParamKind, Params};
 pub use transformer::{ModelOptions, Transformer};

@@ -5,6 +5,7 @@ use anyhow::{Result, ensure};
 
 use super::activations::{ActivationShape, Activations, Recompute};
 use super::config::ModelConfig;
+use super::fp8::MatmulPrecision;
 use super::params::{ParamSpec, Params, from_list};
 use crate::backend::{AttnShape, Backend};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -20,6 +21,8 @@ pub struct ModelOptions {
     /// The LM head and loss run over the tokens in this many chunks, so the full
     /// `[B·T, V]` logits never exist at once.
     pub lmhead_chunks: usize,
+    /// What the blocks' linear layers multiply in.
+    pub matmul: MatmulPrecision,
 }
 
 pub struct Transformer<B: Backend> {

@@ -148,7 +148,7 @@ impl<B: Backend> AdamWState<B> {
                 grad_clip: o.grad_clip as f32,
                 seed: Rng::derived(seed, i as u64).next_u64(),
             };
-            b.adamw(param, master, grad, m, v, &self.norm_sq, &hp)?;
+            b.adamw(param, master, grad, m, v, &self.norm_sq, &hp, None)?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::optimizer::OptimizerOptions;
 use super::schedule::Decay;
-use crate::model::Recompute;
+use crate::model::{MatmulPrecision, Recompute};
 use crate::tensor::DType;
 
 /// Where the model comes from.
@@ -40,6 +40,7 @@ pub struct Options {
     pub optimizer: OptimizerOptions,
     pub z_loss: f64,
     pub model_dtype: DType,
+    pub matmul: MatmulPrecision,
     pub recompute: Recompute,
     pub lmhead_chunks: usize,
     pub seed: u64,

@@ -8,7 +8,7 @@
 use anyhow::{Result, bail};
 
 use crate::backend::Backend;
-use crate::model::{ModelConfig, ModelOptions, Recompute, Transformer};
+use crate::model::{MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer};
 use crate::rng::Rng;
 use crate::tensor::DType;
 
@@ -37,6 +37,7 @@ fn model_options(seq: usize, dtype: DType) -> ModelOptions {
         // Forward only: one shared buffer per activation is enough.
         recompute: Recompute::all(),
         lmhead_chunks: 1,
+        matmul: MatmulPrecision::Native,
     }
 }
 

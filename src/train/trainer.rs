@@ -91,6 +91,7 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
                 dtype: o.model_dtype,
                 recompute: o.recompute,
                 lmhead_chunks: o.lmhead_chunks,
+                matmul: o.matmul,
             },
         )?,
         opt: None,

@@ -4,7 +4,7 @@
 use serde_json::json;
 use smelt::backend::Backend;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX, Scalar};
-use smelt::model::{ModelConfig, ModelOptions, Recompute, Transformer};
+use smelt::model::{MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer};
 use smelt::rng::Rng;
 use smelt::tensor::DType;
 
@@ -41,6 +41,7 @@ pub fn options(
         dtype,
         recompute,
         lmhead_chunks,
+        matmul: MatmulPrecision::Native,
     }
 }
 

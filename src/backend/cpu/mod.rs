@@ -9,6 +9,7 @@ mod adamw;
 mod attention;
 mod classifier;
 mod embedding;
+mod fp8;
 mod matmul;
 mod rmsnorm;
 mod rope;
@@ -25,7 +26,7 @@ use anyhow::{Result, anyhow, ensure};
 pub use classifier::IGNORE_INDEX;
 pub use scalar::Scalar;
 
-use super::{AdamW, AttnShape, Backend, Matmul, UnsupportedDtype};
+use super::{AdamW, AttnShape, Backend, Matmul, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub enum Buffer<T> {
@@ -87,6 +88,24 @@ impl<T: Scalar> Cpu<T> {
         Ok(())
     }
 
+    /// Raises `amax[0]` to the abs-max of `t`: the `amax` argument of the producing ops.
+    fn report_abs_max(&self, amax: Option<&Tensor<Self>>, t: &Tensor<Self>) -> Result<()> {
+        match amax {
+            Some(amax) => self.abs_max(amax, t),
+            None => Ok(()),
+        }
+    }
+
+    /// The one value of a `[1]` tensor (an abs-max or a descale).
+    fn scalar(&self, t: &Tensor<Self>) -> Result<f32> {
+        ensure!(
+            t.numel() == 1,
+            "expected a one-element tensor, got {:?}",
+            t.shape
+        );
+        Ok(self.floats(t)?[0].f64() as f32)
+    }
+
     /// The tensor's values at full precision.
     pub fn values(&self, t: &Tensor<Self>) -> Result<Vec<T>> {
         Ok(self.floats(t)?.to_vec())
@@ -114,9 +133,8 @@ impl<T: Scalar> Backend for Cpu<T> {
             .iter()
             .map(|spec| {
                 let representable = match spec.dtype {
-                    DType::I32 | DType::F32 | DType::BF16 | DType::F16 => true,
                     DType::F64 => T::DTYPE == DType::F64,
-                    DType::E4M3 | DType::E5M2 => false,
+                    _ => true,
                 };
                 if !representable {
                     return Err(UnsupportedDtype {
@@ -227,14 +245,17 @@ impl<T: Scalar> Backend for Cpu<T> {
         inp: &Tensor<Self>,
         weight: &Tensor<Self>,
         eps: f32,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        let (inp, weight) = (self.floats(inp)?, self.floats(weight)?);
-        let mut rstd_v = self.floats_mut(rstd)?;
-        self.update(out, |o| {
-            rmsnorm::rmsnorm_forward(o, &mut rstd_v, &inp, &weight, eps as f64)
-        })?;
-        rounding::round_slice(rstd.dtype, &mut rstd_v);
-        Ok(())
+        {
+            let (inp, weight) = (self.floats(inp)?, self.floats(weight)?);
+            let mut rstd_v = self.floats_mut(rstd)?;
+            self.update(out, |o| {
+                rmsnorm::rmsnorm_forward(o, &mut rstd_v, &inp, &weight, eps as f64)
+            })?;
+            rounding::round_slice(rstd.dtype, &mut rstd_v);
+        }
+        self.report_abs_max(amax, out)
     }
 
     fn residual_rmsnorm_forward(
@@ -246,6 +267,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         branch: &Tensor<Self>,
         weight: &Tensor<Self>,
         eps: f32,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         {
             let (residual, branch) = (self.floats(residual)?, self.floats(branch)?);
@@ -256,7 +278,7 @@ impl<T: Scalar> Backend for Cpu<T> {
             })?;
         }
         // The norm reads the rounded sum, as a kernel reading back its bf16 output would.
-        self.rmsnorm_forward(out, rstd, residual_out, weight, eps)
+        self.rmsnorm_forward(out, rstd, residual_out, weight, eps, amax)
     }
 
     fn rmsnorm_backward(
@@ -341,14 +363,17 @@ impl<T: Scalar> Backend for Cpu<T> {
         lse: &Tensor<Self>,
         qkv: &Tensor<Self>,
         shape: AttnShape,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        let qkv = self.floats(qkv)?;
-        let mut lse_v = self.floats_mut(lse)?;
-        self.update(out, |o| {
-            attention::attention_forward(o, &mut lse_v, &qkv, shape)
-        })?;
-        rounding::round_slice(lse.dtype, &mut lse_v);
-        Ok(())
+        {
+            let qkv = self.floats(qkv)?;
+            let mut lse_v = self.floats_mut(lse)?;
+            self.update(out, |o| {
+                attention::attention_forward(o, &mut lse_v, &qkv, shape)
+            })?;
+            rounding::round_slice(lse.dtype, &mut lse_v);
+        }
+        self.report_abs_max(amax, out)
     }
 
     fn attention_backward(
@@ -371,9 +396,17 @@ impl<T: Scalar> Backend for Cpu<T> {
         })
     }
 
-    fn swiglu_forward(&self, out: &Tensor<Self>, gate_up: &Tensor<Self>) -> Result<()> {
-        let gu = self.floats(gate_up)?;
-        self.update(out, |o| swiglu::swiglu_forward(o, &gu, out.cols()))
+    fn swiglu_forward(
+        &self,
+        out: &Tensor<Self>,
+        gate_up: &Tensor<Self>,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        {
+            let gu = self.floats(gate_up)?;
+            self.update(out, |o| swiglu::swiglu_forward(o, &gu, out.cols()))?;
+        }
+        self.report_abs_max(amax, out)
     }
 
     fn swiglu_backward(
@@ -417,6 +450,83 @@ impl<T: Scalar> Backend for Cpu<T> {
     }
 
     fn adamw(
+        &self,
+        param: &Tensor<Self>,
+        master: Option<&Tensor<Self>>,
+        grad: &Tensor<Self>,
+        m: &Tensor<Self>,
+        v: &Tensor<Self>,
+        norm_sq: &Tensor<Self>,
+        hp: &AdamW,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        self.adamw_update(param, master, grad, m, v, norm_sq, hp)?;
+        self.report_abs_max(amax, param)
+    }
+
+    fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
+        let found = fp8::abs_max(&self.floats(x)?);
+        self.update(amax, |a| a[0] = a[0].max(T::of(found as f64)))
+    }
+
+    fn quantize(
+        &self,
+        out: &Tensor<Self>,
+        descale: &Tensor<Self>,
+        x: &Tensor<Self>,
+        amax: &Tensor<Self>,
+        transpose: bool,
+    ) -> Result<()> {
+        let expected = if transpose {
+            vec![x.cols(), rows_of(x)]
+        } else {
+            vec![rows_of(x), x.cols()]
+        };
+        ensure!(
+            out.numel() == x.numel() && (out.shape.len() != 2 || out.shape == expected),
+            "quantize: {:?} into {:?} (transpose {transpose})",
+            x.shape,
+            out.shape
+        );
+        let scale = fp8::scale(out.dtype, self.scalar(amax)?);
+        {
+            let xs = self.floats(x)?;
+            self.update(out, |o| {
+                fp8::quantize(o, &xs, x.cols(), out.dtype, scale, transpose)
+            })?;
+        }
+        self.update(descale, |d| d[0] = T::of((1.0 / scale) as f64))
+    }
+
+    fn matmul_scaled(
+        &self,
+        out: &Tensor<Self>,
+        a: Scaled<'_, Self>,
+        b: Scaled<'_, Self>,
+        bias: Option<&Tensor<Self>>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let k = a.data.cols();
+        ensure!(
+            b.data.cols() == k && out.numel() == rows_of(a.data) * rows_of(b.data),
+            "matmul_scaled: a {:?} · b {:?}ᵀ into {:?}",
+            a.data.shape,
+            b.data.shape,
+            out.shape
+        );
+        let (da, db) = (self.scalar(a.descale)?, self.scalar(b.descale)?);
+        let (a_v, b_v) = (self.floats(a.data)?, self.floats(b.data)?);
+        let bias = bias.map(|t| self.floats(t)).transpose()?;
+        self.update(out, |o| {
+            let (da, db) = (T::of(da as f64), T::of(db as f64));
+            fp8::matmul_scaled(o, &a_v, da, &b_v, db, k, bias.as_deref(), accumulate)
+        })
+    }
+}
+
+impl<T: Scalar> Cpu<T> {
+    #[allow(clippy::too_many_arguments)]
+    fn adamw_update(
         &self,
         param: &Tensor<Self>,
         master: Option<&Tensor<Self>>,
