@@ -8,7 +8,7 @@ mod common;
 use common::gpu::*;
 use common::{batch, options, trained_tokens};
 use smelt::backend::Backend;
-use smelt::model::{LossOptions, ModelConfig, Recompute, Transformer};
+use smelt::model::{LossOptions, MatmulPrecision, ModelConfig, Recompute, Transformer};
 use smelt::tensor::DType;
 
 const STEPS: u64 = 5;
@@ -18,14 +18,12 @@ fn train<B: Backend>(
     gpu: &B,
     config: &ModelConfig,
     recompute: Recompute,
+    matmul: MatmulPrecision,
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
     let (batch_size, seq) = (2, 256);
-    let mut model = Transformer::new(
-        gpu,
-        config.clone(),
-        options(batch_size, seq, DType::BF16, recompute, 2),
-    )
-    .unwrap();
+    let mut o = options(batch_size, seq, DType::BF16, recompute, 2);
+    o.matmul = matmul;
+    let mut model = Transformer::new(gpu, config.clone(), o).unwrap();
     upload_weights(gpu, &model, &host_weights(&model, 3, 0.05));
     let optimizer = bf16_adamw(gpu, &model);
     let mut losses = vec![];
@@ -59,8 +57,21 @@ fn recompute_is_bitwise_identical_on_the_gpu() {
         .map(|&name| (name, Recompute::parse(name).unwrap()))
         .collect();
     variants.push(("all", Recompute::all()));
-    for (config_name, config) in small_configs().into_iter().take(2) {
-        let (base_losses, base_weights) = train(&gpu, &config, Recompute::default());
+    let fp8 = MatmulPrecision::Fp8 {
+        forward: DType::E4M3,
+        gradient: DType::E5M2,
+    };
+    let configs = small_configs().into_iter().take(2);
+    // FP8 on the first config: its producers' abs-max reports and quantizations rerun too.
+    let runs = configs
+        .map(|(name, c)| (name.to_string(), c, MatmulPrecision::Native))
+        .chain(std::iter::once((
+            format!("{} fp8", small_configs()[0].0),
+            small_configs()[0].1.clone(),
+            fp8,
+        )));
+    for (config_name, config, matmul) in runs {
+        let (base_losses, base_weights) = train(&gpu, &config, Recompute::default(), matmul);
         assert!(base_losses.iter().all(|l| l.is_finite()) && base_losses.iter().any(|&l| l > 0.0));
         let per_step = base_losses.len() / STEPS as usize;
         let mean = |s: usize| {
@@ -79,7 +90,7 @@ fn recompute_is_bitwise_identical_on_the_gpu() {
             ),
         );
         for (name, recompute) in &variants {
-            let (losses, weights) = train(&gpu, &config, *recompute);
+            let (losses, weights) = train(&gpu, &config, *recompute, matmul);
             assert!(
                 same_bits(&losses, &base_losses),
                 "{test}: recompute {name} changes the losses"

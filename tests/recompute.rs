@@ -5,23 +5,20 @@ mod common;
 use common::*;
 use smelt::backend::Backend;
 use smelt::backend::cpu::Cpu;
-use smelt::model::{LossOptions, Recompute, Transformer};
+use smelt::model::{LossOptions, MatmulPrecision, Recompute, Transformer};
 use smelt::tensor::DType;
 
 /// Per-token losses and gradients after two accumulated micro-steps.
 fn run(
     recompute: Recompute,
-    dtype: DType,
+    (dtype, matmul): (DType, MatmulPrecision),
     config: &smelt::model::ModelConfig,
 ) -> (Vec<f64>, Vec<(String, Vec<f64>)>) {
     let cpu = Cpu::<f32>::new();
     let (batch_size, seq) = (3, 7);
-    let mut model = Transformer::new(
-        &cpu,
-        config.clone(),
-        options(batch_size, seq, dtype, recompute, 2),
-    )
-    .unwrap();
+    let mut o = options(batch_size, seq, dtype, recompute, 2);
+    o.matmul = matmul;
+    let mut model = Transformer::new(&cpu, config.clone(), o).unwrap();
     randomize(&cpu, &model, 3);
     let mut losses = vec![];
     for micro in 0..2 {
@@ -47,11 +44,21 @@ fn recompute_is_bitwise_identical() {
         .collect();
     variants.push(("all", Recompute::all()));
     for (config_name, config) in tiny_configs() {
-        for dtype in [DType::F32, DType::BF16] {
-            let (base_losses, base_grads) = run(Recompute::default(), dtype, &config);
+        let fp8 = MatmulPrecision::Fp8 {
+            forward: DType::E4M3,
+            gradient: DType::E5M2,
+        };
+        let precisions = [
+            (DType::F32, MatmulPrecision::Native),
+            (DType::BF16, MatmulPrecision::Native),
+            (DType::BF16, fp8),
+        ];
+        for precision in precisions {
+            let dtype = format!("{precision:?}");
+            let (base_losses, base_grads) = run(Recompute::default(), precision, &config);
             assert!(base_losses.iter().any(|&l| l > 0.0));
             for (name, recompute) in &variants {
-                let (losses, grads) = run(*recompute, dtype, &config);
+                let (losses, grads) = run(*recompute, precision, &config);
                 let same =
                     |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(

@@ -233,10 +233,27 @@ fn flags_that_are_not_implemented_or_incomplete() {
         &c.args(s(&c.good), &["--gpus", "2"]),
         &["--gpus is not implemented yet"],
     );
-    c.check(
-        &c.args(s(&c.good), &["--matmul-dtype", "e4m3"]),
-        &["--matmul-dtype e4m3: not implemented yet"],
-    );
+    let precision_errors: [(&[&str], &str); 4] = [
+        (
+            &["--matmul-dtype", "e5m2"],
+            "--matmul-dtype e5m2: choose from bf16, e4m3",
+        ),
+        (
+            &["--gradient-dtype", "e5m2"],
+            "--gradient-dtype e5m2 needs --matmul-dtype e4m3",
+        ),
+        (
+            &["--matmul-dtype", "e4m3", "--model-dtype", "f32"],
+            "they need --model-dtype bf16",
+        ),
+        (
+            &["--debug-log-abs-max", "1"],
+            "--debug-log-abs-max logs FP8 statistics; it needs --matmul-dtype e4m3",
+        ),
+    ];
+    for (flags, message) in precision_errors {
+        c.check(&c.args(s(&c.good), flags), &[message]);
+    }
     c.check(
         &["train".into(), "--train-file".into(), s(&c.good).into()],
         &["--train-file needs --model DIR"],

@@ -219,6 +219,10 @@ pub struct TrainArgs {
     /// Batches in each periodic eval [default: 20; demo 8].
     #[arg(long, help_heading = "Output")]
     eval_num_steps: Option<usize>,
+    /// Every N steps, log the FP8 abs-max of each linear layer's input, weight and output
+    /// gradient (JSONL `abs_max` events), for diagnosing divergence; 0 for never.
+    #[arg(long, default_value_t = 0, help_heading = "Precision")]
+    debug_log_abs_max: u64,
 }
 
 impl TrainArgs {
@@ -278,6 +282,9 @@ impl TrainArgs {
                 "--matmul-dtype {}: FP8 matmuls write bf16, so they need --model-dtype bf16 (not {model_dtype})",
                 self.matmul_dtype
             );
+        }
+        if self.debug_log_abs_max > 0 && matmul == MatmulPrecision::Native {
+            bail!("--debug-log-abs-max logs FP8 statistics; it needs --matmul-dtype e4m3");
         }
         for (flag, v) in [
             ("--opt-m-dtype", self.opt_m_dtype),
@@ -359,6 +366,7 @@ impl TrainArgs {
             log_file: self.log_file.clone().or_else(|| demo_path("log.jsonl")),
             eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
             eval_num_steps: self.eval_num_steps.unwrap_or(d.eval_num_steps),
+            debug_log_abs_max: self.debug_log_abs_max,
         })
     }
 

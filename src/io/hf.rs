@@ -132,6 +132,7 @@ pub fn import<B: Backend>(b: &B, model: &Transformer<B>, dir: &Path) -> Result<(
         }
         b.upload(tensor, &values)?;
     }
+    model.weights_changed();
     let tied_head = model.params.lm_head.is_none().then_some("lm_head.weight");
     let unknown: Vec<&String> = located
         .keys()

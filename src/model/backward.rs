@@ -7,9 +7,10 @@
 use anyhow::Result;
 
 use super::forward::Pass;
+use super::fp8::Linear;
 use super::head::LossOptions;
 use super::transformer::Transformer;
-use crate::backend::{Backend, Matmul};
+use crate::backend::Backend;
 
 impl<B: Backend> Transformer<B> {
     /// Forward and backward of one micro-batch. `tokens` and `targets` are `[B·T]`; the
@@ -29,6 +30,9 @@ impl<B: Backend> Transformer<B> {
     /// loss, then every block's backward. Apart for benchmarks that time the two.
     pub fn backward(&mut self, b: &B, targets: &[i32], loss: LossOptions) -> Result<()> {
         self.head(b, targets, loss.z_loss, Some(loss))?;
+        if let Some(fp8) = &self.fp8 {
+            fp8.begin_backward(b)?;
+        }
         let (a, p, g, acc) = (&self.acts, &self.params, &self.grads, loss.accumulate);
         let last = self.config.num_layers;
         b.fill(&a.dresidual, 0.0)?;
@@ -57,31 +61,13 @@ impl<B: Backend> Transformer<B> {
         let shape = self.attn_shape();
         let dres = &a.dresidual;
         // 8) down projection
-        b.matmul(&a.dswiglu, dres, &w.down, None, Matmul::BACKWARD_INPUT)?;
-        b.matmul(
-            &g.down,
-            dres,
-            a.swiglu.layer(l),
-            None,
-            Matmul::backward_weight(acc),
-        )?;
+        let down = (l, Linear::Down);
+        self.linear_backward(b, down, &a.dswiglu, dres, a.swiglu.layer(l), acc)?;
         // 7) SwiGLU
         b.swiglu_backward(&a.dgate_up, &a.dswiglu, a.gate_up.layer(l))?;
         // 6) gate/up projection
-        b.matmul(
-            &a.dln,
-            &a.dgate_up,
-            &w.gate_up,
-            None,
-            Matmul::BACKWARD_INPUT,
-        )?;
-        b.matmul(
-            &g.gate_up,
-            &a.dgate_up,
-            a.ln2.layer(l),
-            None,
-            Matmul::backward_weight(acc),
-        )?;
+        let gate_up = (l, Linear::GateUp);
+        self.linear_backward(b, gate_up, &a.dln, &a.dgate_up, a.ln2.layer(l), acc)?;
         // 5) post-attention norm, into the residual gradient
         b.rmsnorm_backward(
             dres,
@@ -93,14 +79,7 @@ impl<B: Backend> Transformer<B> {
             acc,
         )?;
         // 4) output projection
-        b.matmul(&a.datt, dres, &w.o, None, Matmul::BACKWARD_INPUT)?;
-        b.matmul(
-            &g.o,
-            dres,
-            a.att.layer(l),
-            None,
-            Matmul::backward_weight(acc),
-        )?;
+        self.linear_backward(b, (l, Linear::Out), &a.datt, dres, a.att.layer(l), acc)?;
         // 3) attention, 2) RoPE and the QKV projection
         b.attention_backward(
             &a.dqkv,
@@ -114,14 +93,7 @@ impl<B: Backend> Transformer<B> {
         if let Some(dbias) = &g.qkv_bias {
             b.bias_backward(dbias, &a.dqkv, acc)?;
         }
-        b.matmul(&a.dln, &a.dqkv, &w.qkv, None, Matmul::BACKWARD_INPUT)?;
-        b.matmul(
-            &g.qkv,
-            &a.dqkv,
-            a.ln1.layer(l),
-            None,
-            Matmul::backward_weight(acc),
-        )?;
+        self.linear_backward(b, (l, Linear::Qkv), &a.dln, &a.dqkv, a.ln1.layer(l), acc)?;
         // 1) input norm, into the residual gradient
         b.rmsnorm_backward(
             dres,

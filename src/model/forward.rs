@@ -6,8 +6,9 @@
 
 use anyhow::Result;
 
+use super::fp8::Linear;
 use super::transformer::Transformer;
-use crate::backend::{Backend, Matmul};
+use crate::backend::Backend;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
@@ -20,6 +21,9 @@ impl<B: Backend> Transformer<B> {
     /// normalized hidden states in `lnf` for the LM head.
     pub fn forward_hidden(&mut self, b: &B, tokens: &[i32]) -> Result<()> {
         let (a, p) = (&self.acts, &self.params);
+        if let Some(fp8) = &self.fp8 {
+            fp8.begin_forward(b, p)?;
+        }
         b.upload_i32(&a.tokens, tokens)?;
         b.embedding_forward(&a.residual[0], &a.tokens, &p.embed)?;
         for l in 0..self.config.num_layers {
@@ -51,6 +55,13 @@ impl<B: Backend> Transformer<B> {
         let eps = self.config.rms_norm_eps as f32;
         let shape = self.attn_shape();
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
+        let amax = |lin| self.input_amax(l, lin);
+        let (amax_qkv, amax_out, amax_gate_up, amax_down) = (
+            amax(Linear::Qkv),
+            amax(Linear::Out),
+            amax(Linear::GateUp),
+            amax(Linear::Down),
+        );
         let (ln1, qkv, att, lse) = (
             a.ln1.layer(l),
             a.qkv.layer(l),
@@ -75,23 +86,25 @@ impl<B: Backend> Transformer<B> {
                 &a.branch,
                 &w.ln1,
                 eps,
-                None,
+                amax_qkv.as_ref(),
             )?;
         } else if run(rc.norms()) {
-            b.rmsnorm_forward(ln1, a.rstd1.layer(l), &a.residual[l], &w.ln1, eps, None)?;
+            let inp = &a.residual[l];
+            b.rmsnorm_forward(ln1, a.rstd1.layer(l), inp, &w.ln1, eps, amax_qkv.as_ref())?;
         }
         // 2) QKV projection (+ bias), then RoPE on q and k
         if run(rc.qkv()) {
-            b.matmul(qkv, ln1, &w.qkv, w.qkv_bias.as_ref(), Matmul::FORWARD)?;
+            let bias = w.qkv_bias.as_ref();
+            self.linear_forward(b, (l, Linear::Qkv), qkv, ln1, bias)?;
             b.rope_forward(qkv, &self.rope, shape)?;
         }
         // 3) causal attention
         if run(rc.attention()) {
-            b.attention_forward(att, lse, qkv, shape, None)?;
+            b.attention_forward(att, lse, qkv, shape, amax_out.as_ref())?;
         }
         // 4) output projection, 5) residual add and post-attention norm
         if run(rc.residual_mid()) {
-            b.matmul(&a.branch, att, &w.o, None, Matmul::FORWARD)?;
+            self.linear_forward(b, (l, Linear::Out), &a.branch, att, None)?;
             b.residual_rmsnorm_forward(
                 mid,
                 ln2,
@@ -100,22 +113,23 @@ impl<B: Backend> Transformer<B> {
                 &a.branch,
                 &w.ln2,
                 eps,
-                None,
+                amax_gate_up.as_ref(),
             )?;
         } else if run(rc.norms()) {
-            b.rmsnorm_forward(ln2, a.rstd2.layer(l), mid, &w.ln2, eps, None)?;
+            let rstd = a.rstd2.layer(l);
+            b.rmsnorm_forward(ln2, rstd, mid, &w.ln2, eps, amax_gate_up.as_ref())?;
         }
         // 6) gate/up projection
         if run(rc.gate_up()) {
-            b.matmul(gate_up, ln2, &w.gate_up, None, Matmul::FORWARD)?;
+            self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?;
         }
         // 7) SwiGLU
         if run(rc.swiglu_out()) {
-            b.swiglu_forward(swiglu, gate_up, None)?;
+            b.swiglu_forward(swiglu, gate_up, amax_down.as_ref())?;
         }
         // 8) down projection; the backward never needs it again
         if pass == Pass::Forward {
-            b.matmul(&a.branch, swiglu, &w.down, None, Matmul::FORWARD)?;
+            self.linear_forward(b, (l, Linear::Down), &a.branch, swiglu, None)?;
         }
         Ok(())
     }

@@ -1,9 +1,13 @@
 //! FP8 linear layers: current per-tensor scaling, as llm.q does it.
 
+use std::cell::Cell;
+
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::tensor::DType;
+use super::params::{LayerParams, ParamSpec, Params};
+use crate::backend::{Backend, Scaled};
+use crate::tensor::{DType, Tensor, TensorSpec};
 
 /// The dtypes the four linear layers of each block (QKV, output, gate/up, down) multiply
 /// in. The embeddings and the LM head always use the model's dtype.
@@ -47,5 +51,319 @@ impl MatmulPrecision {
                 None => Ok(MatmulPrecision::Native),
             },
         }
+    }
+}
+
+/// The linear layers of a block that FP8 applies to, each with the activation it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Linear {
+    /// QKV, reading the input norm's output.
+    Qkv,
+    /// The attention output projection, reading the attention output.
+    Out,
+    /// Gate/up, reading the post-attention norm's output.
+    GateUp,
+    /// Down, reading the SwiGLU output.
+    Down,
+}
+
+impl Linear {
+    pub const ALL: [Linear; 4] = [Linear::Qkv, Linear::Out, Linear::GateUp, Linear::Down];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Linear::Qkv => "qkv",
+            Linear::Out => "o",
+            Linear::GateUp => "gate_up",
+            Linear::Down => "down",
+        }
+    }
+
+    pub fn weight<T>(self, layer: &LayerParams<T>) -> &T {
+        match self {
+            Linear::Qkv => &layer.qkv,
+            Linear::Out => &layer.o,
+            Linear::GateUp => &layer.gate_up,
+            Linear::Down => &layer.down,
+        }
+    }
+
+    /// Row of this layer's statistics in the `[layers · 4, 1]` abs-max tensors.
+    fn slot(self, layer: usize) -> usize {
+        4 * layer + self as usize
+    }
+}
+
+/// Whether the FP8 copies of the weights match the weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WeightCopies {
+    /// The weights were written by something other than the optimizer: their abs-maxes are
+    /// unknown too.
+    Stale,
+    /// The optimizer has written the weights and reported their abs-maxes.
+    Updated,
+    /// The copies are current: later micro-steps reuse them.
+    Current,
+}
+
+/// One weight's FP8 copies, sharing one scale: `[out, in]` as stored, for the forward, and
+/// `[in, out]`, for the input gradient (FP8 matmuls take K-contiguous operands only).
+struct WeightCopy<B: Backend> {
+    rows: Tensor<B>,
+    cols: Tensor<B>,
+    descale: Tensor<B>,
+}
+
+/// Everything FP8 adds to a transformer: the weights' FP8 copies, the abs-max statistics,
+/// and scratch for quantized activations and gradients.
+pub(crate) struct Fp8State<B: Backend> {
+    copies: Vec<[WeightCopy<B>; 4]>,
+    state: Cell<WeightCopies>,
+    /// `[P, 1]` f32: each parameter's abs-max, reported by the optimizer, in `Params` order.
+    weight_amax: Tensor<B>,
+    /// `[P]` index of each block's linear weights in `weight_amax`.
+    weight_slot: Vec<[usize; 4]>,
+    /// `[L·4, 1]` f32: each linear's input abs-max, reported by the op that produces it.
+    input_amax: Tensor<B>,
+    /// `[L·4, 1]` f32: each linear's output-gradient abs-max, from a pass over it.
+    grad_amax: Tensor<B>,
+    /// Flat scratch for one quantized input and one quantized gradient, either layout.
+    input_q: Tensor<B>,
+    grad_q: Tensor<B>,
+    /// `[2, 1]` f32: the descales of `input_q` and `grad_q`.
+    descales: Tensor<B>,
+}
+
+/// The shapes `Fp8State` is planned for.
+pub(crate) struct Fp8Shape {
+    pub tokens: usize,
+    pub layers: usize,
+    /// Largest input width (K) and output width (N) of the four linears.
+    pub max_in: usize,
+    pub max_out: usize,
+}
+
+impl<B: Backend> Fp8State<B> {
+    /// The specs of every buffer for `precision`, then a constructor that takes them back
+    /// once allocated; `None` when the matmuls are not FP8.
+    #[allow(clippy::type_complexity)]
+    pub fn plan(
+        precision: MatmulPrecision,
+        shape: &Fp8Shape,
+        layout: &Params<ParamSpec>,
+    ) -> Option<(
+        Vec<TensorSpec>,
+        Box<dyn FnOnce(Vec<Tensor<B>>) -> Fp8State<B>>,
+    )> {
+        let MatmulPrecision::Fp8 { forward, gradient } = precision else {
+            return None;
+        };
+        let mut next = 0;
+        let index = layout
+            .try_map(|_| {
+                next += 1;
+                Ok(next - 1)
+            })
+            .expect("counting cannot fail");
+        let weight_slot: Vec<[usize; 4]> = index
+            .layers
+            .iter()
+            .map(|l| Linear::ALL.map(|lin| *lin.weight(l)))
+            .collect();
+        let stat = |name: &str, rows: usize| TensorSpec::new(name, &[rows, 1], DType::F32);
+        let mut specs = vec![
+            stat("fp8.weight_amax", next),
+            stat("fp8.input_amax", 4 * shape.layers),
+            stat("fp8.grad_amax", 4 * shape.layers),
+            TensorSpec::new("fp8.input_q", &[shape.tokens * shape.max_in], forward),
+            TensorSpec::new("fp8.grad_q", &[shape.tokens * shape.max_out], gradient),
+            stat("fp8.descales", 2),
+        ];
+        for (l, layer) in layout.layers.iter().enumerate() {
+            for lin in Linear::ALL {
+                let w = &lin.weight(layer).tensor;
+                let (out, inp) = (w.shape[0], w.shape[1]);
+                let name = format!("fp8.layers.{l}.{}", lin.name());
+                specs.push(TensorSpec::new(name.clone(), &[out, inp], forward));
+                specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], forward));
+                specs.push(stat(&format!("{name}.descale"), 1));
+            }
+        }
+        let build = move |t: Vec<Tensor<B>>| {
+            let mut t = t.into_iter();
+            let mut take = || t.next().expect("one tensor per planned spec");
+            let (weight_amax, input_amax, grad_amax) = (take(), take(), take());
+            let (input_q, grad_q, descales) = (take(), take(), take());
+            let copies = (0..weight_slot.len())
+                .map(|_| {
+                    [(); 4].map(|_| WeightCopy {
+                        rows: take(),
+                        cols: take(),
+                        descale: take(),
+                    })
+                })
+                .collect();
+            Fp8State {
+                copies,
+                state: Cell::new(WeightCopies::Stale),
+                weight_amax,
+                weight_slot,
+                input_amax,
+                grad_amax,
+                input_q,
+                grad_q,
+                descales,
+            }
+        };
+        Some((specs, Box::new(build)))
+    }
+}
+
+/// `[rows, cols]` at the start of a flat scratch buffer.
+fn view<B: Backend>(scratch: &Tensor<B>, rows: usize, cols: usize) -> Tensor<B> {
+    scratch.narrow_rows(0, rows * cols).reshape(&[rows, cols])
+}
+
+fn rows_of<B: Backend>(t: &Tensor<B>) -> usize {
+    t.numel() / t.cols()
+}
+
+impl<B: Backend> Fp8State<B> {
+    /// The weights were written other than by the optimizer (initialised, loaded).
+    pub fn weights_changed(&self) {
+        self.state.set(WeightCopies::Stale);
+    }
+
+    /// Zeroes the weight abs-maxes for the optimizer to report into, and returns each
+    /// parameter's slot in `Params` order.
+    pub fn weight_amax_slots(&self, b: &B) -> Result<Vec<Tensor<B>>> {
+        b.fill(&self.weight_amax, 0.0)?;
+        self.state.set(WeightCopies::Updated);
+        Ok((0..self.weight_amax.rows())
+            .map(|i| self.weight_amax.narrow_rows(i, i + 1))
+            .collect())
+    }
+
+    fn weight_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
+        let i = self.weight_slot[l][lin as usize];
+        self.weight_amax.narrow_rows(i, i + 1)
+    }
+
+    /// Where the op producing layer `l`'s input to `lin` reports its abs-max.
+    pub fn input_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
+        self.input_amax.narrow_rows(lin.slot(l), lin.slot(l) + 1)
+    }
+
+    fn descale(&self, i: usize) -> Tensor<B> {
+        self.descales.narrow_rows(i, i + 1)
+    }
+
+    /// At the start of every forward: makes the weights' FP8 copies current (once per
+    /// optimizer step: later micro-steps reuse them) and zeroes the input abs-maxes.
+    pub fn begin_forward(&self, b: &B, params: &Params<Tensor<B>>) -> Result<()> {
+        b.fill(&self.input_amax, 0.0)?;
+        let state = self.state.get();
+        if state == WeightCopies::Current {
+            return Ok(());
+        }
+        for (l, layer) in params.layers.iter().enumerate() {
+            for lin in Linear::ALL {
+                let (w, amax) = (lin.weight(layer), self.weight_amax(l, lin));
+                if state == WeightCopies::Stale {
+                    b.fill(&amax, 0.0)?;
+                    b.abs_max(&amax, w)?;
+                }
+                let copy = &self.copies[l][lin as usize];
+                b.quantize(&copy.rows, &copy.descale, w, &amax, false)?;
+                b.quantize(&copy.cols, &copy.descale, w, &amax, true)?;
+            }
+        }
+        self.state.set(WeightCopies::Current);
+        Ok(())
+    }
+
+    /// At the start of every backward: zeroes the gradient abs-maxes.
+    pub fn begin_backward(&self, b: &B) -> Result<()> {
+        b.fill(&self.grad_amax, 0.0)
+    }
+
+    /// `out = x · wᵀ (+ bias)` with x and w in FP8.
+    pub fn forward(
+        &self,
+        b: &B,
+        (l, lin): (usize, Linear),
+        out: &Tensor<B>,
+        x: &Tensor<B>,
+        bias: Option<&Tensor<B>>,
+    ) -> Result<()> {
+        let (xq, xd) = (view(&self.input_q, rows_of(x), x.cols()), self.descale(0));
+        b.quantize(&xq, &xd, x, &self.input_amax(l, lin), false)?;
+        let w = &self.copies[l][lin as usize];
+        let weight = Scaled {
+            data: &w.rows,
+            descale: &w.descale,
+        };
+        let input = Scaled {
+            data: &xq,
+            descale: &xd,
+        };
+        b.matmul_scaled(out, input, weight, bias, false)
+    }
+
+    /// `dx = dy · w` and `dw (+)= dyᵀ · x`, with dy in the gradient dtype. Each operand is
+    /// quantized into the layout its matmul needs: dy as is and transposed, x transposed
+    /// (with the forward's scale, from the same abs-max), w from its transposed copy.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        b: &B,
+        (l, lin): (usize, Linear),
+        dx: &Tensor<B>,
+        dw: &Tensor<B>,
+        dy: &Tensor<B>,
+        x: &Tensor<B>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (n, outs, ins) = (rows_of(dy), dy.cols(), x.cols());
+        let amax = self.grad_amax.narrow_rows(lin.slot(l), lin.slot(l) + 1);
+        b.abs_max(&amax, dy)?;
+        let (xd, dd) = (self.descale(0), self.descale(1));
+        let scaled = |data, descale| Scaled { data, descale };
+
+        let dyq = view(&self.grad_q, n, outs);
+        b.quantize(&dyq, &dd, dy, &amax, false)?;
+        let w = &self.copies[l][lin as usize];
+        b.matmul_scaled(
+            dx,
+            scaled(&dyq, &dd),
+            scaled(&w.cols, &w.descale),
+            None,
+            false,
+        )?;
+
+        let (dyt, xt) = (view(&self.grad_q, outs, n), view(&self.input_q, ins, n));
+        b.quantize(&dyt, &dd, dy, &amax, true)?;
+        b.quantize(&xt, &xd, x, &self.input_amax(l, lin), true)?;
+        b.matmul_scaled(dw, scaled(&dyt, &dd), scaled(&xt, &xd), None, accumulate)
+    }
+
+    /// Every abs-max, named `layers.L.LINEAR.{input,weight,grad}`: what `--debug-log-abs-max`
+    /// logs. The weights' are those of the last quantization. Waits for the device.
+    pub fn abs_max_report(&self, b: &B) -> Result<Vec<(String, f32)>> {
+        let (input, weight, grad) = (
+            b.download(&self.input_amax)?,
+            b.download(&self.weight_amax)?,
+            b.download(&self.grad_amax)?,
+        );
+        let mut out = vec![];
+        for (l, slots) in self.weight_slot.iter().enumerate() {
+            for lin in Linear::ALL {
+                let name = format!("layers.{l}.{}", lin.name());
+                out.push((format!("{name}.input"), input[lin.slot(l)]));
+                out.push((format!("{name}.weight"), weight[slots[lin as usize]]));
+                out.push((format!("{name}.grad"), grad[lin.slot(l)]));
+            }
+        }
+        Ok(out)
     }
 }

@@ -42,6 +42,7 @@ impl<B: Backend> Transformer<B> {
             };
             b.upload(tensor, &values)?;
         }
+        self.weights_changed();
         Ok(())
     }
 }

@@ -9,6 +9,7 @@ mod forward;
 pub mod fp8;
 mod head;
 mod init;
+mod linear;
 pub mod params;
 pub mod presets;
 mod transformer;

@@ -5,7 +5,7 @@ use anyhow::{Result, ensure};
 
 use super::activations::{ActivationShape, Activations, Recompute};
 use super::config::ModelConfig;
-use super::fp8::MatmulPrecision;
+use super::fp8::{Fp8Shape, Fp8State, MatmulPrecision};
 use super::params::{ParamSpec, Params, from_list};
 use crate::backend::{AttnShape, Backend};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -34,6 +34,8 @@ pub struct Transformer<B: Backend> {
     pub(crate) acts: Activations<B>,
     /// `[T, head_dim/2, 2]`: (cos, sin) per position and rotated pair.
     pub(crate) rope: Tensor<B>,
+    /// The FP8 copies, statistics and scratch, when the linear layers run in FP8.
+    pub(crate) fp8: Option<Fp8State<B>>,
     /// What each allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
 }
@@ -84,13 +86,43 @@ impl<B: Backend> Transformer<B> {
         let mut act_tensors = backend.allocate("activations", &act_specs)?;
         let rope = act_tensors.pop().expect("the rope table was planned last");
         backend.upload(&rope, &rope_table(&config, options.seq))?;
+        let mut memory = vec![
+            ("weights", param_specs),
+            ("gradients", grad_specs),
+            ("activations", act_specs),
+        ];
+
+        if options.matmul != MatmulPrecision::Native {
+            ensure!(
+                options.dtype == DType::BF16,
+                "FP8 matmuls write bf16 outputs; the model dtype must be bf16, not {}",
+                options.dtype
+            );
+        }
+        let fp8_shape = Fp8Shape {
+            tokens: n,
+            layers: config.num_layers,
+            max_in: config
+                .hidden_size
+                .max(config.q_dim())
+                .max(config.intermediate_size),
+            max_out: config
+                .qkv_dim()
+                .max(config.hidden_size)
+                .max(2 * config.intermediate_size),
+        };
+        let fp8 = match Fp8State::plan(options.matmul, &fp8_shape, &layout) {
+            Some((specs, build)) => {
+                let tensors = backend.allocate("fp8", &specs)?;
+                memory.push(("fp8", specs));
+                Some(build(tensors))
+            }
+            None => None,
+        };
 
         Ok(Transformer {
-            memory: vec![
-                ("weights", param_specs),
-                ("gradients", grad_specs),
-                ("activations", act_specs),
-            ],
+            memory,
+            fp8,
             acts: build_acts(act_tensors),
             config,
             options,
@@ -109,6 +141,32 @@ impl<B: Backend> Transformer<B> {
             kv_heads: self.config.num_kv_heads,
             head_dim: self.config.head_dim,
         }
+    }
+
+    /// Tells the model its weights were written other than by the optimizer (initialised,
+    /// loaded), so that FP8 copies are remade from scratch at the next forward.
+    pub fn weights_changed(&self) {
+        if let Some(fp8) = &self.fp8 {
+            fp8.weights_changed();
+        }
+    }
+
+    /// Before an optimizer step: where its update of each parameter (in `Params` order) reports
+    /// the abs-max that scales the weight's FP8 copy. `None` without FP8.
+    pub fn weight_amax_slots(&self, b: &B) -> Result<Option<Vec<Tensor<B>>>> {
+        self.fp8
+            .as_ref()
+            .map(|fp8| fp8.weight_amax_slots(b))
+            .transpose()
+    }
+
+    /// Every FP8 abs-max statistic by name (`None` without FP8), for diagnosing divergence.
+    /// Waits for the device.
+    pub fn fp8_abs_max(&self, b: &B) -> Result<Option<Vec<(String, f32)>>> {
+        self.fp8
+            .as_ref()
+            .map(|fp8| fp8.abs_max_report(b))
+            .transpose()
     }
 
     pub fn tokens_per_step(&self) -> usize {

@@ -254,11 +254,14 @@ pub fn load<B: Backend>(
     for (stem, tensors) in files(model, opt) {
         tensors::load(b, &checkpoint.join(format!("{stem}.safetensors")), &tensors)?;
     }
+    model.weights_changed();
     Ok(())
 }
 
 /// Loads only the weights, for sampling.
 pub fn load_weights<B: Backend>(b: &B, checkpoint: &Path, model: &Transformer<B>) -> Result<()> {
     let path = checkpoint.join(format!("{WEIGHTS}.safetensors"));
-    tensors::load(b, &path, &named(&model.layout, &model.params))
+    tensors::load(b, &path, &named(&model.layout, &model.params))?;
+    model.weights_changed();
+    Ok(())
 }

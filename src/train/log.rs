@@ -48,6 +48,13 @@ pub enum Event {
         /// A pass over all eval data (at the end) rather than the first `--eval-num-steps` batches.
         full: bool,
     },
+    /// The FP8 abs-max statistics of a step (`--debug-log-abs-max`), by
+    /// `layers.L.LINEAR.{input,weight,grad}`: inputs and gradients of the last micro-step,
+    /// weights as quantized for the step.
+    AbsMax {
+        step: u64,
+        values: std::collections::BTreeMap<String, f32>,
+    },
     Checkpoint {
         step: u64,
         path: String,

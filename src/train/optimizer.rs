@@ -122,6 +122,7 @@ impl<B: Backend> AdamWState<B> {
             b.sum_squares(&self.norm_sq, g)?;
         }
         let o = &self.options;
+        let amax_slots = model.weight_amax_slots(b)?;
         let masters: Vec<Option<&Tensor<B>>> = match &self.master {
             Some(m) => m.iter().map(Some).collect(),
             None => vec![None; model.layout.iter().count()],
@@ -148,7 +149,8 @@ impl<B: Backend> AdamWState<B> {
                 grad_clip: o.grad_clip as f32,
                 seed: Rng::derived(seed, i as u64).next_u64(),
             };
-            b.adamw(param, master, grad, m, v, &self.norm_sq, &hp, None)?;
+            let amax = amax_slots.as_ref().map(|slots| &slots[i]);
+            b.adamw(param, master, grad, m, v, &self.norm_sq, &hp, amax)?;
         }
         Ok(())
     }

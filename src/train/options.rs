@@ -55,6 +55,8 @@ pub struct Options {
     pub eval_every_n_steps: u64,
     /// Batches in each periodic eval (the final eval reads all the eval data).
     pub eval_num_steps: usize,
+    /// Steps between logs of the FP8 abs-max statistics; 0 for none.
+    pub debug_log_abs_max: u64,
 }
 
 impl Options {
@@ -69,7 +71,7 @@ impl Options {
     /// Options that may differ between a run and the run it continues, since they do not
     /// change what has already been computed (later ones may change with a warning).
     /// `recompute` is among them because recomputing gives bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 9] = [
+    pub const FREE_ON_CONTINUE: [&str; 10] = [
         "resume",
         "out_dir",
         "log_file",
@@ -79,6 +81,7 @@ impl Options {
         "eval_every_n_steps",
         "eval_num_steps",
         "recompute",
+        "debug_log_abs_max",
     ];
 }
 

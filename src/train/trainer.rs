@@ -413,6 +413,10 @@ impl<B: Backend> Run<'_, B> {
                 .forward_backward(b, &batch.tokens, &batch.targets, loss)?;
             loss_sum += self.model.loss_sum(b)?;
         }
+        let step = self.state.step + 1;
+        if o.debug_log_abs_max > 0 && step % o.debug_log_abs_max == 0 {
+            self.log_abs_max(step)?;
+        }
         let seed = self.state.rng.next_u64();
         self.opt()
             .step(b, &self.model, lr as f32, self.state.step + 1, seed)?;
@@ -469,6 +473,20 @@ impl<B: Backend> Run<'_, B> {
     }
 
     /// The mean loss over the first `batches` eval batches (all of them with `None`).
+    /// Logs the FP8 statistics of this step, before the optimizer replaces the weights'.
+    fn log_abs_max(&mut self, step: u64) -> Result<()> {
+        let Some(values) = self.model.fp8_abs_max(self.b)? else {
+            return Ok(());
+        };
+        if let Some((name, largest)) = values.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+            println!("[A] step {step} | largest abs-max {largest:.4e} at {name}");
+        }
+        self.log.write(Event::AbsMax {
+            step,
+            values: values.iter().cloned().collect(),
+        })
+    }
+
     fn evaluate(&mut self, batches: Option<usize>) -> Result<Option<f64>> {
         let Some(eval) = &self.eval else {
             return Ok(None);
