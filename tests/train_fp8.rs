@@ -1,5 +1,5 @@
 //! `smelt train --matmul-dtype e4m3` end to end on the CPU's FP8 emulation: it learns as
-//! bf16 does, and `--debug-log-abs-max` logs every statistic.
+//! bf16 does, `--debug-log-abs-max` logs every statistic, and `smelt plot` overlays the runs.
 
 mod train_support;
 
@@ -82,4 +82,20 @@ fn fp8_training_learns_like_bf16_and_logs_abs_maxes() {
         );
         assert!(values.contains_key("layers.1.down.grad"));
     }
+
+    // The two curves on one plot, as the convergence check's PNG is made.
+    let png = dir.path().join("compare.png");
+    let logs = [dir.path().join("bf16.jsonl"), dir.path().join("fp8.jsonl")];
+    smelt_ok(&[
+        "plot",
+        s(&logs[0]),
+        s(&logs[1]),
+        "-o",
+        s(&png),
+        "--width",
+        "800",
+    ]);
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&png).unwrap()));
+    let info = decoder.read_info().unwrap().info().clone();
+    assert_eq!((info.width, info.height), (800, 900));
 }

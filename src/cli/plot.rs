@@ -1,6 +1,7 @@
-//! `smelt plot`: a training log (JSON Lines from `smelt train --log-file`) as a PNG of four
+//! `smelt plot`: training logs (JSON Lines from `smelt train --log-file`) as a PNG of four
 //! panels: training and eval loss, learning rate, gradient norm, and throughput, each
-//! against the step. Text is drawn with DejaVu Sans, embedded in the binary, so plotting
+//! against the step. Several logs are overlaid, one colour per run, to compare runs (bf16
+//! against FP8, say). Text is drawn with DejaVu Sans, embedded in the binary, so plotting
 //! needs no system fonts.
 
 use std::collections::BTreeMap;
@@ -15,10 +16,14 @@ use crate::io::atomic::write_atomically;
 use crate::train::log::{self, Event};
 
 #[derive(Args, Debug)]
-#[command(about = "Plot a training log as a PNG: loss and eval loss, lr, grad norm, tok/s")]
+#[command(
+    about = "Plot training logs as a PNG: loss and eval loss, lr, grad norm, tok/s; several logs are overlaid"
+)]
 pub struct PlotArgs {
-    /// The JSON Lines log a run wrote (`smelt train --log-file`).
-    log: PathBuf,
+    /// The JSON Lines logs runs wrote (`smelt train --log-file`); each is labelled by its
+    /// file name.
+    #[arg(required = true, value_name = "LOG")]
+    logs: Vec<PathBuf>,
     /// The PNG to write.
     #[arg(short, long, value_name = "PNG", default_value = "train.png")]
     out: PathBuf,
@@ -102,29 +107,44 @@ impl Series {
 
 impl PlotArgs {
     pub fn run(self) -> Result<()> {
-        let contents = log::read(&self.log)?;
-        if !contents.skipped.is_empty() {
-            eprintln!(
-                "warning: {}: skipped lines {:?}, which are not log events (cut short by a crash?)",
-                self.log.display(),
-                contents.skipped
-            );
-        }
-        let series = Series::from_events(&contents.events);
-        if series.loss.is_empty() {
-            bail!(
-                "{}: the log has no training steps to plot",
-                self.log.display()
-            );
-        }
         if self.width < 200 || self.height < 200 {
             bail!("--width and --height must be at least 200 pixels");
         }
-        let rgb = render(&series, self.width, self.height)?;
+        let runs = self
+            .logs
+            .iter()
+            .map(|path| Ok((label(path), read_series(path)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let rgb = render(&runs, self.width, self.height)?;
         write_png(&self.out, &rgb, self.width, self.height)?;
         println!("wrote {}", self.out.display());
         Ok(())
     }
+}
+
+/// The last run of the log at `path`, which must have trained at least one step.
+fn read_series(path: &Path) -> Result<Series> {
+    let contents = log::read(path)?;
+    if !contents.skipped.is_empty() {
+        eprintln!(
+            "warning: {}: skipped lines {:?}, which are not log events (cut short by a crash?)",
+            path.display(),
+            contents.skipped
+        );
+    }
+    let series = Series::from_events(&contents.events);
+    if series.loss.is_empty() {
+        bail!("{}: the log has no training steps to plot", path.display());
+    }
+    Ok(series)
+}
+
+/// A run's name in the legend: its log's file name without the extension.
+fn label(path: &Path) -> String {
+    path.file_stem().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().into(),
+    )
 }
 
 /// Registers the embedded font as plotters' "sans-serif", once per process.
@@ -142,33 +162,68 @@ fn register_font() -> Result<()> {
     result
 }
 
-/// Draws the four panels into an RGB buffer.
-pub fn render(s: &Series, width: u32, height: u32) -> Result<Vec<u8>> {
+/// One colour per run, in order.
+const PALETTE: [RGBColor; 6] = [
+    BLUE,
+    RED,
+    RGBColor(0, 150, 0),
+    MAGENTA,
+    RGBColor(230, 140, 0),
+    BLACK,
+];
+
+/// One line of a panel: its legend, points, colour and stroke width.
+type Line<'a> = (String, &'a BTreeMap<u64, f64>, RGBColor, u32);
+
+/// Draws the four panels into an RGB buffer, each run in its colour. With one run, the
+/// training and eval losses get two colours; with several, eval losses are the thick lines.
+pub fn render(runs: &[(String, Series)], width: u32, height: u32) -> Result<Vec<u8>> {
     register_font()?;
     let mut rgb = vec![0u8; (width * height * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(draw_error)?;
         let panels = root.split_evenly((2, 2));
-        let last = *s.loss.keys().last().expect("checked non-empty");
-        let first = *s.loss.keys().next().expect("checked non-empty");
+        let keys = runs.iter().flat_map(|(_, s)| s.loss.keys().copied());
+        let (first, last) = (keys.clone().min(), keys.max());
+        let (first, last) = first.zip(last).expect("every run has steps");
         let steps = first.saturating_sub(1)..last.max(first + 1);
-        let loss = [("train loss", &s.loss, BLUE), ("eval loss", &s.eval, RED)];
+        let single = runs.len() == 1;
+        let colour = |i: usize| PALETTE[i % PALETTE.len()];
+        let named = |run: &str, what: &str| {
+            if single {
+                what.to_string()
+            } else {
+                format!("{run} {what}")
+            }
+        };
+        let mut loss: Vec<Line> = vec![];
+        for (i, (run, s)) in runs.iter().enumerate() {
+            let eval_colour = if single { RED } else { colour(i) };
+            loss.push((
+                named(run, "train loss"),
+                &s.loss,
+                colour(i),
+                1 + single as u32,
+            ));
+            loss.push((named(run, "eval loss"), &s.eval, eval_colour, 3));
+        }
         panel(&panels[0], "loss", steps.clone(), &loss)?;
-        panel(
-            &panels[1],
-            "learning rate",
-            steps.clone(),
-            &[("lr", &s.lr, GREEN)],
-        )?;
-        let norm = [("grad norm", &s.norm, MAGENTA)];
-        panel(
-            &panels[2],
-            "gradient norm (before clipping)",
-            steps.clone(),
-            &norm,
-        )?;
-        let tps = [("tok/s", &s.tokens_per_second, BLACK)];
+        let one_each = |what: &str, pick: fn(&Series) -> &BTreeMap<u64, f64>, c: RGBColor| {
+            runs.iter()
+                .enumerate()
+                .map(|(i, (run, s))| {
+                    let c = if single { c } else { colour(i) };
+                    (named(run, what), pick(s), c, 2)
+                })
+                .collect::<Vec<Line>>()
+        };
+        let lr = one_each("lr", |s| &s.lr, RGBColor(0, 150, 0));
+        panel(&panels[1], "learning rate", steps.clone(), &lr)?;
+        let norm = one_each("grad norm", |s| &s.norm, MAGENTA);
+        let title = "gradient norm (before clipping)";
+        panel(&panels[2], title, steps.clone(), &norm)?;
+        let tps = one_each("tok/s", |s| &s.tokens_per_second, BLACK);
         panel(&panels[3], "throughput (tokens/s)", steps, &tps)?;
         root.present().map_err(draw_error)?;
     }
@@ -184,9 +239,9 @@ fn panel(
     area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
     title: &str,
     steps: std::ops::Range<u64>,
-    lines: &[(&str, &BTreeMap<u64, f64>, RGBColor)],
+    lines: &[Line],
 ) -> Result<()> {
-    let values = lines.iter().flat_map(|(_, m, _)| m.values().copied());
+    let values = lines.iter().flat_map(|(_, m, _, _)| m.values().copied());
     let (lo, hi) = values
         .filter(|v| v.is_finite())
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
@@ -207,16 +262,18 @@ fn panel(
         .y_label_formatter(&|y| tick(*y))
         .draw()
         .map_err(draw_error)?;
-    for (name, points, color) in lines.iter().filter(|l| !l.1.is_empty()) {
-        let color = *color;
+    for (name, points, color, width) in lines.iter().filter(|l| !l.1.is_empty()) {
+        let (color, width) = (*color, *width);
         chart
             .draw_series(LineSeries::new(
                 points.iter().map(|(&x, &y)| (x, y)),
-                color.stroke_width(2),
+                color.stroke_width(width),
             ))
             .map_err(draw_error)?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+            .label(name.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new([(x, y), (x + 20, y)], color.stroke_width(width))
+            });
         if points.len() < 50 {
             // Sparse series (evals) get markers, so that single points show.
             chart

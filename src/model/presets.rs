@@ -1,5 +1,7 @@
 //! Named architectures for training from scratch and benchmarks, with the shapes of the
-//! published models (and of `shared/bench/torch_baseline.py`, so comparisons are like for like).
+//! published models (and of `shared/bench/torch_baseline.py`, so comparisons are like for like),
+//! plus `qwen2-100m`: Qwen2.5's vocabulary around ~100M non-embedding parameters, for
+//! experiments (the FP8 convergence check) that need a real model but not a big one.
 
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -20,7 +22,7 @@ type Shape = (
     f64,
 );
 
-const PRESETS: [Shape; 5] = [
+const PRESETS: [Shape; 6] = [
     (
         "qwen2.5-0.5b",
         "Qwen2ForCausalLM",
@@ -53,6 +55,18 @@ const PRESETS: [Shape; 5] = [
         36,
         16,
         2,
+        151936,
+        true,
+        1e6,
+    ),
+    (
+        "qwen2-100m",
+        "Qwen2ForCausalLM",
+        768,
+        3072,
+        12,
+        12,
+        4,
         151936,
         true,
         1e6,
@@ -121,6 +135,12 @@ mod tests {
         // DESIGN.md: "the 0.5B model costs about 3.0 GFLOP per token" at seq 1024.
         let flops = c.training_flops_per_token(1024);
         assert!((flops / 3.0e9 - 1.0).abs() < 0.05, "{flops}");
+        // Outside the 117M embedding: 12 × (q, k, v, o and the QKV bias; the MLP; two
+        // norms), and the final norm.
+        let small = preset("qwen2-100m").unwrap();
+        let attention = 768 * 768 * 2 + 2 * 256 * 768 + (768 + 512);
+        let layer = attention + 3 * 768 * 3072 + 2 * 768;
+        assert_eq!(small.num_parameters() - 151936 * 768, 12 * layer + 768);
         assert!(
             preset("gpt-5")
                 .unwrap_err()
