@@ -12,7 +12,7 @@ SKIP=${SKIP:-4000}
 WINDOW=${WINDOW:-4000}
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     --launch-skip "$SKIP" --launch-count "$WINDOW" \
-    .gpu/tests/cuda_bench qwen2_5_0_5b_throughput --exact --ignored > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+    .gpu/smelt bench --model qwen2.5-0.5b --batch-size 32 --device cuda > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
 python3 - "$OUT/ncu.csv" <<'PY'
 import csv, collections, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repo root, with `.gpu` carried (see prepare.sh): every
-# ignored test (the GPU tests) of every test binary, one at a time, logs teed into $OUT, then
-# the PyTorch baseline for the throughput ratio, and last a short table: test, pass/fail, and
-# the key figures the tests print as `[figure]` lines.
+# ignored test (the GPU tests) of every test binary, one at a time, logs teed into $OUT, and
+# last a short table: test, pass/fail, and the key figures the tests print as `[figure]`
+# lines. The throughput table against PyTorch is scripts/gpu/bench.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/logs}
@@ -18,8 +18,7 @@ fi
 } 2>&1 | tee "$OUT/device.txt"
 
 : > "$OUT/results.txt"
-# Correctness first, benchmarks last.
-for bin in $(ls .gpu/tests/* | grep -v bench) $(ls .gpu/tests/* | grep bench); do
+for bin in .gpu/tests/*; do
     name=$(basename "$bin")
     for test in $("$bin" --list --ignored 2>/dev/null | sed -n 's/: test$//p'); do
         echo "=== $name::$test"
@@ -33,17 +32,6 @@ for bin in $(ls .gpu/tests/* | grep -v bench) $(ls .gpu/tests/* | grep bench); d
     done
 done
 
-# The PyTorch baseline in the same call, for the throughput ratio (SKIP_TORCH=1 skips it).
-torch_tok_s=""
-if [ -z "${SKIP_TORCH:-}" ] && [ -f .gpu/bench/torch_baseline.py ] &&
-    python3 -c "import torch, transformers" 2>/dev/null; then
-    echo "=== torch baseline"
-    python3 .gpu/bench/torch_baseline.py qwen2.5-0.5b 32 1024 --compile 2>&1 |
-        tee "$OUT/torch_baseline.txt"
-    torch_tok_s=$(sed -n 's/^RESULT .*"tok_s": \([0-9]*\).*/\1/p' "$OUT/torch_baseline.txt")
-fi
-smelt_tok_s=$(cat "$OUT"/*.log | sed -n 's/^SMELT_TOK_S //p' | head -1)
-
 {
     echo
     echo "==================== GPU test summary ===================="
@@ -54,11 +42,6 @@ smelt_tok_s=$(cat "$OUT"/*.log | sed -n 's/^SMELT_TOK_S //p' | head -1)
     echo
     echo "key figures:"
     cat "$OUT"/*.log | grep '^\[figure\]' | sed 's/^\[figure\] /  /'
-    if [ -n "$smelt_tok_s" ] && [ -n "$torch_tok_s" ]; then
-        ratio=$(python3 -c "print(f'{$smelt_tok_s / $torch_tok_s:.2f}')")
-        echo "  throughput qwen2.5-0.5b 32x1024: smelt $smelt_tok_s tok/s," \
-            "torch.compile $torch_tok_s tok/s, ratio $ratio"
-    fi
     if grep -q FAIL "$OUT/results.txt"; then
         echo
         echo "failures (first lines of each panic):"

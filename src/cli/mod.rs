@@ -1,5 +1,6 @@
 //! The `smelt` command line: one subcommand per file, each with its arguments and `run`.
 
+mod bench;
 mod export;
 mod plot;
 mod sample;
@@ -22,6 +23,7 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    Bench(bench::BenchArgs),
     /// Write a model as a HF directory (config.json + model.safetensors).
     Export(export::ExportArgs),
     Train(Box<train::TrainArgs>),
@@ -34,6 +36,7 @@ enum Command {
 impl Cli {
     pub fn run(self) -> Result<()> {
         match self.command {
+            Command::Bench(args) => args.run(),
             Command::Export(args) => args.run(),
             Command::Train(args) => args.run(),
             Command::Plot(args) => args.run(),

@@ -423,7 +423,7 @@ fn train_on<B: Backend>(b: &B, options: &Options, demo: bool) -> Result<()> {
 
 /// `--model` names a HF model directory, or one of the built-in architectures (see
 /// `model::presets`) to train from random weights.
-fn model_source(model: &std::path::Path, from_scratch: bool) -> Result<ModelSource> {
+pub(super) fn model_source(model: &std::path::Path, from_scratch: bool) -> Result<ModelSource> {
     let preset = model
         .to_str()
         .filter(|name| !model.exists() && presets::names().contains(name));

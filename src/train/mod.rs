@@ -2,6 +2,7 @@
 //! learning-rate schedule, checkpoints, logs, the console — plus sampling and the built-in
 //! demo. It sees the model only through `Transformer`'s public methods and any `Backend`.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod console;
 pub mod demo;

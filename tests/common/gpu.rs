@@ -7,7 +7,8 @@ use smelt::backend::cuda::Cuda;
 use smelt::model::{ParamKind, Transformer};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor, TensorSpec};
-use smelt::train::optimizer::{AdamWState, OptimizerOptions};
+use smelt::train::bench;
+use smelt::train::optimizer::AdamWState;
 
 pub fn cuda() -> Cuda {
     Cuda::new(0).expect("these tests need a CUDA GPU")
@@ -182,18 +183,7 @@ pub fn small_configs() -> Vec<(&'static str, smelt::model::ModelConfig)> {
     ]
 }
 
-/// The trainer's AdamW with bf16 moments updated in place (no master copy), clip 1 and decay
-/// 0.1: bf16 weights and bf16 Adam states, as the benchmark rows are defined.
+/// The trainer's AdamW as the benchmark rows define it: bf16 weights and bf16 Adam states.
 pub fn bf16_adamw<B: Backend>(b: &B, model: &Transformer<B>) -> AdamWState<B> {
-    let options = OptimizerOptions {
-        beta_1: 0.9,
-        beta_2: 0.95,
-        adam_eps: 1e-8,
-        weight_decay: 0.1,
-        grad_clip: 1.0,
-        opt_m_dtype: DType::BF16,
-        opt_v_dtype: DType::BF16,
-        master_dtype: None,
-    };
-    AdamWState::new(b, model, options).unwrap()
+    AdamWState::new(b, model, bench::bf16_adamw_options()).unwrap()
 }

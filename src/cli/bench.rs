@@ -1,0 +1,191 @@
+//! `smelt bench`: training throughput of a model on random weights and tokens (see
+//! `train::bench`), as a table or, with `--json`, one JSON line for scripts.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use serde_json::json;
+
+use crate::backend::select::{Device, DeviceChoice, select};
+use crate::io::hf;
+use crate::model::{MatmulPrecision, ModelConfig, Recompute, presets};
+use crate::train::ModelSource;
+use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
+
+#[derive(Args, Debug)]
+#[command(
+    about = "Measure training throughput: tok/s, MFU, peak memory and the time of each phase",
+    after_help = "Trains --model from random weights on random tokens, in bf16 with bf16 Adam \
+states. After --warmup steps, the median of --steps steps (each ending with one wait for the \
+device) gives tok/s and MFU. Then a few more steps wait for the device after every phase \
+(forward, backward, optimizer, other) to split the step's time."
+)]
+pub struct BenchArgs {
+    /// A built-in architecture (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, llama-3.2-1b,
+    /// llama-3-8b) or a HF model directory, of which only config.json is read.
+    #[arg(long, value_name = "NAME|DIR")]
+    model: String,
+    /// Sequences per step.
+    #[arg(long)]
+    batch_size: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 1024)]
+    seq_len: usize,
+    /// Steps timed (their median is reported).
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Steps before the timed ones: kernel compilation, matmul plans.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Dtype the blocks' linear layers multiply in: bf16, or e4m3 (FP8).
+    #[arg(long, default_value = "bf16")]
+    matmul_dtype: String,
+    /// With --matmul-dtype e4m3, the dtype of the output gradients: e4m3 or e5m2 [default: e5m2].
+    #[arg(long)]
+    gradient_dtype: Option<String>,
+    /// Activations to recompute in the backward, comma-separated: swiglu, norm, qkv, att,
+    /// ffn, block.
+    #[arg(long, value_name = "LIST", default_value = "")]
+    recompute: String,
+    /// Chunks of the LM head and loss (the logits buffer shrinks with it).
+    #[arg(long, default_value_t = 8)]
+    lmhead_chunks: usize,
+    /// Where to run: the GPU when the driver reports one, else the CPU.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
+    device: DeviceChoice,
+    /// Print one JSON line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl BenchArgs {
+    pub fn run(self) -> Result<()> {
+        let config = self.config()?;
+        if self.batch_size == 0 || self.seq_len == 0 {
+            bail!("--batch-size and --seq-len must be at least 1");
+        }
+        let matmul = MatmulPrecision::parse(&self.matmul_dtype, self.gradient_dtype.as_deref())?;
+        let options = BenchOptions {
+            batch: self.batch_size,
+            seq: self.seq_len,
+            steps: self.steps,
+            warmup: self.warmup,
+            matmul,
+            recompute: Recompute::parse(&self.recompute).map_err(|e| e.context("--recompute"))?,
+            lmhead_chunks: self.lmhead_chunks,
+        };
+        let device = select(self.device)?;
+        let report = match &device {
+            Device::Cpu(b) => bench::run(b, config, &options, |_| Ok(None)),
+            // What smelt holds on the device (every category and the kernels' scratch): the
+            // peak, since nothing is allocated or freed in the step loop.
+            Device::Cuda(b) => bench::run(b, config, &options, |b| {
+                let report = b.memory_report()?;
+                Ok(Some(report.categories.iter().map(|c| c.1 as u64).sum()))
+            }),
+        }?;
+        let dtype = match matmul {
+            MatmulPrecision::Native => "bf16".to_string(),
+            MatmulPrecision::Fp8 { forward, gradient } => format!("{forward}/{gradient}"),
+        };
+        if self.json {
+            println!("{}", self.json_line(&report, &dtype, &device.describe()));
+        } else {
+            self.print_table(&report, &dtype, &device.describe());
+        }
+        Ok(())
+    }
+
+    /// `--model` resolved as `smelt train --from-scratch` resolves it.
+    fn config(&self) -> Result<ModelConfig> {
+        match super::train::model_source(Path::new(&self.model), true)? {
+            ModelSource::Config { name, config } => {
+                ModelConfig::from_json(&config, &format!("the config of {name}"))
+            }
+            ModelSource::Dir { path, .. } if !path.exists() => bail!(
+                "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json) or one of {}",
+                path.display(),
+                presets::names().join(", ")
+            ),
+            ModelSource::Dir { path, .. } => hf::read_config(&path),
+        }
+    }
+
+    fn json_line(&self, r: &BenchReport, dtype: &str, device: &str) -> String {
+        let ms = |s: f64| s * 1e3;
+        let phases: serde_json::Map<String, serde_json::Value> = PHASES
+            .iter()
+            .zip(r.phases_s)
+            .map(|(name, s)| (name.to_string(), json!(ms(s))))
+            .collect();
+        json!({
+            "model": self.model,
+            "device": device,
+            "dtype": dtype,
+            "batch": self.batch_size,
+            "seq": self.seq_len,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "tok_s": r.tokens_per_second,
+            "mfu": r.mfu,
+            "step_ms": ms(r.step_s),
+            "peak_mem_gib": gib(r.memory_bytes),
+            "memory": if r.memory_measured { "allocated" } else { "planned" },
+            "phases_ms": phases,
+            "split_steps": SPLIT_STEPS,
+            "loss": r.loss,
+        })
+        .to_string()
+    }
+
+    fn print_table(&self, r: &BenchReport, dtype: &str, device: &str) {
+        println!(
+            "smelt bench: {}, batch {} × {}, matmul {dtype}, on {device}",
+            self.model, self.batch_size, self.seq_len
+        );
+        let mfu = r
+            .mfu
+            .map_or("n/a (no peak figure for this device)".into(), |m| {
+                format!("{:.1}%", 100.0 * m)
+            });
+        let memory = if r.memory_measured {
+            "allocated on the device"
+        } else {
+            "planned tensors"
+        };
+        println!(
+            "step {:.1} ms (median of {} after {} warmup) | {:.0} tok/s | MFU {mfu} | peak memory {:.2} GiB ({memory}) | loss {:.3}",
+            r.step_s * 1e3,
+            self.steps,
+            self.warmup,
+            r.tokens_per_second,
+            gib(r.memory_bytes),
+            r.loss
+        );
+        println!(
+            "phases (median of {SPLIT_STEPS} steps synchronised after each phase; % of the median step above):"
+        );
+        for (name, s) in PHASES.iter().zip(r.phases_s) {
+            println!(
+                "  {name:<10} {:>9.2} ms {:>6.1}%",
+                s * 1e3,
+                100.0 * s / r.step_s
+            );
+        }
+        let sum: f64 = r.phases_s.iter().sum();
+        println!(
+            "  {:<10} {:>9.2} ms {:>6.1}%",
+            "sum",
+            sum * 1e3,
+            100.0 * sum / r.step_s
+        );
+        println!(
+            "  (forward includes the token upload, backward the target upload, LM head and loss; other is the loss readback)"
+        );
+    }
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}

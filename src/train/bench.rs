@@ -1,0 +1,230 @@
+//! Training throughput, as `smelt bench` measures it: a model of any config from random
+//! weights, trained on random tokens in bf16 with bf16 Adam states (the rows of the
+//! performance table), then timed.
+//!
+//! A step is what the trainer does for one micro-batch: forward (with the token upload),
+//! backward (the target upload, LM head, loss and blocks), the AdamW update, and "other":
+//! reading the loss back, which waits for the device, so each step ends with exactly one
+//! synchronisation. After `warmup` steps (kernel compilation,
+//! cuBLASLt plans, scratch growth) the median of `steps` steps gives the throughput. The
+//! per-phase split comes from a few further steps that also synchronise between phases:
+//! those extra waits make them slightly slower, so each phase is reported against the median
+//! of the unsynchronised steps.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+
+use super::console::memory_table;
+use super::metrics;
+use super::optimizer::{AdamWState, OptimizerOptions};
+use crate::backend::Backend;
+use crate::model::{
+    LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
+};
+use crate::rng::Rng;
+use crate::tensor::DType;
+
+/// Steps that synchronise between phases, for the split (the median of each phase is taken).
+pub const SPLIT_STEPS: usize = 3;
+/// Seeds the weights, the tokens and stochastic rounding.
+const SEED: u64 = 1;
+/// A constant learning rate: the schedule costs nothing on the device, and a small rate
+/// keeps the random model from diverging over the few steps.
+const LR: f32 = 1e-4;
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub batch: usize,
+    pub seq: usize,
+    /// Steps timed for the median.
+    pub steps: usize,
+    /// Untimed steps before them.
+    pub warmup: usize,
+    pub matmul: MatmulPrecision,
+    pub recompute: Recompute,
+    pub lmhead_chunks: usize,
+}
+
+/// The phases of a step, in order.
+pub const PHASES: [&str; 4] = ["forward", "backward", "optimizer", "other"];
+
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    pub tokens_per_step: usize,
+    /// Median seconds per step.
+    pub step_s: f64,
+    pub tokens_per_second: f64,
+    /// `None` where the device has no peak figure (the CPU).
+    pub mfu: Option<f64>,
+    /// Median seconds of each of `PHASES` over the separately synchronised steps.
+    pub phases_s: [f64; 4],
+    /// What `device_bytes` reported after the last step, or else the bytes of every
+    /// planned tensor (model and optimizer).
+    pub memory_bytes: u64,
+    /// Whether `memory_bytes` was measured on the device (else it is the plan).
+    pub memory_measured: bool,
+    /// The mean per-token loss of the last step.
+    pub loss: f64,
+}
+
+/// The optimizer of the benchmark rows: AdamW with bf16 moments updated in place (no master
+/// copy, so the bf16 weights are the only copy), β = (0.9, 0.95), clip 1, decay 0.1.
+pub fn bf16_adamw_options() -> OptimizerOptions {
+    OptimizerOptions {
+        beta_1: 0.9,
+        beta_2: 0.95,
+        adam_eps: 1e-8,
+        weight_decay: 0.1,
+        grad_clip: 1.0,
+        opt_m_dtype: DType::BF16,
+        opt_v_dtype: DType::BF16,
+        master_dtype: None,
+    }
+}
+
+/// Benchmarks `config` on `b`. `device_bytes` reads the device's own count of what is
+/// allocated, where it keeps one (it is called while everything is still allocated).
+pub fn run<B: Backend>(
+    b: &B,
+    config: ModelConfig,
+    o: &BenchOptions,
+    device_bytes: impl Fn(&B) -> Result<Option<u64>>,
+) -> Result<BenchReport> {
+    if o.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let flops_per_token = config.training_flops_per_token(o.seq);
+    let model = Transformer::new(
+        b,
+        config,
+        ModelOptions {
+            batch: o.batch,
+            seq: o.seq,
+            dtype: DType::BF16,
+            recompute: o.recompute,
+            lmhead_chunks: o.lmhead_chunks,
+            matmul: o.matmul,
+        },
+    )?;
+    model.init_weights(b, SEED)?;
+    let opt = AdamWState::new(b, &model, bf16_adamw_options())?;
+    let mut bench = Bench {
+        b,
+        batches: (0..2).map(|i| random_batch(&model, i)).collect(),
+        model,
+        opt,
+        step: 0,
+    };
+
+    for _ in 0..o.warmup {
+        bench.step(false)?;
+    }
+    let mut totals = Vec::with_capacity(o.steps);
+    for _ in 0..o.steps {
+        totals.push(bench.step(false)?.iter().sum());
+    }
+    let mut split = vec![vec![]; PHASES.len()];
+    for _ in 0..SPLIT_STEPS {
+        for (phase, s) in split.iter_mut().zip(bench.step(true)?) {
+            phase.push(s);
+        }
+    }
+    let loss = bench.last_loss()?;
+    if !loss.is_finite() {
+        bail!("the loss became {loss}: the benchmark diverged and its timings mean nothing");
+    }
+
+    let planned: Vec<(&str, &[_])> = bench
+        .model
+        .memory
+        .iter()
+        .chain(&bench.opt.memory)
+        .map(|(name, specs)| (*name, specs.as_slice()))
+        .collect();
+    let planned = memory_table(&planned).last().expect("a total row").1;
+    let measured = device_bytes(b)?;
+
+    let tokens_per_step = bench.model.tokens_per_step();
+    let step_s = median(&mut totals);
+    let tokens_per_second = tokens_per_step as f64 / step_s;
+    Ok(BenchReport {
+        tokens_per_step,
+        step_s,
+        tokens_per_second,
+        mfu: metrics::mfu(flops_per_token, tokens_per_second, b.peak_flops()),
+        phases_s: std::array::from_fn(|i| median(&mut split[i])),
+        memory_bytes: measured.unwrap_or(planned),
+        memory_measured: measured.is_some(),
+        loss,
+    })
+}
+
+struct Bench<'a, B: Backend> {
+    b: &'a B,
+    model: Transformer<B>,
+    opt: AdamWState<B>,
+    /// (tokens, targets), used in turn.
+    batches: Vec<(Vec<i32>, Vec<i32>)>,
+    /// Steps taken, which is also the last step's number (AdamW counts from 1).
+    step: u64,
+}
+
+impl<B: Backend> Bench<'_, B> {
+    /// One training step; returns the seconds spent in each of `PHASES`. With `split`, the
+    /// device is synchronised after every phase; otherwise only the loss readback waits,
+    /// and only the sum of the phases means anything.
+    fn step(&mut self, split: bool) -> Result<[f64; 4]> {
+        let b = self.b;
+        let (tokens, targets) = &self.batches[self.step as usize % self.batches.len()];
+        self.step += 1;
+        let loss = LossOptions {
+            grad_scale: 1.0 / targets.len() as f32,
+            z_loss: 0.0,
+            accumulate: false,
+        };
+        // The device is idle at the start, so the step's time is its own.
+        b.synchronize()?;
+        let start = Instant::now();
+        let mut ends = [0.0; 4];
+        let mut lap = |phase: usize| -> Result<()> {
+            if split {
+                b.synchronize()?;
+            }
+            ends[phase] = start.elapsed().as_secs_f64();
+            Ok(())
+        };
+        self.model.forward_hidden(b, tokens)?;
+        lap(0)?;
+        self.model.backward(b, targets, loss)?;
+        lap(1)?;
+        self.opt.step(b, &self.model, LR, self.step, SEED)?;
+        lap(2)?;
+        self.model.loss_sum(b)?;
+        lap(3)?;
+        Ok(std::array::from_fn(|i| {
+            ends[i] - if i == 0 { 0.0 } else { ends[i - 1] }
+        }))
+    }
+
+    fn last_loss(&self) -> Result<f64> {
+        Ok(self.model.loss_sum(self.b)? / self.model.tokens_per_step() as f64)
+    }
+}
+
+/// Uniformly random tokens, each target the next token, from the `index`th stream.
+fn random_batch<B: Backend>(model: &Transformer<B>, index: u64) -> (Vec<i32>, Vec<i32>) {
+    let mut rng = Rng::derived(SEED, index);
+    let vocab = model.config.vocab_size;
+    let stream: Vec<i32> = (0..=model.tokens_per_step())
+        .map(|_| rng.below(vocab) as i32)
+        .collect();
+    let n = stream.len() - 1;
+    (stream[..n].to_vec(), stream[1..].to_vec())
+}
+
+/// The median (the upper one of an even count).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}

@@ -1,0 +1,143 @@
+//! `smelt bench` on the CPU: the JSON line that scripts/gpu/bench.sh parses has every field,
+//! and its figures agree with each other and with the model's size; bad input gets one
+//! clear error.
+
+mod train_support;
+
+use serde_json::Value;
+use train_support::*;
+
+/// `smelt bench --json` on the tiny model, parsed.
+fn bench_json(model: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "bench",
+        "--device",
+        "cpu",
+        "--model",
+        model,
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--steps",
+        "5",
+        "--warmup",
+        "1",
+        "--lmhead-chunks",
+        "2",
+        "--json",
+    ];
+    args.extend(extra);
+    let stdout = smelt_ok(&args);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "--json prints one line, got:\n{stdout}");
+    serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+fn number(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("`{key}` is not a number in {v}"))
+}
+
+#[test]
+fn json_figures_are_complete_and_consistent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_model_dir(tmp.path());
+    let v = bench_json(s(&dir), &[]);
+
+    assert_eq!(v["model"], s(&dir));
+    assert_eq!(v["dtype"], "bf16");
+    assert_eq!(v["batch"], 2);
+    assert_eq!(v["seq"], 16);
+    assert!(v["device"].as_str().unwrap().starts_with("cpu"), "{v}");
+    // The CPU has no datasheet peak, so there is no MFU rather than a made-up one.
+    assert!(v["mfu"].is_null(), "{v}");
+
+    let (tok_s, step_ms) = (number(&v, "tok_s"), number(&v, "step_ms"));
+    assert!(tok_s > 0.0 && step_ms > 0.0, "{v}");
+    // Throughput is the step's tokens over the step's time; only float rounding separates them.
+    let tokens = tok_s * step_ms / 1e3;
+    assert!(
+        (tokens / 32.0 - 1.0).abs() < 1e-9,
+        "tok_s·step = {tokens}, not 2·16"
+    );
+
+    let phases = v["phases_ms"].as_object().expect("phases_ms object");
+    let names = ["forward", "backward", "optimizer", "other"];
+    assert_eq!(phases.len(), names.len(), "{v}");
+    let mut sum = 0.0;
+    for name in names {
+        let ms = phases[name].as_f64().expect("a number");
+        // "other" (reading back 32 losses) can be microseconds, but never negative; the
+        // three phases that compute are measurably long.
+        assert!(
+            ms >= 0.0 && (name == "other" || ms > 0.0),
+            "{name}: {ms} ms"
+        );
+        sum += ms;
+    }
+    // The split is the median of each phase over 3 separately synchronised steps, the step
+    // the median over 5 others: on a busy 2-core CI machine single steps of this millisecond
+    // model vary by tens of percent, so only a factor of 2 either way is a real disagreement
+    // (a phase missed or counted twice would be the backward's ~60% or more).
+    assert!(
+        sum > 0.5 * step_ms && sum < 2.0 * step_ms,
+        "phases sum to {sum} ms, the step is {step_ms} ms"
+    );
+
+    // On the CPU the memory figure is the plan, which holds at least bf16 weights, gradients
+    // and both bf16 Adam moments: 4 × 2 bytes per parameter, counted from the config.
+    assert_eq!(v["memory"], "planned");
+    let config = smelt::io::hf::read_config(&dir).unwrap();
+    let floor = (8 * config.num_parameters()) as f64 / (1u64 << 30) as f64;
+    let gib = number(&v, "peak_mem_gib");
+    assert!(gib >= floor && gib < 100.0 * floor, "{gib} GiB vs {floor}");
+
+    // A model a few steps of lr 1e-4 away from a 0.02-std init predicts nearly uniformly, so
+    // its loss on random tokens is close to ln(vocab).
+    let loss = number(&v, "loss");
+    let uniform = (config.vocab_size as f64).ln();
+    assert!((loss - uniform).abs() < 0.5, "loss {loss}, ln V {uniform}");
+}
+
+#[test]
+fn fp8_and_recompute_flags_reach_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_model_dir(tmp.path());
+    let v = bench_json(
+        s(&dir),
+        &[
+            "--matmul-dtype",
+            "e4m3",
+            "--gradient-dtype",
+            "e4m3",
+            "--recompute",
+            "att,ffn",
+        ],
+    );
+    assert_eq!(v["dtype"], "e4m3/e4m3");
+    assert!(number(&v, "tok_s") > 0.0, "{v}");
+}
+
+#[test]
+fn bad_input_gets_one_clear_error() {
+    let base = ["bench", "--device", "cpu", "--batch-size", "2"];
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        smelt_err(&args)
+    };
+    let err = run(&["--model", "qwen9-0.1b"]);
+    assert!(
+        err.contains("--model qwen9-0.1b") && err.contains("qwen2.5-0.5b"),
+        "unhelpful error: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one error line, got:\n{err}");
+
+    let err = run(&["--model", "qwen2.5-0.5b", "--steps", "0"]);
+    assert!(err.contains("--steps"), "unhelpful error: {err}");
+    let err = run(&["--model", "qwen2.5-0.5b", "--recompute", "mlp"]);
+    assert!(err.contains("--recompute") && err.contains("ffn"), "{err}");
+    let err = run(&["--model", "qwen2.5-0.5b", "--gradient-dtype", "e5m2"]);
+    assert!(err.contains("--matmul-dtype e4m3"), "{err}");
+}
