@@ -12,7 +12,7 @@ mod common;
 use common::gpu::*;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::backend::cuda::attention::AttentionKernels;
-use smelt::backend::{AdamW, AttnShape, Backend, Matmul};
+use smelt::backend::{AdamW, AttnShape, Backend, Matmul, Scaled};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor};
 
@@ -23,6 +23,26 @@ fn tol(dtype: DType) -> f64 {
 
 fn download<B: Backend>(b: &B, t: &Tensor<B>) -> Vec<f32> {
     b.download(t).unwrap()
+}
+
+/// A zeroed `[1]` f32 abs-max, as producers of FP8 inputs expect it.
+fn amax<B: Backend>(b: &B) -> Tensor<B> {
+    tensor(b, &[1], DType::F32, &[0.0])
+}
+
+/// The abs-max a producer reported must be exactly the largest |value| of its output as it
+/// was stored (downloaded from the GPU), NaN ignored as the kernels ignore it.
+fn check_amax(test: &str, outputs: &Outputs, out: &str, amax: &str) {
+    let largest = output(outputs, out)
+        .iter()
+        .fold(0.0f32, |m, x| m.max(x.abs()));
+    let reported = output(outputs, amax)[0];
+    assert_eq!(
+        reported.to_bits(),
+        largest.to_bits(),
+        "{test}: {amax} {reported:e} is not max |{out}| {largest:e}"
+    );
+    figure(test, format!("{amax} == max |{out}| = {largest:e}"));
 }
 
 #[test]
@@ -140,11 +160,22 @@ fn rmsnorm_forward_fused_and_backward() {
         let stat = || tensor(b, &[n], DType::F32, &vec![0.0; n]);
         let zeros = vec![0.0; n * c];
         let (x, branch, w) = (t(&[n, c], x), t(&[n, c], branch), t(&[c], w));
-        let (out, rstd) = (t(&[n, c], &zeros), stat());
-        b.rmsnorm_forward(&out, &rstd, &x, &w, 1e-6, None).unwrap();
-        let (res, fused, fused_rstd) = (t(&[n, c], &zeros), t(&[n, c], &zeros), stat());
-        b.residual_rmsnorm_forward(&res, &fused, &fused_rstd, &x, &branch, &w, 1e-6, None)
+        let (out, rstd, out_amax) = (t(&[n, c], &zeros), stat(), amax(b));
+        b.rmsnorm_forward(&out, &rstd, &x, &w, 1e-6, Some(&out_amax))
             .unwrap();
+        let (res, fused, fused_rstd) = (t(&[n, c], &zeros), t(&[n, c], &zeros), stat());
+        let fused_amax = amax(b);
+        b.residual_rmsnorm_forward(
+            &res,
+            &fused,
+            &fused_rstd,
+            &x,
+            &branch,
+            &w,
+            1e-6,
+            Some(&fused_amax),
+        )
+        .unwrap();
         // The plain norm of the fused kernel's rounded residual.
         let (replain, replain_rstd) = (t(&[n, c], &zeros), stat());
         b.rmsnorm_forward(&replain, &replain_rstd, &res, &w, 1e-6, None)
@@ -154,9 +185,11 @@ fn rmsnorm_forward_fused_and_backward() {
             .unwrap();
         vec![
             ("out", download(b, &out)),
+            ("out amax", download(b, &out_amax)),
             ("rstd", download(b, &rstd)),
             ("residual", download(b, &res)),
             ("fused out", download(b, &fused)),
+            ("fused out amax", download(b, &fused_amax)),
             ("fused rstd", download(b, &fused_rstd)),
             ("plain out of fused residual", download(b, &replain)),
             ("plain rstd of fused residual", download(b, &replain_rstd)),
@@ -180,6 +213,8 @@ fn rmsnorm_forward_fused_and_backward() {
                     }
                 },
             );
+            check_amax(&name, &gpu_out, "out", "out amax");
+            check_amax(&name, &gpu_out, "fused out", "fused out amax");
             // Recompute relies on this: the fused kernel normalizes exactly like the plain one.
             assert!(same_bits(
                 output(&gpu_out, "fused out"),
@@ -351,22 +386,28 @@ fn swiglu_forward_and_backward() {
     fn run<B: Backend>(b: &B, dtype: DType, f: usize, gu: &[f32], dy: &[f32]) -> Outputs {
         let n = dy.len() / f;
         let gate_up = tensor(b, &[n, 2 * f], dtype, gu);
-        let out = tensor(b, &[n, f], dtype, &vec![0.0; n * f]);
-        b.swiglu_forward(&out, &gate_up, None).unwrap();
+        let (out, out_amax) = (tensor(b, &[n, f], dtype, &vec![0.0; n * f]), amax(b));
+        b.swiglu_forward(&out, &gate_up, Some(&out_amax)).unwrap();
         let (dout, dgu) = (
             tensor(b, &[n, f], dtype, dy),
             tensor(b, &[n, 2 * f], dtype, &vec![0.0; n * 2 * f]),
         );
         b.swiglu_backward(&dgu, &dout, &gate_up).unwrap();
-        vec![("out", download(b, &out)), ("dgate_up", download(b, &dgu))]
+        vec![
+            ("out", download(b, &out)),
+            ("out amax", download(b, &out_amax)),
+            ("dgate_up", download(b, &dgu)),
+        ]
     }
     for dtype in [DType::BF16, DType::F32] {
-        check_op(
-            &format!("swiglu {dtype}"),
+        let name = format!("swiglu {dtype}");
+        let gpu_out = check_op(
+            &name,
             || run(&gpu, dtype, f, &gu, &dy),
             || run(&cpu, dtype, f, &gu, &dy),
             |_| tol(dtype),
         );
+        check_amax(&name, &gpu_out, "out", "out amax");
     }
 }
 
@@ -403,7 +444,9 @@ fn attention_forward_and_backward() {
             DType::F32,
             &vec![0.0; rows * s.q_heads],
         );
-        b.attention_forward(&out, &lse, &qkv, s, None).unwrap();
+        let out_amax = amax(b);
+        b.attention_forward(&out, &lse, &qkv, s, Some(&out_amax))
+            .unwrap();
         let dout = tensor(b, &[rows, q], dtype, dout);
         let dqkv = tensor(
             b,
@@ -415,6 +458,7 @@ fn attention_forward_and_backward() {
             .unwrap();
         vec![
             ("out", download(b, &out)),
+            ("out amax", download(b, &out_amax)),
             ("lse", download(b, &lse)),
             ("dqkv", download(b, &dqkv)),
         ]
@@ -437,7 +481,7 @@ fn attention_forward_and_backward() {
                 "attention {version:?} {dtype} B{} T{} H{}/{} D{}",
                 s.batch, s.seq, s.q_heads, s.kv_heads, s.head_dim
             );
-            check_op(
+            let gpu_out = check_op(
                 &name,
                 || run(&gpu, dtype, s, &qkv, &dout),
                 || cpu_out.clone(),
@@ -453,6 +497,7 @@ fn attention_forward_and_backward() {
                     _ => tol(dtype),
                 },
             );
+            check_amax(&name, &gpu_out, "out", "out amax");
         }
     }
 }
@@ -600,8 +645,11 @@ fn adamw_matches_the_cpu_bit_for_bit() {
             tensor(b, &[n], c.moments, &vec![0.0; n]),
             tensor(b, &[n], c.moments, &vec![0.0; n]),
         );
-        // Step 1 is clipped (norm 2 > 1), step 2 is not (norm 0.5).
-        for (step, (g, norm_sq)) in grads.iter().zip([4.0f32, 0.25]).enumerate() {
+        // Step 1 is clipped (norm 2 > 1), step 2 is not (norm 0.5). Each step reports the
+        // updated param's abs-max into its own amax; the last one is checked.
+        let amaxes = [amax(b), amax(b)];
+        let steps = grads.iter().zip([4.0f32, 0.25]).zip(&amaxes);
+        for (step, ((g, norm_sq), param_amax)) in steps.enumerate() {
             let grad = tensor(b, &[n], c.grad, g);
             let norm = tensor(b, &[1], DType::F32, &[norm_sq]);
             let hp = AdamW {
@@ -614,11 +662,21 @@ fn adamw_matches_the_cpu_bit_for_bit() {
                 grad_clip: 1.0,
                 seed: 0x5EED + step as u64,
             };
-            b.adamw(&param, master.as_ref(), &grad, &m, &v, &norm, &hp, None)
-                .unwrap();
+            b.adamw(
+                &param,
+                master.as_ref(),
+                &grad,
+                &m,
+                &v,
+                &norm,
+                &hp,
+                Some(param_amax),
+            )
+            .unwrap();
         }
         let mut out = vec![
             ("param", download(b, &param)),
+            ("param amax", download(b, &amaxes[1])),
             ("m", download(b, &m)),
             ("v", download(b, &v)),
         ];
@@ -629,15 +687,240 @@ fn adamw_matches_the_cpu_bit_for_bit() {
     }
     for c in &cases {
         // The kernel runs the CPU's f64 operations uncontracted and rounds with the CPU's
-        // hash, so the bits must agree exactly.
-        check_op(
-            &format!(
-                "adamw param {} grad {} moments {} master {}",
-                c.param, c.grad, c.moments, c.master
-            ),
+        // hash, so the bits must agree exactly (and so must the abs-max of equal params).
+        let name = format!(
+            "adamw param {} grad {} moments {} master {}",
+            c.param, c.grad, c.moments, c.master
+        );
+        let gpu_out = check_op(
+            &name,
             || run(&gpu, c, &p0, [&g1, &g2]),
             || run(&cpu, c, &p0, [&g1, &g2]),
             |_| 0.0,
         );
+        check_amax(&name, &gpu_out, "param", "param amax");
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn abs_max_is_exact() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // A length the 16-byte loads divide, and an odd one viewed 3 elements into its storage
+    // (element-wise loads, and a tail).
+    for (n, skip) in [(1 << 22, 0), (1_000_003, 3)] {
+        let mut x = normal(n + skip, 2.0, 50);
+        x[skip + n / 3] = -37.5; // the largest magnitude is a negative value
+        x[0] = 1e4; // outside the view when skip > 0
+        fn run<B: Backend>(b: &B, dtype: DType, skip: usize, x: &[f32]) -> Outputs {
+            let t = tensor(b, &[x.len()], dtype, x).narrow_rows(skip, x.len());
+            let (found, kept) = (amax(b), tensor(b, &[1], DType::F32, &[100.0]));
+            b.abs_max(&found, &t).unwrap();
+            b.abs_max(&kept, &t).unwrap();
+            vec![
+                ("amax", download(b, &found)),
+                ("amax raised from 100", download(b, &kept)),
+            ]
+        }
+        for dtype in [DType::BF16, DType::F32] {
+            // A max of the same stored values in any order: exact.
+            check_op(
+                &format!("abs_max {dtype} n={n} skip={skip}"),
+                || run(&gpu, dtype, skip, &x),
+                || run(&cpu, dtype, skip, &x),
+                |_| 0.0,
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantize_matches_the_cpu_bit_for_bit() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // A model-like activation (16-byte loads, word stores), and an odd shape that takes the
+    // element-wise paths and partial tiles.
+    for (r, c) in [(2048, 896), (100, 37)] {
+        let mut x = normal(r * c, 1.0, 51);
+        x[7] = 300.0;
+        x[r * c / 2] = -5000.0;
+        #[allow(clippy::too_many_arguments)]
+        fn run<B: Backend>(
+            b: &B,
+            x_dtype: DType,
+            dtype: DType,
+            transpose: bool,
+            (r, c): (usize, usize),
+            x: &[f32],
+        ) -> Outputs {
+            let xt = tensor(b, &[r, c], x_dtype, x);
+            let zeros = tensor(b, &[r, c], x_dtype, &vec![0.0; r * c]);
+            let exact = amax(b);
+            b.abs_max(&exact, &xt).unwrap();
+            let value = download(b, &exact)[0];
+            // Scaled by the true abs-max; by a 16th of it, so that most large values saturate;
+            // by an infinite one (scale 1, where 5000 saturates e4m3); and zeros with amax 0.
+            let (small, inf) = (
+                tensor(b, &[1], DType::F32, &[value / 16.0]),
+                tensor(b, &[1], DType::F32, &[f32::INFINITY]),
+            );
+            let zero = amax(b);
+            let shape = if transpose { [c, r] } else { [r, c] };
+            let mut outs = vec![];
+            let cases: [(&'static str, &'static str, &Tensor<B>, &Tensor<B>); 4] = [
+                ("exact amax", "exact amax descale", &xt, &exact),
+                ("amax/16", "amax/16 descale", &xt, &small),
+                ("infinite amax", "infinite amax descale", &xt, &inf),
+                ("zeros", "zeros descale", &zeros, &zero),
+            ];
+            for (name, descale_name, input, a) in cases {
+                let out = tensor(b, &shape, dtype, &vec![0.0; r * c]);
+                let descale = tensor(b, &[1], DType::F32, &[0.0]);
+                b.quantize(&out, &descale, input, a, transpose).unwrap();
+                outs.push((name, download(b, &out)));
+                outs.push((descale_name, download(b, &descale)));
+            }
+            outs
+        }
+        for x_dtype in [DType::BF16, DType::F32] {
+            for dtype in [DType::E4M3, DType::E5M2] {
+                for transpose in [false, true] {
+                    let name =
+                        format!("quantize {r}x{c} {x_dtype} to {dtype} transpose={transpose}");
+                    let args = (x_dtype, dtype, transpose, (r, c));
+                    let cpu_out = run(&cpu, args.0, args.1, args.2, args.3, &x);
+                    // The same f32 scale, product and round-to-nearest-even saturating
+                    // conversion on both sides: identical bits (checked below, since a
+                    // relative error of 0 would let -0 pass for +0).
+                    let gpu_out = check_op(
+                        &name,
+                        || run(&gpu, args.0, args.1, args.2, args.3, &x),
+                        || cpu_out.clone(),
+                        |_| 0.0,
+                    );
+                    for ((output, g), (_, c)) in gpu_out.iter().zip(&cpu_out) {
+                        assert!(same_bits(g, c), "{name} {output}: bits differ from the CPU");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn matmul_scaled_matches_the_cpu() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // (m, n, k): a Qwen2.5-0.5B MLP down projection's shape, and a small one.
+    for (m, n, k) in [(2048, 896, 4864), (64, 48, 32)] {
+        let (x, w, bias, acc0) = (
+            normal(m * k, 1.0, 60),
+            normal(n * k, 0.05, 61),
+            normal(n, 1.0, 62),
+            normal(m * n, 1.0, 63),
+        );
+        #[allow(clippy::too_many_arguments)]
+        fn run<B: Backend>(
+            b: &B,
+            (a_dtype, b_dtype): (DType, DType),
+            (m, n, k): (usize, usize, usize),
+            x: &[f32],
+            w: &[f32],
+            bias: &[f32],
+            acc0: &[f32],
+        ) -> Outputs {
+            // bf16 values quantized with their own abs-max, as the model does.
+            let quantized = |values: &[f32], rows: usize, dtype: DType| {
+                let t = tensor(b, &[rows, k], DType::BF16, values);
+                let a = amax(b);
+                b.abs_max(&a, &t).unwrap();
+                let q = tensor(b, &[rows, k], dtype, &vec![0.0; rows * k]);
+                let descale = tensor(b, &[1], DType::F32, &[0.0]);
+                b.quantize(&q, &descale, &t, &a, false).unwrap();
+                (q, descale)
+            };
+            let (xq, x_descale) = quantized(x, m, a_dtype);
+            let (wq, w_descale) = quantized(w, n, b_dtype);
+            // `Scaled` derives Copy, which for a generic backend demands `B: Copy`: build each.
+            let a = || Scaled {
+                data: &xq,
+                descale: &x_descale,
+            };
+            let wt = || Scaled {
+                data: &wq,
+                descale: &w_descale,
+            };
+            let bias = tensor(b, &[n], DType::BF16, bias);
+            let zeros = vec![0.0; m * n];
+            let plain = tensor(b, &[m, n], DType::BF16, &zeros);
+            b.matmul_scaled(&plain, a(), wt(), None, false).unwrap();
+            let biased = tensor(b, &[m, n], DType::BF16, &zeros);
+            b.matmul_scaled(&biased, a(), wt(), Some(&bias), false)
+                .unwrap();
+            let accumulated = tensor(b, &[m, n], DType::BF16, acc0);
+            b.matmul_scaled(&accumulated, a(), wt(), Some(&bias), true)
+                .unwrap();
+            let unbiased_accumulated = tensor(b, &[m, n], DType::BF16, acc0);
+            b.matmul_scaled(&unbiased_accumulated, a(), wt(), None, true)
+                .unwrap();
+            vec![
+                ("a·bᵀ", download(b, &plain)),
+                ("a·bᵀ + bias", download(b, &biased)),
+                ("out += a·bᵀ + bias", download(b, &accumulated)),
+                ("out += a·bᵀ", download(b, &unbiased_accumulated)),
+            ]
+        }
+        let pairs = [
+            (DType::E4M3, DType::E4M3),
+            (DType::E5M2, DType::E4M3),
+            (DType::E4M3, DType::E5M2),
+        ];
+        for dtypes in pairs {
+            let name = format!("matmul_scaled {m}x{n}x{k} {}·{}ᵀ", dtypes.0, dtypes.1);
+            let shape = (m, n, k);
+            // Both sides multiply the same fp8 operands (quantize is bitwise the CPU's). The
+            // GPU sums exact fp8 products in f32 (precise accumulation, promoted along K) and
+            // applies the descales once; the CPU applies them to the operands first, then
+            // sums in another order: f32 differences near 1e-6 relative, far below the bf16
+            // rounding of out (2⁻⁹ relative per element), so bf16's 1e-2 holds.
+            check_op(
+                &name,
+                || run(&gpu, dtypes, shape, &x, &w, &bias, &acc0),
+                || run(&cpu, dtypes, shape, &x, &w, &bias, &acc0),
+                |_| tol(DType::BF16),
+            );
+        }
+    }
+    // What cuBLASLt's FP8 matmuls cannot do is refused with the op and the shapes.
+    let q = |rows: usize, cols: usize, dtype: DType| {
+        tensor(&gpu, &[rows, cols], dtype, &vec![0.0; rows * cols])
+    };
+    let one = tensor(&gpu, &[1], DType::F32, &[1.0]);
+    let (e5, e4, odd) = (
+        q(32, 32, DType::E5M2),
+        q(32, 32, DType::E4M3),
+        q(24, 32, DType::E4M3),
+    );
+    let out = q(32, 32, DType::BF16);
+    let scaled = |t| Scaled {
+        data: t,
+        descale: &one,
+    };
+    let err = gpu
+        .matmul_scaled(&out, scaled(&e5), scaled(&e5), None, false)
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("matmul_scaled"), "{err:#}");
+    let out = q(24, 32, DType::BF16);
+    let err = gpu
+        .matmul_scaled(&out, scaled(&odd), scaled(&e4), None, false)
+        .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("multiples of 16") && text.contains("M=24"),
+        "{text}"
+    );
+    figure(
+        "matmul_scaled",
+        "e5m2·e5m2 and M=24 refused with a clear error",
+    );
 }

@@ -2,6 +2,7 @@
 
 use anyhow::{Result, ensure};
 
+use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, float, ptr};
 use crate::backend::AdamW;
@@ -18,7 +19,9 @@ impl Cuda {
         v: &Tensor<Cuda>,
         norm_sq: &Tensor<Cuda>,
         hp: &AdamW,
+        amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let amax = amax_ptr("adamw", amax)?;
         ensure_dtype(norm_sq, DType::F32, "adamw (norm_sq)")?;
         if let Some(master) = master {
             ensure_dtype(master, DType::F32, "adamw (master)")?;
@@ -33,7 +36,7 @@ impl Cuda {
         let bias1 = 1.0 - b1.powi(hp.step as i32);
         let bias2 = 1.0 - b2.powi(hp.step as i32);
         // SAFETY: one thread per element of param, master, grad, m and v (all n long);
-        // norm_sq is one f32.
+        // norm_sq is one f32, amax one f32 or null.
         unsafe {
             self.launch(
                 Kernel::AdamW,
@@ -63,6 +66,7 @@ impl Cuda {
                     bias2.into(),
                     hp.grad_clip.into(),
                     hp.seed.into(),
+                    amax.into(),
                 ],
             )
         }

@@ -4,6 +4,7 @@
 
 use anyhow::{Result, ensure};
 
+use super::fp8::amax_ptr;
 use super::kernels::{Arg, KArg, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
 use crate::backend::AttnShape;
@@ -80,7 +81,9 @@ impl Cuda {
         lse: &Tensor<Cuda>,
         qkv: &Tensor<Cuda>,
         s: AttnShape,
+        amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let amax = amax_ptr("attention_forward", amax)?;
         check(&s, qkv, lse)?;
         ensure_same_dtype("attention_forward", &[out, qkv])?;
         ensure!(
@@ -88,7 +91,7 @@ impl Cuda {
             "attention_forward: out {:?}",
             out.shape
         );
-        let args: [KArg; 7] = [
+        let args: [KArg; 8] = [
             ptr(out).into(),
             ptr(lse).into(),
             ptr(qkv).into(),
@@ -96,10 +99,12 @@ impl Cuda {
             (s.q_heads as i32).into(),
             (s.kv_heads as i32).into(),
             scale(&s).into(),
+            amax.into(),
         ];
         // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
-        // its rows of head h in out [B·T, Hq·D] and lse [B, Hq, T]; the tensor-core kernel
-        // stages Q, K and V tiles in exactly `tc_smem(D, 3, 0)` bytes.
+        // its rows of head h in out [B·T, Hq·D] and lse [B, Hq, T], and amax (one f32 or
+        // null); the tensor-core kernel stages Q, K and V tiles in exactly `tc_smem(D, 3, 0)`
+        // bytes.
         unsafe {
             if self.tensor_cores(qkv.dtype) {
                 self.launch_with_smem(

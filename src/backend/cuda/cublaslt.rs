@@ -1,6 +1,8 @@
-//! A thin cuBLASLt wrapper over cudarc's `result`/`sys` layer (its safe API has no FP8, which
-//! comes later): row-major `out (+)= op(a) · op(b) (+ bias)` in bf16 or f32 with f32
-//! accumulation (CUBLAS_COMPUTE_32F: no TF32, so f32 results are tight enough for tests).
+//! A thin cuBLASLt wrapper over cudarc's `result`/`sys` layer (its safe API has no FP8):
+//! row-major `out (+)= op(a) · op(b) (+ bias)` in bf16 or f32 with f32 accumulation
+//! (CUBLAS_COMPUTE_32F: no TF32, so f32 results are tight enough for tests), and the FP8 form
+//! `out (+)= (a · da) · (b · db)ᵀ (+ bias)` with e4m3/e5m2 operands, bf16 out and bias, and
+//! per-tensor descales read from device pointers.
 //! Descriptors, layouts and the heuristic's algorithm are made once per shape and kept.
 
 use std::cell::RefCell;
@@ -18,6 +20,11 @@ use crate::tensor::DType;
 /// The workspace cuBLASLt may use; 32 MiB is what NVIDIA recommends for Hopper.
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// FP8 matmuls' fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): faster, but the tensor
+/// cores' partial sums are then never promoted to f32 along K, which loses precision over
+/// long reductions (the weight gradients sum over every token). Off: precise accumulation.
+pub const FP8_FAST_ACCUM: bool = false;
+
 /// Everything that decides the descriptors and the algorithm of one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmKey {
@@ -27,7 +34,9 @@ pub struct GemmKey {
     pub k: usize,
     pub trans_a: bool,
     pub trans_b: bool,
-    pub dtype: DType,
+    /// Storage types of a, b and out: all bf16 or all f32, or for FP8 e4m3/e5m2 operands
+    /// (not both e5m2, and only as `a · bᵀ`) into bf16.
+    pub dtypes: [DType; 3],
     pub bias: bool,
     /// The largest power of two (≤ 256) dividing each of the a, b and out addresses: the
     /// heuristic must only pick kernels that accept them.
@@ -40,6 +49,8 @@ pub struct GemmPtrs {
     pub a: u64,
     pub b: u64,
     pub bias: Option<u64>,
+    /// FP8 only: the device addresses of a's and b's descales (one f32 each).
+    pub descales: Option<(u64, u64)>,
 }
 
 struct Plan {
@@ -80,8 +91,14 @@ fn data_type(dtype: DType) -> Result<sys::cudaDataType> {
     Ok(match dtype {
         DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
         DType::F32 => sys::cudaDataType::CUDA_R_32F,
+        DType::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
+        DType::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
         other => bail!("cuda matmul: unsupported dtype {other}"),
     })
+}
+
+fn is_fp8(dtype: DType) -> bool {
+    matches!(dtype, DType::E4M3 | DType::E5M2)
 }
 
 /// # Safety
@@ -138,8 +155,13 @@ impl Blas {
     /// column-major `[c, r]` matrix with leading dimension `c`, i.e. its transpose. So we ask
     /// cuBLAS for `outᵀ = op(b)ᵀ · op(a)ᵀ`: cuBLAS's A is our `b`, its B is our `a`, each
     /// with the same transpose flag, and its `[n, m]` column-major D is our row-major out.
+    ///
+    /// For FP8 this is what cuBLASLt requires on Hopper: out = a · bᵀ becomes cuBLAS's TN
+    /// form, A := b (op T, lda = k), B := a (op N, ldb = k), m = n, n = m.
     fn plan(&self, key: &GemmKey) -> Result<Plan> {
-        let ty = data_type(key.dtype)?;
+        let [a_type, b_type, out_type] = key.dtypes.map(data_type);
+        let (a_type, b_type, out_type) = (a_type?, b_type?, out_type?);
+        let fp8 = key.dtypes[..2].iter().any(|&d| is_fp8(d));
         let desc = result::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
@@ -158,14 +180,14 @@ impl Blas {
         } else {
             (key.k, key.m)
         };
-        let layout = |rows: usize, cols: usize| {
+        let layout = |ty: sys::cudaDataType, rows: usize, cols: usize| {
             result::create_matrix_layout(ty, rows as u64, cols as u64, rows as i64)
                 .map_err(err("create layout"))
         };
         let layouts = [
-            layout(a_rows, a_cols)?,
-            layout(b_rows, b_cols)?,
-            layout(key.n, key.m)?,
+            layout(b_type, a_rows, a_cols)?,
+            layout(a_type, b_rows, b_cols)?,
+            layout(out_type, key.n, key.m)?,
         ];
         let mut plan = Plan {
             desc,
@@ -184,6 +206,22 @@ impl Blas {
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &op(key.trans_b))?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &op(key.trans_a))?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &(epilogue as u32))?;
+        }
+        if fp8 {
+            // SAFETY: FAST_ACCUM is an int8, BIAS_DATA_TYPE an int32 (cudaDataType). The bias
+            // is bf16 like out, which is also cuBLASLt's default; set so that it is explicit.
+            unsafe {
+                set_desc(
+                    desc,
+                    D::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                    &(FP8_FAST_ACCUM as i8),
+                )?;
+                set_desc(
+                    desc,
+                    D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    &(out_type as i32),
+                )?;
+            }
         }
         let pref = result::create_matmul_pref().map_err(err("create preference"))?;
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
@@ -248,13 +286,26 @@ impl Blas {
         }
         let plans = self.plans.borrow();
         let plan = &plans[&key];
+        use sys::cublasLtMatmulDescAttributes_t as D;
         if let Some(bias) = ptrs.bias {
             // SAFETY: BIAS_POINTER is a device pointer (void*).
             unsafe {
+                set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias)?;
+            }
+        }
+        if let Some((a_descale, b_descale)) = ptrs.descales {
+            // SAFETY: the scale pointers are device pointers (const void*) to one f32 each.
+            // cuBLAS's A is our b, so b's descale is its A scale.
+            unsafe {
                 set_desc(
                     plan.desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &bias,
+                    D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                    &b_descale,
+                )?;
+                set_desc(
+                    plan.desc,
+                    D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                    &a_descale,
                 )?;
             }
         }

@@ -70,7 +70,13 @@ pub static ADAMW: Source = Source {
     options: &["--fmad=false"],
 };
 
-pub static SOURCES: [&Source; 10] = [
+pub static FP8: Source = Source {
+    name: "fp8.cu",
+    text: include_str!("kernels/fp8.cu"),
+    options: &[],
+};
+
+pub static SOURCES: [&Source; 11] = [
     &ELEMENTWISE,
     &EMBEDDING,
     &RMSNORM,
@@ -81,6 +87,7 @@ pub static SOURCES: [&Source; 10] = [
     &ATTENTION_TC,
     &CLASSIFIER,
     &ADAMW,
+    &FP8,
 ];
 
 /// The kind of one template parameter, and so the values it may take.
@@ -90,6 +97,8 @@ pub enum Param {
     Float,
     /// An attention head size.
     HeadDim,
+    /// An FP8 format: e4m3 or e5m2.
+    Fp8,
     Flag,
 }
 
@@ -100,6 +109,7 @@ pub const HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
 pub enum Arg {
     Float(DType),
     HeadDim(usize),
+    Fp8(DType),
     Flag(bool),
 }
 
@@ -109,6 +119,8 @@ impl Arg {
             Arg::Float(DType::BF16) => "bf16".into(),
             Arg::Float(_) => "float".into(),
             Arg::HeadDim(d) => d.to_string(),
+            Arg::Fp8(DType::E5M2) => "__NV_E5M2".into(),
+            Arg::Fp8(_) => "__NV_E4M3".into(),
             Arg::Flag(f) => f.to_string(),
         }
     }
@@ -117,6 +129,7 @@ impl Arg {
         match (self, param) {
             (Arg::Float(d), Param::Float) => matches!(d, DType::F32 | DType::BF16),
             (Arg::HeadDim(d), Param::HeadDim) => HEAD_DIMS.contains(&d),
+            (Arg::Fp8(d), Param::Fp8) => matches!(d, DType::E4M3 | DType::E5M2),
             (Arg::Flag(_), Param::Flag) => true,
             _ => false,
         }
@@ -128,6 +141,7 @@ impl Param {
         match self {
             Param::Float => vec![Arg::Float(DType::F32), Arg::Float(DType::BF16)],
             Param::HeadDim => HEAD_DIMS.iter().map(|&d| Arg::HeadDim(d)).collect(),
+            Param::Fp8 => vec![Arg::Fp8(DType::E4M3), Arg::Fp8(DType::E5M2)],
             Param::Flag => vec![Arg::Flag(false), Arg::Flag(true)],
         }
     }
@@ -182,6 +196,9 @@ kernel_table! {
     AttentionBackwardDqTc => ATTENTION_TC, "attention_backward_dq_tc", [HeadDim];
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag];
+    AbsMax => FP8, "abs_max", [Float, Flag];
+    Quantize => FP8, "quantize", [Float, Fp8, Flag];
+    QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag];
 }
 
 /// A kernel with its template arguments, e.g. `rmsnorm_forward<bf16, true>`.

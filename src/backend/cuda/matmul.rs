@@ -45,6 +45,7 @@ impl Cuda {
             a: ptr(a),
             b: ptr(b),
             bias: bias.map(ptr),
+            descales: None,
         };
         let key = GemmKey {
             m,
@@ -52,7 +53,7 @@ impl Cuda {
             k,
             trans_a: spec.trans_a,
             trans_b: spec.trans_b,
-            dtype: out.dtype,
+            dtypes: [out.dtype; 3],
             bias: bias.is_some(),
             align: [alignment(ptrs.a), alignment(ptrs.b), alignment(ptrs.out)],
         };

@@ -16,6 +16,7 @@ pub mod cublaslt;
 pub mod device;
 mod elementwise;
 mod embedding;
+mod fp8;
 pub mod kernels;
 mod matmul;
 pub mod memory;
@@ -34,7 +35,7 @@ use half::bf16;
 use self::cublaslt::Blas;
 use self::kernels::{Arg, KArg, Kernel, Kernels};
 use self::memory::{CudaStorage, Memory, MemoryReport, carve};
-use super::{AdamW, AttnShape, Backend, Matmul, UnsupportedDtype};
+use super::{AdamW, AttnShape, Backend, Matmul, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub struct Cuda {
@@ -78,7 +79,11 @@ fn rows_of(t: &Tensor<Cuda>) -> usize {
 }
 
 fn ensure_dtype(t: &Tensor<Cuda>, dtype: DType, op: &'static str) -> Result<()> {
-    if t.dtype == dtype {
+    ensure_dtype_in(t, &[dtype], op)
+}
+
+fn ensure_dtype_in(t: &Tensor<Cuda>, dtypes: &[DType], op: &'static str) -> Result<()> {
+    if dtypes.contains(&t.dtype) {
         Ok(())
     } else {
         Err(UnsupportedDtype {
@@ -222,7 +227,10 @@ impl Backend for Cuda {
 
     fn allocate(&self, category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>> {
         for spec in specs {
-            if !matches!(spec.dtype, DType::F32 | DType::BF16 | DType::I32) {
+            if !matches!(
+                spec.dtype,
+                DType::F32 | DType::BF16 | DType::E4M3 | DType::E5M2 | DType::I32
+            ) {
                 return Err(UnsupportedDtype {
                     backend: "cuda",
                     op: "allocate",
@@ -259,6 +267,10 @@ impl Backend for Cuda {
                 let v: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
                 self.copy_in(dst, &v)
             }
+            DType::E4M3 | DType::E5M2 => {
+                let v: Vec<u8> = src.iter().map(|&x| fp8::encode(x, dst.dtype)).collect();
+                self.copy_in(dst, &v)
+            }
             other => anyhow::bail!("upload of f32 values into a {other} tensor {:?}", dst.shape),
         }
     }
@@ -281,6 +293,11 @@ impl Backend for Cuda {
                 .copy_out::<bf16>(src)?
                 .into_iter()
                 .map(f32::from)
+                .collect(),
+            DType::E4M3 | DType::E5M2 => self
+                .copy_out::<u8>(src)?
+                .into_iter()
+                .map(|code| fp8::decode(code, src.dtype))
                 .collect(),
             DType::I32 => self
                 .copy_out::<i32>(src)?
@@ -331,8 +348,7 @@ impl Backend for Cuda {
         eps: f32,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        pending_fp8(amax)?;
-        self.rmsnorm_forward_impl(out, rstd, None, inp, None, weight, eps)
+        self.rmsnorm_forward_impl(out, rstd, None, inp, None, weight, eps, amax)
     }
 
     fn residual_rmsnorm_forward(
@@ -346,7 +362,6 @@ impl Backend for Cuda {
         eps: f32,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        pending_fp8(amax)?;
         self.rmsnorm_forward_impl(
             out,
             rstd,
@@ -355,6 +370,7 @@ impl Backend for Cuda {
             Some(branch),
             weight,
             eps,
+            amax,
         )
     }
 
@@ -417,8 +433,7 @@ impl Backend for Cuda {
         shape: AttnShape,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        pending_fp8(amax)?;
-        self.attention_forward_impl(out, lse, qkv, shape)
+        self.attention_forward_impl(out, lse, qkv, shape, amax)
     }
 
     fn attention_backward(
@@ -439,8 +454,7 @@ impl Backend for Cuda {
         gate_up: &Tensor<Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        pending_fp8(amax)?;
-        self.swiglu_forward_impl(out, gate_up)
+        self.swiglu_forward_impl(out, gate_up, amax)
     }
 
     fn swiglu_backward(
@@ -478,39 +492,32 @@ impl Backend for Cuda {
         hp: &AdamW,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        pending_fp8(amax)?;
-        self.adamw_impl(param, master, grad, m, v, norm_sq, hp)
+        self.adamw_impl(param, master, grad, m, v, norm_sq, hp, amax)
     }
 
-    fn abs_max(&self, _amax: &Tensor<Self>, _x: &Tensor<Self>) -> Result<()> {
-        anyhow::bail!("FP8 is not implemented on CUDA yet")
+    fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
+        self.abs_max_impl(amax, x)
     }
 
     fn quantize(
         &self,
-        _out: &Tensor<Self>,
-        _descale: &Tensor<Self>,
-        _x: &Tensor<Self>,
-        _amax: &Tensor<Self>,
-        _transpose: bool,
+        out: &Tensor<Self>,
+        descale: &Tensor<Self>,
+        x: &Tensor<Self>,
+        amax: &Tensor<Self>,
+        transpose: bool,
     ) -> Result<()> {
-        anyhow::bail!("FP8 is not implemented on CUDA yet")
+        self.quantize_impl(out, descale, x, amax, transpose)
     }
 
     fn matmul_scaled(
         &self,
-        _out: &Tensor<Self>,
-        _a: crate::backend::Scaled<'_, Self>,
-        _b: crate::backend::Scaled<'_, Self>,
-        _bias: Option<&Tensor<Self>>,
-        _accumulate: bool,
+        out: &Tensor<Self>,
+        a: Scaled<'_, Self>,
+        b: Scaled<'_, Self>,
+        bias: Option<&Tensor<Self>>,
+        accumulate: bool,
     ) -> Result<()> {
-        anyhow::bail!("FP8 is not implemented on CUDA yet")
+        self.matmul_scaled_impl(out, a, b, bias, accumulate)
     }
-}
-
-// PLACEHOLDER for the FP8 branch: replaced by the CUDA implementation before merging.
-fn pending_fp8(amax: Option<&Tensor<Cuda>>) -> Result<()> {
-    anyhow::ensure!(amax.is_none(), "FP8 is not implemented on CUDA yet");
-    Ok(())
 }

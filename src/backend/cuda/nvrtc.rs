@@ -55,7 +55,11 @@ pub fn version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// The directories holding `cuda_bf16.h` (and CCCL's headers, which it includes).
+/// The headers the kernels include, all in the CUDA include directory.
+const HEADERS: [&str; 2] = ["cuda_bf16.h", "cuda_fp8.h"];
+
+/// The directories holding `cuda_bf16.h` and `cuda_fp8.h` (and CCCL's headers, which they
+/// include).
 pub fn include_dirs() -> Result<Vec<PathBuf>> {
     let mut candidates: Vec<PathBuf> = vec![];
     for var in ["CUDA_HOME", "CUDA_PATH"] {
@@ -66,7 +70,7 @@ pub fn include_dirs() -> Result<Vec<PathBuf>> {
     candidates.push(PathBuf::from("/usr/local/cuda/include"));
     let found = |dirs: &[PathBuf]| {
         dirs.iter()
-            .find(|d| d.join("cuda_bf16.h").is_file())
+            .find(|d| HEADERS.iter().all(|h| d.join(h).is_file()))
             .map(|dir| {
                 let mut dirs = vec![dir.clone()];
                 // CUDA 13 moved CCCL (`nv/target`, `cuda/std`) under include/cccl.
@@ -89,8 +93,9 @@ pub fn include_dirs() -> Result<Vec<PathBuf>> {
         return Ok(dirs);
     }
     bail!(
-        "no CUDA include directory with cuda_bf16.h found; looked in: {}. Set CUDA_HOME to a \
-         CUDA 13 toolkit, or `pip install nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85`",
+        "no CUDA include directory with {} found; looked in: {}. Set CUDA_HOME to a CUDA 13 \
+         toolkit, or `pip install nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85`",
+        HEADERS.join(" and "),
         candidates
             .iter()
             .map(|p| p.display().to_string())

@@ -3,6 +3,7 @@
 
 use anyhow::{Result, ensure};
 
+use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, rows_of};
 use crate::tensor::{DType, Tensor};
@@ -23,7 +24,9 @@ impl Cuda {
         branch: Option<&Tensor<Cuda>>,
         weight: &Tensor<Cuda>,
         eps: f32,
+        amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let amax = amax_ptr("rmsnorm_forward", amax)?;
         ensure_dtype(rstd, DType::F32, "rmsnorm_forward (rstd)")?;
         ensure_same_dtype("rmsnorm_forward", &[out, inp, weight])?;
         let (n, c) = (rows_of(inp), weight.numel());
@@ -42,7 +45,7 @@ impl Cuda {
         }
         let (res_ptr, branch_ptr) = fused.map_or((0, 0), |(r, b)| (ptr(r), ptr(b)));
         // SAFETY: block i reads row i of inp (and branch), writes row i of out (and
-        // residual_out) and rstd[i]; all are [n, c] (rstd [n]).
+        // residual_out) and rstd[i]; all are [n, c] (rstd [n]); amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::RmsnormForward,
@@ -58,6 +61,7 @@ impl Cuda {
                     ptr(weight).into(),
                     (c as i32).into(),
                     eps.into(),
+                    amax.into(),
                 ],
             )
         }

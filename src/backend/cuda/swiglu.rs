@@ -2,8 +2,8 @@
 
 use anyhow::{Result, ensure};
 
-use super::kernels::Arg;
-use super::kernels::Kernel;
+use super::fp8::amax_ptr;
+use super::kernels::{Arg, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_same_dtype, float, ptr, vec_rows};
 use crate::tensor::Tensor;
 
@@ -12,7 +12,9 @@ impl Cuda {
         &self,
         out: &Tensor<Cuda>,
         gate_up: &Tensor<Cuda>,
+        amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let amax = amax_ptr("swiglu_forward", amax)?;
         ensure_same_dtype("swiglu_forward", &[out, gate_up])?;
         let f = out.cols();
         let rows = out.numel() / f;
@@ -23,7 +25,7 @@ impl Cuda {
         );
         let vec = vec_rows(out, f);
         // SAFETY: one thread per `width` elements of out [rows, f] (16-byte aligned runs with
-        // `vec`); gate_up is [rows, 2f].
+        // `vec`); gate_up is [rows, 2f]; amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::SwigluForward,
@@ -35,6 +37,7 @@ impl Cuda {
                     ptr(gate_up).into(),
                     (rows as i64).into(),
                     (f as i32).into(),
+                    amax.into(),
                 ],
             )
         }

@@ -32,26 +32,35 @@ template <> __device__ __forceinline__ bf16 store<bf16>(double x, bool stochasti
 
 // Param P, gradient Gr, moments M and V; with MASTER an f32 master copy is updated and P
 // receives it rounded to nearest. `norm_sq` is Σ g² over all gradients (f32, on the device).
+// With `amax`, also reports max |param| as stored, for the weights' FP8 copy (common.cuh).
 template <typename P, typename Gr, typename M, typename V, bool MASTER>
 __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const float* norm_sq,
                       long long n, double lr, double beta1, double beta2, double eps,
-                      double weight_decay, double bias1, double bias2, float grad_clip, u64 seed) {
+                      double weight_decay, double bias1, double bias2, float grad_clip, u64 seed,
+                      float* amax) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const double norm = sqrt((double)norm_sq[0]);
-    const double scale = (grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0;
-    const double g = (double)to_f32(grad[i]) * scale;
-    const double m_new = beta1 * (double)to_f32(m[i]) + (1.0 - beta1) * g;
-    const double v_new = beta2 * (double)to_f32(v[i]) + (1.0 - beta2) * g * g;
-    m[i] = store<M>(m_new, true, seed ^ 0x6Dull, (u64)i);
-    v[i] = store<V>(v_new, true, seed ^ 0x76ull, (u64)i);
-    const double update = (m_new / bias1) / (sqrt(v_new / bias2) + eps);
-    const double p = MASTER ? (double)master[i] : (double)to_f32(param[i]);
-    const double p_new = p - lr * (update + weight_decay * p);
-    if (MASTER) {
-        master[i] = (float)p_new;
-        param[i] = store<P>((double)master[i], false, 0, 0);
-    } else {
-        param[i] = store<P>(p_new, true, seed, (u64)i);
+    float largest = 0.0f;
+    // No early return: every thread of the block takes part in the abs-max reduction.
+    if (i < n) {
+        const double norm = sqrt((double)norm_sq[0]);
+        const double scale = (grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0;
+        const double g = (double)to_f32(grad[i]) * scale;
+        const double m_new = beta1 * (double)to_f32(m[i]) + (1.0 - beta1) * g;
+        const double v_new = beta2 * (double)to_f32(v[i]) + (1.0 - beta2) * g * g;
+        m[i] = store<M>(m_new, true, seed ^ 0x6Dull, (u64)i);
+        v[i] = store<V>(v_new, true, seed ^ 0x76ull, (u64)i);
+        const double update = (m_new / bias1) / (sqrt(v_new / bias2) + eps);
+        const double p = MASTER ? (double)master[i] : (double)to_f32(param[i]);
+        const double p_new = p - lr * (update + weight_decay * p);
+        P stored;
+        if (MASTER) {
+            master[i] = (float)p_new;
+            stored = store<P>((double)master[i], false, 0, 0);
+        } else {
+            stored = store<P>(p_new, true, seed, (u64)i);
+        }
+        param[i] = stored;
+        largest = fabsf(to_f32(stored));
     }
+    report_amax(amax, largest);
 }

@@ -57,10 +57,11 @@ __device__ __forceinline__ void load_tile(float (*tile)[D], const T* src, int b,
     }
 }
 
-// Grid: (ceil(T / 32), Hq, B); block 256.
+// Grid: (ceil(T / 32), Hq, B); block 256. With `amax`, also reports max |out| as stored.
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
-    attention_forward(T* out, float* lse, const T* qkv, int Tn, int Hq, int Hkv, float scale) {
+    attention_forward(T* out, float* lse, const T* qkv, int Tn, int Hq, int Hkv, float scale,
+                      float* amax) {
     constexpr int DPT = D / G;
     __shared__ float ks[TILE][D];
     __shared__ float vs[TILE][D];
@@ -112,13 +113,18 @@ __global__ void __launch_bounds__(256)
         }
         m = m_new;
     }
+    float largest = 0.0f;
     if (valid) {
         const float inv_l = 1.0f / l;
 #pragma unroll
-        for (int i = 0; i < DPT; i++)
-            out[((long long)b * Tn + qi) * Hq * D + (long long)h * D + t + G * i] = from_f32<T>(o[i] * inv_l);
+        for (int i = 0; i < DPT; i++) {
+            const T y = from_f32<T>(o[i] * inv_l);
+            out[((long long)b * Tn + qi) * Hq * D + (long long)h * D + t + G * i] = y;
+            largest = fmaxf(largest, fabsf(to_f32(y)));
+        }
         if (t == 0) lse[((long long)b * Hq + h) * Tn + qi] = m + logf(l);
     }
+    report_amax(amax, largest);
 }
 
 // delta[b, h, t] = Σ_d dout · out, one warp per (row, head). Grid: ceil(B·T·Hq / 8); block 256.

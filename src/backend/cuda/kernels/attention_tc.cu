@@ -166,7 +166,7 @@ __device__ __forceinline__ Heads heads(const bf16* qkv, int T, int Hq, int Hkv, 
 template <int D>
 __global__ void __launch_bounds__(tc::THREADS)
     attention_forward_tc(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int T, int Hq,
-                         int Hkv, float scale) {
+                         int Hkv, float scale, float* __restrict__ amax) {
     using namespace tc;
     bf16 *sQ = smem_tile<D>(0), *sK = smem_tile<D>(1), *sV = smem_tile<D>(2);
     // Causal work grows with the query tile, so the last tiles go first: fewer stragglers.
@@ -221,17 +221,21 @@ __global__ void __launch_bounds__(tc::THREADS)
         accumulate_pv<D, TILE / 8>(o, s, sV, 0, lane);
         __syncthreads();  // before the next tile overwrites sK and sV
     }
+    float largest = 0.f;  // max |out| as stored, for FP8 scaling (report_amax)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (rows[r] >= T) continue;
         const float inv = 1.f / l[r];
         bf16* dst = out + (static_cast<size_t>(b) * T + rows[r]) * Hq * D + h * D + (lane % 4) * 2;
 #pragma unroll
-        for (int db = 0; db < D / 8; ++db)
-            *reinterpret_cast<__nv_bfloat162*>(dst + db * 8) =
-                __floats2bfloat162_rn(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
+        for (int db = 0; db < D / 8; ++db) {
+            const __nv_bfloat162 y = __floats2bfloat162_rn(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
+            *reinterpret_cast<__nv_bfloat162*>(dst + db * 8) = y;
+            largest = fmaxf(largest, fmaxf(fabsf(__low2float(y)), fabsf(__high2float(y))));
+        }
         if (lane % 4 == 0) lse[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] = (m[r] + log2f(l[r])) * LN2;
     }
+    report_amax(amax, largest);
 }
 
 // dK and dV for 64 keys of one kv head, summed over the group's q heads and the query tiles

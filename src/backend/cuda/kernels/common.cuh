@@ -66,6 +66,17 @@ __device__ __forceinline__ float block_reduce(float x) {
 __device__ __forceinline__ float block_sum(float x) { return block_reduce<SumOp>(x); }
 __device__ __forceinline__ float block_max(float x) { return block_reduce<MaxOp>(x); }
 
+// FP8 current scaling: raises amax[0] to the largest `x` of the block (each thread's x is the
+// max |value| it stored, so ≥ 0; NaN values were dropped by fmaxf, as the CPU drops them).
+// Non-negative floats order like their int bits, so one integer atomicMax per block does it,
+// and a max does not depend on the order the blocks arrive in: deterministic. A null amax
+// (the op was not asked for it) skips the reduction. Every thread of the block must call it.
+__device__ __forceinline__ void report_amax(float* amax, float x) {
+    if (amax == nullptr) return;
+    x = block_max(x);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(x));
+}
+
 // lses[i] and deltas[i] = lse[base + first + i] and delta[...] (0 past T), for i < n, by the
 // first n threads: the per-row statistics of one tile of attention rows.
 __device__ __forceinline__ void load_row_stats(float* lses, float* deltas, const float* lse,

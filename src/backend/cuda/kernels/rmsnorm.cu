@@ -1,6 +1,6 @@
 // RMSNorm, y = x · rstd · w with rstd = 1/sqrt(mean(x²) + eps), optionally fused with the
 // residual add that produces x; and its input gradient. The weight gradient is a column sum
-// (colsum.cu).
+// (colsum.cu). With `amax`, the forward also reports max |out| as stored (common.cuh).
 //
 // The plain and the fused forward are one kernel: the fused one first rounds `residual +
 // branch` to T and stores it, then both normalize the same values with the same per-thread
@@ -9,7 +9,8 @@
 
 template <typename T, bool RESIDUAL>
 __global__ void rmsnorm_forward(T* out, float* rstd, T* residual_out, const T* inp,
-                                const T* branch, const T* weight, int C, float eps) {
+                                const T* branch, const T* weight, int C, float eps,
+                                float* amax) {
     const long long row = (long long)blockIdx.x * C;
     float sum_sq = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -28,8 +29,13 @@ __global__ void rmsnorm_forward(T* out, float* rstd, T* residual_out, const T* i
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
     // Each thread reads back only the elements it wrote itself, so no barrier is needed.
     const T* x_src = RESIDUAL ? residual_out : inp;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        out[row + c] = from_f32<T>(to_f32(x_src[row + c]) * r * to_f32(weight[c]));
+    float largest = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const T y = from_f32<T>(to_f32(x_src[row + c]) * r * to_f32(weight[c]));
+        out[row + c] = y;
+        largest = fmaxf(largest, fabsf(to_f32(y)));
+    }
+    report_amax(amax, largest);
 }
 
 // dinp += rstd · g − x · rstd³ · (g·x) / C with g = dout ⊙ w, one block per row.

@@ -1,0 +1,318 @@
+//! FP8 on the GPU: abs-max, current-scaling quantization (plain, or transposed for the
+//! backward's operands), scaled matmuls through cuBLASLt, and the host codec that uploads
+//! and downloads e4m3/e5m2 tensors (one byte per element) so that tests can compare bits.
+
+use anyhow::{Result, ensure};
+
+use super::cublaslt::{GemmKey, GemmPtrs, alignment};
+use super::kernels::{Arg, Kernel};
+use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, float, ptr, rows_of};
+use crate::backend::cpu::rounding::round_fp8;
+use crate::backend::{Scaled, UnsupportedDtype};
+use crate::tensor::{DType, Tensor};
+
+/// The tile edge of `quantize_transposed` and its threads per block (fp8.cu's `qt`).
+const TILE: usize = 64;
+const TILE_THREADS: u32 = 256;
+
+/// Blocks of the grid-stride abs-max: enough to fill any GPU, and one atomic each.
+const ABS_MAX_BLOCKS: u32 = 1024;
+
+/// The device address of a producer's `amax` (`[1]` f32), or null when none was asked for.
+pub(super) fn amax_ptr(op: &'static str, amax: Option<&Tensor<Cuda>>) -> Result<u64> {
+    let Some(amax) = amax else { return Ok(0) };
+    ensure_dtype(amax, DType::F32, op)?;
+    ensure!(
+        amax.numel() == 1,
+        "{op}: amax must be one f32, got {:?}",
+        amax.shape
+    );
+    Ok(ptr(amax))
+}
+
+/// Whether `p` is a multiple of `bytes`.
+fn aligned(p: u64, bytes: u64) -> bool {
+    p.is_multiple_of(bytes)
+}
+
+/// (mantissa bits, exponent bias) of an FP8 format.
+fn format(dtype: DType) -> (u32, i32) {
+    match dtype {
+        DType::E4M3 => (3, 7),
+        DType::E5M2 => (2, 15),
+        other => panic!("{other} is not an fp8 dtype"),
+    }
+}
+
+/// The code of `x` rounded as the CPU rounds it (`round_fp8`: nearest even, saturating).
+pub(super) fn encode(x: f32, dtype: DType) -> u8 {
+    let (mantissa, bias) = format(dtype);
+    let r = round_fp8(x, dtype);
+    let sign = if r.is_sign_negative() { 0x80 } else { 0 };
+    if r.is_nan() {
+        return sign | 0x7F; // e4m3's only NaN, and a NaN of e5m2
+    }
+    let a = r.abs() as f64;
+    let exp = (((a.to_bits() >> 52) & 0x7FF) as i32 - 1023).max(1 - bias);
+    // The significand in units of the last place at that exponent: exact, since r is an fp8
+    // value. Below the smallest normal the exponent field is 0 and the unit that of the
+    // subnormals; above it the implicit leading one carries into the exponent field.
+    let units = (a / 2f64.powi(exp - mantissa as i32)) as u32;
+    let code = if units < 1 << mantissa {
+        units
+    } else {
+        (((exp + bias) as u32) << mantissa) + units - (1 << mantissa)
+    };
+    sign | code as u8
+}
+
+/// The value of an FP8 code.
+pub(super) fn decode(code: u8, dtype: DType) -> f32 {
+    let (mantissa, bias) = format(dtype);
+    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((code & 0x7F) >> mantissa) as i32;
+    let m = (code & ((1 << mantissa) - 1)) as f64;
+    let max_exp = (1 << (7 - mantissa)) - 1;
+    let value = match dtype {
+        // e4m3 ("fn") has no infinities; S.1111.111 is its NaN.
+        DType::E4M3 if code & 0x7F == 0x7F => f64::NAN,
+        // e5m2 keeps IEEE's all-ones exponent for infinities and NaN.
+        DType::E5M2 if e == max_exp => {
+            if m == 0.0 {
+                f64::INFINITY
+            } else {
+                f64::NAN
+            }
+        }
+        _ if e == 0 => m * 2f64.powi(1 - bias - mantissa as i32),
+        _ => (1.0 + m / (1 << mantissa) as f64) * 2f64.powi(e - bias),
+    };
+    (sign * value) as f32
+}
+
+impl Cuda {
+    pub(super) fn abs_max_impl(&self, amax: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
+        let amax = amax_ptr("abs_max", Some(amax))?;
+        let n = x.numel();
+        let vec = aligned(ptr(x), 16);
+        let width = if vec { 16 / x.dtype.size_bytes() } else { 1 };
+        // SAFETY: abs_max<T, VEC>(amax, x, n) reads n elements of x (16-byte units from a
+        // 16-byte aligned start with VEC, the tail one by one) and updates amax[0].
+        unsafe {
+            self.launch(
+                Kernel::AbsMax,
+                &[float(x), Arg::Flag(vec)],
+                (blocks(n / width, BLOCK as usize).min(ABS_MAX_BLOCKS), 1, 1),
+                BLOCK,
+                &[amax.into(), ptr(x).into(), (n as i64).into()],
+            )
+        }
+    }
+
+    pub(super) fn quantize_impl(
+        &self,
+        out: &Tensor<Cuda>,
+        descale: &Tensor<Cuda>,
+        x: &Tensor<Cuda>,
+        amax: &Tensor<Cuda>,
+        transpose: bool,
+    ) -> Result<()> {
+        ensure_dtype_in(out, &[DType::E4M3, DType::E5M2], "quantize (out)")?;
+        let amax = amax_ptr("quantize (amax)", Some(amax))?;
+        ensure_dtype(descale, DType::F32, "quantize (descale)")?;
+        let (r, c) = (rows_of(x), x.cols());
+        let expected = if transpose { [c, r] } else { [r, c] };
+        ensure!(
+            descale.numel() == 1
+                && out.numel() == x.numel()
+                && (out.shape.len() != 2 || out.shape == expected),
+            "quantize: x {:?} into out {:?} (transpose {transpose}), descale {:?}",
+            x.shape,
+            out.shape,
+            descale.shape
+        );
+        let size = x.dtype.size_bytes();
+        let (x_ptr, out_ptr) = (ptr(x), ptr(out));
+        let args = [
+            out_ptr.into(),
+            ptr(descale).into(),
+            x_ptr.into(),
+            amax.into(),
+        ];
+        if !transpose {
+            let n = x.numel();
+            let width = 16 / size;
+            let vec = aligned(x_ptr, 16) && aligned(out_ptr, width as u64);
+            let units = if vec { n / width } else { n };
+            // SAFETY: quantize<T, F, VEC>(out, descale, x, amax, n): thread u converts
+            // elements [u·W, u·W + W) of x into out (n elements each; 16-byte loads and
+            // W-byte stores only when aligned so), and the tail; descale and amax are one
+            // f32 each.
+            return unsafe {
+                self.launch(
+                    Kernel::Quantize,
+                    &[float(x), Arg::Fp8(out.dtype), Arg::Flag(vec)],
+                    (blocks(units, BLOCK as usize), 1, 1),
+                    BLOCK,
+                    &[args.as_slice(), &[(n as i64).into()]].concat(),
+                )
+            };
+        }
+        ensure!(
+            r.div_ceil(TILE) <= 65535,
+            "quantize: x {:?} has too many rows to transpose in one launch",
+            x.shape
+        );
+        let vec = (c * size).is_multiple_of(16)
+            && r.is_multiple_of(4)
+            && aligned(x_ptr, 16)
+            && aligned(out_ptr, 4);
+        // SAFETY: quantize_transposed<T, F, VEC>(out, descale, x, amax, R, C): block (i, j)
+        // reads rows [64j, 64j + 64) × columns [64i, 64i + 64) of x [R, C] and writes the
+        // transposed tile of out [C, R], bounds-checked, with vector accesses only when the
+        // shapes and addresses allow them (as checked above); 64 × 68 bytes of static shared
+        // memory.
+        unsafe {
+            self.launch(
+                Kernel::QuantizeTransposed,
+                &[float(x), Arg::Fp8(out.dtype), Arg::Flag(vec)],
+                (blocks(c, TILE), blocks(r, TILE), 1),
+                TILE_THREADS,
+                &[args.as_slice(), &[(r as i32).into(), (c as i32).into()]].concat(),
+            )
+        }
+    }
+
+    pub(super) fn matmul_scaled_impl(
+        &self,
+        out: &Tensor<Cuda>,
+        a: Scaled<'_, Cuda>,
+        b: Scaled<'_, Cuda>,
+        bias: Option<&Tensor<Cuda>>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (m, n, k) = (rows_of(a.data), rows_of(b.data), a.data.cols());
+        let shapes = || {
+            format!(
+                "a {:?} {} · b {:?} {}ᵀ into out {:?} {}{}",
+                a.data.shape,
+                a.data.dtype,
+                b.data.shape,
+                b.data.dtype,
+                out.shape,
+                out.dtype,
+                bias.map_or(String::new(), |t| format!(
+                    " + bias {:?} {}",
+                    t.shape, t.dtype
+                ))
+            )
+        };
+        let fp8 = |t: &Tensor<Cuda>| matches!(t.dtype, DType::E4M3 | DType::E5M2);
+        let both_e5m2 = a.data.dtype == DType::E5M2 && b.data.dtype == DType::E5M2;
+        if !fp8(a.data)
+            || !fp8(b.data)
+            || both_e5m2
+            || out.dtype != DType::BF16
+            || bias.is_some_and(|t| t.dtype != DType::BF16)
+        {
+            let mut dtypes = vec![a.data.dtype, b.data.dtype, out.dtype];
+            dtypes.extend(bias.map(|t| t.dtype));
+            return Err(UnsupportedDtype {
+                backend: "cuda",
+                op: "matmul_scaled (e4m3/e5m2 operands, not both e5m2, into bf16)",
+                dtypes,
+            }
+            .into());
+        }
+        for descale in [a.descale, b.descale] {
+            ensure_dtype(descale, DType::F32, "matmul_scaled (descale)")?;
+            ensure!(
+                descale.numel() == 1,
+                "matmul_scaled: a descale must be one f32, got {:?}",
+                descale.shape
+            );
+        }
+        ensure!(
+            b.data.cols() == k && out.numel() == m * n && bias.is_none_or(|t| t.numel() == n),
+            "matmul_scaled: mismatched shapes: {}",
+            shapes()
+        );
+        ensure!(
+            m.is_multiple_of(16) && n.is_multiple_of(16) && k.is_multiple_of(16),
+            "matmul_scaled: cuBLASLt's FP8 matmuls need M, N and K to be multiples of 16, got \
+             M={m}, N={n}, K={k}: {}",
+            shapes()
+        );
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let ptrs = GemmPtrs {
+            out: ptr(out),
+            a: ptr(a.data),
+            b: ptr(b.data),
+            bias: bias.map(ptr),
+            descales: Some((ptr(a.descale), ptr(b.descale))),
+        };
+        // out = a · bᵀ is the one FP8 form: trans_b only (cublaslt.rs makes it cuBLAS's TN).
+        let key = GemmKey {
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: true,
+            dtypes: [a.data.dtype, b.data.dtype, out.dtype],
+            bias: bias.is_some(),
+            align: [alignment(ptrs.a), alignment(ptrs.b), alignment(ptrs.out)],
+        };
+        self.blas
+            .gemm(key, &ptrs, accumulate)
+            .map_err(|e| e.context(format!("matmul_scaled: {}", shapes())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_decodes_and_encodes_back() {
+        for dtype in [DType::E4M3, DType::E5M2] {
+            let max = crate::backend::fp8_max(dtype).unwrap();
+            let mut finite = 0;
+            for code in 0..=255u8 {
+                let v = decode(code, dtype);
+                if !v.is_finite() {
+                    continue;
+                }
+                finite += 1;
+                assert!(v.abs() <= max, "{dtype} {code:#x} = {v}");
+                // Every finite value is its own rounding, so it must come back to its code.
+                assert_eq!(round_fp8(v, dtype), v, "{dtype} {code:#x} = {v}");
+                assert_eq!(encode(v, dtype), code, "{dtype} {code:#x} = {v}");
+            }
+            // e4m3: all 256 codes but the two NaNs; e5m2: all but ±inf and six NaNs.
+            let expected = if dtype == DType::E4M3 { 254 } else { 248 };
+            assert_eq!(finite, expected, "{dtype}");
+            assert_eq!(decode(encode(max, dtype), dtype), max);
+            assert_eq!(decode(encode(-1e9, dtype), dtype), -max, "saturates");
+            assert!(decode(encode(f32::NAN, dtype), dtype).is_nan());
+        }
+    }
+
+    #[test]
+    fn upload_rounding_is_the_cpus() {
+        let mut rng = crate::rng::Rng::new(7);
+        for dtype in [DType::E4M3, DType::E5M2] {
+            for i in 0..100_000 {
+                // Magnitudes from far below the subnormals to past saturation.
+                let x = (rng.normal() * 2f64.powi(i % 40 - 24)) as f32;
+                let expected = round_fp8(x, dtype);
+                assert_eq!(
+                    decode(encode(x, dtype), dtype).to_bits(),
+                    expected.to_bits(),
+                    "{dtype} {x:e}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+// FP8 current scaling: the abs-max of a tensor, and its quantization to e4m3 or e5m2 with
+// scale = fp8_max / amax, either in place of layout or transposed (the operand layouts the
+// backward's FP8 matmuls need).
+//
+// The numerics are the CPU's (cpu/fp8.rs) bit for bit, whatever NVRTC's math options: the
+// scale and its inverse are correctly rounded f32 divisions (__fdiv_rn, __frcp_rn), x·scale is
+// one correctly rounded product (__fmul_rn, never contracted into anything), and the
+// conversion rounds to nearest even and saturates at ±fp8_max (`satfinite`; NaN stays NaN),
+// which is what the CPU's `round_fp8` does.
+#include "common.cuh"
+#include <cuda_fp8.h>
+
+typedef __nv_fp8_storage_t fp8;
+
+template <__nv_fp8_interpretation_t F> __device__ __forceinline__ float fp8_max();
+template <> __device__ __forceinline__ float fp8_max<__NV_E4M3>() { return 448.0f; }
+template <> __device__ __forceinline__ float fp8_max<__NV_E5M2>() { return 57344.0f; }
+
+// fp8_max / amax, or 1 where amax is 0 or not finite (nothing sensible to scale by).
+template <__nv_fp8_interpretation_t F>
+__device__ __forceinline__ float fp8_scale(const float* amax) {
+    const float a = amax[0];
+    return (a > 0.0f && isfinite(a)) ? __fdiv_rn(fp8_max<F>(), a) : 1.0f;
+}
+
+template <__nv_fp8_interpretation_t F>
+__device__ __forceinline__ fp8 to_fp8(float x, float scale) {
+    return __nv_cvt_float_to_fp8(__fmul_rn(x, scale), __NV_SATFINITE, F);
+}
+
+// Four fp8 codes as one little-endian word: byte k is element k.
+__device__ __forceinline__ u32 pack4(fp8 a, fp8 b, fp8 c, fp8 d) {
+    return (u32)a | ((u32)b << 8) | ((u32)c << 16) | ((u32)d << 24);
+}
+
+// Stores W codes at p: as one 8- or 4-byte word when W is 8 or 4 (p then W-byte aligned).
+template <int W>
+__device__ __forceinline__ void store_codes(fp8* p, const fp8 (&q)[W]) {
+    if constexpr (W == 8) {
+        *reinterpret_cast<uint2*>(p) =
+            make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+    } else if constexpr (W == 4) {
+        *reinterpret_cast<u32*>(p) = pack4(q[0], q[1], q[2], q[3]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; k++) p[k] = q[k];
+    }
+}
+
+// amax[0] = max(amax[0], max |x|) over n elements: W-wide loads (16 bytes with VEC, x then
+// 16-byte aligned) grid-stride, the n % W tail element-wise, then one atomic per block.
+template <typename T, bool VEC>
+__global__ void abs_max(float* amax, const T* x, long long n) {
+    constexpr int W = access_width<T, VEC>();
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    float largest = 0.0f;
+    for (long long u = first; u < n / W; u += stride) {
+        float v[W];
+        load_vec<T, W>(v, x + u * W);
+#pragma unroll
+        for (int k = 0; k < W; k++) largest = fmaxf(largest, fabsf(v[k]));
+    }
+    for (long long i = n / W * W + first; i < n; i += stride)
+        largest = fmaxf(largest, fabsf(to_f32(x[i])));
+    report_amax(amax, largest);
+}
+
+// out = fp8(x · scale) element by element over n elements, one W-wide unit per thread (with
+// VEC: x 16-byte and out W-byte aligned), the n % W tail by the first threads; the first
+// thread also writes descale[0] = 1 / scale.
+template <typename T, __nv_fp8_interpretation_t F, bool VEC>
+__global__ void quantize(fp8* out, float* descale, const T* x, const float* amax, long long n) {
+    constexpr int W = access_width<T, VEC>();
+    const float scale = fp8_scale<F>(amax);
+    const long long u = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (u == 0) descale[0] = __frcp_rn(scale);
+    if (u < n / W) {
+        float v[W];
+        fp8 q[W];
+        load_vec<T, W>(v, x + u * W);
+#pragma unroll
+        for (int k = 0; k < W; k++) q[k] = to_fp8<F>(v[k], scale);
+        store_codes<W>(out + u * W, q);
+    }
+    const long long tail = n / W * W + u;
+    if (tail < n) out[tail] = to_fp8<F>(to_f32(x[tail]), scale);
+}
+
+namespace qt {
+constexpr int TILE = 64;     // a block transposes a TILE × TILE tile
+constexpr int THREADS = 256;
+// Shared rows of TILE + 4 bytes: word-aligned, and the column reads of the store phase hit
+// at most two rows per bank.
+constexpr int PITCH = TILE + 4;
+}  // namespace qt
+
+// x [R, C] → out [C, R] = fp8(xᵀ · scale). Grid (ceil(C / 64), ceil(R / 64)), 256 threads. A
+// block reads its tile row by row (W-wide loads along C), quantizes into shared memory, then
+// writes the tile's columns as rows of out, four codes (one word) per thread along R, so both
+// global sides are coalesced. With VEC: C·sizeof(T) is a multiple of 16, R of 4, x is 16-byte
+// and out 4-byte aligned; otherwise every access is one element.
+template <typename T, __nv_fp8_interpretation_t F, bool VEC>
+__global__ void __launch_bounds__(qt::THREADS)
+    quantize_transposed(fp8* out, float* descale, const T* x, const float* amax, int R, int C) {
+    using namespace qt;
+    constexpr int W = access_width<T, VEC>();
+    __shared__ __align__(16) fp8 tile[TILE][PITCH];  // tile[r][c] = code of x[r0 + r, c0 + c]
+    const float scale = fp8_scale<F>(amax);
+    const int c0 = blockIdx.x * TILE, r0 = blockIdx.y * TILE;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) descale[0] = __frcp_rn(scale);
+
+#pragma unroll
+    for (int i = threadIdx.x; i < TILE * (TILE / W); i += THREADS) {
+        const int r = i / (TILE / W), c = i % (TILE / W) * W;
+        const int gr = r0 + r, gc = c0 + c;
+        fp8 q[W];
+        // C is a multiple of W, so a unit lies wholly inside or wholly outside x.
+        if (gr < R && gc < C) {
+            float v[W];
+            load_vec<T, W>(v, x + (long long)gr * C + gc);
+#pragma unroll
+            for (int k = 0; k < W; k++) q[k] = to_fp8<F>(v[k], scale);
+        } else {
+#pragma unroll
+            for (int k = 0; k < W; k++) q[k] = 0;
+        }
+        if constexpr (W >= 4) {
+#pragma unroll
+            for (int k = 0; k < W; k += 4)
+                *reinterpret_cast<u32*>(&tile[r][c + k]) = pack4(q[k], q[k + 1], q[k + 2], q[k + 3]);
+        } else {
+            tile[r][c] = q[0];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = threadIdx.x; i < TILE * (TILE / 4); i += THREADS) {
+        const int c = i / (TILE / 4), r = i % (TILE / 4) * 4;
+        const int gc = c0 + c, gr = r0 + r;
+        if (gc >= C) continue;
+        fp8* dst = out + (long long)gc * R + gr;
+        if (VEC) {
+            // R is a multiple of 4: the word lies wholly inside or outside the row.
+            if (gr < R) *reinterpret_cast<u32*>(dst) = pack4(tile[r][c], tile[r + 1][c], tile[r + 2][c], tile[r + 3][c]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (gr + k < R) dst[k] = tile[r + k][c];
+        }
+    }
+}
