@@ -89,11 +89,19 @@ pub struct AdamW {
 
 /// An FP8 operand of `matmul_scaled`: values quantized by `quantize`, and `descale` (`[1]`
 /// f32, on the device), the factor that turns them back into real values.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct Scaled<'a, B: Backend> {
     pub data: &'a Tensor<B>,
     pub descale: &'a Tensor<B>,
 }
+
+// By hand: a derive would ask for `B: Copy`, but only references are copied.
+impl<B: Backend> Clone for Scaled<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for Scaled<'_, B> {}
 
 /// The largest finite value of an FP8 dtype, which `quantize` scales a tensor's abs-max to.
 pub fn fp8_max(dtype: DType) -> Option<f32> {
