@@ -130,8 +130,10 @@ pub(crate) struct Fp8State<B: Backend> {
     /// Flat scratch for one quantized input and one quantized gradient, either layout.
     input_q: Tensor<B>,
     grad_q: Tensor<B>,
-    /// `[2, 1]` f32: the descales of `input_q` and `grad_q`.
-    descales: Tensor<B>,
+    /// `[1]` f32 each: the descales of `input_q` and `grad_q`. Separate allocations, as
+    /// cuBLASLt wants its scale pointers aligned.
+    input_descale: Tensor<B>,
+    grad_descale: Tensor<B>,
 }
 
 /// The shapes `Fp8State` is planned for.
@@ -177,7 +179,8 @@ impl<B: Backend> Fp8State<B> {
             stat("fp8.grad_amax", 4 * shape.layers),
             TensorSpec::new("fp8.input_q", &[shape.tokens * shape.max_in], forward),
             TensorSpec::new("fp8.grad_q", &[shape.tokens * shape.max_out], gradient),
-            stat("fp8.descales", 2),
+            stat("fp8.input_descale", 1),
+            stat("fp8.grad_descale", 1),
         ];
         for (l, layer) in layout.layers.iter().enumerate() {
             for lin in Linear::ALL {
@@ -193,7 +196,8 @@ impl<B: Backend> Fp8State<B> {
             let mut t = t.into_iter();
             let mut take = || t.next().expect("one tensor per planned spec");
             let (weight_amax, input_amax, grad_amax) = (take(), take(), take());
-            let (input_q, grad_q, descales) = (take(), take(), take());
+            let (input_q, grad_q) = (take(), take());
+            let (input_descale, grad_descale) = (take(), take());
             let copies = (0..weight_slot.len())
                 .map(|_| {
                     [(); 4].map(|_| WeightCopy {
@@ -212,7 +216,8 @@ impl<B: Backend> Fp8State<B> {
                 grad_amax,
                 input_q,
                 grad_q,
-                descales,
+                input_descale,
+                grad_descale,
             }
         };
         Some((specs, Box::new(build)))
@@ -254,10 +259,6 @@ impl<B: Backend> Fp8State<B> {
         self.input_amax.narrow_rows(lin.slot(l), lin.slot(l) + 1)
     }
 
-    fn descale(&self, i: usize) -> Tensor<B> {
-        self.descales.narrow_rows(i, i + 1)
-    }
-
     /// At the start of every forward: makes the weights' FP8 copies current (once per
     /// optimizer step: later micro-steps reuse them) and zeroes the input abs-maxes.
     pub fn begin_forward(&self, b: &B, params: &Params<Tensor<B>>) -> Result<()> {
@@ -296,8 +297,8 @@ impl<B: Backend> Fp8State<B> {
         x: &Tensor<B>,
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
-        let (xq, xd) = (view(&self.input_q, rows_of(x), x.cols()), self.descale(0));
-        b.quantize(&xq, &xd, x, &self.input_amax(l, lin), false)?;
+        let (xq, xd) = (view(&self.input_q, rows_of(x), x.cols()), &self.input_descale);
+        b.quantize(&xq, xd, x, &self.input_amax(l, lin), false)?;
         let w = &self.copies[l][lin as usize];
         let weight = Scaled {
             data: &w.rows,
@@ -305,7 +306,7 @@ impl<B: Backend> Fp8State<B> {
         };
         let input = Scaled {
             data: &xq,
-            descale: &xd,
+            descale: xd,
         };
         b.matmul_scaled(out, input, weight, bias, false)
     }
@@ -327,11 +328,11 @@ impl<B: Backend> Fp8State<B> {
         let (n, outs, ins) = (rows_of(dy), dy.cols(), x.cols());
         let amax = self.grad_amax.narrow_rows(lin.slot(l), lin.slot(l) + 1);
         b.abs_max(&amax, dy)?;
-        let (xd, dd) = (self.descale(0), self.descale(1));
+        let (xd, dd) = (&self.input_descale, &self.grad_descale);
         let scaled = |data, descale| Scaled { data, descale };
 
         let dyq = view(&self.grad_q, n, outs);
-        b.quantize(&dyq, &dd, dy, &amax, false)?;
+        b.quantize(&dyq, dd, dy, &amax, false)?;
         let w = &self.copies[l][lin as usize];
         b.matmul_scaled(
             dx,
@@ -342,9 +343,9 @@ impl<B: Backend> Fp8State<B> {
         )?;
 
         let (dyt, xt) = (view(&self.grad_q, outs, n), view(&self.input_q, ins, n));
-        b.quantize(&dyt, &dd, dy, &amax, true)?;
-        b.quantize(&xt, &xd, x, &self.input_amax(l, lin), true)?;
-        b.matmul_scaled(dw, scaled(&dyt, &dd), scaled(&xt, &xd), None, accumulate)
+        b.quantize(&dyt, dd, dy, &amax, true)?;
+        b.quantize(&xt, xd, x, &self.input_amax(l, lin), true)?;
+        b.matmul_scaled(dw, scaled(&dyt, dd), scaled(&xt, xd), None, accumulate)
     }
 
     /// Every abs-max, named `layers.L.LINEAR.{input,weight,grad}`: what `--debug-log-abs-max`

@@ -243,6 +243,16 @@ impl Cuda {
              M={m}, N={n}, K={k}: {}",
             shapes()
         );
+        // The first FP8 model run failed with NOT_SUPPORTED on a descale 4 bytes into its
+        // allocation and ran with 256-byte aligned ones; ask for 16 bytes.
+        for (name, descale) in [("a", a.descale), ("b", b.descale)] {
+            ensure!(
+                ptr(descale).is_multiple_of(16),
+                "matmul_scaled: {name}'s descale must be 16-byte aligned (its own allocation, \
+                 not a row of a larger tensor): {}",
+                shapes()
+            );
+        }
         if m == 0 || n == 0 {
             return Ok(());
         }
