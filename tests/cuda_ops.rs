@@ -749,7 +749,7 @@ fn quantize_matches_the_cpu_bit_for_bit() {
             b: &B,
             x_dtype: DType,
             dtype: DType,
-            transpose: bool,
+            (rows, cols): (bool, bool),
             (r, c): (usize, usize),
             x: &[f32],
         ) -> Outputs {
@@ -765,7 +765,9 @@ fn quantize_matches_the_cpu_bit_for_bit() {
                 tensor(b, &[1], DType::F32, &[f32::INFINITY]),
             );
             let zero = amax(b);
-            let shape = if transpose { [c, r] } else { [r, c] };
+            let out = |wanted: bool, shape: [usize; 2]| {
+                wanted.then(|| tensor(b, &shape, dtype, &vec![0.0; r * c]))
+            };
             let mut outs = vec![];
             let cases: [(&'static str, &'static str, &Tensor<B>, &Tensor<B>); 4] = [
                 ("exact amax", "exact amax descale", &xt, &exact),
@@ -774,20 +776,23 @@ fn quantize_matches_the_cpu_bit_for_bit() {
                 ("zeros", "zeros descale", &zeros, &zero),
             ];
             for (name, descale_name, input, a) in cases {
-                let out = tensor(b, &shape, dtype, &vec![0.0; r * c]);
+                let (rows_out, cols_out) = (out(rows, [r, c]), out(cols, [c, r]));
                 let descale = tensor(b, &[1], DType::F32, &[0.0]);
-                b.quantize(&out, &descale, input, a, transpose).unwrap();
-                outs.push((name, download(b, &out)));
+                b.quantize(rows_out.as_ref(), cols_out.as_ref(), &descale, input, a)
+                    .unwrap();
+                outs.extend(rows_out.map(|t| (name, download(b, &t))));
+                outs.extend(cols_out.map(|t| (name, download(b, &t))));
                 outs.push((descale_name, download(b, &descale)));
             }
             outs
         }
         for x_dtype in [DType::BF16, DType::F32] {
             for dtype in [DType::E4M3, DType::E5M2] {
-                for transpose in [false, true] {
+                // x's layout, its transpose, and both from one pass.
+                for layouts in [(true, false), (false, true), (true, true)] {
                     let name =
-                        format!("quantize {r}x{c} {x_dtype} to {dtype} transpose={transpose}");
-                    let args = (x_dtype, dtype, transpose, (r, c));
+                        format!("quantize {r}x{c} {x_dtype} to {dtype} (rows, cols) {layouts:?}");
+                    let args = (x_dtype, dtype, layouts, (r, c));
                     let cpu_out = run(&cpu, args.0, args.1, args.2, args.3, &x);
                     // The same f32 scale, product and round-to-nearest-even saturating
                     // conversion on both sides: identical bits (checked below, since a
@@ -836,32 +841,30 @@ fn matmul_scaled_matches_the_cpu() {
                 b.abs_max(&a, &t).unwrap();
                 let q = tensor(b, &[rows, k], dtype, &vec![0.0; rows * k]);
                 let descale = tensor(b, &[1], DType::F32, &[0.0]);
-                b.quantize(&q, &descale, &t, &a, false).unwrap();
+                b.quantize(Some(&q), None, &descale, &t, &a).unwrap();
                 (q, descale)
             };
             let (xq, x_descale) = quantized(x, m, a_dtype);
             let (wq, w_descale) = quantized(w, n, b_dtype);
-            // `Scaled` derives Copy, which for a generic backend demands `B: Copy`: build each.
-            let a = || Scaled {
+            let a = Scaled {
                 data: &xq,
                 descale: &x_descale,
             };
-            let wt = || Scaled {
+            let wt = Scaled {
                 data: &wq,
                 descale: &w_descale,
             };
             let bias = tensor(b, &[n], DType::BF16, bias);
             let zeros = vec![0.0; m * n];
             let plain = tensor(b, &[m, n], DType::BF16, &zeros);
-            b.matmul_scaled(&plain, a(), wt(), None, false).unwrap();
+            b.matmul_scaled(&plain, a, wt, None, false).unwrap();
             let biased = tensor(b, &[m, n], DType::BF16, &zeros);
-            b.matmul_scaled(&biased, a(), wt(), Some(&bias), false)
-                .unwrap();
+            b.matmul_scaled(&biased, a, wt, Some(&bias), false).unwrap();
             let accumulated = tensor(b, &[m, n], DType::BF16, acc0);
-            b.matmul_scaled(&accumulated, a(), wt(), Some(&bias), true)
+            b.matmul_scaled(&accumulated, a, wt, Some(&bias), true)
                 .unwrap();
             let unbiased_accumulated = tensor(b, &[m, n], DType::BF16, acc0);
-            b.matmul_scaled(&unbiased_accumulated, a(), wt(), None, true)
+            b.matmul_scaled(&unbiased_accumulated, a, wt, None, true)
                 .unwrap();
             vec![
                 ("a·bᵀ", download(b, &plain)),

@@ -325,17 +325,18 @@ pub trait Backend: Sized {
 
     /// `amax[0] = max(amax[0], max |x|)`, for tensors whose producer does not report it.
     fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()>;
-    /// Current scaling: with `s = fp8_max(out.dtype) / amax[0]` (1 where amax is 0 or not
-    /// finite), both in f32, writes `out = fp8(x · s)` (round-to-nearest-even, saturating at
-    /// ±fp8_max) and `descale[0] = 1 / s`. x: `[R, C]` bf16; out: `[R, C]`, or `[C, R]` with
-    /// `transpose`, which is how the backward gets the layouts FP8 matmuls need.
+    /// Current scaling: with `s = fp8_max(dtype) / amax[0]` (1 where amax is 0 or not
+    /// finite), both in f32, writes `fp8(x · s)` (round-to-nearest-even, saturating at
+    /// ±fp8_max) and `descale[0] = 1 / s`. x: `[R, C]` bf16. `rows` receives it `[R, C]`,
+    /// `cols` transposed `[C, R]` (the layout the backward's FP8 matmuls need); asking for
+    /// both costs one pass over x. At least one must be given, of one fp8 dtype.
     fn quantize(
         &self,
-        out: &Tensor<Self>,
+        rows: Option<&Tensor<Self>>,
+        cols: Option<&Tensor<Self>>,
         descale: &Tensor<Self>,
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
-        transpose: bool,
     ) -> Result<()>;
     /// `out[M, N] (+)= (a[M, K] · a.descale) · (b[N, K] · b.descale)ᵀ (+ bias[N])`, the one
     /// form FP8 matmuls take on Hopper (K contiguous in both operands). a and b are e4m3 or

@@ -127,9 +127,11 @@ pub(crate) struct Fp8State<B: Backend> {
     input_amax: Tensor<B>,
     /// `[L·4, 1]` f32: each linear's output-gradient abs-max, from a pass over it.
     grad_amax: Tensor<B>,
-    /// Flat scratch for one quantized input and one quantized gradient, either layout.
+    /// Flat scratch for one quantized input (either layout) and one quantized gradient in
+    /// both layouts.
     input_q: Tensor<B>,
     grad_q: Tensor<B>,
+    grad_qt: Tensor<B>,
     /// `[1]` f32 each: the descales of `input_q` and `grad_q`. Separate allocations, as
     /// cuBLASLt wants its scale pointers aligned.
     input_descale: Tensor<B>,
@@ -179,6 +181,7 @@ impl<B: Backend> Fp8State<B> {
             stat("fp8.grad_amax", 4 * shape.layers),
             TensorSpec::new("fp8.input_q", &[shape.tokens * shape.max_in], forward),
             TensorSpec::new("fp8.grad_q", &[shape.tokens * shape.max_out], gradient),
+            TensorSpec::new("fp8.grad_qt", &[shape.tokens * shape.max_out], gradient),
             stat("fp8.input_descale", 1),
             stat("fp8.grad_descale", 1),
         ];
@@ -196,7 +199,7 @@ impl<B: Backend> Fp8State<B> {
             let mut t = t.into_iter();
             let mut take = || t.next().expect("one tensor per planned spec");
             let (weight_amax, input_amax, grad_amax) = (take(), take(), take());
-            let (input_q, grad_q) = (take(), take());
+            let (input_q, grad_q, grad_qt) = (take(), take(), take());
             let (input_descale, grad_descale) = (take(), take());
             let copies = (0..weight_slot.len())
                 .map(|_| {
@@ -216,6 +219,7 @@ impl<B: Backend> Fp8State<B> {
                 grad_amax,
                 input_q,
                 grad_q,
+                grad_qt,
                 input_descale,
                 grad_descale,
             }
@@ -275,8 +279,7 @@ impl<B: Backend> Fp8State<B> {
                     b.abs_max(&amax, w)?;
                 }
                 let copy = &self.copies[l][lin as usize];
-                b.quantize(&copy.rows, &copy.descale, w, &amax, false)?;
-                b.quantize(&copy.cols, &copy.descale, w, &amax, true)?;
+                b.quantize(Some(&copy.rows), Some(&copy.cols), &copy.descale, w, &amax)?;
             }
         }
         self.state.set(WeightCopies::Current);
@@ -297,8 +300,11 @@ impl<B: Backend> Fp8State<B> {
         x: &Tensor<B>,
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
-        let (xq, xd) = (view(&self.input_q, rows_of(x), x.cols()), &self.input_descale);
-        b.quantize(&xq, xd, x, &self.input_amax(l, lin), false)?;
+        let (xq, xd) = (
+            view(&self.input_q, rows_of(x), x.cols()),
+            &self.input_descale,
+        );
+        b.quantize(Some(&xq), None, xd, x, &self.input_amax(l, lin))?;
         let w = &self.copies[l][lin as usize];
         let weight = Scaled {
             data: &w.rows,
@@ -312,8 +318,9 @@ impl<B: Backend> Fp8State<B> {
     }
 
     /// `dx = dy · w` and `dw (+)= dyᵀ · x`, with dy in the gradient dtype. Each operand is
-    /// quantized into the layout its matmul needs: dy as is and transposed, x transposed
-    /// (with the forward's scale, from the same abs-max), w from its transposed copy.
+    /// quantized into the layout its matmul needs: dy as is and transposed (one pass), x
+    /// transposed (with the forward's scale, from the same abs-max), w from its transposed
+    /// copy.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -331,20 +338,19 @@ impl<B: Backend> Fp8State<B> {
         let (xd, dd) = (&self.input_descale, &self.grad_descale);
         let scaled = |data, descale| Scaled { data, descale };
 
-        let dyq = view(&self.grad_q, n, outs);
-        b.quantize(&dyq, dd, dy, &amax, false)?;
+        // dy in both layouts at once; x transposed from the stash, with the forward's scale.
+        let (dyq, dyt) = (view(&self.grad_q, n, outs), view(&self.grad_qt, outs, n));
+        b.quantize(Some(&dyq), Some(&dyt), dd, dy, &amax)?;
         let w = &self.copies[l][lin as usize];
         b.matmul_scaled(
             dx,
-            scaled(&dyq, &dd),
+            scaled(&dyq, dd),
             scaled(&w.cols, &w.descale),
             None,
             false,
         )?;
-
-        let (dyt, xt) = (view(&self.grad_q, outs, n), view(&self.input_q, ins, n));
-        b.quantize(&dyt, dd, dy, &amax, true)?;
-        b.quantize(&xt, xd, x, &self.input_amax(l, lin), true)?;
+        let xt = view(&self.input_q, ins, n);
+        b.quantize(None, Some(&xt), xd, x, &self.input_amax(l, lin))?;
         b.matmul_scaled(dw, scaled(&dyt, dd), scaled(&xt, xd), None, accumulate)
     }
 

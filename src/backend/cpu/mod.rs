@@ -21,7 +21,7 @@ use std::cell::{Ref, RefCell, RefMut};
 use std::marker::PhantomData;
 use std::rc::Rc;
 
-use anyhow::{Result, anyhow, ensure};
+use anyhow::{Result, anyhow, bail, ensure};
 
 pub use classifier::IGNORE_INDEX;
 pub use scalar::Scalar;
@@ -471,28 +471,35 @@ impl<T: Scalar> Backend for Cpu<T> {
 
     fn quantize(
         &self,
-        out: &Tensor<Self>,
+        rows: Option<&Tensor<Self>>,
+        cols: Option<&Tensor<Self>>,
         descale: &Tensor<Self>,
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
-        transpose: bool,
     ) -> Result<()> {
-        let expected = if transpose {
-            vec![x.cols(), rows_of(x)]
-        } else {
-            vec![rows_of(x), x.cols()]
+        let (r, c) = (rows_of(x), x.cols());
+        let outputs = [(rows, false, [r, c]), (cols, true, [c, r])];
+        let outputs: Vec<_> = outputs
+            .into_iter()
+            .filter_map(|(t, transpose, shape)| t.map(|t| (t, transpose, shape)))
+            .collect();
+        let Some(&(first, _, _)) = outputs.first() else {
+            bail!("quantize: neither layout of x {:?} asked for", x.shape);
         };
-        ensure!(
-            out.numel() == x.numel() && (out.shape.len() != 2 || out.shape == expected),
-            "quantize: {:?} into {:?} (transpose {transpose})",
-            x.shape,
-            out.shape
-        );
-        let scale = fp8::scale(out.dtype, self.scalar(amax)?);
-        {
-            let xs = self.floats(x)?;
+        let scale = fp8::scale(first.dtype, self.scalar(amax)?);
+        let xs = self.floats(x)?;
+        for (out, transpose, shape) in outputs {
+            ensure!(
+                out.numel() == x.numel()
+                    && (out.shape.len() != 2 || out.shape == shape)
+                    && out.dtype == first.dtype,
+                "quantize: x {:?} into {:?} {} (transposed: {transpose})",
+                x.shape,
+                out.shape,
+                out.dtype
+            );
             self.update(out, |o| {
-                fp8::quantize(o, &xs, x.cols(), out.dtype, scale, transpose)
+                fp8::quantize(o, &xs, c, out.dtype, scale, transpose)
             })?;
         }
         self.update(descale, |d| d[0] = T::of((1.0 / scale) as f64))

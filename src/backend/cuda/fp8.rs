@@ -2,7 +2,7 @@
 //! backward's operands), scaled matmuls through cuBLASLt, and the host codec that uploads
 //! and downloads e4m3/e5m2 tensors (one byte per element) so that tests can compare bits.
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 
 use super::cublaslt::{GemmKey, GemmPtrs, alignment};
 use super::kernels::{Arg, Kernel};
@@ -111,39 +111,46 @@ impl Cuda {
 
     pub(super) fn quantize_impl(
         &self,
-        out: &Tensor<Cuda>,
+        rows: Option<&Tensor<Cuda>>,
+        cols: Option<&Tensor<Cuda>>,
         descale: &Tensor<Cuda>,
         x: &Tensor<Cuda>,
         amax: &Tensor<Cuda>,
-        transpose: bool,
     ) -> Result<()> {
-        ensure_dtype_in(out, &[DType::E4M3, DType::E5M2], "quantize (out)")?;
         let amax = amax_ptr("quantize (amax)", Some(amax))?;
         ensure_dtype(descale, DType::F32, "quantize (descale)")?;
         let (r, c) = (rows_of(x), x.cols());
-        let expected = if transpose { [c, r] } else { [r, c] };
-        ensure!(
-            descale.numel() == 1
-                && out.numel() == x.numel()
-                && (out.shape.len() != 2 || out.shape == expected),
-            "quantize: x {:?} into out {:?} (transpose {transpose}), descale {:?}",
-            x.shape,
-            out.shape,
-            descale.shape
-        );
+        let Some(first) = rows.or(cols) else {
+            bail!("quantize: neither layout of x {:?} asked for", x.shape);
+        };
+        for (out, shape) in [(rows, [r, c]), (cols, [c, r])] {
+            let Some(out) = out else { continue };
+            ensure_dtype_in(out, &[DType::E4M3, DType::E5M2], "quantize (out)")?;
+            ensure!(
+                descale.numel() == 1
+                    && out.numel() == x.numel()
+                    && (out.shape.len() != 2 || out.shape == shape)
+                    && out.dtype == first.dtype,
+                "quantize: x {:?} into {:?} {} (rows {r}, cols {c}), descale {:?}",
+                x.shape,
+                out.shape,
+                out.dtype,
+                descale.shape
+            );
+        }
         let size = x.dtype.size_bytes();
-        let (x_ptr, out_ptr) = (ptr(x), ptr(out));
-        let args = [
-            out_ptr.into(),
-            ptr(descale).into(),
-            x_ptr.into(),
-            amax.into(),
-        ];
-        if !transpose {
+        let width = 16 / size;
+        let (x_ptr, rows_ptr) = (ptr(x), rows.map_or(0, ptr));
+        let Some(cols) = cols else {
             let n = x.numel();
-            let width = 16 / size;
-            let vec = aligned(x_ptr, 16) && aligned(out_ptr, width as u64);
+            let vec = aligned(x_ptr, 16) && aligned(rows_ptr, width as u64);
             let units = if vec { n / width } else { n };
+            let args = [
+                rows_ptr.into(),
+                ptr(descale).into(),
+                x_ptr.into(),
+                amax.into(),
+            ];
             // SAFETY: quantize<T, F, VEC>(out, descale, x, amax, n): thread u converts
             // elements [u·W, u·W + W) of x into out (n elements each; 16-byte loads and
             // W-byte stores only when aligned so), and the tail; descale and amax are one
@@ -151,13 +158,13 @@ impl Cuda {
             return unsafe {
                 self.launch(
                     Kernel::Quantize,
-                    &[float(x), Arg::Fp8(out.dtype), Arg::Flag(vec)],
+                    &[float(x), Arg::Fp8(first.dtype), Arg::Flag(vec)],
                     (blocks(units, BLOCK as usize), 1, 1),
                     BLOCK,
                     &[args.as_slice(), &[(n as i64).into()]].concat(),
                 )
             };
-        }
+        };
         ensure!(
             r.div_ceil(TILE) <= 65535,
             "quantize: x {:?} has too many rows to transpose in one launch",
@@ -166,16 +173,24 @@ impl Cuda {
         let vec = (c * size).is_multiple_of(16)
             && r.is_multiple_of(4)
             && aligned(x_ptr, 16)
-            && aligned(out_ptr, 4);
-        // SAFETY: quantize_transposed<T, F, VEC>(out, descale, x, amax, R, C): block (i, j)
-        // reads rows [64j, 64j + 64) × columns [64i, 64i + 64) of x [R, C] and writes the
-        // transposed tile of out [C, R], bounds-checked, with vector accesses only when the
-        // shapes and addresses allow them (as checked above); 64 × 68 bytes of static shared
-        // memory.
+            && aligned(ptr(cols), 4)
+            && aligned(rows_ptr, width as u64);
+        let args = [
+            ptr(cols).into(),
+            rows_ptr.into(),
+            ptr(descale).into(),
+            x_ptr.into(),
+            amax.into(),
+        ];
+        // SAFETY: quantize_transposed<T, F, VEC>(out, rows, descale, x, amax, R, C): block
+        // (i, j) reads rows [64j, 64j + 64) × columns [64i, 64i + 64) of x [R, C], writes
+        // them to rows [R, C] when it is not null and the transposed tile to out [C, R],
+        // bounds-checked, with vector accesses only when the shapes and addresses allow them
+        // (as checked above); 64 × 68 bytes of static shared memory.
         unsafe {
             self.launch(
                 Kernel::QuantizeTransposed,
-                &[float(x), Arg::Fp8(out.dtype), Arg::Flag(vec)],
+                &[float(x), Arg::Fp8(first.dtype), Arg::Flag(vec)],
                 (blocks(c, TILE), blocks(r, TILE), 1),
                 TILE_THREADS,
                 &[args.as_slice(), &[(r as i32).into(), (c as i32).into()]].concat(),

@@ -501,13 +501,13 @@ impl Backend for Cuda {
 
     fn quantize(
         &self,
-        out: &Tensor<Self>,
+        rows: Option<&Tensor<Self>>,
+        cols: Option<&Tensor<Self>>,
         descale: &Tensor<Self>,
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
-        transpose: bool,
     ) -> Result<()> {
-        self.quantize_impl(out, descale, x, amax, transpose)
+        self.quantize_impl(rows, cols, descale, x, amax)
     }
 
     fn matmul_scaled(

@@ -95,14 +95,16 @@ constexpr int THREADS = 256;
 constexpr int PITCH = TILE + 4;
 }  // namespace qt
 
-// x [R, C] → out [C, R] = fp8(xᵀ · scale). Grid (ceil(C / 64), ceil(R / 64)), 256 threads. A
-// block reads its tile row by row (W-wide loads along C), quantizes into shared memory, then
-// writes the tile's columns as rows of out, four codes (one word) per thread along R, so both
-// global sides are coalesced. With VEC: C·sizeof(T) is a multiple of 16, R of 4, x is 16-byte
-// and out 4-byte aligned; otherwise every access is one element.
+// x [R, C] → out [C, R] = fp8(xᵀ · scale), and, when `rows` is not null, rows [R, C] =
+// fp8(x · scale) in the same pass. Grid (ceil(C / 64), ceil(R / 64)), 256 threads. A block
+// reads its tile row by row (W-wide loads along C), quantizes into shared memory (and rows),
+// then writes the tile's columns as rows of out, four codes (one word) per thread along R, so
+// every global side is coalesced. With VEC: C·sizeof(T) is a multiple of 16, R of 4, x is
+// 16-byte, out 4-byte and rows W-byte aligned; otherwise every access is one element.
 template <typename T, __nv_fp8_interpretation_t F, bool VEC>
 __global__ void __launch_bounds__(qt::THREADS)
-    quantize_transposed(fp8* out, float* descale, const T* x, const float* amax, int R, int C) {
+    quantize_transposed(fp8* out, fp8* rows, float* descale, const T* x, const float* amax, int R,
+                        int C) {
     using namespace qt;
     constexpr int W = access_width<T, VEC>();
     __shared__ __align__(16) fp8 tile[TILE][PITCH];  // tile[r][c] = code of x[r0 + r, c0 + c]
@@ -121,6 +123,7 @@ __global__ void __launch_bounds__(qt::THREADS)
             load_vec<T, W>(v, x + (long long)gr * C + gc);
 #pragma unroll
             for (int k = 0; k < W; k++) q[k] = to_fp8<F>(v[k], scale);
+            if (rows) store_codes<W>(rows + (long long)gr * C + gc, q);
         } else {
 #pragma unroll
             for (int k = 0; k < W; k++) q[k] = 0;
