@@ -94,14 +94,14 @@ impl TensorSpec {
 }
 
 /// A view of backend storage: `numel()` elements starting at element `offset`.
-pub struct Tensor<B: Backend + ?Sized> {
+pub struct Tensor<B: Backend> {
     pub(crate) storage: B::Storage,
     pub(crate) offset: usize,
     pub shape: Vec<usize>,
     pub dtype: DType,
 }
 
-impl<B: Backend + ?Sized> Clone for Tensor<B> {
+impl<B: Backend> Clone for Tensor<B> {
     fn clone(&self) -> Self {
         Tensor {
             storage: self.storage.clone(),
@@ -112,13 +112,13 @@ impl<B: Backend + ?Sized> Clone for Tensor<B> {
     }
 }
 
-impl<B: Backend + ?Sized> fmt::Debug for Tensor<B> {
+impl<B: Backend> fmt::Debug for Tensor<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Tensor({:?}, {})", self.shape, self.dtype)
     }
 }
 
-impl<B: Backend + ?Sized> Tensor<B> {
+impl<B: Backend> Tensor<B> {
     pub fn new(storage: B::Storage, shape: Vec<usize>, dtype: DType) -> Self {
         Tensor {
             storage,

@@ -126,12 +126,12 @@ impl TokenFile {
             map,
         };
         if let Some(limit) = vocab_size {
-            if let Some(vocab) = header.vocab_size {
-                if vocab > limit {
-                    bail!(
-                        "{name}: tokenized for a vocabulary of {vocab}, but the model has {limit}; tokenize with the model's tokenizer"
-                    );
-                }
+            if let Some(vocab) = header.vocab_size
+                && vocab > limit
+            {
+                bail!(
+                    "{name}: tokenized for a vocabulary of {vocab}, but the model has {limit}; tokenize with the model's tokenizer"
+                );
             }
             if let Some((i, t)) = (0..header.tokens)
                 .map(|i| (i, tf.token(i)))
@@ -228,7 +228,7 @@ impl TokenWriter {
                 assert_eq!(flags.len(), tokens.len(), "one mask flag per token");
                 for (k, &f) in flags.iter().enumerate() {
                     let i = self.tokens + k;
-                    if i % 8 == 0 {
+                    if i.is_multiple_of(8) {
                         bits.push(0);
                     }
                     if f {

@@ -136,13 +136,13 @@ impl Fields<'_> {
     }
 
     fn refuse_if(&self, key: &str, unsupported: impl Fn(&Value) -> bool, why: &str) -> Result<()> {
-        if let Some(v) = self.get(key) {
-            if unsupported(v) {
-                bail!(
-                    "{}: field `{key}` = {v} is not supported: {why}",
-                    self.source
-                );
-            }
+        if let Some(v) = self.get(key)
+            && unsupported(v)
+        {
+            bail!(
+                "{}: field `{key}` = {v} is not supported: {why}",
+                self.source
+            );
         }
         Ok(())
     }

@@ -414,7 +414,7 @@ impl<B: Backend> Run<'_, B> {
             loss_sum += self.model.loss_sum(b)?;
         }
         let step = self.state.step + 1;
-        if o.debug_log_abs_max > 0 && step % o.debug_log_abs_max == 0 {
+        if o.debug_log_abs_max > 0 && step.is_multiple_of(o.debug_log_abs_max) {
             self.log_abs_max(step)?;
         }
         let seed = self.state.rng.next_u64();

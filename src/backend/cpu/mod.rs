@@ -460,7 +460,32 @@ impl<T: Scalar> Backend for Cpu<T> {
         hp: &AdamW,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.adamw_update(param, master, grad, m, v, norm_sq, hp)?;
+        {
+            let norm_sq = self.floats(norm_sq)?[0].f64();
+            let grad_v = self.floats(grad)?;
+            let (mut m_v, mut v_v, mut p_v) = (
+                self.floats_mut(m)?,
+                self.floats_mut(v)?,
+                self.floats_mut(param)?,
+            );
+            let mut master_v = master.map(|t| self.floats_mut(t)).transpose()?;
+            let dtypes = adamw::StateDtypes {
+                param: param.dtype,
+                m: m.dtype,
+                v: v.dtype,
+                master: master.map_or(param.dtype, |t| t.dtype),
+            };
+            adamw::adamw(
+                &mut p_v,
+                master_v.as_deref_mut(),
+                &grad_v,
+                &mut m_v,
+                &mut v_v,
+                norm_sq,
+                hp,
+                &dtypes,
+            );
+        }
         self.report_abs_max(amax, param)
     }
 
@@ -528,45 +553,5 @@ impl<T: Scalar> Backend for Cpu<T> {
             let (da, db) = (T::of(da as f64), T::of(db as f64));
             fp8::matmul_scaled(o, &a_v, da, &b_v, db, k, bias.as_deref(), accumulate)
         })
-    }
-}
-
-impl<T: Scalar> Cpu<T> {
-    #[allow(clippy::too_many_arguments)]
-    fn adamw_update(
-        &self,
-        param: &Tensor<Self>,
-        master: Option<&Tensor<Self>>,
-        grad: &Tensor<Self>,
-        m: &Tensor<Self>,
-        v: &Tensor<Self>,
-        norm_sq: &Tensor<Self>,
-        hp: &AdamW,
-    ) -> Result<()> {
-        let norm_sq = self.floats(norm_sq)?[0].f64();
-        let grad_v = self.floats(grad)?;
-        let (mut m_v, mut v_v, mut p_v) = (
-            self.floats_mut(m)?,
-            self.floats_mut(v)?,
-            self.floats_mut(param)?,
-        );
-        let mut master_v = master.map(|t| self.floats_mut(t)).transpose()?;
-        let dtypes = adamw::StateDtypes {
-            param: param.dtype,
-            m: m.dtype,
-            v: v.dtype,
-            master: master.map_or(param.dtype, |t| t.dtype),
-        };
-        adamw::adamw(
-            &mut p_v,
-            master_v.as_deref_mut(),
-            &grad_v,
-            &mut m_v,
-            &mut v_v,
-            norm_sq,
-            hp,
-            &dtypes,
-        );
-        Ok(())
     }
 }
