@@ -392,11 +392,14 @@ fn swiglu_forward_and_backward() {
             tensor(b, &[n, f], dtype, dy),
             tensor(b, &[n, 2 * f], dtype, &vec![0.0; n * 2 * f]),
         );
-        b.swiglu_backward(&dgu, &dout, &gate_up).unwrap();
+        let dgu_amax = amax(b);
+        b.swiglu_backward(&dgu, &dout, &gate_up, Some(&dgu_amax))
+            .unwrap();
         vec![
             ("out", download(b, &out)),
             ("out amax", download(b, &out_amax)),
             ("dgate_up", download(b, &dgu)),
+            ("dgate_up amax", download(b, &dgu_amax)),
         ]
     }
     for dtype in [DType::BF16, DType::F32] {
@@ -408,6 +411,7 @@ fn swiglu_forward_and_backward() {
             |_| tol(dtype),
         );
         check_amax(&name, &gpu_out, "out", "out amax");
+        check_amax(&name, &gpu_out, "dgate_up", "dgate_up amax");
     }
 }
 

@@ -280,11 +280,14 @@ pub trait Backend: Sized {
         gate_up: &Tensor<Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
+    /// `amax`, where given, receives `dgate_up`'s abs-max: the gate/up projection's output
+    /// gradient, which FP8 quantizes next.
     fn swiglu_backward(
         &self,
         dgate_up: &Tensor<Self>,
         dout: &Tensor<Self>,
         gate_up: &Tensor<Self>,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
 
     /// Softmax cross-entropy over `logits` `[N, V]` against `targets` `[N]` (i32; -100 is

@@ -64,7 +64,13 @@ impl<B: Backend> Transformer<B> {
         let down = (l, Linear::Down);
         self.linear_backward(b, down, &a.dswiglu, dres, a.swiglu.layer(l), acc)?;
         // 7) SwiGLU
-        b.swiglu_backward(&a.dgate_up, &a.dswiglu, a.gate_up.layer(l))?;
+        let reported = self.grad_amax(l, Linear::GateUp);
+        b.swiglu_backward(
+            &a.dgate_up,
+            &a.dswiglu,
+            a.gate_up.layer(l),
+            reported.as_ref(),
+        )?;
         // 6) gate/up projection
         let gate_up = (l, Linear::GateUp);
         self.linear_backward(b, gate_up, &a.dln, &a.dgate_up, a.ln2.layer(l), acc)?;

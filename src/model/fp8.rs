@@ -88,6 +88,13 @@ impl Linear {
         }
     }
 
+    /// Whether the op producing this linear's output gradient reports its abs-max (SwiGLU's
+    /// backward, for gate/up); the others' gradients come out of ops that cannot see the whole
+    /// tensor (the residual stream's norm backwards, attention then RoPE), and get a pass.
+    pub fn gradient_reported(self) -> bool {
+        self == Linear::GateUp
+    }
+
     /// Row of this layer's statistics in the `[layers · 4, 1]` abs-max tensors.
     fn slot(self, layer: usize) -> usize {
         4 * layer + self as usize
@@ -121,11 +128,12 @@ pub(crate) struct Fp8State<B: Backend> {
     state: Cell<WeightCopies>,
     /// `[P, 1]` f32: each parameter's abs-max, reported by the optimizer, in `Params` order.
     weight_amax: Tensor<B>,
-    /// `[P]` index of each block's linear weights in `weight_amax`.
+    /// Per block, the rows of its four linear weights in `weight_amax`.
     weight_slot: Vec<[usize; 4]>,
     /// `[L·4, 1]` f32: each linear's input abs-max, reported by the op that produces it.
     input_amax: Tensor<B>,
-    /// `[L·4, 1]` f32: each linear's output-gradient abs-max, from a pass over it.
+    /// `[L·4, 1]` f32: each linear's output-gradient abs-max, reported by the op producing it
+    /// or from a pass over it.
     grad_amax: Tensor<B>,
     /// Flat scratch for one quantized input (either layout) and one quantized gradient in
     /// both layouts.
@@ -253,6 +261,11 @@ impl<B: Backend> Fp8State<B> {
             .collect())
     }
 
+    /// Where layer `l`'s output gradient of `lin` has its abs-max.
+    pub fn grad_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
+        self.grad_amax.narrow_rows(lin.slot(l), lin.slot(l) + 1)
+    }
+
     fn weight_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
         let i = self.weight_slot[l][lin as usize];
         self.weight_amax.narrow_rows(i, i + 1)
@@ -317,7 +330,8 @@ impl<B: Backend> Fp8State<B> {
         b.matmul_scaled(out, input, weight, bias, false)
     }
 
-    /// `dx = dy · w` and `dw (+)= dyᵀ · x`, with dy in the gradient dtype. Each operand is
+    /// `dx = dy · w` and `dw (+)= dyᵀ · x`, with dy in the gradient dtype (its abs-max taken by
+    /// a pass here unless its producer reported it). Each operand is
     /// quantized into the layout its matmul needs: dy as is and transposed (one pass), x
     /// transposed (with the forward's scale, from the same abs-max), w from its transposed
     /// copy.
@@ -333,8 +347,10 @@ impl<B: Backend> Fp8State<B> {
         accumulate: bool,
     ) -> Result<()> {
         let (n, outs, ins) = (rows_of(dy), dy.cols(), x.cols());
-        let amax = self.grad_amax.narrow_rows(lin.slot(l), lin.slot(l) + 1);
-        b.abs_max(&amax, dy)?;
+        let amax = self.grad_amax(l, lin);
+        if !lin.gradient_reported() {
+            b.abs_max(&amax, dy)?;
+        }
         let (xd, dd) = (&self.input_descale, &self.grad_descale);
         let scaled = |data, descale| Scaled { data, descale };
 

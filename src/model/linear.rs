@@ -14,6 +14,16 @@ impl<B: Backend> Transformer<B> {
         self.fp8.as_ref().map(|f| f.input_amax(l, lin))
     }
 
+    /// Where the op that produces layer `l`'s output gradient of `lin` reports its abs-max,
+    /// with FP8, for the linears whose gradient producer does (`Linear::gradient_reported`).
+    pub(crate) fn grad_amax(&self, l: usize, lin: Linear) -> Option<Tensor<B>> {
+        assert!(
+            lin.gradient_reported(),
+            "{lin:?}'s gradient amax is a pass of its own"
+        );
+        self.fp8.as_ref().map(|f| f.grad_amax(l, lin))
+    }
+
     /// `out = x · wᵀ (+ bias)` for layer `l`'s `lin`.
     pub(crate) fn linear_forward(
         &self,

@@ -414,11 +414,15 @@ impl<T: Scalar> Backend for Cpu<T> {
         dgate_up: &Tensor<Self>,
         dout: &Tensor<Self>,
         gate_up: &Tensor<Self>,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        let (dy, gu) = (self.floats(dout)?, self.floats(gate_up)?);
-        self.update(dgate_up, |d| {
-            swiglu::swiglu_backward(d, &dy, &gu, dout.cols())
-        })
+        {
+            let (dy, gu) = (self.floats(dout)?, self.floats(gate_up)?);
+            self.update(dgate_up, |d| {
+                swiglu::swiglu_backward(d, &dy, &gu, dout.cols())
+            })?;
+        }
+        self.report_abs_max(amax, dgate_up)
     }
 
     fn cross_entropy(

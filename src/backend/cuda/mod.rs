@@ -462,8 +462,9 @@ impl Backend for Cuda {
         dgate_up: &Tensor<Self>,
         dout: &Tensor<Self>,
         gate_up: &Tensor<Self>,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.swiglu_backward_impl(dgate_up, dout, gate_up)
+        self.swiglu_backward_impl(dgate_up, dout, gate_up, amax)
     }
 
     fn cross_entropy(

@@ -48,7 +48,9 @@ impl Cuda {
         dgate_up: &Tensor<Cuda>,
         dout: &Tensor<Cuda>,
         gate_up: &Tensor<Cuda>,
+        amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let amax = amax_ptr("swiglu_backward", amax)?;
         ensure_same_dtype("swiglu_backward", &[dgate_up, dout, gate_up])?;
         let f = dout.cols();
         let rows = dout.numel() / f;
@@ -58,7 +60,7 @@ impl Cuda {
         );
         let vec = vec_rows(dout, f);
         // SAFETY: one thread per `width` elements of dout [rows, f] (16-byte aligned runs with
-        // `vec`); gate_up and dgate_up are [rows, 2f].
+        // `vec`); gate_up and dgate_up are [rows, 2f]; amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::SwigluBackward,
@@ -71,6 +73,7 @@ impl Cuda {
                     ptr(gate_up).into(),
                     (rows as i64).into(),
                     (f as i32).into(),
+                    amax.into(),
                 ],
             )
         }
