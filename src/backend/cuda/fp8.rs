@@ -206,6 +206,13 @@ impl Cuda {
         bias: Option<&Tensor<Cuda>>,
         accumulate: bool,
     ) -> Result<()> {
+        let (major, minor) = self.compute_capability;
+        ensure!(
+            (major, minor) >= (8, 9),
+            "FP8 matmuls need an Ada or Hopper GPU (compute capability 8.9 or newer), and {} is \
+             {major}.{minor}: train with --matmul-dtype bf16",
+            self.name
+        );
         let (m, n, k) = (rows_of(a.data), rows_of(b.data), a.data.cols());
         let shapes = || {
             format!(
