@@ -103,11 +103,31 @@ fn setup() -> Setup {
     }
 }
 
-/// The uninterrupted 6-step run of `args`, in `dir`.
-fn uninterrupted(s: &Setup) -> PathBuf {
-    let dir = s.root.join("full");
-    run(&args(&dir, &s.model, &s.data), &[]);
+/// The uninterrupted 6-step run of `args` with `extra` flags, in `name`.
+fn uninterrupted(s: &Setup, name: &str, extra: &[&str]) -> PathBuf {
+    let dir = s.root.join(name);
+    run(&args(&dir, &s.model, &s.data), extra);
     dir
+}
+
+/// A run continued from `full`'s step-2 checkpoint, in `name`, with the same `extra` flags:
+/// a run that stopped after step 3 leaves that checkpoint as the latest, so take it.
+fn resumed_at_step_2(s: &Setup, full: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let resumed = s.root.join(name);
+    let ckpt = resumed.join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let step2 = checkpoint::step_dir(&full.join("ckpt"), 2);
+    let copy = checkpoint::step_dir(&ckpt, 2);
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&step2).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    std::fs::write(ckpt.join(checkpoint::LATEST), "step-00000002").unwrap();
+    let mut flags = extra.to_vec();
+    flags.push("--continue");
+    run(&args(&resumed, &s.model, &s.data), &flags);
+    resumed
 }
 
 fn assert_same_run(full: &Path, resumed: &Path, from_step: u64) {
@@ -143,22 +163,8 @@ fn assert_same_run(full: &Path, resumed: &Path, from_step: u64) {
 #[test]
 fn resume_is_bitwise_exact() {
     let s = setup();
-    let full = uninterrupted(&s);
-
-    // A run that stopped after step 3 ... is what the checkpoint at step 2 plus one more
-    // step would be; take the run's own step-2 checkpoint, as a stopped run leaves it.
-    let resumed = s.root.join("resumed");
-    let ckpt = resumed.join("ckpt");
-    std::fs::create_dir_all(&ckpt).unwrap();
-    let step2 = checkpoint::step_dir(&full.join("ckpt"), 2);
-    let copy = checkpoint::step_dir(&ckpt, 2);
-    std::fs::create_dir(&copy).unwrap();
-    for entry in std::fs::read_dir(&step2).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
-    }
-    std::fs::write(ckpt.join(checkpoint::LATEST), "step-00000002").unwrap();
-    run(&args(&resumed, &s.model, &s.data), &["--continue"]);
+    let full = uninterrupted(&s, "full", &[]);
+    let resumed = resumed_at_step_2(&s, &full, "resumed", &[]);
     assert_same_run(&full, &resumed, 2);
 
     // Continuing at the end does no more steps and changes nothing.
@@ -171,10 +177,27 @@ fn resume_is_bitwise_exact() {
     assert_eq!(steps(&resumed.join("log.jsonl")).len(), 4);
 }
 
+/// FP8 keeps no state across steps (its scales come from each step's tensors, its weight
+/// copies from the weights), so an FP8 run resumes as exactly.
+#[test]
+fn fp8_resume_is_bitwise_exact() {
+    let s = setup();
+    let fp8 = ["--matmul-dtype", "e4m3", "--gradient-dtype", "e5m2"];
+    let full = uninterrupted(&s, "full", &fp8);
+    let resumed = resumed_at_step_2(&s, &full, "resumed", &fp8);
+    assert_same_run(&full, &resumed, 2);
+    // And it is not the bf16 run.
+    let bf16 = uninterrupted(&s, "bf16", &[]);
+    assert_ne!(
+        steps(&full.join("log.jsonl")),
+        steps(&bf16.join("log.jsonl"))
+    );
+}
+
 #[test]
 fn killed_while_writing_a_checkpoint_continues_from_the_previous_one() {
     let s = setup();
-    let full = uninterrupted(&s);
+    let full = uninterrupted(&s, "full", &[]);
 
     let killed = s.root.join("killed");
     let mut child = std::process::Command::new(SMELT)
