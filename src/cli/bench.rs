@@ -22,8 +22,8 @@ device) gives tok/s and MFU. Then a few more steps wait for the device after eve
 (forward, backward, optimizer, other) to split the step's time."
 )]
 pub struct BenchArgs {
-    /// A built-in architecture (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, llama-3.2-1b,
-    /// llama-3-8b) or a HF model directory, of which only config.json is read.
+    /// A built-in architecture (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2-100m,
+    /// llama-3.2-1b, llama-3-8b) or a HF model directory, of which only config.json is read.
     #[arg(long, value_name = "NAME|DIR")]
     model: String,
     /// Sequences per step.
