@@ -6,12 +6,16 @@
 // weights are stochastically rounded with the CPU's hash of (seed, element index).
 #include "common.cuh"
 
-// The CPU's `hash_u32` (rounding.rs): a splitmix-style finalizer of seed ^ index·φ.
+// The CPU's `hash_u32` (rounding.rs): the seed folded to 32 bits, index·φ, then the
+// "lowbias32" finalizer, in 32-bit integer arithmetic (a 64-bit one dominated this kernel).
 __device__ __forceinline__ u32 hash_u32(u64 seed, u64 index) {
-    u64 z = seed ^ (index * 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (u32)(z ^ (z >> 31));
+    const u32 folded = (u32)seed ^ __funnelshift_l((u32)(seed >> 32), (u32)(seed >> 32), 16);
+    u32 z = folded ^ ((u32)index * 0x9E3779B9u);
+    z ^= z >> 16;
+    z *= 0x7FEB352Du;
+    z ^= z >> 15;
+    z *= 0x846CA68Bu;
+    return z ^ (z >> 16);
 }
 
 // The CPU's `stochastic_round_bf16`: add 16 random bits below bf16's mantissa, truncate.
