@@ -87,6 +87,15 @@ pub struct AdamW {
     pub seed: u64,
 }
 
+impl AdamW {
+    /// `1 − β^step` of both moments, computed in f64 and rounded to f32, once per tensor on
+    /// the host: every backend's update divides by exactly these.
+    pub fn bias_corrections(&self) -> (f32, f32) {
+        let correction = |beta: f32| (1.0 - (beta as f64).powi(self.step as i32)) as f32;
+        (correction(self.beta1), correction(self.beta2))
+    }
+}
+
 /// An FP8 operand of `matmul_scaled`: values quantized by `quantize`, and `descale` (`[1]`
 /// f32, on the device), the factor that turns them back into real values.
 #[derive(Debug)]

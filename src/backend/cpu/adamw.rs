@@ -1,5 +1,6 @@
 //! AdamW with decoupled weight decay, global-norm clipping read from the device, and
-//! stochastic rounding wherever a bf16 tensor is written.
+//! stochastic rounding wherever a bf16 tensor is written. The update is f32 arithmetic in a
+//! fixed order with nothing fused, which the GPU repeats bit for bit (adamw.cu).
 
 use super::Scalar;
 use super::rounding::{round_slice, stochastic_round_bf16};
@@ -18,11 +19,11 @@ pub fn clip_scale(norm_sq: f64, grad_clip: f32) -> f64 {
 
 /// Writes `x` into an element of a `dtype` tensor: stochastically rounded when bf16 and a
 /// (seed, index) is given, else rounded to nearest.
-fn store<T: Scalar>(dst: &mut T, x: f64, dtype: DType, stochastic: Option<(u64, usize)>) {
+fn store<T: Scalar>(dst: &mut T, x: f32, dtype: DType, stochastic: Option<(u64, usize)>) {
     *dst = if let (DType::BF16, Some((seed, index))) = (dtype, stochastic) {
-        T::of(stochastic_round_bf16(x as f32, seed, index as u64) as f64)
+        T::of(stochastic_round_bf16(x, seed, index as u64) as f64)
     } else {
-        let mut v = [T::of(x)];
+        let mut v = [T::of(x as f64)];
         round_slice(dtype, &mut v);
         v[0]
     };
@@ -50,27 +51,27 @@ pub fn adamw<T: Scalar>(
     hp: &AdamW,
     dtypes: &StateDtypes,
 ) {
-    let scale = clip_scale(norm_sq, hp.grad_clip);
-    let (b1, b2) = (hp.beta1 as f64, hp.beta2 as f64);
-    let bias1 = 1.0 - b1.powi(hp.step as i32);
-    let bias2 = 1.0 - b2.powi(hp.step as i32);
+    let scale = clip_scale(norm_sq, hp.grad_clip) as f32;
+    let (b1, b2) = (hp.beta1, hp.beta2);
+    let (bias1, bias2) = hp.bias_corrections();
+    let f32_of = |x: T| x.to_f32().unwrap_or(f32::NAN);
     for i in 0..param.len() {
-        let g = grad[i].f64() * scale;
-        let m_new = b1 * m[i].f64() + (1.0 - b1) * g;
-        let v_new = b2 * v[i].f64() + (1.0 - b2) * g * g;
+        let g = f32_of(grad[i]) * scale;
+        let m_new = b1 * f32_of(m[i]) + (1.0 - b1) * g;
+        let v_new = b2 * f32_of(v[i]) + (1.0 - b2) * g * g;
         store(&mut m[i], m_new, dtypes.m, Some((hp.seed ^ 0x6D, i)));
         store(&mut v[i], v_new, dtypes.v, Some((hp.seed ^ 0x76, i)));
-        let update = (m_new / bias1) / ((v_new / bias2).sqrt() + hp.eps as f64);
+        let update = (m_new / bias1) / ((v_new / bias2).sqrt() + hp.eps);
         let p = match master.as_deref() {
-            Some(master) => master[i].f64(),
-            None => param[i].f64(),
+            Some(master) => f32_of(master[i]),
+            None => f32_of(param[i]),
         };
-        let p_new = p - hp.lr as f64 * (update + hp.weight_decay as f64 * p);
+        let p_new = p - hp.lr * (update + hp.weight_decay * p);
         match master.as_deref_mut() {
             // With a master copy, the working weights are its round-to-nearest image.
             Some(master) => {
                 store(&mut master[i], p_new, dtypes.master, None);
-                store(&mut param[i], master[i].f64(), dtypes.param, None);
+                store(&mut param[i], f32_of(master[i]), dtypes.param, None);
             }
             None => store(&mut param[i], p_new, dtypes.param, Some((hp.seed, i))),
         }

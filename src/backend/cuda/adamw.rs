@@ -1,4 +1,4 @@
-//! AdamW: the CPU's update in f64 on the device, clipping by the device-side norm.
+//! AdamW: the CPU's f32 update on the device, clipping by the device-side norm.
 
 use anyhow::{Result, ensure};
 
@@ -31,10 +31,7 @@ impl Cuda {
             [grad, m, v].iter().all(|t| t.numel() == n) && master.is_none_or(|t| t.numel() == n),
             "adamw: tensors of different sizes"
         );
-        // The bias corrections exactly as the CPU computes them.
-        let (b1, b2) = (hp.beta1 as f64, hp.beta2 as f64);
-        let bias1 = 1.0 - b1.powi(hp.step as i32);
-        let bias2 = 1.0 - b2.powi(hp.step as i32);
+        let (bias1, bias2) = hp.bias_corrections();
         // SAFETY: one thread per element of param, master, grad, m and v (all n long);
         // norm_sq is one f32, amax one f32 or null.
         unsafe {
@@ -57,11 +54,11 @@ impl Cuda {
                     ptr(v).into(),
                     ptr(norm_sq).into(),
                     (n as i64).into(),
-                    (hp.lr as f64).into(),
-                    b1.into(),
-                    b2.into(),
-                    (hp.eps as f64).into(),
-                    (hp.weight_decay as f64).into(),
+                    hp.lr.into(),
+                    hp.beta1.into(),
+                    hp.beta2.into(),
+                    hp.eps.into(),
+                    hp.weight_decay.into(),
                     bias1.into(),
                     bias2.into(),
                     hp.grad_clip.into(),

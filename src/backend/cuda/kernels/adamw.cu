@@ -1,9 +1,10 @@
 // AdamW with decoupled weight decay and clipping by the global norm read on the device.
 //
-// This is the CPU's `adamw` step for step: the math is in f64 and the file is compiled with
-// --fmad=false, so that no multiply-add is contracted, and the bias corrections come from the
-// host; with the same inputs the GPU writes the same bits as the CPU. bf16 moments and
-// weights are stochastically rounded with the CPU's hash of (seed, element index).
+// This is the CPU's `adamw` step for step: f32 arithmetic in the same order, compiled with
+// --fmad=false so that no multiply-add is contracted (division and square root are IEEE's,
+// as on the CPU), the bias corrections and the clip factor computed as the CPU does; with the
+// same inputs the GPU writes the same bits as the CPU. bf16 moments and weights are
+// stochastically rounded with the CPU's hash of (seed, element index).
 #include "common.cuh"
 
 // The CPU's `hash_u32` (rounding.rs): the seed folded to 32 bits, index·φ, then the
@@ -26,12 +27,11 @@ __device__ __forceinline__ bf16 stochastic_round_bf16(float x, u64 seed, u64 ind
     return __ushort_as_bfloat16((unsigned short)(bits >> 16));
 }
 
-// The CPU's `store`: f64 → f32 (nearest), then to T, stochastically when T is bf16 and asked.
-template <typename T> __device__ __forceinline__ T store(double x, bool stochastic, u64 seed, u64 index);
-template <> __device__ __forceinline__ float store<float>(double x, bool, u64, u64) { return (float)x; }
-template <> __device__ __forceinline__ bf16 store<bf16>(double x, bool stochastic, u64 seed, u64 index) {
-    const float f = (float)x;
-    return stochastic ? stochastic_round_bf16(f, seed, index) : __float2bfloat16_rn(f);
+// The CPU's `store`: to T, stochastically when T is bf16 and asked, else to nearest.
+template <typename T> __device__ __forceinline__ T store(float x, bool stochastic, u64 seed, u64 index);
+template <> __device__ __forceinline__ float store<float>(float x, bool, u64, u64) { return x; }
+template <> __device__ __forceinline__ bf16 store<bf16>(float x, bool stochastic, u64 seed, u64 index) {
+    return stochastic ? stochastic_round_bf16(x, seed, index) : __float2bfloat16_rn(x);
 }
 
 // Param P, gradient Gr, moments M and V; with MASTER an f32 master copy is updated and P
@@ -39,27 +39,29 @@ template <> __device__ __forceinline__ bf16 store<bf16>(double x, bool stochasti
 // With `amax`, also reports max |param| as stored, for the weights' FP8 copy (common.cuh).
 template <typename P, typename Gr, typename M, typename V, bool MASTER>
 __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const float* norm_sq,
-                      long long n, double lr, double beta1, double beta2, double eps,
-                      double weight_decay, double bias1, double bias2, float grad_clip, u64 seed,
+                      long long n, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, float bias1, float bias2, float grad_clip, u64 seed,
                       float* amax) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     float largest = 0.0f;
     // No early return: every thread of the block takes part in the abs-max reduction.
     if (i < n) {
+        // The CPU's `clip_scale`: in f64, then rounded to f32.
         const double norm = sqrt((double)norm_sq[0]);
-        const double scale = (grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0;
-        const double g = (double)to_f32(grad[i]) * scale;
-        const double m_new = beta1 * (double)to_f32(m[i]) + (1.0 - beta1) * g;
-        const double v_new = beta2 * (double)to_f32(v[i]) + (1.0 - beta2) * g * g;
+        const float scale =
+            (float)((grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0);
+        const float g = to_f32(grad[i]) * scale;
+        const float m_new = beta1 * to_f32(m[i]) + (1.0f - beta1) * g;
+        const float v_new = beta2 * to_f32(v[i]) + (1.0f - beta2) * g * g;
         m[i] = store<M>(m_new, true, seed ^ 0x6Dull, (u64)i);
         v[i] = store<V>(v_new, true, seed ^ 0x76ull, (u64)i);
-        const double update = (m_new / bias1) / (sqrt(v_new / bias2) + eps);
-        const double p = MASTER ? (double)master[i] : (double)to_f32(param[i]);
-        const double p_new = p - lr * (update + weight_decay * p);
+        const float update = (m_new / bias1) / (sqrtf(v_new / bias2) + eps);
+        const float p = MASTER ? master[i] : to_f32(param[i]);
+        const float p_new = p - lr * (update + weight_decay * p);
         P stored;
         if (MASTER) {
-            master[i] = (float)p_new;
-            stored = store<P>((double)master[i], false, 0, 0);
+            master[i] = p_new;
+            stored = store<P>(master[i], false, 0, 0);
         } else {
             stored = store<P>(p_new, true, seed, (u64)i);
         }
