@@ -43,13 +43,18 @@ __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const
                       float weight_decay, float bias1, float bias2, float grad_clip, u64 seed,
                       float* amax) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    // The CPU's `clip_scale`, in f64 then rounded to f32: once per block, as f64 square roots
+    // and divisions in every thread cost more than the update itself.
+    __shared__ float clip;
+    if (threadIdx.x == 0) {
+        const double norm = sqrt((double)norm_sq[0]);
+        clip = (float)((grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0);
+    }
+    __syncthreads();
+    const float scale = clip;
     float largest = 0.0f;
     // No early return: every thread of the block takes part in the abs-max reduction.
     if (i < n) {
-        // The CPU's `clip_scale`: in f64, then rounded to f32.
-        const double norm = sqrt((double)norm_sq[0]);
-        const float scale =
-            (float)((grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0);
         const float g = to_f32(grad[i]) * scale;
         const float m_new = beta1 * to_f32(m[i]) + (1.0f - beta1) * g;
         const float v_new = beta2 * to_f32(v[i]) + (1.0f - beta2) * g * g;
