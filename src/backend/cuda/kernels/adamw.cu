@@ -43,8 +43,8 @@ __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const
                       float weight_decay, float bias1, float bias2, float grad_clip, u64 seed,
                       float* amax) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    // The CPU's `clip_scale`, in f64 then rounded to f32: once per block, as f64 square roots
-    // and divisions in every thread cost more than the update itself.
+    // The CPU's `clip_scale`, in f64 then rounded to f32: once per block rather than an f64
+    // square root and division in every thread.
     __shared__ float clip;
     if (threadIdx.x == 0) {
         const double norm = sqrt((double)norm_sq[0]);
