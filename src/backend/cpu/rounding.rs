@@ -53,11 +53,14 @@ pub fn round_fp8(x: f32, dtype: DType) -> f32 {
 
 /// A 32-bit hash of (seed, index), stateless and identical on every backend: the seed folded
 /// to 32 bits, the index spread by the golden ratio, then the "lowbias32" finalizer. All in
-/// 32-bit integer arithmetic, which the GPU does natively: AdamW hashes three times per
-/// parameter, and a 64-bit finalizer made it 3× slower than its memory traffic. `index`
-/// must be below 2³² (a tensor's element index).
+/// 32-bit integer arithmetic, which the GPU does natively (AdamW hashes three times per
+/// parameter; 64-bit multiplies are emulated there). `index` must be below 2³² (a tensor's
+/// element index).
 pub fn hash_u32(seed: u64, index: u64) -> u32 {
-    debug_assert!(index <= u32::MAX as u64, "hash index {index} needs more than 32 bits");
+    debug_assert!(
+        index <= u32::MAX as u64,
+        "hash index {index} needs more than 32 bits"
+    );
     let folded = (seed as u32) ^ ((seed >> 32) as u32).rotate_left(16);
     let mut z = folded ^ (index as u32).wrapping_mul(0x9E37_79B9);
     z ^= z >> 16;

@@ -8,7 +8,7 @@
 #include "common.cuh"
 
 // The CPU's `hash_u32` (rounding.rs): the seed folded to 32 bits, index·φ, then the
-// "lowbias32" finalizer, in 32-bit integer arithmetic (a 64-bit one dominated this kernel).
+// "lowbias32" finalizer, in 32-bit integer arithmetic (64-bit multiplies are emulated).
 __device__ __forceinline__ u32 hash_u32(u64 seed, u64 index) {
     const u32 folded = (u32)seed ^ __funnelshift_l((u32)(seed >> 32), (u32)(seed >> 32), 16);
     u32 z = folded ^ ((u32)index * 0x9E3779B9u);
