@@ -151,6 +151,12 @@ impl<B: Backend> Tensor<B> {
         *self.shape.last().expect("tensor has no dimensions")
     }
 
+    /// Rows of the `[N, cols]` matrix the ops read the tensor as (every dimension but the
+    /// last one, flattened).
+    pub fn matrix_rows(&self) -> usize {
+        self.numel() / self.cols()
+    }
+
     /// Rows `start..end` of the leading dimension, sharing storage.
     pub fn narrow_rows(&self, start: usize, end: usize) -> Self {
         assert!(

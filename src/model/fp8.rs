@@ -241,10 +241,6 @@ fn view<B: Backend>(scratch: &Tensor<B>, rows: usize, cols: usize) -> Tensor<B> 
     scratch.narrow_rows(0, rows * cols).reshape(&[rows, cols])
 }
 
-fn rows_of<B: Backend>(t: &Tensor<B>) -> usize {
-    t.numel() / t.cols()
-}
-
 impl<B: Backend> Fp8State<B> {
     /// The weights were written other than by the optimizer (initialised, loaded).
     pub fn weights_changed(&self) {
@@ -314,7 +310,7 @@ impl<B: Backend> Fp8State<B> {
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
         let (xq, xd) = (
-            view(&self.input_q, rows_of(x), x.cols()),
+            view(&self.input_q, x.matrix_rows(), x.cols()),
             &self.input_descale,
         );
         b.quantize(Some(&xq), None, xd, x, &self.input_amax(l, lin))?;
@@ -346,7 +342,7 @@ impl<B: Backend> Fp8State<B> {
         x: &Tensor<B>,
         accumulate: bool,
     ) -> Result<()> {
-        let (n, outs, ins) = (rows_of(dy), dy.cols(), x.cols());
+        let (n, outs, ins) = (dy.matrix_rows(), dy.cols(), x.cols());
         let amax = self.grad_amax(l, lin);
         if !lin.gradient_reported() {
             b.abs_max(&amax, dy)?;

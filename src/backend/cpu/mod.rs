@@ -112,11 +112,6 @@ impl<T: Scalar> Cpu<T> {
     }
 }
 
-/// Shorthand for the `n` of an `[N, C]` view of any tensor whose last dimension is `C`.
-fn rows_of<B: Backend>(t: &Tensor<B>) -> usize {
-    t.numel() / t.cols()
-}
-
 impl<T: Scalar> Backend for Cpu<T> {
     type Storage = Rc<RefCell<Buffer<T>>>;
 
@@ -315,8 +310,16 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) -> Result<()> {
         let (a_v, b_v) = (self.floats(a)?, self.floats(b)?);
         let bias = bias.map(|t| self.floats(t)).transpose()?;
-        let m = if spec.trans_a { a.cols() } else { rows_of(a) };
-        let n = if spec.trans_b { rows_of(b) } else { b.cols() };
+        let m = if spec.trans_a {
+            a.cols()
+        } else {
+            a.matrix_rows()
+        };
+        let n = if spec.trans_b {
+            b.matrix_rows()
+        } else {
+            b.cols()
+        };
         ensure!(
             out.numel() == m * n,
             "matmul: output {:?} is not {m}x{n}",
@@ -506,7 +509,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
     ) -> Result<()> {
-        let (r, c) = (rows_of(x), x.cols());
+        let (r, c) = (x.matrix_rows(), x.cols());
         let outputs = [(rows, false, [r, c]), (cols, true, [c, r])];
         let outputs: Vec<_> = outputs
             .into_iter()
@@ -544,7 +547,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) -> Result<()> {
         let k = a.data.cols();
         ensure!(
-            b.data.cols() == k && out.numel() == rows_of(a.data) * rows_of(b.data),
+            b.data.cols() == k && out.numel() == a.data.matrix_rows() * b.data.matrix_rows(),
             "matmul_scaled: a {:?} · b {:?}ᵀ into {:?}",
             a.data.shape,
             b.data.shape,

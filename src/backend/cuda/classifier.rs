@@ -3,7 +3,7 @@
 use anyhow::{Result, ensure};
 
 use super::kernels::Kernel;
-use super::{Cuda, ensure_dtype, float, ptr, rows_of, vec_rows};
+use super::{Cuda, ensure_dtype, float, ptr, vec_rows};
 use crate::tensor::{DType, Tensor};
 
 /// Threads per row: a vocabulary of 150k is 300 elements per thread.
@@ -20,7 +20,7 @@ impl Cuda {
     ) -> Result<()> {
         ensure_dtype(losses, DType::F32, "cross_entropy (losses)")?;
         ensure_dtype(targets, DType::I32, "cross_entropy (targets)")?;
-        let (n, v) = (rows_of(logits), logits.cols());
+        let (n, v) = (logits.matrix_rows(), logits.cols());
         ensure!(
             losses.numel() == n && targets.numel() == n,
             "cross_entropy: logits {:?}, losses {:?}, targets {:?}",

@@ -6,7 +6,7 @@ use anyhow::{Result, bail, ensure};
 
 use super::cublaslt::{GemmKey, GemmPtrs, alignment};
 use super::kernels::{Arg, Kernel};
-use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, float, ptr, rows_of};
+use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, float, ptr};
 use crate::backend::cpu::rounding::round_fp8;
 use crate::backend::{Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor};
@@ -119,7 +119,7 @@ impl Cuda {
     ) -> Result<()> {
         let amax = amax_ptr("quantize (amax)", Some(amax))?;
         ensure_dtype(descale, DType::F32, "quantize (descale)")?;
-        let (r, c) = (rows_of(x), x.cols());
+        let (r, c) = (x.matrix_rows(), x.cols());
         let Some(first) = rows.or(cols) else {
             bail!("quantize: neither layout of x {:?} asked for", x.shape);
         };
@@ -213,7 +213,7 @@ impl Cuda {
              {major}.{minor}: train with --matmul-dtype bf16",
             self.name
         );
-        let (m, n, k) = (rows_of(a.data), rows_of(b.data), a.data.cols());
+        let (m, n, k) = (a.data.matrix_rows(), b.data.matrix_rows(), a.data.cols());
         let shapes = || {
             format!(
                 "a {:?} {} · b {:?} {}ᵀ into out {:?} {}{}",

@@ -3,7 +3,7 @@
 use anyhow::{Result, ensure};
 
 use super::cublaslt::{GemmKey, GemmPtrs, alignment};
-use super::{Cuda, ensure_same_dtype, ptr, rows_of};
+use super::{Cuda, ensure_same_dtype, ptr};
 use crate::backend::Matmul;
 use crate::tensor::Tensor;
 
@@ -21,14 +21,14 @@ impl Cuda {
             ensure_same_dtype("matmul (bias)", &[out, bias])?;
         }
         let (m, k) = if spec.trans_a {
-            (a.cols(), rows_of(a))
+            (a.cols(), a.matrix_rows())
         } else {
-            (rows_of(a), a.cols())
+            (a.matrix_rows(), a.cols())
         };
         let (kb, n) = if spec.trans_b {
-            (b.cols(), rows_of(b))
+            (b.cols(), b.matrix_rows())
         } else {
-            (rows_of(b), b.cols())
+            (b.matrix_rows(), b.cols())
         };
         ensure!(
             k == kb && out.numel() == m * n && bias.is_none_or(|t| t.numel() == n),

@@ -73,11 +73,6 @@ fn vec_rows(t: &Tensor<Cuda>, row_len: usize) -> Arg {
     Arg::Flag((row_len * t.dtype.size_bytes()).is_multiple_of(16))
 }
 
-/// `n` of an `[n, cols]` view of a tensor whose last dimension is `cols`.
-fn rows_of(t: &Tensor<Cuda>) -> usize {
-    t.numel() / t.cols()
-}
-
 fn ensure_dtype(t: &Tensor<Cuda>, dtype: DType, op: &'static str) -> Result<()> {
     ensure_dtype_in(t, &[dtype], op)
 }

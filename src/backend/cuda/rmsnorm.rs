@@ -5,7 +5,7 @@ use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
-use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, rows_of};
+use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
 use crate::tensor::{DType, Tensor};
 
 /// Rows per block of the column-sum partials: enough blocks to fill the GPU at training
@@ -29,7 +29,7 @@ impl Cuda {
         let amax = amax_ptr("rmsnorm_forward", amax)?;
         ensure_dtype(rstd, DType::F32, "rmsnorm_forward (rstd)")?;
         ensure_same_dtype("rmsnorm_forward", &[out, inp, weight])?;
-        let (n, c) = (rows_of(inp), weight.numel());
+        let (n, c) = (inp.matrix_rows(), weight.numel());
         ensure!(
             inp.cols() == c && out.numel() == n * c && rstd.numel() == n,
             "rmsnorm_forward: inp {:?}, out {:?}, rstd {:?}, weight {:?}",
@@ -80,7 +80,7 @@ impl Cuda {
     ) -> Result<()> {
         ensure_dtype(rstd, DType::F32, "rmsnorm_backward (rstd)")?;
         ensure_same_dtype("rmsnorm_backward", &[dinp, dweight, dout, inp, weight])?;
-        let (n, c) = (rows_of(inp), weight.numel());
+        let (n, c) = (inp.matrix_rows(), weight.numel());
         ensure!(
             inp.cols() == c && dinp.numel() == n * c && dout.numel() == n * c && rstd.numel() == n,
             "rmsnorm_backward shapes"
@@ -122,7 +122,7 @@ impl Cuda {
             dy.shape,
             out.shape
         );
-        let n = rows_of(dy);
+        let n = dy.matrix_rows();
         let chunks = n.div_ceil(COLSUM_ROWS).max(1);
         let partials = self.scratch_f32(chunks * c)?;
         let (x_ptr, rstd_ptr) = norm.map_or((0, 0), |(x, r)| (ptr(x), ptr(r)));
