@@ -280,11 +280,13 @@ impl<B: Backend> Fp8State<B> {
         if state == WeightCopies::Current {
             return Ok(());
         }
+        if state == WeightCopies::Stale {
+            b.fill(&self.weight_amax, 0.0)?;
+        }
         for (l, layer) in params.layers.iter().enumerate() {
             for lin in Linear::ALL {
                 let (w, amax) = (lin.weight(layer), self.weight_amax(l, lin));
                 if state == WeightCopies::Stale {
-                    b.fill(&amax, 0.0)?;
                     b.abs_max(&amax, w)?;
                 }
                 let copy = &self.copies[l][lin as usize];
