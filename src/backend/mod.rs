@@ -16,10 +16,12 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod op_times;
 pub mod select;
 
 use anyhow::Result;
 
+use self::op_times::OpTime;
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 /// Shape of one attention call. `qkv` rows hold `q_heads` query heads, then `kv_heads`
@@ -166,6 +168,14 @@ pub trait Backend: Sized {
     /// `dst = src`, converting between float dtypes with round-to-nearest-even.
     fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()>;
     fn synchronize(&self) -> Result<()>;
+    /// Starts (`true`) or stops timing each op's device time, by name, for
+    /// `smelt bench --op-times`. A no-op where the backend does not time ops (the CPU).
+    fn time_ops(&self, _on: bool) {}
+    /// Waits for the device and returns the op times since timing started or since the last
+    /// call, in order of first appearance; empty where the backend does not time ops.
+    fn take_op_times(&self) -> Result<Vec<OpTime>> {
+        Ok(Vec::new())
+    }
 
     // ----- the transformer's operations -----
     //

@@ -19,7 +19,9 @@ use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
     after_help = "Trains --model from random weights on random tokens, in bf16 with bf16 Adam \
 states. After --warmup steps, the median of --steps steps (each ending with one wait for the \
 device) gives tok/s and MFU. Then a few more steps wait for the device after every phase \
-(forward, backward, optimizer, other) to split the step's time."
+(forward, backward, optimizer, other) to split the step's time. With --op-times, a few more \
+steps time every op on the GPU with CUDA events, by name (a matmul by its M×N×K), and a table \
+lists them by device time."
 )]
 pub struct BenchArgs {
     /// A built-in architecture (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2-100m,
@@ -54,6 +56,9 @@ pub struct BenchArgs {
     /// Where to run: the GPU when the driver reports one, else the CPU.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     device: DeviceChoice,
+    /// Also time each op on the device (GPU only) and list them by time.
+    #[arg(long)]
+    op_times: bool,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -74,6 +79,7 @@ impl BenchArgs {
             matmul,
             recompute: Recompute::parse(&self.recompute).map_err(|e| e.context("--recompute"))?,
             lmhead_chunks: self.lmhead_chunks,
+            op_times: self.op_times,
         };
         let device = select(self.device)?;
         let report = match &device {
@@ -135,6 +141,11 @@ impl BenchArgs {
             "phases_ms": phases,
             "split_steps": SPLIT_STEPS,
             "loss": r.loss,
+            "ops": r.ops.iter().map(|o| json!({
+                "op": o.op,
+                "calls": o.calls,
+                "ms": ms(o.seconds),
+            })).collect::<Vec<_>>(),
         })
         .to_string()
     }
@@ -183,7 +194,38 @@ impl BenchArgs {
         println!(
             "  (forward includes the token upload, backward the target upload, LM head and loss; other is the loss readback)"
         );
+        if self.op_times {
+            print_op_times(r);
+        }
     }
+}
+
+/// The ops by device time per step, largest first, against the median step.
+fn print_op_times(r: &BenchReport) {
+    if r.ops.is_empty() {
+        println!("op times: not measured (only the CUDA backend times ops)");
+        return;
+    }
+    println!("op times (device time per step, mean of {SPLIT_STEPS} steps; % of the median step):");
+    let mut ops: Vec<_> = r.ops.iter().collect();
+    ops.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    for o in ops {
+        println!(
+            "  {:<44} {:>5} calls {:>9.2} ms {:>6.1}%",
+            o.op,
+            o.calls,
+            o.seconds * 1e3,
+            100.0 * o.seconds / r.step_s
+        );
+    }
+    let sum: f64 = r.ops.iter().map(|o| o.seconds).sum();
+    println!(
+        "  {:<44} {:>5}       {:>9.2} ms {:>6.1}%",
+        "sum",
+        "",
+        sum * 1e3,
+        100.0 * sum / r.step_s
+    );
 }
 
 fn gib(bytes: u64) -> f64 {

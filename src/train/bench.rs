@@ -9,7 +9,8 @@
 //! cuBLASLt plans, scratch growth) the median of `steps` steps gives the throughput. The
 //! per-phase split comes from a few further steps that also synchronise between phases:
 //! those extra waits make them slightly slower, so each phase is reported against the median
-//! of the unsynchronised steps.
+//! of the unsynchronised steps. With `op_times`, a last few unsynchronised steps time every
+//! backend op on the device (where the backend can: `Backend::time_ops`).
 
 use std::time::Instant;
 
@@ -19,6 +20,7 @@ use super::console::memory_table;
 use super::metrics;
 use super::optimizer::{AdamWState, OptimizerOptions};
 use crate::backend::Backend;
+use crate::backend::op_times::OpTime;
 use crate::model::{
     LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
 };
@@ -44,6 +46,8 @@ pub struct BenchOptions {
     pub matmul: MatmulPrecision,
     pub recompute: Recompute,
     pub lmhead_chunks: usize,
+    /// Also time each op (`BenchReport::ops`).
+    pub op_times: bool,
 }
 
 /// The phases of a step, in order.
@@ -66,6 +70,10 @@ pub struct BenchReport {
     pub memory_measured: bool,
     /// The mean per-token loss of the last step.
     pub loss: f64,
+    /// With `op_times`, each op's calls and device seconds per step (the mean over
+    /// `SPLIT_STEPS` steps), in order of first appearance; empty otherwise, and on backends
+    /// that do not time ops.
+    pub ops: Vec<OpTime>,
 }
 
 /// The optimizer of the benchmark rows: AdamW with bf16 moments updated in place (no master
@@ -130,6 +138,19 @@ pub fn run<B: Backend>(
             phase.push(s);
         }
     }
+    let mut ops = Vec::new();
+    if o.op_times {
+        b.time_ops(true);
+        for _ in 0..SPLIT_STEPS {
+            bench.step(false)?;
+        }
+        b.time_ops(false);
+        ops = b.take_op_times()?;
+        for op in &mut ops {
+            op.calls /= SPLIT_STEPS;
+            op.seconds /= SPLIT_STEPS as f64;
+        }
+    }
     let loss = bench.last_loss()?;
     if !loss.is_finite() {
         bail!("the loss became {loss}: the benchmark diverged and its timings mean nothing");
@@ -157,6 +178,7 @@ pub fn run<B: Backend>(
         memory_bytes: measured.unwrap_or(planned),
         memory_measured: measured.is_some(),
         loss,
+        ops,
     })
 }
 

@@ -21,6 +21,7 @@ pub mod kernels;
 mod matmul;
 pub mod memory;
 pub mod nvrtc;
+mod op_timer;
 mod rmsnorm;
 mod rope;
 mod swiglu;
@@ -35,6 +36,8 @@ use half::bf16;
 use self::cublaslt::Blas;
 use self::kernels::{Arg, KArg, Kernel, Kernels};
 use self::memory::{CudaStorage, Memory, MemoryReport, carve};
+use self::op_timer::OpTimer;
+use super::op_times::{OpTime, matmul_name};
 use super::{AdamW, AttnShape, Backend, Matmul, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
@@ -47,6 +50,7 @@ pub struct Cuda {
     name: String,
     compute_capability: (i32, i32),
     attention: Cell<attention::AttentionKernels>,
+    op_timer: OpTimer,
 }
 
 /// Threads per block of the simple element-wise and row kernels.
@@ -152,6 +156,7 @@ impl Cuda {
             name,
             compute_capability: (major, minor),
             attention: Cell::new(attention::AttentionKernels::from_env()),
+            op_timer: OpTimer::default(),
         })
     }
 
@@ -197,6 +202,20 @@ impl Cuda {
             self.kernels
                 .launch(&self.stream, &inst, grid, block, smem, args)
         }
+    }
+
+    /// Runs one backend op, its device time filed under `op` while op timing is on.
+    fn op(&self, op: &'static str, run: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.op_named(|| op.to_string(), run)
+    }
+
+    /// `op` for names built from the arguments (a matmul's shape), only while timing is on.
+    fn op_named(
+        &self,
+        name: impl FnOnce() -> String,
+        run: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.op_timer.time(&self.stream, name, run)
     }
 
     /// The f32 scratch buffer, at least `floats` long, for one op's transient partials.
@@ -304,15 +323,23 @@ impl Backend for Cuda {
     }
 
     fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()> {
-        self.fill_impl(dst, value)
+        self.op("fill", || self.fill_impl(dst, value))
     }
 
     fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
-        self.copy_impl(dst, src)
+        self.op("copy", || self.copy_impl(dst, src))
     }
 
     fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().context("waiting for the GPU")
+    }
+
+    fn time_ops(&self, on: bool) {
+        self.op_timer.set(on);
+    }
+
+    fn take_op_times(&self) -> Result<Vec<OpTime>> {
+        self.op_timer.take(&self.stream)
     }
 
     fn embedding_forward(
@@ -321,7 +348,9 @@ impl Backend for Cuda {
         tokens: &Tensor<Self>,
         wte: &Tensor<Self>,
     ) -> Result<()> {
-        self.embedding_forward_impl(out, tokens, wte)
+        self.op("embedding_forward", || {
+            self.embedding_forward_impl(out, tokens, wte)
+        })
     }
 
     fn embedding_backward(
@@ -331,7 +360,9 @@ impl Backend for Cuda {
         dout: &Tensor<Self>,
         accumulate: bool,
     ) -> Result<()> {
-        self.embedding_backward_impl(dwte, tokens, dout, accumulate)
+        self.op("embedding_backward", || {
+            self.embedding_backward_impl(dwte, tokens, dout, accumulate)
+        })
     }
 
     fn rmsnorm_forward(
@@ -343,7 +374,9 @@ impl Backend for Cuda {
         eps: f32,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.rmsnorm_forward_impl(out, rstd, None, inp, None, weight, eps, amax)
+        self.op("rmsnorm_forward", || {
+            self.rmsnorm_forward_impl(out, rstd, None, inp, None, weight, eps, amax)
+        })
     }
 
     fn residual_rmsnorm_forward(
@@ -357,16 +390,18 @@ impl Backend for Cuda {
         eps: f32,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.rmsnorm_forward_impl(
-            out,
-            rstd,
-            Some(residual_out),
-            residual,
-            Some(branch),
-            weight,
-            eps,
-            amax,
-        )
+        self.op("residual_rmsnorm_forward", || {
+            self.rmsnorm_forward_impl(
+                out,
+                rstd,
+                Some(residual_out),
+                residual,
+                Some(branch),
+                weight,
+                eps,
+                amax,
+            )
+        })
     }
 
     fn rmsnorm_backward(
@@ -379,7 +414,9 @@ impl Backend for Cuda {
         rstd: &Tensor<Self>,
         accumulate: bool,
     ) -> Result<()> {
-        self.rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, accumulate)
+        self.op("rmsnorm_backward", || {
+            self.rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, accumulate)
+        })
     }
 
     fn matmul(
@@ -390,7 +427,17 @@ impl Backend for Cuda {
         bias: Option<&Tensor<Self>>,
         spec: Matmul,
     ) -> Result<()> {
-        self.matmul_impl(out, a, b, bias, spec)
+        let k = || {
+            if spec.trans_a {
+                a.matrix_rows()
+            } else {
+                a.cols()
+            }
+        };
+        self.op_named(
+            || matmul_name(out.matrix_rows(), out.cols(), k()),
+            || self.matmul_impl(out, a, b, bias, spec),
+        )
     }
 
     fn bias_backward(
@@ -399,7 +446,9 @@ impl Backend for Cuda {
         dout: &Tensor<Self>,
         accumulate: bool,
     ) -> Result<()> {
-        self.column_sum(dbias, dout, None, accumulate)
+        self.op("bias_backward", || {
+            self.column_sum(dbias, dout, None, accumulate)
+        })
     }
 
     fn rope_forward(
@@ -408,7 +457,7 @@ impl Backend for Cuda {
         freqs: &Tensor<Self>,
         shape: AttnShape,
     ) -> Result<()> {
-        self.rope_impl(qkv, freqs, shape, false)
+        self.op("rope_forward", || self.rope_impl(qkv, freqs, shape, false))
     }
 
     fn rope_backward(
@@ -417,7 +466,7 @@ impl Backend for Cuda {
         freqs: &Tensor<Self>,
         shape: AttnShape,
     ) -> Result<()> {
-        self.rope_impl(dqkv, freqs, shape, true)
+        self.op("rope_backward", || self.rope_impl(dqkv, freqs, shape, true))
     }
 
     fn attention_forward(
@@ -428,7 +477,9 @@ impl Backend for Cuda {
         shape: AttnShape,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.attention_forward_impl(out, lse, qkv, shape, amax)
+        self.op("attention_forward", || {
+            self.attention_forward_impl(out, lse, qkv, shape, amax)
+        })
     }
 
     fn attention_backward(
@@ -440,7 +491,9 @@ impl Backend for Cuda {
         lse: &Tensor<Self>,
         shape: AttnShape,
     ) -> Result<()> {
-        self.attention_backward_impl(dqkv, dout, qkv, out, lse, shape)
+        self.op("attention_backward", || {
+            self.attention_backward_impl(dqkv, dout, qkv, out, lse, shape)
+        })
     }
 
     fn swiglu_forward(
@@ -449,7 +502,9 @@ impl Backend for Cuda {
         gate_up: &Tensor<Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.swiglu_forward_impl(out, gate_up, amax)
+        self.op("swiglu_forward", || {
+            self.swiglu_forward_impl(out, gate_up, amax)
+        })
     }
 
     fn swiglu_backward(
@@ -459,7 +514,9 @@ impl Backend for Cuda {
         gate_up: &Tensor<Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.swiglu_backward_impl(dgate_up, dout, gate_up, amax)
+        self.op("swiglu_backward", || {
+            self.swiglu_backward_impl(dgate_up, dout, gate_up, amax)
+        })
     }
 
     fn cross_entropy(
@@ -470,11 +527,13 @@ impl Backend for Cuda {
         z_loss: f32,
         grad_scale: Option<f32>,
     ) -> Result<()> {
-        self.cross_entropy_impl(logits, losses, targets, z_loss, grad_scale)
+        self.op("cross_entropy", || {
+            self.cross_entropy_impl(logits, losses, targets, z_loss, grad_scale)
+        })
     }
 
     fn sum_squares(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
-        self.sum_squares_impl(out, x)
+        self.op("sum_squares", || self.sum_squares_impl(out, x))
     }
 
     fn adamw(
@@ -488,11 +547,13 @@ impl Backend for Cuda {
         hp: &AdamW,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.adamw_impl(param, master, grad, m, v, norm_sq, hp, amax)
+        self.op("adamw", || {
+            self.adamw_impl(param, master, grad, m, v, norm_sq, hp, amax)
+        })
     }
 
     fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
-        self.abs_max_impl(amax, x)
+        self.op("abs_max", || self.abs_max_impl(amax, x))
     }
 
     fn quantize(
@@ -503,7 +564,9 @@ impl Backend for Cuda {
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
     ) -> Result<()> {
-        self.quantize_impl(rows, cols, descale, x, amax)
+        self.op("quantize", || {
+            self.quantize_impl(rows, cols, descale, x, amax)
+        })
     }
 
     fn matmul_scaled(
@@ -514,6 +577,10 @@ impl Backend for Cuda {
         bias: Option<&Tensor<Self>>,
         accumulate: bool,
     ) -> Result<()> {
-        self.matmul_scaled_impl(out, a, b, bias, accumulate)
+        let name = || matmul_name(out.matrix_rows(), out.cols(), a.data.cols());
+        self.op_named(
+            || format!("fp8 {}", name()),
+            || self.matmul_scaled_impl(out, a, b, bias, accumulate),
+        )
     }
 }

@@ -1,0 +1,79 @@
+//! `smelt bench --op-times` on the GPU: every op of the step is timed, as often as the model
+//! calls it, and the op times account for the step they were taken from.
+
+mod common;
+
+use common::gpu::*;
+use smelt::model::presets::preset;
+use smelt::model::{MatmulPrecision, Recompute};
+use smelt::train::bench::{self, BenchOptions};
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn op_times_account_for_the_step() {
+    let gpu = cuda();
+    let config = preset("qwen2.5-0.5b").unwrap();
+    let layers = config.num_layers;
+    let chunks = 8;
+    let options = BenchOptions {
+        batch: 8,
+        seq: 1024,
+        steps: 5,
+        warmup: 2,
+        matmul: MatmulPrecision::Native,
+        recompute: Recompute::default(),
+        lmhead_chunks: chunks,
+        op_times: true,
+    };
+    let report = bench::run(&gpu, config, &options, |_| Ok(None)).unwrap();
+    let calls = |op: &str| {
+        report
+            .ops
+            .iter()
+            .find(|o| o.op == op)
+            .unwrap_or_else(|| panic!("{op} was not timed: {:?}", report.ops))
+            .calls
+    };
+    // Once per layer and step, and the loss once per LM-head chunk (the model's structure,
+    // not a count the timer could get right by construction).
+    for op in [
+        "attention_forward",
+        "attention_backward",
+        "swiglu_forward",
+        "swiglu_backward",
+        "rope_forward",
+        "rope_backward",
+    ] {
+        assert_eq!(calls(op), layers, "{op} calls per step");
+    }
+    assert_eq!(
+        calls("cross_entropy"),
+        chunks,
+        "cross_entropy calls per step"
+    );
+    // The LM head's forward over one chunk of rows: [B·T / chunks, vocab] from [.., hidden].
+    let head = format!("matmul {}×151936×896", 8 * 1024 / chunks);
+    assert_eq!(calls(&head), chunks, "{head} calls per step");
+
+    // The step is device-bound at this size, so the ops' device times add up to nearly the
+    // median step's wall time: not more (they run one after another on one stream; 5%
+    // for the spread between the timed steps), and not much less (launch gaps and the loss
+    // readback are all that is left out).
+    let sum: f64 = report.ops.iter().map(|o| o.seconds).sum();
+    let share = sum / report.step_s;
+    figure(
+        "op times",
+        format!(
+            "{} ops, {:.2} ms of {:.2} ms per step ({:.1}%)",
+            report.ops.len(),
+            sum * 1e3,
+            report.step_s * 1e3,
+            100.0 * share
+        ),
+    );
+    assert!(
+        (0.8..=1.05).contains(&share),
+        "op times sum to {:.1}% of the step",
+        100.0 * share
+    );
+}
