@@ -564,18 +564,30 @@ fn cross_entropy_with_z_loss() {
 fn sum_squares() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
     let n = 1_000_003;
-    let x = normal(n, 1.0, 24);
-    fn run<B: Backend>(b: &B, dtype: DType, x: &[f32]) -> Outputs {
+    // n elements `skip` into n + 3: 16-byte loads from the start, or (skip 3) after a head of
+    // element-wise loads; a tail either way (n is odd). The 3 elements outside the view are
+    // 1e4, which would dominate the sum if read.
+    let values = normal(n + 3, 1.0, 24);
+    fn run<B: Backend>(b: &B, dtype: DType, skip: usize, x: &[f32]) -> Outputs {
+        let n = x.len() - 3;
         let (t, out) = (
-            tensor(b, &[x.len()], dtype, x),
+            tensor(b, &[x.len()], dtype, x).narrow_rows(skip, skip + n),
             tensor(b, &[1], DType::F32, &[0.5]),
         );
         b.sum_squares(&out, &t).unwrap();
         b.sum_squares(&out, &t).unwrap();
         vec![("sum", download(b, &out))]
     }
-    for dtype in [DType::BF16, DType::F32] {
-        let rounded: Vec<f64> = download(&cpu, &tensor(&cpu, &[n], dtype, &x))
+    for (dtype, skip) in [
+        (DType::BF16, 0),
+        (DType::F32, 0),
+        (DType::BF16, 3),
+        (DType::F32, 3),
+    ] {
+        let mut x = values.clone();
+        x[..skip].fill(1e4);
+        x[skip + n..].fill(1e4);
+        let rounded: Vec<f64> = download(&cpu, &tensor(&cpu, &[n + 3], dtype, &x))[skip..skip + n]
             .iter()
             .map(|&v| v as f64)
             .collect();
@@ -583,18 +595,16 @@ fn sum_squares() {
         // The CPU adds a million f32 squares one after another, which drifts by up to
         // ~n·2⁻²⁴ ≈ 6e-2 in the worst case and ~1e-4 in practice: 1e-3 against it. The GPU's
         // tree of partial sums is checked against the exact f64 sum at 1e-5.
+        let name = format!("sum_squares {dtype} skip {skip}");
         let gpu_out = check_op(
-            &format!("sum_squares {dtype}"),
-            || run(&gpu, dtype, &x),
-            || run(&cpu, dtype, &x),
+            &name,
+            || run(&gpu, dtype, skip, &x),
+            || run(&cpu, dtype, skip, &x),
             |_| 1e-3,
         );
         let err = (output(&gpu_out, "sum")[0] as f64 - exact).abs() / exact;
-        figure(
-            &format!("sum_squares {dtype}"),
-            format!("vs f64 rel err {err:.2e} (tol 1e-5)"),
-        );
-        assert!(err <= 1e-5, "sum_squares {dtype}: {err:e} from the f64 sum");
+        figure(&name, format!("vs f64 rel err {err:.2e} (tol 1e-5)"));
+        assert!(err <= 1e-5, "{name}: {err:e} from the f64 sum");
     }
 }
 
@@ -641,20 +651,43 @@ fn adamw_matches_the_cpu_bit_for_bit() {
             master: true,
         },
     ];
-    fn run<B: Backend>(b: &B, c: &Case, p0: &[f32], grads: [&[f32]; 2]) -> Outputs {
+    /// `values` viewed `skip` elements into a fresh tensor that has a guard element after
+    /// them too: (the view, the whole tensor).
+    fn guarded<B: Backend>(
+        b: &B,
+        dtype: DType,
+        skip: usize,
+        values: &[f32],
+    ) -> (Tensor<B>, Tensor<B>) {
+        let guard = -1.5;
+        let mut all = vec![guard; skip];
+        all.extend(values);
+        all.push(guard);
+        let whole = tensor(b, &[all.len()], dtype, &all);
+        (whole.narrow_rows(skip, skip + values.len()), whole)
+    }
+    /// Two steps on views `skips.0` (param) and `skips.1` (the others) elements into their
+    /// tensors; the whole tensors come back, so a write outside a view shows too.
+    fn run<B: Backend>(
+        b: &B,
+        c: &Case,
+        skips: (usize, usize),
+        p0: &[f32],
+        grads: [&[f32]; 2],
+    ) -> Outputs {
         let n = p0.len();
-        let param = tensor(b, &[n], c.param, p0);
-        let master = c.master.then(|| tensor(b, &[n], DType::F32, p0));
+        let (param, param_whole) = guarded(b, c.param, skips.0, p0);
+        let master = c.master.then(|| guarded(b, DType::F32, skips.1, p0));
         let (m, v) = (
-            tensor(b, &[n], c.moments, &vec![0.0; n]),
-            tensor(b, &[n], c.moments, &vec![0.0; n]),
+            guarded(b, c.moments, skips.1, &vec![0.0; n]),
+            guarded(b, c.moments, skips.1, &vec![0.0; n]),
         );
         // Step 1 is clipped (norm 2 > 1), step 2 is not (norm 0.5). Each step reports the
         // updated param's abs-max into its own amax; the last one is checked.
         let amaxes = [amax(b), amax(b)];
         let steps = grads.iter().zip([4.0f32, 0.25]).zip(&amaxes);
         for (step, ((g, norm_sq), param_amax)) in steps.enumerate() {
-            let grad = tensor(b, &[n], c.grad, g);
+            let (grad, _) = guarded(b, c.grad, skips.1, g);
             let norm = tensor(b, &[1], DType::F32, &[norm_sq]);
             let hp = AdamW {
                 lr: 1e-3,
@@ -668,10 +701,10 @@ fn adamw_matches_the_cpu_bit_for_bit() {
             };
             b.adamw(
                 &param,
-                master.as_ref(),
+                master.as_ref().map(|(view, _)| view),
                 &grad,
-                &m,
-                &v,
+                &m.0,
+                &v.0,
                 &norm,
                 &hp,
                 Some(param_amax),
@@ -681,28 +714,35 @@ fn adamw_matches_the_cpu_bit_for_bit() {
         let mut out = vec![
             ("param", download(b, &param)),
             ("param amax", download(b, &amaxes[1])),
-            ("m", download(b, &m)),
-            ("v", download(b, &v)),
+            ("whole param", download(b, &param_whole)),
+            ("whole m", download(b, &m.1)),
+            ("whole v", download(b, &v.1)),
         ];
-        if let Some(master) = &master {
-            out.push(("master", download(b, master)));
+        if let Some((_, master)) = &master {
+            out.push(("whole master", download(b, master)));
         }
         out
     }
-    for c in &cases {
-        // The kernel runs the CPU's f64 operations uncontracted and rounds with the CPU's
-        // hash, so the bits must agree exactly (and so must the abs-max of equal params).
-        let name = format!(
-            "adamw param {} grad {} moments {} master {}",
-            c.param, c.grad, c.moments, c.master
-        );
-        let gpu_out = check_op(
-            &name,
-            || run(&gpu, c, &p0, [&g1, &g2]),
-            || run(&cpu, c, &p0, [&g1, &g2]),
-            |_| 0.0,
-        );
-        check_amax(&name, &gpu_out, "param", "param amax");
+    // Fresh tensors: 16-byte accesses throughout, then a tail of n % 8 = 3 elements. All
+    // views 3 elements in: every tensor is 16-byte aligned 5 elements further, so a head of 5
+    // then 16-byte accesses. The param 1 element in, the others not: no element where all
+    // are aligned, so element by element.
+    for skips in [(0, 0), (3, 3), (1, 0)] {
+        for c in &cases {
+            // The kernel runs the CPU's f32 operations uncontracted and rounds with the CPU's
+            // hash, so the bits must agree exactly (and so must the abs-max of equal params).
+            let name = format!(
+                "adamw param {} grad {} moments {} master {} skips {skips:?}",
+                c.param, c.grad, c.moments, c.master
+            );
+            let gpu_out = check_op(
+                &name,
+                || run(&gpu, c, skips, &p0, [&g1, &g2]),
+                || run(&cpu, c, skips, &p0, [&g1, &g2]),
+                |_| 0.0,
+            );
+            check_amax(&name, &gpu_out, "param", "param amax");
+        }
     }
 }
 

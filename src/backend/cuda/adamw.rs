@@ -8,6 +8,24 @@ use super::{BLOCK, Cuda, blocks, ensure_dtype, float, ptr};
 use crate::backend::AdamW;
 use crate::tensor::{DType, Tensor};
 
+/// Elements per vector unit of adamw.cu: 16 bytes of bf16, two 16-byte accesses of f32.
+const VECTOR: usize = 8;
+
+/// The most blocks of the grid-stride kernel: some 16 waves of the ~500 blocks an H100 holds
+/// at once (so the last, partial wave costs little), while the largest tensors (embeddings)
+/// loop over several units per thread and pay for their block's clip factor once.
+const MAX_BLOCKS: u32 = 8192;
+
+/// The first element, below `VECTOR`, at which every tensor is 16-byte aligned, if there is
+/// one: views into the same 16-byte aligned arenas at the same element offset always have one.
+fn vector_head(tensors: &[&Tensor<Cuda>]) -> Option<usize> {
+    (0..VECTOR).find(|&h| {
+        tensors
+            .iter()
+            .all(|t| (ptr(t) + (h * t.dtype.size_bytes()) as u64).is_multiple_of(16))
+    })
+}
+
 impl Cuda {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn adamw_impl(
@@ -32,8 +50,13 @@ impl Cuda {
             "adamw: tensors of different sizes"
         );
         let (bias1, bias2) = hp.bias_corrections();
-        // SAFETY: one thread per element of param, master, grad, m and v (all n long);
-        // norm_sq is one f32, amax one f32 or null.
+        let mut tensors = vec![param, grad, m, v];
+        tensors.extend(master);
+        let head = vector_head(&tensors).filter(|&h| h <= n);
+        let units = head.map_or(n, |h| (n - h) / VECTOR);
+        // SAFETY: adamw<..., VEC>(...) updates elements 0..n of param, master, grad, m and v
+        // (all n long), with 16-byte accesses only from `head` on, where every one of them is
+        // 16-byte aligned; norm_sq is one f32, amax one f32 or null.
         unsafe {
             self.launch(
                 Kernel::AdamW,
@@ -43,8 +66,9 @@ impl Cuda {
                     float(m),
                     float(v),
                     Arg::Flag(master.is_some()),
+                    Arg::Flag(head.is_some()),
                 ],
-                (blocks(n, BLOCK as usize), 1, 1),
+                (blocks(units, BLOCK as usize).min(MAX_BLOCKS), 1, 1),
                 BLOCK,
                 &[
                     ptr(param).into(),
@@ -54,6 +78,7 @@ impl Cuda {
                     ptr(v).into(),
                     ptr(norm_sq).into(),
                     (n as i64).into(),
+                    (head.unwrap_or(0) as i64).into(),
                     hp.lr.into(),
                     hp.beta1.into(),
                     hp.beta2.into(),

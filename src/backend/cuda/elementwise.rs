@@ -8,7 +8,8 @@ use super::{BLOCK, Cuda, blocks, ensure_dtype, float, ptr};
 use crate::tensor::{DType, Tensor};
 
 /// Blocks of the two-pass sum of squares: a function of the length only, so the reduction
-/// tree, and hence the result, is the same on every run and every GPU.
+/// tree (which also depends on x's address modulo 16), and hence the result, is the same on
+/// every run and every GPU.
 fn sum_squares_blocks(n: usize) -> u32 {
     blocks(n, BLOCK as usize * 8).min(1024)
 }
@@ -86,15 +87,23 @@ impl Cuda {
         let n = x.numel();
         let grid = sum_squares_blocks(n);
         let partials = self.scratch_f32(grid as usize)?;
-        // SAFETY: the partial pass writes `grid` floats of scratch and reads n elements of x;
-        // the finish pass reads them and updates out[0].
+        // The elements before the first 16-byte boundary (x is element-aligned, so they fit).
+        let head = ((ptr(x).wrapping_neg() % 16) as usize / x.dtype.size_bytes()).min(n);
+        // SAFETY: the partial pass writes `grid` floats of scratch and reads n elements of x,
+        // 16 bytes at a time from element `head`, which is 16-byte aligned; the finish pass
+        // reads the partials and updates out[0].
         unsafe {
             self.launch(
                 Kernel::SumSquaresPartial,
                 &[float(x)],
                 (grid, 1, 1),
                 BLOCK,
-                &[partials.into(), ptr(x).into(), (n as i64).into()],
+                &[
+                    partials.into(),
+                    ptr(x).into(),
+                    (n as i64).into(),
+                    (head as i64).into(),
+                ],
             )?;
             self.launch(
                 Kernel::SumSquaresFinish,

@@ -195,7 +195,7 @@ kernel_table! {
     AttentionBackwardDkDvTc => ATTENTION_TC, "attention_backward_dkdv_tc", [HeadDim];
     AttentionBackwardDqTc => ATTENTION_TC, "attention_backward_dq_tc", [HeadDim];
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
-    AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag];
+    AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Flag];
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];
     QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag];

@@ -5,6 +5,11 @@
 // as on the CPU), the bias corrections and the clip factor computed as the CPU does; with the
 // same inputs the GPU writes the same bits as the CPU. bf16 moments and weights are
 // stochastically rounded with the CPU's hash of (seed, element index).
+//
+// The update moves 14 to 30 bytes per parameter for a few dozen instructions, so it is bound
+// by memory bandwidth: each thread takes 8 consecutive elements of every tensor at once, in
+// 16-byte accesses, grid-stride, whenever the tensors can be aligned together. Each element
+// still hashes its own index, so the vector path and the element-wise one write the same bits.
 #include "common.cuh"
 
 // The CPU's `hash_u32` (rounding.rs): the seed folded to 32 bits, index·φ, then the
@@ -34,15 +39,60 @@ template <> __device__ __forceinline__ bf16 store<bf16>(float x, bool stochastic
     return stochastic ? stochastic_round_bf16(x, seed, index) : __float2bfloat16_rn(x);
 }
 
+// The step's hyperparameters; `scale` is the clip factor that multiplies each gradient.
+struct Hyper {
+    float lr, beta1, beta2, eps, weight_decay, bias1, bias2, scale;
+    u64 seed;
+};
+
+// Updates the K elements from index i on: K-wide accesses to every tensor (16-byte units
+// when K values fill them, the caller having checked the alignment), then each element as
+// the CPU does it. Returns the largest |param| stored, for the abs-max report.
+template <int K, typename P, typename Gr, typename M, typename V, bool MASTER>
+__device__ __forceinline__ float update(P* param, float* master, const Gr* grad, M* m, V* v,
+                                        long long i, const Hyper& h) {
+    float g[K], mk[K], vk[K], p[K];
+    load_vec<Gr, K>(g, grad + i);
+    load_vec<M, K>(mk, m + i);
+    load_vec<V, K>(vk, v + i);
+    if constexpr (MASTER) load_vec<float, K>(p, master + i);
+    else load_vec<P, K>(p, param + i);
+    float largest = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const u64 index = (u64)(i + k);
+        const float gs = g[k] * h.scale;
+        const float m_new = h.beta1 * mk[k] + (1.0f - h.beta1) * gs;
+        const float v_new = h.beta2 * vk[k] + (1.0f - h.beta2) * gs * gs;
+        // The values as stored (exact in M and V, so store_vec's rounding keeps them).
+        mk[k] = to_f32(store<M>(m_new, true, h.seed ^ 0x6Dull, index));
+        vk[k] = to_f32(store<V>(v_new, true, h.seed ^ 0x76ull, index));
+        const float update = (m_new / h.bias1) / (sqrtf(v_new / h.bias2) + h.eps);
+        const float p_new = p[k] - h.lr * (update + h.weight_decay * p[k]);
+        // With a master copy the working weights are its round-to-nearest image, which
+        // store_vec makes; without one, p_new is rounded stochastically here.
+        p[k] = MASTER ? p_new : to_f32(store<P>(p_new, true, h.seed, index));
+        largest = fmaxf(largest, fabsf(MASTER ? rounded<P>(p[k]) : p[k]));
+    }
+    store_vec<M, K>(m + i, mk);
+    store_vec<V, K>(v + i, vk);
+    if constexpr (MASTER) store_vec<float, K>(master + i, p);
+    store_vec<P, K>(param + i, p);
+    return largest;
+}
+
 // Param P, gradient Gr, moments M and V; with MASTER an f32 master copy is updated and P
 // receives it rounded to nearest. `norm_sq` is Σ g² over all gradients (f32, on the device).
 // With `amax`, also reports max |param| as stored, for the weights' FP8 copy (common.cuh).
-template <typename P, typename Gr, typename M, typename V, bool MASTER>
+// With VEC every tensor is 16-byte aligned at element `head` (< 8): elements from there on
+// go 8 at a time, the `head` before and the tail after one at a time; without, head is 0
+// and every element goes alone. Any grid covers all n elements.
+template <typename P, typename Gr, typename M, typename V, bool MASTER, bool VEC>
 __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const float* norm_sq,
-                      long long n, float lr, float beta1, float beta2, float eps,
+                      long long n, long long head, float lr, float beta1, float beta2, float eps,
                       float weight_decay, float bias1, float bias2, float grad_clip, u64 seed,
                       float* amax) {
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    constexpr int W = VEC ? 8 : 1;
     // The CPU's `clip_scale`, in f64 then rounded to f32: once per block rather than an f64
     // square root and division in every thread.
     __shared__ float clip;
@@ -51,27 +101,20 @@ __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const
         clip = (float)((grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0);
     }
     __syncthreads();
-    const float scale = clip;
+    const Hyper h{lr, beta1, beta2, eps, weight_decay, bias1, bias2, clip, seed};
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long units = (n - head) / W, body_end = head + units * W;
     float largest = 0.0f;
-    // No early return: every thread of the block takes part in the abs-max reduction.
-    if (i < n) {
-        const float g = to_f32(grad[i]) * scale;
-        const float m_new = beta1 * to_f32(m[i]) + (1.0f - beta1) * g;
-        const float v_new = beta2 * to_f32(v[i]) + (1.0f - beta2) * g * g;
-        m[i] = store<M>(m_new, true, seed ^ 0x6Dull, (u64)i);
-        v[i] = store<V>(v_new, true, seed ^ 0x76ull, (u64)i);
-        const float update = (m_new / bias1) / (sqrtf(v_new / bias2) + eps);
-        const float p = MASTER ? master[i] : to_f32(param[i]);
-        const float p_new = p - lr * (update + weight_decay * p);
-        P stored;
-        if (MASTER) {
-            master[i] = p_new;
-            stored = store<P>(master[i], false, 0, 0);
-        } else {
-            stored = store<P>(p_new, true, seed, (u64)i);
-        }
-        param[i] = stored;
-        largest = fabsf(to_f32(stored));
+    for (long long u = first; u < units; u += stride)
+        largest = fmaxf(largest, update<W, P, Gr, M, V, MASTER>(param, master, grad, m, v,
+                                                               head + u * W, h));
+    if constexpr (VEC) {
+        const long long i = leftover(first, head, body_end, n);
+        if (i >= 0)
+            largest =
+                fmaxf(largest, update<1, P, Gr, M, V, MASTER>(param, master, grad, m, v, i, h));
     }
+    // Every thread reaches this: all of them take part in the block's reduction.
     report_amax(amax, largest);
 }

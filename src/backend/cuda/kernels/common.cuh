@@ -89,15 +89,19 @@ __device__ __forceinline__ void load_row_stats(float* lses, float* deltas, const
     }
 }
 
-// W consecutive values at p as f32: one 16-byte access when W values of T fill 16 bytes (p
-// must then be 16-byte aligned), else element by element.
+// W consecutive values at p as f32: 16-byte accesses when W values of T fill whole 16-byte
+// units (p must then be 16-byte aligned), else element by element.
 template <typename T, int W>
 __device__ __forceinline__ void load_vec(float (&v)[W], const T* p) {
-    if constexpr (W * sizeof(T) == 16) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(p);
-        const T* e = reinterpret_cast<const T*>(&raw);
+    constexpr int PER = 16 / (int)sizeof(T);  // values per 16-byte unit
+    if constexpr (W % PER == 0) {
 #pragma unroll
-        for (int i = 0; i < W; i++) v[i] = to_f32(e[i]);
+        for (int u = 0; u < W / PER; u++) {
+            const uint4 raw = reinterpret_cast<const uint4*>(p)[u];
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < PER; i++) v[u * PER + i] = to_f32(e[i]);
+        }
     } else {
 #pragma unroll
         for (int i = 0; i < W; i++) v[i] = to_f32(p[i]);
@@ -107,16 +111,29 @@ __device__ __forceinline__ void load_vec(float (&v)[W], const T* p) {
 // Stores W values rounded to T at p, as `load_vec` reads them.
 template <typename T, int W>
 __device__ __forceinline__ void store_vec(T* p, const float (&v)[W]) {
-    if constexpr (W * sizeof(T) == 16) {
-        uint4 raw;
-        T* e = reinterpret_cast<T*>(&raw);
+    constexpr int PER = 16 / (int)sizeof(T);
+    if constexpr (W % PER == 0) {
 #pragma unroll
-        for (int i = 0; i < W; i++) e[i] = from_f32<T>(v[i]);
-        *reinterpret_cast<uint4*>(p) = raw;
+        for (int u = 0; u < W / PER; u++) {
+            uint4 raw;
+            T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < PER; i++) e[i] = from_f32<T>(v[u * PER + i]);
+            reinterpret_cast<uint4*>(p)[u] = raw;
+        }
     } else {
 #pragma unroll
         for (int i = 0; i < W; i++) p[i] = from_f32<T>(v[i]);
     }
+}
+
+// Vector kernels take units of W elements from element `head` (where their pointers are
+// aligned) to `end`; the head before and the n - end elements after are left over, fewer than
+// 2·W of them when head < W, and thread t of the grid takes leftover number t. Returns its
+// index, or -1 when there is none for t.
+__device__ __forceinline__ long long leftover(long long t, long long head, long long end,
+                                              long long n) {
+    return t < head ? t : t - head < n - end ? end + (t - head) : -1;
 }
 
 // Values per access: a whole 16 bytes with `vec` (the caller checked the alignment), else one.

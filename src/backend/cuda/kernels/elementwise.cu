@@ -17,13 +17,25 @@ __global__ void copy(D* dst, const S* src, long long n) {
         dst[i] = from_f32<D>(to_f32(src[i]));
 }
 
-// partials[block] = Σ x² over a fixed grid-stride pattern; the grid size depends only on n,
-// so with `sum_squares_finish` the total is the same on every run.
+// partials[block] = Σ x² over a fixed grid-stride pattern: 16-byte units from element `head`
+// (the first where x is 16-byte aligned), the leftovers element-wise. The grid size depends
+// only on n and head only on x's address, so with `sum_squares_finish` the total is the same
+// on every run.
 template <typename T>
-__global__ void sum_squares_partial(float* partials, const T* x, long long n) {
+__global__ void sum_squares_partial(float* partials, const T* x, long long n, long long head) {
+    constexpr int W = access_width<T, true>();
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long units = (n - head) / W, end = head + units * W;
     float acc = 0.0f;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
+    for (long long u = first; u < units; u += stride) {
+        float v[W];
+        load_vec<T, W>(v, x + head + u * W);
+#pragma unroll
+        for (int k = 0; k < W; k++) acc += v[k] * v[k];
+    }
+    const long long i = leftover(first, head, end, n);
+    if (i >= 0) {
         const float v = to_f32(x[i]);
         acc += v * v;
     }
