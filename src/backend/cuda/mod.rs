@@ -399,7 +399,7 @@ impl Backend for Cuda {
         dout: &Tensor<Self>,
         accumulate: bool,
     ) -> Result<()> {
-        self.column_sum(dbias, dout, None, accumulate)
+        self.column_sum(dbias, dout, accumulate)
     }
 
     fn rope_forward(
