@@ -30,6 +30,24 @@ fn amax<B: Backend>(b: &B) -> Tensor<B> {
     tensor(b, &[1], DType::F32, &[0.0])
 }
 
+/// A `shape` tensor holding `values` that starts `skip` elements into its storage: with an
+/// odd `skip`, a view aligned only to its element, as `narrow_rows` can make, which the
+/// kernels must detect and move element by element.
+fn shifted<B: Backend>(
+    b: &B,
+    shape: &[usize],
+    dtype: DType,
+    values: &[f32],
+    skip: usize,
+) -> Tensor<B> {
+    let padded: Vec<f32> = std::iter::repeat_n(0.0, skip)
+        .chain(values.iter().copied())
+        .collect();
+    tensor(b, &[padded.len()], dtype, &padded)
+        .narrow_rows(skip, padded.len())
+        .reshape(shape)
+}
+
 /// The abs-max a producer reported must be exactly the largest |value| of its output as it
 /// was stored (downloaded from the GPU), NaN ignored as the kernels ignore it.
 fn check_amax(test: &str, outputs: &Outputs, out: &str, amax: &str) {
@@ -131,7 +149,15 @@ fn embedding_forward_and_backward() {
 #[ignore = "needs a CUDA GPU"]
 fn rmsnorm_forward_fused_and_backward() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
-    let (n, c) = (4096, 896);
+    // (n, c, skip): the 0.5B width on the 16-byte path; a wide row (fewer warps per backward
+    // block); rows of whole 16 bytes in views one element into their storage; and an odd
+    // width. The last two take the element-by-element path.
+    for (n, c, skip) in [(4096, 896, 0), (512, 3584, 0), (300, 904, 1), (300, 37, 0)] {
+        rmsnorm_case(&gpu, &cpu, n, c, skip);
+    }
+}
+
+fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: usize) {
     let (x, branch, w, dy, dx0, dw0) = (
         normal(n * c, 1.0, 6),
         normal(n * c, 0.5, 7),
@@ -148,7 +174,7 @@ fn rmsnorm_forward_fused_and_backward() {
         b: &B,
         dtype: DType,
         acc: bool,
-        (n, c): (usize, usize),
+        (n, c, skip): (usize, usize, usize),
         x: &[f32],
         branch: &[f32],
         w: &[f32],
@@ -156,14 +182,14 @@ fn rmsnorm_forward_fused_and_backward() {
         dx0: &[f32],
         dw0: &[f32],
     ) -> Outputs {
-        let t = |shape: &[usize], v: &[f32]| tensor(b, shape, dtype, v);
+        let t = |v: &[f32]| shifted(b, &[n, c], dtype, v, skip);
         let stat = || tensor(b, &[n], DType::F32, &vec![0.0; n]);
         let zeros = vec![0.0; n * c];
-        let (x, branch, w) = (t(&[n, c], x), t(&[n, c], branch), t(&[c], w));
-        let (out, rstd, out_amax) = (t(&[n, c], &zeros), stat(), amax(b));
+        let (x, branch, w) = (t(x), t(branch), tensor(b, &[c], dtype, w));
+        let (out, rstd, out_amax) = (t(&zeros), stat(), amax(b));
         b.rmsnorm_forward(&out, &rstd, &x, &w, 1e-6, Some(&out_amax))
             .unwrap();
-        let (res, fused, fused_rstd) = (t(&[n, c], &zeros), t(&[n, c], &zeros), stat());
+        let (res, fused, fused_rstd) = (t(&zeros), t(&zeros), stat());
         let fused_amax = amax(b);
         b.residual_rmsnorm_forward(
             &res,
@@ -177,10 +203,10 @@ fn rmsnorm_forward_fused_and_backward() {
         )
         .unwrap();
         // The plain norm of the fused kernel's rounded residual.
-        let (replain, replain_rstd) = (t(&[n, c], &zeros), stat());
+        let (replain, replain_rstd) = (t(&zeros), stat());
         b.rmsnorm_forward(&replain, &replain_rstd, &res, &w, 1e-6, None)
             .unwrap();
-        let (dy, dx, dw) = (t(&[n, c], dy), t(&[n, c], dx0), t(&[c], dw0));
+        let (dy, dx, dw) = (t(dy), t(dx0), tensor(b, &[c], dtype, dw0));
         b.rmsnorm_backward(&dx, &dw, &dy, &res, &w, &fused_rstd, acc)
             .unwrap();
         vec![
@@ -197,13 +223,14 @@ fn rmsnorm_forward_fused_and_backward() {
             ("dweight", download(b, &dw)),
         ]
     }
+    let shape = (n, c, skip);
     for dtype in [DType::BF16, DType::F32] {
         for acc in [false, true] {
-            let name = format!("rmsnorm {dtype} accumulate={acc}");
+            let name = format!("rmsnorm {n}x{c} skip {skip} {dtype} accumulate={acc}");
             let gpu_out = check_op(
                 &name,
-                || run(&gpu, dtype, acc, (n, c), &x, &branch, &w, &dy, &dx0, &dw0),
-                || run(&cpu, dtype, acc, (n, c), &x, &branch, &w, &dy, &dx0, &dw0),
+                || run(gpu, dtype, acc, shape, &x, &branch, &w, &dy, &dx0, &dw0),
+                || run(cpu, dtype, acc, shape, &x, &branch, &w, &dy, &dx0, &dw0),
                 // rstd is f32 from identical inputs: f32 tolerance whatever the storage.
                 |name| {
                     if name.contains("rstd") {
@@ -302,30 +329,37 @@ fn matmul_all_modes() {
 #[ignore = "needs a CUDA GPU"]
 fn bias_backward() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
-    let (n, c) = (8192, 1152);
-    let (dy, db0) = (normal(n * c, 1.0, 17), normal(c, 1.0, 18));
-    fn run<B: Backend>(
-        b: &B,
-        dtype: DType,
-        acc: bool,
-        n: usize,
-        dy: &[f32],
-        db0: &[f32],
-    ) -> Outputs {
-        let c = db0.len();
-        let (dy, db) = (tensor(b, &[n, c], dtype, dy), tensor(b, &[c], dtype, db0));
-        b.bias_backward(&db, &dy, acc).unwrap();
-        vec![("dbias", download(b, &db))]
-    }
-    for dtype in [DType::BF16, DType::F32] {
-        for acc in [false, true] {
-            // f32 sums of 8192 rows in another order: ~sqrt(n)·2⁻²⁴ relative, under 1e-5.
-            check_op(
-                &format!("bias_backward {dtype} accumulate={acc}"),
-                || run(&gpu, dtype, acc, n, &dy, &db0),
-                || run(&cpu, dtype, acc, n, &dy, &db0),
-                |_| tol(dtype),
+    // (n, c, skip): the 0.5B qkv bias on the 16-byte path; a view one element into its
+    // storage and an odd width, both element by element.
+    for (n, c, skip) in [(8192, 1152, 0), (300, 904, 1), (257, 37, 0)] {
+        let (dy, db0) = (normal(n * c, 1.0, 17), normal(c, 1.0, 18));
+        fn run<B: Backend>(
+            b: &B,
+            dtype: DType,
+            acc: bool,
+            skip: usize,
+            dy: &[f32],
+            db0: &[f32],
+        ) -> Outputs {
+            let c = db0.len();
+            let n = dy.len() / c;
+            let (dy, db) = (
+                shifted(b, &[n, c], dtype, dy, skip),
+                tensor(b, &[c], dtype, db0),
             );
+            b.bias_backward(&db, &dy, acc).unwrap();
+            vec![("dbias", download(b, &db))]
+        }
+        for dtype in [DType::BF16, DType::F32] {
+            for acc in [false, true] {
+                // f32 sums of 8192 rows in another order: ~sqrt(n)·2⁻²⁴ relative, under 1e-5.
+                check_op(
+                    &format!("bias_backward {n}x{c} skip {skip} {dtype} accumulate={acc}"),
+                    || run(&gpu, dtype, acc, skip, &dy, &db0),
+                    || run(&cpu, dtype, acc, skip, &dy, &db0),
+                    |_| tol(dtype),
+                );
+            }
         }
     }
 }
@@ -346,34 +380,51 @@ fn rope_table(seq: usize, d: usize) -> Vec<f32> {
 #[ignore = "needs a CUDA GPU"]
 fn rope_forward_and_backward() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
-    let s = AttnShape {
+    let qwen = AttnShape {
         batch: 4,
         seq: 1024,
         q_heads: 14,
         kv_heads: 2,
         head_dim: 64,
     };
-    let n = s.batch * s.seq * s.qkv_width();
-    let (x, table) = (normal(n, 1.0, 19), rope_table(s.seq, s.head_dim));
-    fn run<B: Backend>(b: &B, dtype: DType, s: AttnShape, x: &[f32], table: &[f32]) -> Outputs {
-        let rows = s.batch * s.seq;
-        let freqs = tensor(b, &[s.seq, s.head_dim / 2, 2], DType::F32, table);
-        let fwd = tensor(b, &[rows, s.qkv_width()], dtype, x);
-        b.rope_forward(&fwd, &freqs, s).unwrap();
-        let bwd = tensor(b, &[rows, s.qkv_width()], dtype, x);
-        b.rope_backward(&bwd, &freqs, s).unwrap();
-        vec![
-            ("forward", download(b, &fwd)),
-            ("backward", download(b, &bwd)),
-        ]
-    }
-    for dtype in [DType::BF16, DType::F32] {
-        check_op(
-            &format!("rope {dtype}"),
-            || run(&gpu, dtype, s, &x, &table),
-            || run(&cpu, dtype, s, &x, &table),
-            |_| tol(dtype),
-        );
+    let small = AttnShape {
+        batch: 3,
+        seq: 100,
+        q_heads: 3,
+        kv_heads: 1,
+        head_dim: 80,
+    };
+    // The 0.5B shape and a small one with head_dim 80 on the 16-byte path, and the small one
+    // in a view one element into its storage, element by element.
+    for (s, skip) in [(qwen, 0), (small, 0), (small, 1)] {
+        let n = s.batch * s.seq * s.qkv_width();
+        let (x, table) = (normal(n, 1.0, 19), rope_table(s.seq, s.head_dim));
+        fn run<B: Backend>(
+            b: &B,
+            dtype: DType,
+            (s, skip): (AttnShape, usize),
+            x: &[f32],
+            table: &[f32],
+        ) -> Outputs {
+            let shape = [s.batch * s.seq, s.qkv_width()];
+            let freqs = tensor(b, &[s.seq, s.head_dim / 2, 2], DType::F32, table);
+            let fwd = shifted(b, &shape, dtype, x, skip);
+            b.rope_forward(&fwd, &freqs, s).unwrap();
+            let bwd = shifted(b, &shape, dtype, x, skip);
+            b.rope_backward(&bwd, &freqs, s).unwrap();
+            vec![
+                ("forward", download(b, &fwd)),
+                ("backward", download(b, &bwd)),
+            ]
+        }
+        for dtype in [DType::BF16, DType::F32] {
+            check_op(
+                &format!("rope D={} skip {skip} {dtype}", s.head_dim),
+                || run(&gpu, dtype, (s, skip), &x, &table),
+                || run(&cpu, dtype, (s, skip), &x, &table),
+                |_| tol(dtype),
+            );
+        }
     }
 }
 

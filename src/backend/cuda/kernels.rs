@@ -180,11 +180,11 @@ kernel_table! {
     BitonicGlobal => EMBEDDING, "bitonic_global", [];
     BitonicLocal => EMBEDDING, "bitonic_local", [];
     EmbeddingBackward => EMBEDDING, "embedding_backward", [Float];
-    RmsnormForward => RMSNORM, "rmsnorm_forward", [Float, Flag];
-    RmsnormBackward => RMSNORM, "rmsnorm_backward", [Float];
+    RmsnormForward => RMSNORM, "rmsnorm_forward", [Float, Flag, Flag];
+    RmsnormBackward => RMSNORM, "rmsnorm_backward", [Float, Flag];
     ColsumPartial => COLSUM, "colsum_partial", [Float, Flag];
     ColsumFinish => COLSUM, "colsum_finish", [Float];
-    Rope => ROPE, "rope", [Float];
+    Rope => ROPE, "rope", [Float, Flag];
     SwigluForward => SWIGLU, "swiglu_forward", [Float, Flag];
     SwigluBackward => SWIGLU, "swiglu_backward", [Float, Flag];
     AttentionForward => ATTENTION, "attention_forward", [Float, HeadDim];

@@ -446,9 +446,7 @@ impl Backend for Cuda {
         dout: &Tensor<Self>,
         accumulate: bool,
     ) -> Result<()> {
-        self.op("bias_backward", || {
-            self.column_sum(dbias, dout, None, accumulate)
-        })
+        self.op("bias_backward", || self.column_sum(dbias, dout, accumulate))
     }
 
     fn rope_forward(

@@ -1,5 +1,6 @@
-//! RMSNorm forward (plain or fused with the residual add) and backward; the weight gradient
-//! and the bias gradient share the deterministic column sum.
+//! RMSNorm forward (plain or fused with the residual add) and backward (which also makes the
+//! weight gradient's column-sum partials); the bias gradient's deterministic column sum; and
+//! the check that picks the kernels' 16-byte access path.
 
 use anyhow::{Result, ensure};
 
@@ -8,9 +9,42 @@ use super::kernels::{Arg, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
 use crate::tensor::{DType, Tensor};
 
-/// Rows per block of the column-sum partials: enough blocks to fill the GPU at training
-/// sizes, few enough partials to add up quickly.
-const COLSUM_ROWS: usize = 256;
+/// Rows per block of the forward: one per warp of a `BLOCK`-thread block (rmsnorm.cu).
+const FORWARD_ROWS: usize = 8;
+
+/// Rows per warp of the backward: each block's rows make one row of weight-gradient
+/// partials, so this trades the partials' size against the number of blocks. At 0.5B
+/// (32768 rows of 896) 4 gives 1024 blocks, ~2.6 waves of 3 blocks per SM, and 3.7 MB of
+/// partials against 235 MB of rows moved.
+const BACKWARD_ROWS_PER_WARP: usize = 4;
+
+/// Shared memory a backward block may take for its warps' weight-gradient sums: within the
+/// default 48 KB (no opt-in), which holds 8 warps' sums up to C = 1536.
+const BACKWARD_SMEM: usize = 48 * 1024;
+
+/// Shared memory one block may take on every GPU smelt compiles for (sm_80 allows 163 KB,
+/// sm_86 and sm_89 99 KB).
+const MAX_SMEM: usize = 99 * 1024;
+
+/// Rows per chunk of the bias column-sum partials: 8 warps of 16 rows each. At 0.5B (32768
+/// rows of 1152) that is 5 strips × 256 chunks = 1280 blocks, ~2.4 waves of 4 per SM, and
+/// 1.2 MB of partials.
+const COLSUM_ROWS: usize = 128;
+
+/// Whether a kernel may move rows of `cols` elements of each of `tensors` 16 bytes at a time:
+/// every tensor starts 16-byte aligned (a view from `narrow_rows` need not) and a row is a
+/// whole number of 16 bytes.
+pub(super) fn vec16(tensors: &[&Tensor<Cuda>], cols: usize) -> bool {
+    tensors
+        .iter()
+        .all(|t| ptr(t).is_multiple_of(16) && (cols * t.dtype.size_bytes()).is_multiple_of(16))
+}
+
+/// Elements of `t` per access, with or without the 16-byte path (common.cuh's
+/// `access_width`).
+pub(super) fn width(t: &Tensor<Cuda>, vec: bool) -> usize {
+    if vec { 16 / t.dtype.size_bytes() } else { 1 }
+}
 
 impl Cuda {
     /// `residual_out = residual + branch` first when both are given.
@@ -44,13 +78,17 @@ impl Cuda {
             ensure!(r.numel() == n * c && b.numel() == n * c, "residual shapes");
         }
         let (res_ptr, branch_ptr) = fused.map_or((0, 0), |(r, b)| (ptr(r), ptr(b)));
-        // SAFETY: block i reads row i of inp (and branch), writes row i of out (and
-        // residual_out) and rstd[i]; all are [n, c] (rstd [n]); amax is one f32 or null.
+        let mut rows = vec![out, inp, weight];
+        rows.extend(fused.iter().flat_map(|(r, b)| [*r, *b]));
+        let vec = vec16(&rows, c);
+        // SAFETY: warp i reads row i of inp (and branch), writes row i of out (and
+        // residual_out) and rstd[i]; all are [n, c] (rstd [n]), 16-byte aligned with `vec`;
+        // amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::RmsnormForward,
-                &[float(out), Arg::Flag(fused.is_some())],
-                (n as u32, 1, 1),
+                &[float(out), Arg::Flag(fused.is_some()), Arg::Flag(vec)],
+                (blocks(n, FORWARD_ROWS), 1, 1),
                 BLOCK,
                 &[
                     ptr(out).into(),
@@ -59,6 +97,7 @@ impl Cuda {
                     ptr(inp).into(),
                     branch_ptr.into(),
                     ptr(weight).into(),
+                    (n as i64).into(),
                     (c as i32).into(),
                     eps.into(),
                     amax.into(),
@@ -85,33 +124,49 @@ impl Cuda {
             inp.cols() == c && dinp.numel() == n * c && dout.numel() == n * c && rstd.numel() == n,
             "rmsnorm_backward shapes"
         );
-        // SAFETY: block i reads row i of dout, inp and rstd[i], and updates row i of dinp.
+        let vec = vec16(&[dinp, dout, inp, weight], c);
+        // Each warp keeps its own column sums: as many warps as fit the shared memory.
+        let acc_floats = c.next_multiple_of(32 * width(dinp, vec));
+        let warps = (BACKWARD_SMEM / (acc_floats * 4)).clamp(1, BLOCK as usize / 32);
+        let smem = warps * acc_floats * 4;
+        ensure!(
+            smem <= MAX_SMEM,
+            "rmsnorm_backward: a row of {c} is wider than this kernel supports"
+        );
+        let rows_per_block = warps * BACKWARD_ROWS_PER_WARP;
+        let chunks = n.div_ceil(rows_per_block);
+        let partials = self.scratch_f32(chunks * c)?;
+        // SAFETY: block i updates rows [i·R, (i+1)·R) of dinp [n, c] from the same rows of
+        // dout and inp [n, c] and rstd [n], reads weight [c], and writes row i of partials
+        // [chunks, c] (scratch); `smem` is its warps' sums; 16-byte aligned with `vec`.
         unsafe {
-            self.launch(
+            self.launch_with_smem(
                 Kernel::RmsnormBackward,
-                &[float(dinp)],
-                (n as u32, 1, 1),
-                BLOCK,
+                &[float(dinp), Arg::Flag(vec)],
+                (chunks as u32, 1, 1),
+                (warps * 32) as u32,
+                smem as u32,
                 &[
                     ptr(dinp).into(),
+                    partials.into(),
                     ptr(dout).into(),
                     ptr(inp).into(),
                     ptr(weight).into(),
                     ptr(rstd).into(),
+                    (n as i64).into(),
                     (c as i32).into(),
+                    (rows_per_block as i32).into(),
                 ],
             )?;
         }
-        self.column_sum(dweight, dout, Some((inp, rstd)), accumulate)
+        self.colsum_finish(dweight, partials, chunks, accumulate)
     }
 
-    /// `out[c] (+)= Σ_n term(n, c)`: `dy[n, c]`, or with `norm = (x, rstd)`,
-    /// `dy[n, c] · x[n, c] · rstd[n]`. Partials per chunk of rows, then a fixed-order sum.
+    /// `out[c] (+)= Σ_n dy[n, c]`: partials per chunk of rows, then a fixed-order sum.
     pub(super) fn column_sum(
         &self,
         out: &Tensor<Cuda>,
         dy: &Tensor<Cuda>,
-        norm: Option<(&Tensor<Cuda>, &Tensor<Cuda>)>,
         accumulate: bool,
     ) -> Result<()> {
         ensure_same_dtype("column sum", &[out, dy])?;
@@ -125,30 +180,45 @@ impl Cuda {
         let n = dy.matrix_rows();
         let chunks = n.div_ceil(COLSUM_ROWS).max(1);
         let partials = self.scratch_f32(chunks * c)?;
-        let (x_ptr, rstd_ptr) = norm.map_or((0, 0), |(x, r)| (ptr(x), ptr(r)));
-        // SAFETY: partials are [chunks, c] f32 of scratch; the partial pass reads rows of dy
-        // (and x, rstd) [n, c]; the finish pass reads the partials and updates out [c].
+        let vec = vec16(&[dy], c);
+        // SAFETY: partials are [chunks, c] f32 of scratch; block (s, k) reads rows of chunk k
+        // of dy [n, c] in the strip s of 32 accesses' columns (16-byte aligned with `vec`),
+        // and writes those columns of partials row k.
         unsafe {
             self.launch(
                 Kernel::ColsumPartial,
-                &[float(dy), Arg::Flag(norm.is_some())],
-                (blocks(c, BLOCK as usize), chunks as u32, 1),
+                &[float(dy), Arg::Flag(vec)],
+                (blocks(c, 32 * width(dy, vec)), chunks as u32, 1),
                 BLOCK,
                 &[
                     partials.into(),
                     ptr(dy).into(),
-                    x_ptr.into(),
-                    rstd_ptr.into(),
                     (n as i32).into(),
                     (c as i32).into(),
                     (COLSUM_ROWS as i32).into(),
                 ],
             )?;
+        }
+        self.colsum_finish(out, partials, chunks, accumulate)
+    }
+
+    /// `out[c] (+)= Σ_k partials[k, c]` over `chunks` rows of f32 partials.
+    fn colsum_finish(
+        &self,
+        out: &Tensor<Cuda>,
+        partials: u64,
+        chunks: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let c = out.numel();
+        // SAFETY: block j reads columns [32j, 32j + 32) of partials [chunks, c] and updates
+        // those of out [c], with 32 warps of 32 lanes.
+        unsafe {
             self.launch(
                 Kernel::ColsumFinish,
                 &[float(out)],
-                (blocks(c, BLOCK as usize), 1, 1),
-                BLOCK,
+                (blocks(c, 32), 1, 1),
+                1024,
                 &[
                     ptr(out).into(),
                     partials.into(),

@@ -2,8 +2,9 @@
 
 use anyhow::{Result, ensure};
 
-use super::kernels::Kernel;
-use super::{BLOCK, Cuda, blocks, ensure_dtype, float, ptr};
+use super::kernels::{Arg, Kernel};
+use super::rmsnorm::{vec16, width};
+use super::{BLOCK, Cuda, ensure_dtype, float, ptr};
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
 
@@ -25,23 +26,33 @@ impl Cuda {
             freqs.shape
         );
         let heads = shape.q_heads + shape.kv_heads;
-        let threads = rows * heads * (d / 2);
-        // SAFETY: one thread per (row, rotated head, pair) of qkv [rows, w]; freqs holds
-        // [seq, d/2, 2] f32.
+        // 16-byte accesses need every head half to start on a 16-byte boundary too.
+        let half_bytes = d / 2 * qkv.dtype.size_bytes();
+        let vec =
+            vec16(&[qkv], w) && half_bytes.is_multiple_of(16) && ptr(freqs).is_multiple_of(16);
+        // One thread per `width` pairs; short rows share a block.
+        let units = heads * d / 2 / width(qkv, vec);
+        let rows_per_block = (BLOCK as usize / units).max(1);
+        let block = (rows_per_block * units)
+            .next_multiple_of(32)
+            .min(BLOCK as usize);
+        // SAFETY: block i rotates rows [i·R, (i+1)·R) of qkv [rows, w] in place (16-byte
+        // aligned runs with `vec`); freqs holds [seq, d/2, 2] f32.
         unsafe {
             self.launch(
                 Kernel::Rope,
-                &[float(qkv)],
-                (blocks(threads, BLOCK as usize), 1, 1),
-                BLOCK,
+                &[float(qkv), Arg::Flag(vec)],
+                (rows.div_ceil(rows_per_block).max(1) as u32, 1, 1),
+                block as u32,
                 &[
                     ptr(qkv).into(),
                     ptr(freqs).into(),
                     (rows as i64).into(),
                     (shape.seq as i32).into(),
-                    (heads as i32).into(),
                     (d as i32).into(),
                     (w as i32).into(),
+                    (units as i32).into(),
+                    (rows_per_block as i32).into(),
                     (inverse as i32).into(),
                 ],
             )

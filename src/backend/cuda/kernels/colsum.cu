@@ -1,31 +1,77 @@
-// Deterministic column sums over rows, for the RMSNorm weight gradient and the bias
-// gradient: each block sums a fixed chunk of rows per column into f32 partials, then one
-// pass adds the partials in chunk order. No float atomics, so every run gives the same bits.
+// Deterministic column sums over rows, for the bias gradient and (finishing the partials of
+// rmsnorm_backward) the RMSNorm weight gradient: fixed chunks of rows are summed per column
+// into f32 partials, then one pass adds the partials up. Every sum runs in an order fixed by
+// the shapes alone, and there are no float atomics, so every run gives the same bits.
 #include "common.cuh"
 
-// partials[chunk, c] = Σ_{n in chunk} term(n, c), with term = dy (bias) or dy · x · rstd
-// (RMSNorm weight). Grid: (ceil(C / blockDim.x), chunks).
-template <typename T, bool NORM>
-__global__ void colsum_partial(float* partials, const T* dy, const T* x, const float* rstd,
-                               int rows, int C, int rows_per_chunk) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+// Rows of a chunk in flight per warp and lane: independent 16-byte loads before the first add.
+#define UNROLL 4
+
+// partials[chunk, c] = Σ_{n in chunk} dy[n, c]. Grid: (ceil(C / (32·W)), chunks), 256
+// threads. A block covers a strip of 32·W columns (each lane W of them, one access with VEC,
+// whose host checked dy's pointer and C·sizeof(T) are multiples of 16): each warp reads whole
+// 512-byte strip rows. Warp w adds rows w, w + 8, ... of the chunk, then the eight warps'
+// sums are added in warp order.
+template <typename T, bool VEC>
+__global__ void colsum_partial(float* partials, const T* dy, int rows, int C,
+                               int rows_per_chunk) {
+    constexpr int W = access_width<T, VEC>();
+    constexpr int WARPS = 8;
+    __shared__ float sums[WARPS][W][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int c = (blockIdx.x * 32 + lane) * W;
     const int first = blockIdx.y * rows_per_chunk;
     const int last = min(rows, first + rows_per_chunk);
-    float acc = 0.0f;
-    for (int n = first; n < last; n++) {
-        const long long at = (long long)n * C + c;
-        acc += NORM ? to_f32(dy[at]) * to_f32(x[at]) * rstd[n] : to_f32(dy[at]);
+    float acc[W];
+#pragma unroll
+    for (int k = 0; k < W; k++) acc[k] = 0.0f;
+    if (c < C) {
+        for (int n0 = first + warp; n0 < last; n0 += WARPS * UNROLL) {
+            float v[UNROLL][W];
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                const int n = n0 + u * WARPS;
+                if (n < last) load_vec<T, W>(v[u], dy + (long long)n * C + c);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+                if (n0 + u * WARPS >= last) break;
+#pragma unroll
+                for (int k = 0; k < W; k++) acc[k] += v[u][k];
+            }
+        }
     }
-    partials[(long long)blockIdx.y * C + c] = acc;
+#pragma unroll
+    for (int k = 0; k < W; k++) sums[warp][k][lane] = acc[k];
+    __syncthreads();
+    if (warp == 0 && c < C) {
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            float total = 0.0f;
+            for (int v = 0; v < WARPS; v++) total += sums[v][k][lane];
+            partials[(long long)blockIdx.y * C + c + k] = total;
+        }
+    }
 }
 
-// out[c] (+)= Σ_chunk partials[chunk, c], in chunk order.
+// out[c] (+)= Σ_chunk partials[chunk, c]. Grid: ceil(C / 32) blocks of 32 lanes (columns) ×
+// 32 warps: warp w adds chunks w, w + 32, ..., then the warps' sums are added in warp order.
 template <typename T>
 __global__ void colsum_finish(T* out, const float* partials, int chunks, int C, int accumulate) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float acc = accumulate ? to_f32(out[c]) : 0.0f;
-    for (int k = 0; k < chunks; k++) acc += partials[(long long)k * C + c];
-    out[c] = from_f32<T>(acc);
+    constexpr int WARPS = 32;
+    __shared__ float sums[WARPS][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int c = blockIdx.x * 32 + lane;
+    float acc = 0.0f;
+    if (c < C) {
+#pragma unroll 4
+        for (int k = warp; k < chunks; k += WARPS) acc += partials[(long long)k * C + c];
+    }
+    sums[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && c < C) {
+        float total = 0.0f;
+        for (int v = 0; v < WARPS; v++) total += sums[v][lane];
+        out[c] = from_f32<T>(accumulate ? to_f32(out[c]) + total : total);
+    }
 }

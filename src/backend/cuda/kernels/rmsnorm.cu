@@ -1,56 +1,206 @@
 // RMSNorm, y = x · rstd · w with rstd = 1/sqrt(mean(x²) + eps), optionally fused with the
-// residual add that produces x; and its input gradient. The weight gradient is a column sum
-// (colsum.cu). With `amax`, the forward also reports max |out| as stored (common.cuh).
+// residual add that produces x; and its input gradient, fused with the partial column sums of
+// the weight gradient (finished by colsum.cu). With `amax`, the forward also reports max |out|
+// as stored (common.cuh).
+//
+// One warp per row: a row of the models' widths (C = 896 .. 3584) is 2-7 KB in bf16, so a
+// warp keeps several 16-byte loads per lane and operand in flight, the row's reduction is a
+// warp shuffle with no block barrier, and many rows share an SM. With VEC every operand moves
+// 16 bytes per access (the host checked that every pointer and C·sizeof(T) are multiples of
+// 16); without it, the same code moves one element per access, for views and odd widths.
+// Each lane reads back in the second pass only what it wrote in the first, so no barrier is
+// needed.
 //
 // The plain and the fused forward are one kernel: the fused one first rounds `residual +
-// branch` to T and stores it, then both normalize the same values with the same per-thread
+// branch` to T and stores it, then both normalize the same values with the same per-lane
 // split and reduction tree, so their outputs and rstd agree bit for bit.
 #include "common.cuh"
 
-template <typename T, bool RESIDUAL>
-__global__ void rmsnorm_forward(T* out, float* rstd, T* residual_out, const T* inp,
-                                const T* branch, const T* weight, int C, float eps,
-                                float* amax) {
-    const long long row = (long long)blockIdx.x * C;
-    float sum_sq = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float x;
-        if (RESIDUAL) {
-            const T sum = from_f32<T>(to_f32(inp[row + c]) + to_f32(branch[row + c]));
-            residual_out[row + c] = sum;
-            x = to_f32(sum);
-        } else {
-            x = to_f32(inp[row + c]);
-        }
-        sum_sq += x * x;
+// Accesses per lane and operand issued before the first is used: 4 in the forward (2 or 4
+// operands, 50-60 registers), 2 in the backward (4 operands, at most 80 registers so that 3
+// blocks fit an SM). With at least 24 warps per SM that keeps 48-64 KB per SM in flight.
+#define FORWARD_UNROLL 4
+#define BACKWARD_UNROLL 2
+
+// Rows of the forward per 256-thread block: one per warp.
+#define FORWARD_ROWS 8
+
+// W values of T as one access loads them, kept packed until used: 16 bytes as four 32-bit
+// words (so that the loads in flight per operand cost 4 registers each, a bf16 pair
+// sharing one), or a single element without VEC.
+template <typename T, int W>
+struct Packed {
+    u32 word[4];
+    // bf16 is the top half of an f32: element k is the low (even k) or high half of a word.
+    __device__ __forceinline__ float operator[](int k) const {
+        if constexpr (sizeof(T) == 4) return __uint_as_float(word[k]);
+        else return __uint_as_float(k % 2 ? word[k / 2] & 0xffff0000u : word[k / 2] << 16);
     }
-    sum_sq = block_sum(sum_sq);
-    const float r = 1.0f / sqrtf(sum_sq / (float)C + eps);
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    // Each thread reads back only the elements it wrote itself, so no barrier is needed.
-    const T* x_src = RESIDUAL ? residual_out : inp;
+};
+
+template <typename T>
+struct Packed<T, 1> {
+    T value;
+    __device__ __forceinline__ float operator[](int) const { return to_f32(value); }
+};
+
+template <typename T, int W>
+__device__ __forceinline__ Packed<T, W> load_packed(const T* p) {
+    if constexpr (W == 1) {
+        return {*p};
+    } else {
+        static_assert(W * sizeof(T) == 16, "a packed access is one element or 16 bytes");
+        const uint4 q = *reinterpret_cast<const uint4*>(p);
+        return {{q.x, q.y, q.z, q.w}};
+    }
+}
+
+// Walks a warp's row of C in rounds of U accesses per lane: `load(u, c)` for each access of
+// a round first, so that the round's loads are in flight together, then `use(u, c)` for each
+// in order. c is the access's first column; the access is W wide.
+template <int W, int U, typename Load, typename Use>
+__device__ __forceinline__ void row_rounds(int C, Load load, Use use) {
+    constexpr int STEP = 32 * W;
+#pragma unroll 1
+    for (int c0 = threadIdx.x % 32 * W; c0 < C; c0 += STEP * U) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (c0 + u * STEP < C) load(u, c0 + u * STEP);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c0 + u * STEP >= C) break;
+            use(u, c0 + u * STEP);
+        }
+    }
+}
+
+template <typename T, bool RESIDUAL, bool VEC>
+__global__ void rmsnorm_forward(T* out, float* rstd, T* residual_out, const T* inp,
+                                const T* branch, const T* weight, long long rows, int C,
+                                float eps, float* amax) {
+    constexpr int W = access_width<T, VEC>(), U = FORWARD_UNROLL;
+    const long long n = (long long)blockIdx.x * FORWARD_ROWS + threadIdx.x / 32;
     float largest = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        const T y = from_f32<T>(to_f32(x_src[row + c]) * r * to_f32(weight[c]));
-        out[row + c] = y;
-        largest = fmaxf(largest, fabsf(to_f32(y)));
+    // No early return: every thread of the block takes part in the abs-max reduction.
+    if (n < rows) {
+        const long long row = n * C;
+        Packed<T, W> a[U], b[U];
+        float sum_sq = 0.0f;
+        row_rounds<W, U>(
+            C,
+            [&](int u, int c) {
+                a[u] = load_packed<T, W>(inp + row + c);
+                if (RESIDUAL) b[u] = load_packed<T, W>(branch + row + c);
+            },
+            [&](int u, int c) {
+                float x[W];
+#pragma unroll
+                for (int k = 0; k < W; k++) x[k] = RESIDUAL ? rounded<T>(a[u][k] + b[u][k]) : a[u][k];
+                if (RESIDUAL) store_vec<T, W>(residual_out + row + c, x);
+#pragma unroll
+                for (int k = 0; k < W; k++) sum_sq += x[k] * x[k];
+            });
+        sum_sq = warp_sum(sum_sq);
+        const float r = 1.0f / sqrtf(sum_sq / (float)C + eps);
+        if (threadIdx.x % 32 == 0) rstd[n] = r;
+        const T* x_src = RESIDUAL ? residual_out : inp;
+        row_rounds<W, U>(
+            C,
+            [&](int u, int c) {
+                a[u] = load_packed<T, W>(x_src + row + c);
+                b[u] = load_packed<T, W>(weight + c);
+            },
+            [&](int u, int c) {
+                float y[W];
+#pragma unroll
+                for (int k = 0; k < W; k++) {
+                    y[k] = a[u][k] * r * b[u][k];
+                    largest = fmaxf(largest, fabsf(rounded<T>(y[k])));
+                }
+                store_vec<T, W>(out + row + c, y);
+            });
     }
     report_amax(amax, largest);
 }
 
-// dinp += rstd · g − x · rstd³ · (g·x) / C with g = dout ⊙ w, one block per row.
-template <typename T>
-__global__ void rmsnorm_backward(T* dinp, const T* dout, const T* inp, const T* weight,
-                                 const float* rstd, int C) {
-    const long long row = (long long)blockIdx.x * C;
-    float dot = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        dot += to_f32(dout[row + c]) * to_f32(weight[c]) * to_f32(inp[row + c]);
-    dot = block_sum(dot);
-    const float r = rstd[blockIdx.x];
-    const float k = r * r * r * dot / (float)C;
+// Where column c (element k of the access at c) of a warp's weight-gradient accumulator
+// lives in shared memory: element k of the accesses of one round of the warp's 32 lanes lie
+// side by side, so the lanes' read-modify-writes hit 32 different banks.
+template <int W>
+__device__ __forceinline__ int acc_index(int c, int k) {
+    const int v = c / W;  // the access's index in the row; its lane is v % 32
+    return (v / 32) * 32 * W + k * 32 + v % 32;
+}
+
+// Floats of one warp's accumulator: C rounded up to whole rounds of 32 accesses.
+template <int W>
+__device__ __forceinline__ int acc_len(int C) {
+    return (C + 32 * W - 1) / (32 * W) * 32 * W;
+}
+
+// dinp += rstd · g − x · rstd³ · (g·x) / C with g = dout ⊙ w, one warp per row; and
+// partials[block, c] = Σ dout · x · rstd over the block's rows, for the weight gradient.
+// Block b has the rows [b·R, (b+1)·R), R = rows_per_block; warp w takes rows w, w + warps,
+// ... of them and accumulates its own column sums in shared memory (acc_len(C) floats per
+// warp, in the dynamic shared memory); the warps' sums are then added in warp order, so the
+// partials do not depend on timing.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(256, 3) rmsnorm_backward(T* dinp, float* partials, const T* dout, const T* inp,
+                                 const T* weight, const float* rstd, long long rows, int C,
+                                 int rows_per_block) {
+    constexpr int W = access_width<T, VEC>(), U = BACKWARD_UNROLL;
+    extern __shared__ float dweight_acc[];
+    const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    float* acc = dweight_acc + warp * acc_len<W>(C);
+    // Each lane zeroes and updates only its own slots, so no barrier until the warps meet.
+    for (int c0 = threadIdx.x % 32 * W; c0 < C; c0 += 32 * W) {
+#pragma unroll
+        for (int k = 0; k < W; k++) acc[acc_index<W>(c0, k)] = 0.0f;
+    }
+    const long long first = (long long)blockIdx.x * rows_per_block;
+    const long long last = min(rows, first + rows_per_block);
+    for (long long n = first + warp; n < last; n += warps) {
+        const long long row = n * C;
+        const float r = rstd[n];
+        Packed<T, W> dy[U], x[U], w[U], d0[U];
+        float dot = 0.0f;
+        row_rounds<W, U>(
+            C,
+            [&](int u, int c) {
+                dy[u] = load_packed<T, W>(dout + row + c);
+                x[u] = load_packed<T, W>(inp + row + c);
+                w[u] = load_packed<T, W>(weight + c);
+            },
+            [&](int u, int c) {
+#pragma unroll
+                for (int k = 0; k < W; k++) {
+                    dot += dy[u][k] * w[u][k] * x[u][k];
+                    acc[acc_index<W>(c, k)] += dy[u][k] * x[u][k] * r;
+                }
+            });
+        dot = warp_sum(dot);
+        const float kx = r * r * r * dot / (float)C;
+        row_rounds<W, U>(
+            C,
+            [&](int u, int c) {
+                dy[u] = load_packed<T, W>(dout + row + c);
+                x[u] = load_packed<T, W>(inp + row + c);
+                w[u] = load_packed<T, W>(weight + c);
+                d0[u] = load_packed<T, W>(dinp + row + c);
+            },
+            [&](int u, int c) {
+                float dx[W];
+#pragma unroll
+                for (int k = 0; k < W; k++)
+                    dx[k] = d0[u][k] + (r * dy[u][k] * w[u][k] - x[u][k] * kx);
+                store_vec<T, W>(dinp + row + c, dx);
+            });
+    }
+    __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        const float dy = to_f32(dout[row + c]), w = to_f32(weight[c]), x = to_f32(inp[row + c]);
-        dinp[row + c] = from_f32<T>(to_f32(dinp[row + c]) + (r * dy * w - x * k));
+        const int slot = acc_index<W>(c - c % W, c % W);
+        float total = 0.0f;
+        for (int v = 0; v < warps; v++) total += dweight_acc[v * acc_len<W>(C) + slot];
+        partials[(long long)blockIdx.x * C + c] = total;
     }
 }

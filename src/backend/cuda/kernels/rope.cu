@@ -1,25 +1,54 @@
 // Rotary position embedding in place on the fused qkv rows, HF rotate-half layout: element i
 // of a head pairs with element i + D/2. `freqs` is [T, D/2, 2] of (cos, sin); `inverse`
 // rotates back, which is the gradient of the forward rotation.
+//
+// Each thread rotates W pairs: W consecutive elements of a head's first half and the W they
+// pair with. With VEC those are one 16-byte access each, and their W (cos, sin) pairs are
+// read 16 bytes at a time too (the host checked that the qkv and freqs pointers, the row
+// width and D/2 in bytes are multiples of 16).
 #include "common.cuh"
 
-// One thread per (row, rotated head, pair). qkv: [B·T, W]; the first q_heads + kv_heads heads
-// of each row are rotated, the value heads are left alone.
-template <typename T>
-__global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int heads, int D,
-                     int W, int inverse) {
-    const int half = D / 2;
-    const long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (idx >= rows * heads * half) return;
-    const int i = (int)(idx % half);
-    const int head = (int)((idx / half) % heads);
-    const long long n = idx / ((long long)half * heads);
-    const int t = (int)(n % seq);
-    const float cs = freqs[((long long)t * half + i) * 2];
-    const float sn_f = freqs[((long long)t * half + i) * 2 + 1];
-    const float sn = inverse ? -sn_f : sn_f;
-    T* x = qkv + n * W + (long long)head * D;
-    const float a = to_f32(x[i]), b = to_f32(x[i + half]);
-    x[i] = from_f32<T>(a * cs - b * sn);
-    x[i + half] = from_f32<T>(b * cs + a * sn);
+// Loads the (cos, sin) of W consecutive pairs: 2·W floats, 16 bytes at a time with VEC.
+template <int W, bool VEC>
+__device__ __forceinline__ void load_cos_sin(float (&cs)[2 * W], const float* p) {
+    if constexpr (VEC) {
+#pragma unroll
+        for (int j = 0; j < 2 * W; j += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(p + j);
+            cs[j] = q.x, cs[j + 1] = q.y, cs[j + 2] = q.z, cs[j + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 2 * W; j++) cs[j] = p[j];
+    }
+}
+
+// qkv: [rows, width]; the first `heads` (q and k) heads of each row are rotated, the value
+// heads are left alone. A block has `rows_per_block` rows of `units` = heads·D/(2W) threads'
+// work each (one row's work may take several passes of the block when it is wider).
+template <typename T, bool VEC>
+__global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int D, int width,
+                     int units, int rows_per_block, int inverse) {
+    constexpr int W = access_width<T, VEC>();
+    const int half = D / 2, per_head = half / W;
+    for (int k = threadIdx.x; k < rows_per_block * units; k += blockDim.x) {
+        const long long n = (long long)blockIdx.x * rows_per_block + k / units;
+        if (n >= rows) return;
+        const int unit = k % units;
+        const int head = unit / per_head, i = unit % per_head * W;
+        const int t = (int)(n % seq);
+        float cs[2 * W], a[W], b[W], x1[W], x2[W];
+        load_cos_sin<W, VEC>(cs, freqs + ((long long)t * half + i) * 2);
+        T* x = qkv + n * width + (long long)head * D + i;
+        load_vec<T, W>(a, x);
+        load_vec<T, W>(b, x + half);
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            const float co = cs[2 * j], si = inverse ? -cs[2 * j + 1] : cs[2 * j + 1];
+            x1[j] = a[j] * co - b[j] * si;
+            x2[j] = b[j] * co + a[j] * si;
+        }
+        store_vec<T, W>(x, x1);
+        store_vec<T, W>(x + half, x2);
+    }
 }
