@@ -2,8 +2,8 @@
 
 use anyhow::{Result, ensure};
 
-use super::kernels::Kernel;
-use super::{Cuda, ensure_dtype, float, ptr, vec_rows};
+use super::kernels::{Arg, Kernel};
+use super::{Cuda, ensure_dtype, float, ptr, vec16};
 use crate::tensor::{DType, Tensor};
 
 /// Threads per row: a vocabulary of 150k is 300 elements per thread.
@@ -36,7 +36,7 @@ impl Cuda {
         unsafe {
             self.launch(
                 Kernel::CrossEntropy,
-                &[float(logits), vec_rows(logits, v)],
+                &[float(logits), Arg::Flag(vec16(&[logits], v))],
                 (n as u32, 1, 1),
                 THREADS,
                 &[

@@ -70,11 +70,19 @@ fn float(t: &Tensor<Cuda>) -> Arg {
     Arg::Float(t.dtype)
 }
 
-/// Whether rows of `row_len` elements of `t`'s dtype can be moved 16 bytes at a time: every
-/// view starts 16-byte aligned (see memory.rs), so each row does when its length in bytes
-/// is a multiple of 16.
-fn vec_rows(t: &Tensor<Cuda>, row_len: usize) -> Arg {
-    Arg::Flag((row_len * t.dtype.size_bytes()).is_multiple_of(16))
+/// Whether a kernel may move rows of `cols` elements of each of `tensors` 16 bytes at a time:
+/// every tensor starts 16-byte aligned (a view from `narrow_rows` need not) and a row is a
+/// whole number of 16 bytes.
+fn vec16(tensors: &[&Tensor<Cuda>], cols: usize) -> bool {
+    tensors
+        .iter()
+        .all(|t| ptr(t).is_multiple_of(16) && (cols * t.dtype.size_bytes()).is_multiple_of(16))
+}
+
+/// Elements of `t` per access, with or without the 16-byte path (common.cuh's
+/// `access_width`).
+fn width(t: &Tensor<Cuda>, vec: bool) -> usize {
+    if vec { 16 / t.dtype.size_bytes() } else { 1 }
 }
 
 fn ensure_dtype(t: &Tensor<Cuda>, dtype: DType, op: &'static str) -> Result<()> {

@@ -6,7 +6,7 @@ use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
-use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
+use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16, width};
 use crate::tensor::{DType, Tensor};
 
 /// Rows per block of the forward: one per warp of a `BLOCK`-thread block (rmsnorm.cu).
@@ -30,21 +30,6 @@ const MAX_SMEM: usize = 99 * 1024;
 /// rows of 1152) that is 5 strips × 256 chunks = 1280 blocks, ~2.4 waves of 4 per SM, and
 /// 1.2 MB of partials.
 const COLSUM_ROWS: usize = 128;
-
-/// Whether a kernel may move rows of `cols` elements of each of `tensors` 16 bytes at a time:
-/// every tensor starts 16-byte aligned (a view from `narrow_rows` need not) and a row is a
-/// whole number of 16 bytes.
-pub(super) fn vec16(tensors: &[&Tensor<Cuda>], cols: usize) -> bool {
-    tensors
-        .iter()
-        .all(|t| ptr(t).is_multiple_of(16) && (cols * t.dtype.size_bytes()).is_multiple_of(16))
-}
-
-/// Elements of `t` per access, with or without the 16-byte path (common.cuh's
-/// `access_width`).
-pub(super) fn width(t: &Tensor<Cuda>, vec: bool) -> usize {
-    if vec { 16 / t.dtype.size_bytes() } else { 1 }
-}
 
 impl Cuda {
     /// `residual_out = residual + branch` first when both are given.

@@ -3,8 +3,7 @@
 use anyhow::{Result, ensure};
 
 use super::kernels::{Arg, Kernel};
-use super::rmsnorm::{vec16, width};
-use super::{BLOCK, Cuda, ensure_dtype, float, ptr};
+use super::{BLOCK, Cuda, ensure_dtype, float, ptr, vec16, width};
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
 

@@ -4,7 +4,7 @@ use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
-use super::{BLOCK, Cuda, blocks, ensure_same_dtype, float, ptr, vec_rows};
+use super::{BLOCK, Cuda, blocks, ensure_same_dtype, float, ptr, vec16, width};
 use crate::tensor::Tensor;
 
 impl Cuda {
@@ -23,13 +23,13 @@ impl Cuda {
             "swiglu_forward: gate_up {:?}",
             gate_up.shape
         );
-        let vec = vec_rows(out, f);
+        let vec = vec16(&[out, gate_up], f);
         // SAFETY: one thread per `width` elements of out [rows, f] (16-byte aligned runs with
         // `vec`); gate_up is [rows, 2f]; amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::SwigluForward,
-                &[float(out), vec],
+                &[float(out), Arg::Flag(vec)],
                 (blocks(rows * f / width(out, vec), BLOCK as usize), 1, 1),
                 BLOCK,
                 &[
@@ -58,13 +58,13 @@ impl Cuda {
             gate_up.numel() == 2 * rows * f && dgate_up.numel() == 2 * rows * f,
             "swiglu_backward shapes"
         );
-        let vec = vec_rows(dout, f);
+        let vec = vec16(&[dgate_up, dout, gate_up], f);
         // SAFETY: one thread per `width` elements of dout [rows, f] (16-byte aligned runs with
         // `vec`); gate_up and dgate_up are [rows, 2f]; amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::SwigluBackward,
-                &[float(dout), vec],
+                &[float(dout), Arg::Flag(vec)],
                 (blocks(rows * f / width(dout, vec), BLOCK as usize), 1, 1),
                 BLOCK,
                 &[
@@ -77,14 +77,5 @@ impl Cuda {
                 ],
             )
         }
-    }
-}
-
-/// Elements each thread handles: 16 bytes' worth with `vec`, else one (swiglu.cu's W).
-fn width(t: &Tensor<Cuda>, vec: Arg) -> usize {
-    if vec == Arg::Flag(true) {
-        16 / t.dtype.size_bytes()
-    } else {
-        1
     }
 }
