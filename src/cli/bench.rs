@@ -139,6 +139,7 @@ impl BenchArgs {
             "peak_mem_gib": gib(r.memory_bytes),
             "memory": if r.memory_measured { "allocated" } else { "planned" },
             "phases_ms": phases,
+            "split_step_ms": ms(r.split_step_s),
             "split_steps": SPLIT_STEPS,
             "loss": r.loss,
             "ops": r.ops.iter().map(|o| json!({

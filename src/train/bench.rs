@@ -63,6 +63,9 @@ pub struct BenchReport {
     pub mfu: Option<f64>,
     /// Median seconds of each of `PHASES` over the separately synchronised steps.
     pub phases_s: [f64; 4],
+    /// Median seconds of those steps as a whole: what the split adds up to, slightly above
+    /// `step_s` for the extra waits.
+    pub split_step_s: f64,
     /// What `device_bytes` reported after the last step, or else the bytes of every
     /// planned tensor (model and optimizer).
     pub memory_bytes: u64,
@@ -133,8 +136,11 @@ pub fn run<B: Backend>(
         totals.push(bench.step(false)?.iter().sum());
     }
     let mut split = vec![vec![]; PHASES.len()];
+    let mut split_totals = Vec::with_capacity(SPLIT_STEPS);
     for _ in 0..SPLIT_STEPS {
-        for (phase, s) in split.iter_mut().zip(bench.step(true)?) {
+        let phases = bench.step(true)?;
+        split_totals.push(phases.iter().sum());
+        for (phase, s) in split.iter_mut().zip(phases) {
             phase.push(s);
         }
     }
@@ -175,6 +181,7 @@ pub fn run<B: Backend>(
         tokens_per_second,
         mfu: metrics::mfu(flops_per_token, tokens_per_second, b.peak_flops()),
         phases_s: std::array::from_fn(|i| median(&mut split[i])),
+        split_step_s: median(&mut split_totals),
         memory_bytes: measured.unwrap_or(planned),
         memory_measured: measured.is_some(),
         loss,
