@@ -70,7 +70,7 @@ fn json_figures_are_complete_and_consistent() {
     let mut sum = 0.0;
     for name in names {
         let ms = phases[name].as_f64().expect("a number");
-        // "other" (reading back 32 losses) can be microseconds, but never negative; the
+        // "other" (reading back 512 losses) can be microseconds, but never negative; the
         // three phases that compute are measurably long.
         assert!(
             ms >= 0.0 && (name == "other" || ms > 0.0),
