@@ -1,0 +1,54 @@
+"""PyTorch's causal attention on the shapes of tests/cuda_attention.rs, for comparison with
+smelt's kernels: forward and backward of F.scaled_dot_product_attention (bf16, grouped-query
+heads expanded as transformers' sdpa path does, and that copy timed too), timed with CUDA events, per backend that
+this PyTorch build offers (flash, cuDNN).
+Usage: python3 torch_attention.py
+"""
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+SHAPES = [  # model, batch, q heads, kv heads, head dim; seq 1024
+    ("qwen2.5-0.5b", 32, 14, 2, 64),
+    ("qwen2.5-1.5b", 16, 12, 2, 128),
+    ("qwen2.5-3b", 8, 16, 2, 128),
+]
+SEQ = 1024
+
+
+def timed(fn, reps=10):
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def main():
+    for model, b, hq, hkv, d in SHAPES:
+        flops = 4 * SEQ * (SEQ + 1) / 2 * b * hq * d
+        q = torch.randn(b, hq, SEQ, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        kv = [torch.randn(b, hkv, SEQ, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2)]
+        dout = torch.randn(b, hq, SEQ, d, device="cuda", dtype=torch.bfloat16)
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+            with sdpa_kernel(backend):
+                def forward():
+                    k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in kv)
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+                try:
+                    fwd = timed(forward)
+                    both = timed(lambda: forward().backward(dout))
+                except RuntimeError as e:
+                    print(f"[figure] torch {backend.name} {model}: unavailable ({str(e).splitlines()[0]})")
+                    continue
+            bwd = both - fwd
+            print(f"[figure] torch {backend.name} {model} B{b} H{hq}/{hkv} D{d}: forward {fwd:.3f} ms "
+                  f"({flops / fwd * 1e-9:.0f} TFLOP/s), backward {bwd:.3f} ms ({2.5 * flops / bwd * 1e-9:.0f} TFLOP/s)")
+
+
+if __name__ == "__main__":
+    main()

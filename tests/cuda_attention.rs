@@ -1,0 +1,139 @@
+//! Attention at the shapes of the benchmark's models: the tensor-core kernels against the
+//! CUDA-core ones (the simple reference, itself tested against the CPU in cuda_ops), and the
+//! tensor-core kernels' speed, timed by CUDA events around each op. The speed is a figure, not
+//! an assertion; `scripts/gpu/torch_attention.py` times PyTorch's fused attention on the same
+//! shapes for comparison.
+
+mod common;
+
+use common::gpu::*;
+use smelt::backend::cuda::Cuda;
+use smelt::backend::cuda::attention::AttentionKernels;
+use smelt::backend::{AttnShape, Backend};
+use smelt::tensor::{DType, Tensor};
+
+struct Buffers {
+    qkv: Tensor<Cuda>,
+    out: Tensor<Cuda>,
+    lse: Tensor<Cuda>,
+    dout: Tensor<Cuda>,
+    dqkv: Tensor<Cuda>,
+}
+
+impl Buffers {
+    fn new(gpu: &Cuda, s: AttnShape, seed: u64) -> Self {
+        let rows = s.batch * s.seq;
+        let q = s.q_heads * s.head_dim;
+        let zeros =
+            |shape: &[usize], dtype| tensor(gpu, shape, dtype, &vec![0.0; shape.iter().product()]);
+        Buffers {
+            // Entries of std 1.5 give scores of std ~2: attention far from uniform.
+            qkv: tensor(
+                gpu,
+                &[rows, s.qkv_width()],
+                DType::BF16,
+                &normal(rows * s.qkv_width(), 1.5, seed),
+            ),
+            out: zeros(&[rows, q], DType::BF16),
+            lse: zeros(&[s.batch, s.q_heads, s.seq], DType::F32),
+            dout: tensor(
+                gpu,
+                &[rows, q],
+                DType::BF16,
+                &normal(rows * q, 1.0, seed + 1),
+            ),
+            dqkv: zeros(&[rows, s.qkv_width()], DType::BF16),
+        }
+    }
+
+    fn forward_backward(&self, gpu: &Cuda, s: AttnShape) {
+        gpu.attention_forward(&self.out, &self.lse, &self.qkv, s, None)
+            .unwrap();
+        gpu.attention_backward(&self.dqkv, &self.dout, &self.qkv, &self.out, &self.lse, s)
+            .unwrap();
+    }
+
+    fn outputs(&self, gpu: &Cuda) -> Outputs {
+        vec![
+            ("out", gpu.download(&self.out).unwrap()),
+            ("lse", gpu.download(&self.lse).unwrap()),
+            ("dqkv", gpu.download(&self.dqkv).unwrap()),
+        ]
+    }
+}
+
+/// Multiply-adds of the causal forward, two per (query, key ≤ query, q head, dim) and per
+/// product (QKᵀ and PV), in FLOPs; the backward is counted as 2.5 times this, as
+/// FlashAttention reports it.
+fn forward_flops(s: AttnShape) -> f64 {
+    let pairs = (s.seq * (s.seq + 1) / 2) as f64;
+    4.0 * pairs * (s.batch * s.q_heads * s.head_dim) as f64
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tensor_cores_at_model_shapes() {
+    let gpu = cuda();
+    let shape = |batch, q_heads, kv_heads, head_dim| AttnShape {
+        batch,
+        seq: 1024,
+        q_heads,
+        kv_heads,
+        head_dim,
+    };
+    // Qwen2.5-0.5B at batch 32, 1.5B at 16, 3B at 8: the benchmark's rows.
+    let cases = [
+        ("qwen2.5-0.5b", shape(32, 14, 2, 64)),
+        ("qwen2.5-1.5b", shape(16, 12, 2, 128)),
+        ("qwen2.5-3b", shape(8, 16, 2, 128)),
+    ];
+    for (i, (model, s)) in cases.into_iter().enumerate() {
+        let bufs = Buffers::new(&gpu, s, 50 + 2 * i as u64);
+        let test = format!(
+            "attention {model} B{} H{}/{} D{}",
+            s.batch, s.q_heads, s.kv_heads, s.head_dim
+        );
+        let run = |kernels| {
+            gpu.set_attention_kernels(kernels);
+            bufs.forward_backward(&gpu, s);
+            bufs.outputs(&gpu)
+        };
+        let reference = run(AttentionKernels::Simple);
+        // bf16 outputs and P, dS rounded to bf16 for the MMAs: the bound of cuda_ops.
+        check_op(
+            &test,
+            || run(AttentionKernels::TensorCore),
+            || reference.clone(),
+            |name| {
+                if name == "lse" { 1e-5 } else { 1e-2 }
+            },
+        );
+
+        let reps = 10;
+        gpu.time_ops(true);
+        for _ in 0..reps {
+            bufs.forward_backward(&gpu, s);
+        }
+        gpu.synchronize().unwrap();
+        let times = gpu.take_op_times().unwrap();
+        gpu.time_ops(false);
+        let ms = |op: &str| {
+            let t = times
+                .iter()
+                .find(|t| t.op == op)
+                .unwrap_or_else(|| panic!("{op} not timed: {times:?}"));
+            assert_eq!(t.calls, reps, "{op} calls");
+            t.seconds * 1e3 / reps as f64
+        };
+        let (fwd, bwd) = (ms("attention_forward"), ms("attention_backward"));
+        let flops = forward_flops(s);
+        figure(
+            &test,
+            format!(
+                "forward {fwd:.3} ms ({:.0} TFLOP/s), backward {bwd:.3} ms ({:.0} TFLOP/s)",
+                flops / fwd * 1e-9,
+                2.5 * flops / bwd * 1e-9
+            ),
+        );
+    }
+}
