@@ -62,9 +62,8 @@ impl Buffers {
     }
 }
 
-/// Multiply-adds of the causal forward, two per (query, key ≤ query, q head, dim) and per
-/// product (QKᵀ and PV), in FLOPs; the backward is counted as 2.5 times this, as
-/// FlashAttention reports it.
+/// FLOPs of the causal forward: QKᵀ and PV each take 2·D per (query, key at or before it,
+/// q head). The backward is counted as 2.5 times this, as FlashAttention reports it.
 fn forward_flops(s: AttnShape) -> f64 {
     let pairs = (s.seq * (s.seq + 1) / 2) as f64;
     4.0 * pairs * (s.batch * s.q_heads * s.head_dim) as f64
@@ -110,6 +109,7 @@ fn tensor_cores_at_model_shapes() {
         );
 
         let reps = 10;
+        gpu.set_attention_kernels(AttentionKernels::TensorCore);
         gpu.time_ops(true);
         for _ in 0..reps {
             bufs.forward_backward(&gpu, s);
