@@ -941,14 +941,7 @@ fn matmul_scaled_matches_the_cpu() {
             };
             let (xq, x_descale) = quantized(x, m, a_dtype);
             let (wq, w_descale) = quantized(w, n, b_dtype);
-            let a = Scaled {
-                data: &xq,
-                descale: &x_descale,
-            };
-            let wt = Scaled {
-                data: &wq,
-                descale: &w_descale,
-            };
+            let (a, wt) = (Scaled::new(&xq, &x_descale), Scaled::new(&wq, &w_descale));
             let bias = tensor(b, &[n], DType::BF16, bias);
             let zeros = vec![0.0; m * n];
             let plain = tensor(b, &[m, n], DType::BF16, &zeros);
@@ -1000,10 +993,7 @@ fn matmul_scaled_matches_the_cpu() {
         q(24, 32, DType::E4M3),
     );
     let out = q(32, 32, DType::BF16);
-    let scaled = |t| Scaled {
-        data: t,
-        descale: &one,
-    };
+    let scaled = |t| Scaled::new(t, &one);
     let err = gpu
         .matmul_scaled(&out, scaled(&e5), scaled(&e5), None, false)
         .unwrap_err();

@@ -114,6 +114,12 @@ impl<B: Backend> Clone for Scaled<'_, B> {
 }
 impl<B: Backend> Copy for Scaled<'_, B> {}
 
+impl<'a, B: Backend> Scaled<'a, B> {
+    pub fn new(data: &'a Tensor<B>, descale: &'a Tensor<B>) -> Self {
+        Scaled { data, descale }
+    }
+}
+
 /// The largest finite value of an FP8 dtype, which `quantize` scales a tensor's abs-max to.
 pub fn fp8_max(dtype: DType) -> Option<f32> {
     match dtype {

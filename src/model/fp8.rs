@@ -317,14 +317,7 @@ impl<B: Backend> Fp8State<B> {
         );
         b.quantize(Some(&xq), None, xd, x, &self.input_amax(l, lin))?;
         let w = &self.copies[l][lin as usize];
-        let weight = Scaled {
-            data: &w.rows,
-            descale: &w.descale,
-        };
-        let input = Scaled {
-            data: &xq,
-            descale: xd,
-        };
+        let (input, weight) = (Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale));
         b.matmul_scaled(out, input, weight, bias, false)
     }
 
@@ -350,7 +343,6 @@ impl<B: Backend> Fp8State<B> {
             b.abs_max(&amax, dy)?;
         }
         let (xd, dd) = (&self.input_descale, &self.grad_descale);
-        let scaled = |data, descale| Scaled { data, descale };
 
         // dy in both layouts at once; x transposed from the stash, with the forward's scale.
         let (dyq, dyt) = (view(&self.grad_q, n, outs), view(&self.grad_qt, outs, n));
@@ -358,14 +350,20 @@ impl<B: Backend> Fp8State<B> {
         let w = &self.copies[l][lin as usize];
         b.matmul_scaled(
             dx,
-            scaled(&dyq, dd),
-            scaled(&w.cols, &w.descale),
+            Scaled::new(&dyq, dd),
+            Scaled::new(&w.cols, &w.descale),
             None,
             false,
         )?;
         let xt = view(&self.input_q, ins, n);
         b.quantize(None, Some(&xt), xd, x, &self.input_amax(l, lin))?;
-        b.matmul_scaled(dw, scaled(&dyt, dd), scaled(&xt, xd), None, accumulate)
+        b.matmul_scaled(
+            dw,
+            Scaled::new(&dyt, dd),
+            Scaled::new(&xt, xd),
+            None,
+            accumulate,
+        )
     }
 
     /// Every abs-max, named `layers.L.LINEAR.{input,weight,grad}`: what `--debug-log-abs-max`
