@@ -12,7 +12,7 @@ mod common;
 use common::gpu::*;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::backend::cuda::attention::AttentionKernels;
-use smelt::backend::{AdamW, AttnShape, Backend, Matmul, Scaled};
+use smelt::backend::{AdamW, AttnShape, Backend, Fp8Sum, Matmul, Scaled};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor};
 
@@ -923,6 +923,7 @@ fn matmul_scaled_matches_the_cpu() {
         fn run<B: Backend>(
             b: &B,
             (a_dtype, b_dtype): (DType, DType),
+            sum: Fp8Sum,
             (m, n, k): (usize, usize, usize),
             x: &[f32],
             w: &[f32],
@@ -945,14 +946,15 @@ fn matmul_scaled_matches_the_cpu() {
             let bias = tensor(b, &[n], DType::BF16, bias);
             let zeros = vec![0.0; m * n];
             let plain = tensor(b, &[m, n], DType::BF16, &zeros);
-            b.matmul_scaled(&plain, a, wt, None, false).unwrap();
+            b.matmul_scaled(&plain, a, wt, None, sum, false).unwrap();
             let biased = tensor(b, &[m, n], DType::BF16, &zeros);
-            b.matmul_scaled(&biased, a, wt, Some(&bias), false).unwrap();
+            b.matmul_scaled(&biased, a, wt, Some(&bias), sum, false)
+                .unwrap();
             let accumulated = tensor(b, &[m, n], DType::BF16, acc0);
-            b.matmul_scaled(&accumulated, a, wt, Some(&bias), true)
+            b.matmul_scaled(&accumulated, a, wt, Some(&bias), sum, true)
                 .unwrap();
             let unbiased_accumulated = tensor(b, &[m, n], DType::BF16, acc0);
-            b.matmul_scaled(&unbiased_accumulated, a, wt, None, true)
+            b.matmul_scaled(&unbiased_accumulated, a, wt, None, sum, true)
                 .unwrap();
             vec![
                 ("a·bᵀ", download(b, &plain)),
@@ -966,18 +968,24 @@ fn matmul_scaled_matches_the_cpu() {
             (DType::E5M2, DType::E4M3),
             (DType::E4M3, DType::E5M2),
         ];
-        for dtypes in pairs {
-            let name = format!("matmul_scaled {m}x{n}x{k} {}·{}ᵀ", dtypes.0, dtypes.1);
+        for (dtypes, sum) in pairs
+            .into_iter()
+            .flat_map(|d| [(d, Fp8Sum::Promoted), (d, Fp8Sum::Fast)])
+        {
+            let name = format!(
+                "matmul_scaled {m}x{n}x{k} {}·{}ᵀ {sum:?}",
+                dtypes.0, dtypes.1
+            );
             let shape = (m, n, k);
             // Both sides multiply the same fp8 operands (quantize is bitwise the CPU's). The
-            // GPU sums exact fp8 products in f32 (precise accumulation, promoted along K) and
-            // applies the descales once; the CPU applies them to the operands first, then
-            // sums in another order: f32 differences near 1e-6 relative, far below the bf16
-            // rounding of out (2⁻⁹ relative per element), so bf16's 1e-2 holds.
+            // GPU sums exact fp8 products (in f32 when promoted along K, in the tensor cores'
+            // narrower accumulator when fast) and applies the descales once; the CPU applies
+            // them to the operands first, then sums in f32 in another order. Both stay well
+            // inside bf16's 1e-2.
             check_op(
                 &name,
-                || run(&gpu, dtypes, shape, &x, &w, &bias, &acc0),
-                || run(&cpu, dtypes, shape, &x, &w, &bias, &acc0),
+                || run(&gpu, dtypes, sum, shape, &x, &w, &bias, &acc0),
+                || run(&cpu, dtypes, sum, shape, &x, &w, &bias, &acc0),
                 |_| tol(DType::BF16),
             );
         }
@@ -995,12 +1003,26 @@ fn matmul_scaled_matches_the_cpu() {
     let out = q(32, 32, DType::BF16);
     let scaled = |t| Scaled::new(t, &one);
     let err = gpu
-        .matmul_scaled(&out, scaled(&e5), scaled(&e5), None, false)
+        .matmul_scaled(
+            &out,
+            scaled(&e5),
+            scaled(&e5),
+            None,
+            Fp8Sum::Promoted,
+            false,
+        )
         .unwrap_err();
     assert!(format!("{err:#}").contains("matmul_scaled"), "{err:#}");
     let out = q(24, 32, DType::BF16);
     let err = gpu
-        .matmul_scaled(&out, scaled(&odd), scaled(&e4), None, false)
+        .matmul_scaled(
+            &out,
+            scaled(&odd),
+            scaled(&e4),
+            None,
+            Fp8Sum::Promoted,
+            false,
+        )
         .unwrap_err();
     let text = format!("{err:#}");
     assert!(

@@ -120,6 +120,17 @@ impl<'a, B: Backend> Scaled<'a, B> {
     }
 }
 
+/// How an FP8 matmul sums along K.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fp8Sum {
+    /// In the tensor cores' own accumulator, without promotion to f32 along the way: faster,
+    /// and what Transformer Engine does in the forward, where K is a model width.
+    Fast,
+    /// Promoted to f32 at intervals along K: for the backward, whose weight gradients sum
+    /// over every token of the batch.
+    Promoted,
+}
+
 /// The largest finite value of an FP8 dtype, which `quantize` scales a tensor's abs-max to.
 pub fn fp8_max(dtype: DType) -> Option<f32> {
     match dtype {
@@ -368,13 +379,16 @@ pub trait Backend: Sized {
     ) -> Result<()>;
     /// `out[M, N] (+)= (a[M, K] · a.descale) · (b[N, K] · b.descale)ᵀ (+ bias[N])`, the one
     /// form FP8 matmuls take on Hopper (K contiguous in both operands). a and b are e4m3 or
-    /// e5m2, not both e5m2; out and bias are bf16.
+    /// e5m2, not both e5m2; out and bias are bf16. `sum` may be ignored by a backend that
+    /// always sums exactly (the CPU).
+    #[allow(clippy::too_many_arguments)]
     fn matmul_scaled(
         &self,
         out: &Tensor<Self>,
         a: Scaled<'_, Self>,
         b: Scaled<'_, Self>,
         bias: Option<&Tensor<Self>>,
+        sum: Fp8Sum,
         accumulate: bool,
     ) -> Result<()>;
 }

@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::params::{LayerParams, ParamSpec, Params};
-use crate::backend::{Backend, Scaled};
+use crate::backend::{Backend, Fp8Sum, Scaled};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 /// The dtypes the four linear layers of each block (QKV, output, gate/up, down) multiply
@@ -121,10 +121,19 @@ struct WeightCopy<B: Backend> {
     descale: Tensor<B>,
 }
 
+/// One linear's input as its weight gradient needs it, `[in, tokens]` in FP8, written by the
+/// forward's quantization in the same pass as the forward's own `[tokens, in]` copy, and its
+/// descale: the backward reads it instead of quantizing the input again.
+struct InputStash<B: Backend> {
+    cols: Tensor<B>,
+    descale: Tensor<B>,
+}
+
 /// Everything FP8 adds to a transformer: the weights' FP8 copies, the abs-max statistics,
 /// and scratch for quantized activations and gradients.
 pub(crate) struct Fp8State<B: Backend> {
     copies: Vec<[WeightCopy<B>; 4]>,
+    inputs: Vec<[InputStash<B>; 4]>,
     state: Cell<WeightCopies>,
     /// `[P, 1]` f32: each parameter's abs-max, reported by the optimizer, in `Params` order.
     weight_amax: Tensor<B>,
@@ -135,14 +144,13 @@ pub(crate) struct Fp8State<B: Backend> {
     /// `[L·4, 1]` f32: each linear's output-gradient abs-max, reported by the op producing it
     /// or from a pass over it.
     grad_amax: Tensor<B>,
-    /// Flat scratch for one quantized input (either layout) and one quantized gradient in
-    /// both layouts.
+    /// Flat scratch for the forward's quantized input and one quantized gradient in both
+    /// layouts.
     input_q: Tensor<B>,
     grad_q: Tensor<B>,
     grad_qt: Tensor<B>,
-    /// `[1]` f32 each: the descales of `input_q` and `grad_q`. Separate allocations, as
-    /// cuBLASLt wants its scale pointers aligned.
-    input_descale: Tensor<B>,
+    /// `[1]` f32: the descale of `grad_q`. Each descale is its own allocation, as cuBLASLt
+    /// wants its scale pointers aligned.
     grad_descale: Tensor<B>,
 }
 
@@ -190,7 +198,6 @@ impl<B: Backend> Fp8State<B> {
             TensorSpec::new("fp8.input_q", &[shape.tokens * shape.max_in], forward),
             TensorSpec::new("fp8.grad_q", &[shape.tokens * shape.max_out], gradient),
             TensorSpec::new("fp8.grad_qt", &[shape.tokens * shape.max_out], gradient),
-            stat("fp8.input_descale", 1),
             stat("fp8.grad_descale", 1),
         ];
         for (l, layer) in layout.layers.iter().enumerate() {
@@ -201,6 +208,13 @@ impl<B: Backend> Fp8State<B> {
                 specs.push(TensorSpec::new(name.clone(), &[out, inp], forward));
                 specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], forward));
                 specs.push(stat(&format!("{name}.descale"), 1));
+                let input = format!("{name}.input");
+                specs.push(TensorSpec::new(
+                    format!("{input}.t"),
+                    &[inp, shape.tokens],
+                    forward,
+                ));
+                specs.push(stat(&format!("{input}.descale"), 1));
             }
         }
         let build = move |t: Vec<Tensor<B>>| {
@@ -208,18 +222,28 @@ impl<B: Backend> Fp8State<B> {
             let mut take = || t.next().expect("one tensor per planned spec");
             let (weight_amax, input_amax, grad_amax) = (take(), take(), take());
             let (input_q, grad_q, grad_qt) = (take(), take(), take());
-            let (input_descale, grad_descale) = (take(), take());
-            let copies = (0..weight_slot.len())
-                .map(|_| {
-                    [(); 4].map(|_| WeightCopy {
+            let grad_descale = take();
+            let (mut copies, mut inputs) = (vec![], vec![]);
+            for _ in 0..weight_slot.len() {
+                let mut weight = vec![];
+                let mut input = vec![];
+                for _ in Linear::ALL {
+                    weight.push(WeightCopy {
                         rows: take(),
                         cols: take(),
                         descale: take(),
-                    })
-                })
-                .collect();
+                    });
+                    input.push(InputStash {
+                        cols: take(),
+                        descale: take(),
+                    });
+                }
+                copies.push(weight.try_into().ok().expect("four linears"));
+                inputs.push(input.try_into().ok().expect("four linears"));
+            }
             Fp8State {
                 copies,
+                inputs,
                 state: Cell::new(WeightCopies::Stale),
                 weight_amax,
                 weight_slot,
@@ -228,7 +252,6 @@ impl<B: Backend> Fp8State<B> {
                 input_q,
                 grad_q,
                 grad_qt,
-                input_descale,
                 grad_descale,
             }
         };
@@ -302,7 +325,8 @@ impl<B: Backend> Fp8State<B> {
         b.fill(&self.grad_amax, 0.0)
     }
 
-    /// `out = x · wᵀ (+ bias)` with x and w in FP8.
+    /// `out = x · wᵀ (+ bias)` with x and w in FP8; x is also stashed transposed for the
+    /// backward.
     pub fn forward(
         &self,
         b: &B,
@@ -311,22 +335,19 @@ impl<B: Backend> Fp8State<B> {
         x: &Tensor<B>,
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
-        let (xq, xd) = (
-            view(&self.input_q, x.matrix_rows(), x.cols()),
-            &self.input_descale,
-        );
-        b.quantize(Some(&xq), None, xd, x, &self.input_amax(l, lin))?;
+        let stash = &self.inputs[l][lin as usize];
+        let xq = view(&self.input_q, x.matrix_rows(), x.cols());
+        let xt = stash.cols.reshape(&[x.cols(), x.matrix_rows()]);
+        let xd = &stash.descale;
+        b.quantize(Some(&xq), Some(&xt), xd, x, &self.input_amax(l, lin))?;
         let w = &self.copies[l][lin as usize];
         let (input, weight) = (Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale));
-        b.matmul_scaled(out, input, weight, bias, false)
+        b.matmul_scaled(out, input, weight, bias, Fp8Sum::Fast, false)
     }
 
     /// `dx = dy · w` and `dw (+)= dyᵀ · x`, with dy in the gradient dtype (its abs-max taken by
-    /// a pass here unless its producer reported it). Each operand is
-    /// quantized into the layout its matmul needs: dy as is and transposed (one pass), x
-    /// transposed (with the forward's scale, from the same abs-max), w from its transposed
-    /// copy.
-    #[allow(clippy::too_many_arguments)]
+    /// a pass here unless its producer reported it) and quantized in both layouts in one
+    /// pass; w from its transposed copy, x from the forward's transposed stash.
     pub fn backward(
         &self,
         b: &B,
@@ -334,17 +355,14 @@ impl<B: Backend> Fp8State<B> {
         dx: &Tensor<B>,
         dw: &Tensor<B>,
         dy: &Tensor<B>,
-        x: &Tensor<B>,
         accumulate: bool,
     ) -> Result<()> {
-        let (n, outs, ins) = (dy.matrix_rows(), dy.cols(), x.cols());
+        let (n, outs) = (dy.matrix_rows(), dy.cols());
         let amax = self.grad_amax(l, lin);
         if !lin.gradient_reported() {
             b.abs_max(&amax, dy)?;
         }
-        let (xd, dd) = (&self.input_descale, &self.grad_descale);
-
-        // dy in both layouts at once; x transposed from the stash, with the forward's scale.
+        let dd = &self.grad_descale;
         let (dyq, dyt) = (view(&self.grad_q, n, outs), view(&self.grad_qt, outs, n));
         b.quantize(Some(&dyq), Some(&dyt), dd, dy, &amax)?;
         let w = &self.copies[l][lin as usize];
@@ -353,15 +371,17 @@ impl<B: Backend> Fp8State<B> {
             Scaled::new(&dyq, dd),
             Scaled::new(&w.cols, &w.descale),
             None,
+            Fp8Sum::Promoted,
             false,
         )?;
-        let xt = view(&self.input_q, ins, n);
-        b.quantize(None, Some(&xt), xd, x, &self.input_amax(l, lin))?;
+        let stash = &self.inputs[l][lin as usize];
+        let xt = stash.cols.reshape(&[dx.cols(), n]);
         b.matmul_scaled(
             dw,
             Scaled::new(&dyt, dd),
-            Scaled::new(&xt, xd),
+            Scaled::new(&xt, &stash.descale),
             None,
+            Fp8Sum::Promoted,
             accumulate,
         )
     }

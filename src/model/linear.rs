@@ -43,6 +43,7 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// `dx = dy · w` and `dw (+)= dyᵀ · x` for layer `l`'s `lin`, `dw` being its gradient.
+    /// With FP8, x is read from the forward's stash and the `x` given here is unused.
     pub(crate) fn linear_backward(
         &self,
         b: &B,
@@ -54,7 +55,7 @@ impl<B: Backend> Transformer<B> {
     ) -> Result<()> {
         let dw = lin.weight(&self.grads.layers[l]);
         match &self.fp8 {
-            Some(fp8) => fp8.backward(b, (l, lin), dx, dw, dy, x, accumulate),
+            Some(fp8) => fp8.backward(b, (l, lin), dx, dw, dy, accumulate),
             None => {
                 let w = lin.weight(&self.params.layers[l]);
                 b.matmul(dx, dy, w, None, Matmul::BACKWARD_INPUT)?;

@@ -26,7 +26,7 @@ use anyhow::{Result, anyhow, bail, ensure};
 pub use classifier::IGNORE_INDEX;
 pub use scalar::Scalar;
 
-use super::{AdamW, AttnShape, Backend, Matmul, Scaled, UnsupportedDtype};
+use super::{AdamW, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub enum Buffer<T> {
@@ -543,6 +543,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         a: Scaled<'_, Self>,
         b: Scaled<'_, Self>,
         bias: Option<&Tensor<Self>>,
+        _sum: Fp8Sum,
         accumulate: bool,
     ) -> Result<()> {
         let k = a.data.cols();

@@ -3,7 +3,7 @@
 //! (CUBLAS_COMPUTE_32F: no TF32, so f32 results are tight enough for tests), and the FP8 form
 //! `out (+)= (a · da) · (b · db)ᵀ (+ bias)` with e4m3/e5m2 operands, bf16 out and bias, and
 //! per-tensor descales read from device pointers.
-//! Descriptors, layouts and the heuristic's algorithm are made once per shape and kept.
+//! Descriptors, layouts and the algorithm (`matmul_algos`) are chosen once per shape and kept.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -13,17 +13,14 @@ use std::sync::Arc;
 use anyhow::{Result, anyhow, bail};
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::CudaStream;
+use cudarc::driver::sys::CUevent_flags;
 
+use super::matmul_algos::AlgoChooser;
 use super::memory::Arena;
 use crate::tensor::DType;
 
 /// The workspace cuBLASLt may use; 32 MiB is what NVIDIA recommends for Hopper.
 pub const WORKSPACE_BYTES: usize = 32 << 20;
-
-/// FP8 matmuls' fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): faster, but the tensor
-/// cores' partial sums are then never promoted to f32 along K, which loses precision over
-/// long reductions (the weight gradients sum over every token). Off: precise accumulation.
-pub const FP8_FAST_ACCUM: bool = false;
 
 /// Everything that decides the descriptors and the algorithm of one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,6 +38,8 @@ pub struct GemmKey {
     /// The largest power of two (≤ 256) dividing each of the a, b and out addresses: the
     /// heuristic must only pick kernels that accept them.
     pub align: [u32; 3],
+    /// FP8 only: CUBLASLT_MATMUL_DESC_FAST_ACCUM (see `Fp8Sum`).
+    pub fast_accum: bool,
 }
 
 /// Pointers of one call.
@@ -53,10 +52,16 @@ pub struct GemmPtrs {
     pub descales: Option<(u64, u64)>,
 }
 
+/// How many of the heuristic's algorithms a plan considers (see `matmul_algos`).
+const MAX_CANDIDATES: usize = 8;
+
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3], // cuBLAS A, B, and C = D
-    algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's algorithms, best guess first.
+    candidates: Vec<sys::cublasLtMatmulAlgo_t>,
+    /// Which candidate the calls use.
+    chosen: usize,
 }
 
 impl Drop for Plan {
@@ -76,6 +81,7 @@ pub struct Blas {
     stream: Arc<CudaStream>,
     workspace: Arc<Arena>,
     plans: RefCell<HashMap<GemmKey, Plan>>,
+    chooser: AlgoChooser,
 }
 
 fn err(call: &str) -> impl FnOnce(result::CublasError) -> anyhow::Error + '_ {
@@ -143,11 +149,15 @@ impl Blas {
     pub fn new(stream: Arc<CudaStream>, workspace: Arc<Arena>) -> Result<Self> {
         stream.context().bind_to_thread()?;
         let handle = result::create_handle().map_err(err("create"))?;
+        // SAFETY: a plain query with no arguments.
+        let version = unsafe { sys::cublasLtGetVersion() };
+        let chooser = AlgoChooser::new(&stream.context().name()?, version);
         Ok(Blas {
             handle,
             stream,
             workspace,
             plans: RefCell::new(HashMap::new()),
+            chooser,
         })
     }
 
@@ -192,7 +202,8 @@ impl Blas {
         let mut plan = Plan {
             desc,
             layouts,
-            algo: unsafe { std::mem::zeroed() },
+            candidates: Vec::new(),
+            chosen: 0,
         };
         let op = |t: bool| if t { 1i32 } else { 0i32 }; // CUBLAS_OP_T / CUBLAS_OP_N
         let epilogue = if key.bias {
@@ -214,7 +225,7 @@ impl Blas {
                 set_desc(
                     desc,
                     D::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
-                    &(FP8_FAST_ACCUM as i8),
+                    &(key.fast_accum as i8),
                 )?;
                 set_desc(
                     desc,
@@ -255,9 +266,13 @@ impl Blas {
                     &key.align[2],
                 )?;
             }
-            // SAFETY: all descriptors are live.
+            // SAFETY: a plain C struct of integers and floats, for which zero bits are valid.
+            let mut found: [sys::cublasLtMatmulHeuristicResult_t; MAX_CANDIDATES] =
+                unsafe { std::mem::zeroed() };
+            let mut count = 0i32;
+            // SAFETY: all descriptors are live; `found` holds MAX_CANDIDATES results.
             unsafe {
-                result::get_matmul_algo_heuristic(
+                sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
                     desc,
                     layouts[0],
@@ -265,15 +280,26 @@ impl Blas {
                     layouts[2],
                     layouts[2],
                     pref,
+                    MAX_CANDIDATES as i32,
+                    found.as_mut_ptr(),
+                    &mut count,
                 )
+                .result()
             }
-            .map_err(|e| anyhow!("cuBLASLt has no algorithm for {key:?}: {e}"))
+            .map_err(|e| anyhow!("cuBLASLt has no algorithm for {key:?}: {e}"))?;
+            if count == 0 {
+                bail!("cuBLASLt has no algorithm for {key:?}");
+            }
+            Ok(found[..count as usize]
+                .iter()
+                .map(|r| r.algo)
+                .collect::<Vec<_>>())
         })();
         // SAFETY: created above, destroyed once.
         unsafe {
             let _ = result::destroy_matmul_pref(pref);
         }
-        plan.algo = picked?.algo;
+        plan.candidates = picked?;
         Ok(plan)
     }
 
@@ -281,11 +307,58 @@ impl Blas {
     pub fn gemm(&self, key: GemmKey, ptrs: &GemmPtrs, accumulate: bool) -> Result<()> {
         self.stream.context().bind_to_thread()?;
         if !self.plans.borrow().contains_key(&key) {
-            let plan = self.plan(&key)?;
+            let mut plan = self.plan(&key)?;
+            self.set_pointers(&plan, ptrs)?;
+            plan.chosen = self.chooser.choose(&key, &plan.candidates, || {
+                self.time_candidates(&key, &plan, ptrs)
+            });
             self.plans.borrow_mut().insert(key, plan);
         }
         let plans = self.plans.borrow();
         let plan = &plans[&key];
+        self.set_pointers(plan, ptrs)?;
+        self.launch(plan, plan.chosen, ptrs, ptrs.out, accumulate)
+            .map_err(|e| anyhow!("cuBLASLt matmul {key:?}: {e}"))
+    }
+
+    /// Each candidate's time in milliseconds (infinite if it fails), on this call's inputs
+    /// and a scratch output: the best of three rounds, each timing three calls of every
+    /// candidate in turn, after one untimed call of each (so that clocks and caches are warm
+    /// for the first as for the last). `None` when the scratch output does not fit.
+    fn time_candidates(&self, key: &GemmKey, plan: &Plan, ptrs: &GemmPtrs) -> Option<Vec<f32>> {
+        const ROUNDS: usize = 3;
+        const CALLS: usize = 3;
+        let scratch = Arena::new(
+            self.stream.context(),
+            key.m * key.n * key.dtypes[2].size_bytes(),
+        )
+        .ok()?;
+        let count = plan.candidates.len();
+        let ok: Vec<bool> = (0..count)
+            .map(|i| self.launch(plan, i, ptrs, scratch.ptr(), false).is_ok())
+            .collect();
+        let mut best = vec![f32::INFINITY; count];
+        for _ in 0..ROUNDS {
+            for i in (0..count).filter(|&i| ok[i]) {
+                let event = || {
+                    self.stream
+                        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                        .ok()
+                };
+                let start = event()?;
+                for _ in 0..CALLS {
+                    self.launch(plan, i, ptrs, scratch.ptr(), false).ok()?;
+                }
+                let end = event()?;
+                end.synchronize().ok()?;
+                best[i] = best[i].min(start.elapsed_ms(&end).ok()? / CALLS as f32);
+            }
+        }
+        Some(best)
+    }
+
+    /// Points the plan's descriptor at this call's bias and descales.
+    fn set_pointers(&self, plan: &Plan, ptrs: &GemmPtrs) -> Result<()> {
         use sys::cublasLtMatmulDescAttributes_t as D;
         if let Some(bias) = ptrs.bias {
             // SAFETY: BIAS_POINTER is a device pointer (void*).
@@ -309,9 +382,22 @@ impl Blas {
                 )?;
             }
         }
+        Ok(())
+    }
+
+    /// Enqueues candidate `algo` of `plan` writing into `out`.
+    fn launch(
+        &self,
+        plan: &Plan,
+        algo: usize,
+        ptrs: &GemmPtrs,
+        out: u64,
+        accumulate: bool,
+    ) -> Result<(), result::CublasError> {
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
-        // SAFETY: the plan's descriptors match `key`, which the caller derived from the
-        // tensors behind `ptrs`; the workspace is WORKSPACE_BYTES of device memory.
+        // SAFETY: the plan's descriptors match the key it was made for, which the caller
+        // derived from the tensors behind `ptrs`; `out` has the output's size; the workspace
+        // is WORKSPACE_BYTES of device memory.
         unsafe {
             result::matmul(
                 self.handle,
@@ -322,17 +408,16 @@ impl Blas {
                 plan.layouts[0],
                 ptrs.a as *const c_void,
                 plan.layouts[1],
-                ptrs.out as *const c_void,
+                out as *const c_void,
                 plan.layouts[2],
-                ptrs.out as *mut c_void,
+                out as *mut c_void,
                 plan.layouts[2],
-                &plan.algo,
+                &plan.candidates[algo],
                 self.workspace.ptr() as *mut c_void,
                 WORKSPACE_BYTES,
                 self.stream.cu_stream() as _,
             )
         }
-        .map_err(|e| anyhow!("cuBLASLt matmul {key:?}: {e}"))
     }
 }
 

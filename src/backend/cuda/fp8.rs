@@ -8,7 +8,7 @@ use super::cublaslt::{GemmKey, GemmPtrs, alignment};
 use super::kernels::{Arg, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, float, ptr};
 use crate::backend::cpu::rounding::round_fp8;
-use crate::backend::{Scaled, UnsupportedDtype};
+use crate::backend::{Fp8Sum, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor};
 
 /// The tile edge of `quantize_transposed` and its threads per block (fp8.cu's `qt`).
@@ -204,6 +204,7 @@ impl Cuda {
         a: Scaled<'_, Cuda>,
         b: Scaled<'_, Cuda>,
         bias: Option<&Tensor<Cuda>>,
+        sum: Fp8Sum,
         accumulate: bool,
     ) -> Result<()> {
         let (major, minor) = self.compute_capability;
@@ -295,6 +296,7 @@ impl Cuda {
             dtypes: [a.data.dtype, b.data.dtype, out.dtype],
             bias: bias.is_some(),
             align: [alignment(ptrs.a), alignment(ptrs.b), alignment(ptrs.out)],
+            fast_accum: sum == Fp8Sum::Fast,
         };
         self.blas
             .gemm(key, &ptrs, accumulate)

@@ -56,6 +56,7 @@ impl Cuda {
             dtypes: [out.dtype; 3],
             bias: bias.is_some(),
             align: [alignment(ptrs.a), alignment(ptrs.b), alignment(ptrs.out)],
+            fast_accum: false,
         };
         self.blas.gemm(key, &ptrs, spec.accumulate)
     }

@@ -14,11 +14,13 @@ pub mod attention;
 mod classifier;
 pub mod cublaslt;
 pub mod device;
+mod disk_cache;
 mod elementwise;
 mod embedding;
 mod fp8;
 pub mod kernels;
 mod matmul;
+mod matmul_algos;
 pub mod memory;
 pub mod nvrtc;
 mod op_timer;
@@ -38,7 +40,7 @@ use self::kernels::{Arg, KArg, Kernel, Kernels};
 use self::memory::{CudaStorage, Memory, MemoryReport, carve};
 use self::op_timer::OpTimer;
 use super::op_times::{OpTime, matmul_name};
-use super::{AdamW, AttnShape, Backend, Matmul, Scaled, UnsupportedDtype};
+use super::{AdamW, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub struct Cuda {
@@ -581,12 +583,13 @@ impl Backend for Cuda {
         a: Scaled<'_, Self>,
         b: Scaled<'_, Self>,
         bias: Option<&Tensor<Self>>,
+        sum: Fp8Sum,
         accumulate: bool,
     ) -> Result<()> {
         let name = || matmul_name(out.matrix_rows(), out.cols(), a.data.cols());
         self.op_named(
             || format!("fp8 {}", name()),
-            || self.matmul_scaled_impl(out, a, b, bias, accumulate),
+            || self.matmul_scaled_impl(out, a, b, bias, sum, accumulate),
         )
     }
 }

@@ -14,6 +14,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use cudarc::nvrtc::sys;
 
+use super::disk_cache;
+
 /// The header every kernel file includes as `"common.cuh"`.
 const COMMON: &str = include_str!("kernels/common.cuh");
 
@@ -124,13 +126,7 @@ fn python_site_dirs() -> Vec<PathBuf> {
 /// Where compiled kernels are kept: `$SMELT_KERNEL_CACHE`, else `$XDG_CACHE_HOME/smelt/kernels`,
 /// else `~/.cache/smelt/kernels`.
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("SMELT_KERNEL_CACHE") {
-        return Some(PathBuf::from(dir));
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("smelt").join("kernels"))
+    disk_cache::dir("SMELT_KERNEL_CACHE", "kernels")
 }
 
 fn options(source: &Source, arch: &str, include: &[PathBuf]) -> Vec<String> {
@@ -138,18 +134,6 @@ fn options(source: &Source, arch: &str, include: &[PathBuf]) -> Vec<String> {
     opts.extend(include.iter().map(|d| format!("-I{}", d.display())));
     opts.extend(source.options.iter().map(|o| o.to_string()));
     opts
-}
-
-/// FNV-1a over the parts, each followed by a separator: stable across Rust versions.
-fn cache_key(parts: &[&str]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in part.as_bytes().iter().chain(&[0u8]) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
 }
 
 /// Compiles `names` (template instantiations such as `fill<bf16>`) from `source` for `arch`,
@@ -165,7 +149,7 @@ pub fn compile_cached(
     let version = format!("{major}.{minor}");
     let mut parts = vec![source.name, source.text, COMMON, arch, &opts, &version];
     parts.extend(names.iter().map(String::as_str));
-    let key = cache_key(&parts);
+    let key = disk_cache::key(&parts);
     let dir = cache_dir();
     if let Some(dir) = &dir
         && let Some(hit) = read_cache(dir, &key, names.len())
@@ -187,19 +171,15 @@ fn read_cache(dir: &Path, key: &str, count: usize) -> Option<Compiled> {
     (lowered.len() == count && !cubin.is_empty()).then_some(Compiled { cubin, lowered })
 }
 
-/// Writes the CUBIN, then the names file, each through a temporary name and a rename; the
-/// names file is read last, so a half-written entry is never taken.
+/// Writes the CUBIN, then the names file; the names file is read last, so a half-written
+/// entry is never taken.
 fn write_cache(dir: &Path, key: &str, compiled: &Compiled) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let put = |ext: &str, bytes: &[u8]| -> Result<()> {
-        let path = dir.join(format!("{key}.{ext}"));
-        let tmp = dir.join(format!("{key}.{ext}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, &path)?;
-        Ok(())
-    };
-    put("cubin", &compiled.cubin)?;
-    put("names", compiled.lowered.join("\n").as_bytes())
+    disk_cache::write(dir, &format!("{key}.cubin"), &compiled.cubin)?;
+    disk_cache::write(
+        dir,
+        &format!("{key}.names"),
+        compiled.lowered.join("\n").as_bytes(),
+    )
 }
 
 /// Compiles without the cache. Errors carry NVRTC's log and the options used.

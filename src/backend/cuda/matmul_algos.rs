@@ -1,0 +1,180 @@
+//! Which of cuBLASLt's candidate algorithms each matmul shape runs.
+//!
+//! The heuristic's first guess is up to 20% slower than its best candidate on some of the
+//! models' shapes (docs/performance.md), so a shape seen for the first time has its
+//! candidates timed once and keeps the fastest. Candidates may sum in different orders, so
+//! the choice is cached on disk, per GPU model and cuBLASLt version: a run and its
+//! continuation in another process then compute bitwise the same. `SMELT_MATMUL_TUNING=off`
+//! keeps the heuristic's first guess instead (no timing, no cache).
+
+use std::path::PathBuf;
+
+use cudarc::cublaslt::sys::cublasLtMatmulAlgo_t;
+
+use super::cublaslt::GemmKey;
+use super::disk_cache;
+
+pub struct AlgoChooser {
+    /// `None` when tuning is off.
+    tuning: Option<Tuning>,
+}
+
+struct Tuning {
+    /// `None` when there is no cache directory: every process times afresh.
+    dir: Option<PathBuf>,
+    /// The GPU model and the cuBLASLt version, part of every entry's name.
+    device: String,
+}
+
+impl AlgoChooser {
+    pub fn new(gpu_name: &str, cublaslt_version: usize) -> Self {
+        let off = std::env::var("SMELT_MATMUL_TUNING").is_ok_and(|v| v == "off");
+        AlgoChooser {
+            tuning: (!off).then(|| Tuning {
+                dir: disk_cache::dir("SMELT_MATMUL_CACHE", "matmul"),
+                device: format!("{gpu_name} cublasLt {cublaslt_version}"),
+            }),
+        }
+    }
+
+    /// The index into `candidates` (the heuristic's list, best guess first) that `key` uses:
+    /// the cached choice if it names the same algorithm, else the fastest by `time` (each
+    /// candidate's milliseconds, infinite for one that failed; `None` when it could not
+    /// time), then cached.
+    pub fn choose(
+        &self,
+        key: &GemmKey,
+        candidates: &[cublasLtMatmulAlgo_t],
+        time: impl FnOnce() -> Option<Vec<f32>>,
+    ) -> usize {
+        let Some(tuning) = &self.tuning else {
+            return 0;
+        };
+        if candidates.len() < 2 {
+            return 0;
+        }
+        let file = disk_cache::key(&[&tuning.device, &format!("{key:?}")]);
+        if let Some(dir) = &tuning.dir
+            && let Some(i) = read(&dir.join(&file), candidates)
+        {
+            return i;
+        }
+        let Some(times) = time() else {
+            return 0;
+        };
+        // Ties go to the heuristic's earlier guess.
+        let fastest = (0..times.len())
+            .min_by(|&i, &j| times[i].total_cmp(&times[j]).then(i.cmp(&j)))
+            .unwrap_or(0);
+        if let Some(dir) = &tuning.dir {
+            // A cache that cannot be written only costs another timing next run.
+            let _ = disk_cache::write(dir, &file, entry(fastest, &candidates[fastest]).as_bytes());
+        }
+        fastest
+    }
+}
+
+/// An entry: the candidate's index and its algorithm's bytes, which must match on reading
+/// (a different library or driver may rank other candidates).
+fn entry(index: usize, algo: &cublasLtMatmulAlgo_t) -> String {
+    let words: Vec<String> = algo.data.iter().map(|w| format!("{w:016x}")).collect();
+    format!("{index} {}\n", words.join(""))
+}
+
+fn read(path: &std::path::Path, candidates: &[cublasLtMatmulAlgo_t]) -> Option<usize> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let index: usize = text.split_whitespace().next()?.parse().ok()?;
+    let algo = candidates.get(index)?;
+    (text == entry(index, algo)).then_some(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::DType;
+
+    fn algo(seed: u64) -> cublasLtMatmulAlgo_t {
+        cublasLtMatmulAlgo_t {
+            data: std::array::from_fn(|i| seed * 100 + i as u64),
+        }
+    }
+
+    fn key() -> GemmKey {
+        GemmKey {
+            m: 64,
+            n: 32,
+            k: 16,
+            trans_a: false,
+            trans_b: true,
+            dtypes: [DType::BF16; 3],
+            bias: false,
+            align: [256; 3],
+            fast_accum: false,
+        }
+    }
+
+    fn chooser(dir: &std::path::Path, device: &str) -> AlgoChooser {
+        AlgoChooser {
+            tuning: Some(Tuning {
+                dir: Some(dir.to_path_buf()),
+                device: device.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn times_once_then_reuses_the_cached_choice() {
+        let dir = tempfile::tempdir().unwrap();
+        let candidates = [algo(1), algo(2), algo(3)];
+        let first = chooser(dir.path(), "gpu");
+        assert_eq!(
+            first.choose(&key(), &candidates, || Some(vec![2.0, 1.0, 3.0])),
+            1
+        );
+        // Another process: the cache answers, even against different timings.
+        let second = chooser(dir.path(), "gpu");
+        let untimed = || -> Option<Vec<f32>> { panic!("a cached choice must not be timed") };
+        assert_eq!(second.choose(&key(), &candidates, untimed), 1);
+        // Another GPU or library version times afresh.
+        let other = chooser(dir.path(), "other gpu");
+        assert_eq!(
+            other.choose(&key(), &candidates, || Some(vec![0.5, 1.0, 3.0])),
+            0
+        );
+    }
+
+    #[test]
+    fn a_stale_or_damaged_entry_is_timed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = chooser(dir.path(), "gpu");
+        assert_eq!(
+            c.choose(&key(), &[algo(1), algo(2)], || Some(vec![2.0, 1.0])),
+            1
+        );
+        // The heuristic now lists a different algorithm at index 1.
+        assert_eq!(
+            c.choose(&key(), &[algo(1), algo(7)], || Some(vec![1.0, 2.0])),
+            0
+        );
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            std::fs::write(entry.unwrap().path(), "garbage").unwrap();
+        }
+        assert_eq!(
+            c.choose(&key(), &[algo(1), algo(7)], || Some(vec![3.0, 2.0])),
+            1
+        );
+    }
+
+    #[test]
+    fn ties_and_failures_keep_the_heuristic_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = chooser(dir.path(), "gpu");
+        let candidates = [algo(1), algo(2), algo(3)];
+        assert_eq!(
+            c.choose(&key(), &candidates, || Some(vec![f32::INFINITY, 1.0, 1.0])),
+            1
+        );
+        let untimeable = chooser(dir.path(), "no scratch");
+        assert_eq!(untimeable.choose(&key(), &candidates, || None), 0);
+    }
+}
