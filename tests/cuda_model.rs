@@ -1,6 +1,7 @@
-//! One full training step (forward and backward) of small Qwen2 and Llama models on the GPU
-//! against the CPU, on the same weights and batch: bf16 against f32, and FP8 against the
-//! CPU's emulation of the same FP8 step.
+//! One full training step (forward and backward over two micro-batches, the gradients
+//! accumulated) of small Qwen2 and Llama models on the GPU against the CPU, on the same
+//! weights and batches: bf16 against f32, and FP8 against the CPU's emulation of the same FP8
+//! step (whose second micro-batch reuses the weights' FP8 copies).
 
 mod common;
 
@@ -13,6 +14,7 @@ use smelt::tensor::DType;
 
 const BATCH: usize = 2;
 const SEQ: usize = 256;
+const MICRO_BATCHES: u64 = 2;
 
 fn opts(dtype: DType, matmul: MatmulPrecision) -> ModelOptions {
     let mut o = options(BATCH, SEQ, dtype, Recompute::default(), 2);
@@ -26,7 +28,8 @@ struct Bounds {
     cosine: f64,
 }
 
-/// Runs one step of `config` on both backends and checks the loss and every gradient.
+/// Runs one step of `config` on both backends and checks each micro-batch's loss and every
+/// accumulated gradient.
 fn compare(
     test: &str,
     config: &ModelConfig,
@@ -42,26 +45,34 @@ fn compare(
     upload_weights(&cpu, &on_cpu, &weights);
     on_gpu.weights_changed();
     on_cpu.weights_changed();
-    let (tokens, targets) = batch(BATCH * SEQ, config.vocab_size, 8);
-    let trained = trained_tokens(&targets);
-    let loss = LossOptions {
-        grad_scale: 1.0 / trained as f32,
-        z_loss: 1e-4,
-        accumulate: false,
-    };
-    on_gpu
-        .forward_backward(&gpu, &tokens, &targets, loss)
-        .unwrap();
-    on_cpu
-        .forward_backward(&cpu, &tokens, &targets, loss)
-        .unwrap();
-    let gpu_loss = on_gpu.loss_sum(&gpu).unwrap() / trained as f64;
-    let cpu_loss = on_cpu.loss_sum(&cpu).unwrap() / trained as f64;
-    figure(test, format!("loss gpu {gpu_loss:.5} cpu {cpu_loss:.5}"));
-    assert!(
-        (gpu_loss - cpu_loss).abs() <= bounds.loss,
-        "{test}: loss {gpu_loss} on the GPU, {cpu_loss} on the CPU"
-    );
+    let batches: Vec<_> = (0..MICRO_BATCHES)
+        .map(|i| batch(BATCH * SEQ, config.vocab_size, 8 + i))
+        .collect();
+    let trained: usize = batches.iter().map(|(_, t)| trained_tokens(t)).sum();
+    for (i, (tokens, targets)) in batches.iter().enumerate() {
+        let loss = LossOptions {
+            grad_scale: 1.0 / trained as f32,
+            z_loss: 1e-4,
+            accumulate: i > 0,
+        };
+        on_gpu
+            .forward_backward(&gpu, tokens, targets, loss)
+            .unwrap();
+        on_cpu
+            .forward_backward(&cpu, tokens, targets, loss)
+            .unwrap();
+        let here = trained_tokens(targets) as f64;
+        let gpu_loss = on_gpu.loss_sum(&gpu).unwrap() / here;
+        let cpu_loss = on_cpu.loss_sum(&cpu).unwrap() / here;
+        figure(
+            test,
+            format!("micro-batch {i}: loss gpu {gpu_loss:.5} cpu {cpu_loss:.5}"),
+        );
+        assert!(
+            (gpu_loss - cpu_loss).abs() <= bounds.loss,
+            "{test}: micro-batch {i}: loss {gpu_loss} on the GPU, {cpu_loss} on the CPU"
+        );
+    }
     let mut worst = (f64::INFINITY, String::new());
     for ((pname, g), (_, c)) in gradients(&gpu, &on_gpu)
         .iter()
