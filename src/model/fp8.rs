@@ -129,11 +129,17 @@ struct InputStash<B: Backend> {
     descale: Tensor<B>,
 }
 
+/// What one linear layer keeps in FP8.
+struct LinearCopies<B: Backend> {
+    weight: WeightCopy<B>,
+    input: InputStash<B>,
+}
+
 /// Everything FP8 adds to a transformer: the weights' FP8 copies, the abs-max statistics,
 /// and scratch for quantized activations and gradients.
 pub(crate) struct Fp8State<B: Backend> {
-    copies: Vec<[WeightCopy<B>; 4]>,
-    inputs: Vec<[InputStash<B>; 4]>,
+    /// Per block, its four linears' FP8 copies, in `Linear::ALL` order.
+    linears: Vec<[LinearCopies<B>; 4]>,
     state: Cell<WeightCopies>,
     /// `[P, 1]` f32: each parameter's abs-max, reported by the optimizer, in `Params` order.
     weight_amax: Tensor<B>,
@@ -223,27 +229,23 @@ impl<B: Backend> Fp8State<B> {
             let (weight_amax, input_amax, grad_amax) = (take(), take(), take());
             let (input_q, grad_q, grad_qt) = (take(), take(), take());
             let grad_descale = take();
-            let (mut copies, mut inputs) = (vec![], vec![]);
-            for _ in 0..weight_slot.len() {
-                let mut weight = vec![];
-                let mut input = vec![];
-                for _ in Linear::ALL {
-                    weight.push(WeightCopy {
-                        rows: take(),
-                        cols: take(),
-                        descale: take(),
-                    });
-                    input.push(InputStash {
-                        cols: take(),
-                        descale: take(),
-                    });
-                }
-                copies.push(weight.try_into().ok().expect("four linears"));
-                inputs.push(input.try_into().ok().expect("four linears"));
-            }
+            let linears = (0..weight_slot.len())
+                .map(|_| {
+                    [(); 4].map(|_| LinearCopies {
+                        weight: WeightCopy {
+                            rows: take(),
+                            cols: take(),
+                            descale: take(),
+                        },
+                        input: InputStash {
+                            cols: take(),
+                            descale: take(),
+                        },
+                    })
+                })
+                .collect();
             Fp8State {
-                copies,
-                inputs,
+                linears,
                 state: Cell::new(WeightCopies::Stale),
                 weight_amax,
                 weight_slot,
@@ -312,7 +314,7 @@ impl<B: Backend> Fp8State<B> {
                 if state == WeightCopies::Stale {
                     b.abs_max(&amax, w)?;
                 }
-                let copy = &self.copies[l][lin as usize];
+                let copy = &self.linears[l][lin as usize].weight;
                 b.quantize(Some(&copy.rows), Some(&copy.cols), &copy.descale, w, &amax)?;
             }
         }
@@ -335,14 +337,13 @@ impl<B: Backend> Fp8State<B> {
         x: &Tensor<B>,
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
-        let stash = &self.inputs[l][lin as usize];
+        let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
         let xq = view(&self.input_q, x.matrix_rows(), x.cols());
-        let xt = stash.cols.reshape(&[x.cols(), x.matrix_rows()]);
-        let xd = &stash.descale;
+        let xt = input.cols.reshape(&[x.cols(), x.matrix_rows()]);
+        let xd = &input.descale;
         b.quantize(Some(&xq), Some(&xt), xd, x, &self.input_amax(l, lin))?;
-        let w = &self.copies[l][lin as usize];
-        let (input, weight) = (Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale));
-        b.matmul_scaled(out, input, weight, bias, Fp8Sum::Fast, false)
+        let (x8, w8) = (Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale));
+        b.matmul_scaled(out, x8, w8, bias, Fp8Sum::Fast, false)
     }
 
     /// `dx = dy · w` and `dw (+)= dyᵀ · x`, with dy in the gradient dtype (its abs-max taken by
@@ -365,7 +366,7 @@ impl<B: Backend> Fp8State<B> {
         let dd = &self.grad_descale;
         let (dyq, dyt) = (view(&self.grad_q, n, outs), view(&self.grad_qt, outs, n));
         b.quantize(Some(&dyq), Some(&dyt), dd, dy, &amax)?;
-        let w = &self.copies[l][lin as usize];
+        let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
         b.matmul_scaled(
             dx,
             Scaled::new(&dyq, dd),
@@ -374,12 +375,11 @@ impl<B: Backend> Fp8State<B> {
             Fp8Sum::Promoted,
             false,
         )?;
-        let stash = &self.inputs[l][lin as usize];
-        let xt = stash.cols.reshape(&[dx.cols(), n]);
+        let xt = input.cols.reshape(&[dx.cols(), n]);
         b.matmul_scaled(
             dw,
             Scaled::new(&dyt, dd),
-            Scaled::new(&xt, &stash.descale),
+            Scaled::new(&xt, &input.descale),
             None,
             Fp8Sum::Promoted,
             accumulate,

@@ -151,7 +151,7 @@ impl Blas {
         let handle = result::create_handle().map_err(err("create"))?;
         // SAFETY: a plain query with no arguments.
         let version = unsafe { sys::cublasLtGetVersion() };
-        let chooser = AlgoChooser::new(&stream.context().name()?, version);
+        let chooser = AlgoChooser::new(&stream.context().name()?, version)?;
         Ok(Blas {
             handle,
             stream,

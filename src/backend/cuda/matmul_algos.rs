@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::{Result, bail};
 use cudarc::cublaslt::sys::cublasLtMatmulAlgo_t;
 
 use super::cublaslt::GemmKey;
@@ -27,14 +28,15 @@ struct Tuning {
 }
 
 impl AlgoChooser {
-    pub fn new(gpu_name: &str, cublaslt_version: usize) -> Self {
-        let off = std::env::var("SMELT_MATMUL_TUNING").is_ok_and(|v| v == "off");
-        AlgoChooser {
-            tuning: (!off).then(|| Tuning {
+    /// Tuning unless `SMELT_MATMUL_TUNING` is `off` (`on` is the default).
+    pub fn new(gpu_name: &str, cublaslt_version: usize) -> Result<Self> {
+        let on = tuning_on(std::env::var("SMELT_MATMUL_TUNING").ok().as_deref())?;
+        Ok(AlgoChooser {
+            tuning: on.then(|| Tuning {
                 dir: disk_cache::dir("SMELT_MATMUL_CACHE", "matmul"),
                 device: format!("{gpu_name} cublasLt {cublaslt_version}"),
             }),
-        }
+        })
     }
 
     /// The index into `candidates` (the heuristic's list, best guess first) that `key` uses:
@@ -71,6 +73,15 @@ impl AlgoChooser {
             let _ = disk_cache::write(dir, &file, entry(fastest, &candidates[fastest]).as_bytes());
         }
         fastest
+    }
+}
+
+/// `SMELT_MATMUL_TUNING`'s value, if set.
+fn tuning_on(value: Option<&str>) -> Result<bool> {
+    match value {
+        None | Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(other) => bail!("SMELT_MATMUL_TUNING={other}: set it to on or off"),
     }
 }
 
@@ -162,6 +173,18 @@ mod tests {
         assert_eq!(
             c.choose(&key(), &[algo(1), algo(7)], || Some(vec![3.0, 2.0])),
             1
+        );
+    }
+
+    #[test]
+    fn the_switch_takes_on_or_off_and_names_itself_otherwise() {
+        assert!(tuning_on(None).unwrap());
+        assert!(tuning_on(Some("on")).unwrap());
+        assert!(!tuning_on(Some("off")).unwrap());
+        let err = tuning_on(Some("0")).unwrap_err().to_string();
+        assert!(
+            err.contains("SMELT_MATMUL_TUNING=0") && err.contains("on or off"),
+            "{err}"
         );
     }
 
