@@ -4,8 +4,13 @@
 //! models' shapes (docs/performance.md), so a shape seen for the first time has its
 //! candidates timed once and keeps the fastest. Candidates may sum in different orders, so
 //! the choice is cached on disk, per GPU model and cuBLASLt version: a run and its
-//! continuation in another process then compute bitwise the same. `SMELT_MATMUL_TUNING=off`
-//! keeps the heuristic's first guess instead (no timing, no cache).
+//! continuation in another process then compute bitwise the same.
+//!
+//! Timings vary by a percent or two from run to run, so a near tie could go either way on a
+//! fresh cache, and two runs from scratch would then differ in their last bits (and, after
+//! many steps, visibly). The earliest candidate within `TIE` of the fastest is taken, so
+//! only clear wins move a shape off the heuristic's order. `SMELT_MATMUL_TUNING=off` keeps the
+//! heuristic's first guess (no timing, no cache): bitwise-reproducible runs on any machine.
 
 use std::path::PathBuf;
 
@@ -14,6 +19,9 @@ use cudarc::cublaslt::sys::cublasLtMatmulAlgo_t;
 
 use super::cublaslt::GemmKey;
 use super::disk_cache;
+
+/// How much slower than the fastest a candidate may be and still count as tied with it.
+const TIE: f32 = 0.03;
 
 pub struct AlgoChooser {
     /// `None` when tuning is off.
@@ -40,9 +48,9 @@ impl AlgoChooser {
     }
 
     /// The index into `candidates` (the heuristic's list, best guess first) that `key` uses:
-    /// the cached choice if it names the same algorithm, else the fastest by `time` (each
-    /// candidate's milliseconds, infinite for one that failed; `None` when it could not
-    /// time), then cached.
+    /// the cached choice if it names the same algorithm, else the earliest within `TIE` of
+    /// the fastest by `time` (each candidate's milliseconds, infinite for one that failed;
+    /// `None` when it could not time), then cached.
     pub fn choose(
         &self,
         key: &GemmKey,
@@ -64,15 +72,16 @@ impl AlgoChooser {
         let Some(times) = time() else {
             return 0;
         };
-        // Ties go to the heuristic's earlier guess.
-        let fastest = (0..times.len())
-            .min_by(|&i, &j| times[i].total_cmp(&times[j]).then(i.cmp(&j)))
+        let fastest = times.iter().copied().fold(f32::INFINITY, f32::min);
+        let chosen = times
+            .iter()
+            .position(|&t| t <= fastest * (1.0 + TIE))
             .unwrap_or(0);
         if let Some(dir) = &tuning.dir {
             // A cache that cannot be written only costs another timing next run.
-            let _ = disk_cache::write(dir, &file, entry(fastest, &candidates[fastest]).as_bytes());
+            let _ = disk_cache::write(dir, &file, entry(chosen, &candidates[chosen]).as_bytes());
         }
-        fastest
+        chosen
     }
 }
 
@@ -196,6 +205,17 @@ mod tests {
         assert_eq!(
             c.choose(&key(), &candidates, || Some(vec![f32::INFINITY, 1.0, 1.0])),
             1
+        );
+        // Within 3% of the fastest counts as a tie: the earlier candidate stays.
+        let near = chooser(dir.path(), "near tie");
+        assert_eq!(
+            near.choose(&key(), &candidates, || Some(vec![1.02, 1.0, 1.1])),
+            0
+        );
+        let failed = chooser(dir.path(), "all failed");
+        assert_eq!(
+            failed.choose(&key(), &candidates, || Some(vec![f32::INFINITY; 3])),
+            0
         );
         let untimeable = chooser(dir.path(), "no scratch");
         assert_eq!(untimeable.choose(&key(), &candidates, || None), 0);
