@@ -12,7 +12,7 @@
 //! only clear wins move a shape off the heuristic's order. `SMELT_MATMUL_TUNING=off` keeps the
 //! heuristic's first guess (no timing, no cache): bitwise-reproducible runs on any machine.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use cudarc::cublaslt::sys::cublasLtMatmulAlgo_t;
@@ -101,7 +101,7 @@ fn entry(index: usize, algo: &cublasLtMatmulAlgo_t) -> String {
     format!("{index} {}\n", words.join(""))
 }
 
-fn read(path: &std::path::Path, candidates: &[cublasLtMatmulAlgo_t]) -> Option<usize> {
+fn read(path: &Path, candidates: &[cublasLtMatmulAlgo_t]) -> Option<usize> {
     let text = std::fs::read_to_string(path).ok()?;
     let index: usize = text.split_whitespace().next()?.parse().ok()?;
     let algo = candidates.get(index)?;
@@ -133,7 +133,7 @@ mod tests {
         }
     }
 
-    fn chooser(dir: &std::path::Path, device: &str) -> AlgoChooser {
+    fn chooser(dir: &Path, device: &str) -> AlgoChooser {
         AlgoChooser {
             tuning: Some(Tuning {
                 dir: Some(dir.to_path_buf()),
