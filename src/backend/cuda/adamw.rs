@@ -4,7 +4,7 @@ use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
-use super::{BLOCK, Cuda, blocks, ensure_dtype, float, ptr};
+use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
 use crate::backend::AdamW;
 use crate::tensor::{DType, Tensor};
 
@@ -15,16 +15,6 @@ const VECTOR: usize = 8;
 /// at once (so the last, partial wave costs little), while the largest tensors (embeddings)
 /// loop over several units per thread and pay for their block's clip factor once.
 const MAX_BLOCKS: u32 = 8192;
-
-/// The first element, below `VECTOR`, at which every tensor is 16-byte aligned, if there is
-/// one: views into the same 16-byte aligned arenas at the same element offset always have one.
-fn vector_head(tensors: &[&Tensor<Cuda>]) -> Option<usize> {
-    (0..VECTOR).find(|&h| {
-        tensors
-            .iter()
-            .all(|t| (ptr(t) + (h * t.dtype.size_bytes()) as u64).is_multiple_of(16))
-    })
-}
 
 impl Cuda {
     #[allow(clippy::too_many_arguments)]
@@ -52,7 +42,7 @@ impl Cuda {
         let (bias1, bias2) = hp.bias_corrections();
         let mut tensors = vec![param, grad, m, v];
         tensors.extend(master);
-        let head = vector_head(&tensors).filter(|&h| h <= n);
+        let head = aligned_head(&tensors).filter(|&h| h <= n);
         let units = head.map_or(n, |h| (n - h) / VECTOR);
         // SAFETY: adamw<..., VEC>(...) updates elements 0..n of param, master, grad, m and v
         // (all n long), with 16-byte accesses only from `head` on, where every one of them is

@@ -4,7 +4,7 @@ use anyhow::{Result, ensure};
 use cudarc::driver::result;
 
 use super::kernels::Kernel;
-use super::{BLOCK, Cuda, blocks, ensure_dtype, float, ptr};
+use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
 use crate::tensor::{DType, Tensor};
 
 /// Blocks of the two-pass sum of squares: a function of the length only, so the reduction
@@ -87,8 +87,10 @@ impl Cuda {
         let n = x.numel();
         let grid = sum_squares_blocks(n);
         let partials = self.scratch_f32(grid as usize)?;
-        // The elements before the first 16-byte boundary (x is element-aligned, so they fit).
-        let head = ((ptr(x).wrapping_neg() % 16) as usize / x.dtype.size_bytes()).min(n);
+        // The elements before the first 16-byte boundary.
+        let head = aligned_head(&[x])
+            .expect("a tensor of 2- or 4-byte values reaches a 16-byte boundary within 8")
+            .min(n);
         // SAFETY: the partial pass writes `grid` floats of scratch and reads n elements of x,
         // 16 bytes at a time from element `head`, which is 16-byte aligned; the finish pass
         // reads the partials and updates out[0].

@@ -81,6 +81,17 @@ fn vec16(tensors: &[&Tensor<Cuda>], cols: usize) -> bool {
         .all(|t| ptr(t).is_multiple_of(16) && (cols * t.dtype.size_bytes()).is_multiple_of(16))
 }
 
+/// The first element, below 8, at which every one of `tensors` is 16-byte aligned, if there is
+/// one. Views into the 16-byte aligned arenas at the same element offset always have one, and
+/// so does any single tensor of 2- or 4-byte values.
+fn aligned_head(tensors: &[&Tensor<Cuda>]) -> Option<usize> {
+    (0..8).find(|&h| {
+        tensors
+            .iter()
+            .all(|t| (ptr(t) + (h * t.dtype.size_bytes()) as u64).is_multiple_of(16))
+    })
+}
+
 /// Elements of `t` per access, with or without the 16-byte path (common.cuh's
 /// `access_width`).
 fn width(t: &Tensor<Cuda>, vec: bool) -> usize {

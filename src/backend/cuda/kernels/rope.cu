@@ -8,21 +8,6 @@
 // width and D/2 in bytes are multiples of 16).
 #include "common.cuh"
 
-// Loads the (cos, sin) of W consecutive pairs: 2·W floats, 16 bytes at a time with VEC.
-template <int W, bool VEC>
-__device__ __forceinline__ void load_cos_sin(float (&cs)[2 * W], const float* p) {
-    if constexpr (VEC) {
-#pragma unroll
-        for (int j = 0; j < 2 * W; j += 4) {
-            const float4 q = *reinterpret_cast<const float4*>(p + j);
-            cs[j] = q.x, cs[j + 1] = q.y, cs[j + 2] = q.z, cs[j + 3] = q.w;
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < 2 * W; j++) cs[j] = p[j];
-    }
-}
-
 // qkv: [rows, width]; the first `heads` (q and k) heads of each row are rotated, the value
 // heads are left alone. A block has `rows_per_block` rows of `units` = heads·D/(2W) threads'
 // work each (one row's work may take several passes of the block when it is wider).
@@ -38,7 +23,9 @@ __global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int D,
         const int head = unit / per_head, i = unit % per_head * W;
         const int t = (int)(n % seq);
         float cs[2 * W], a[W], b[W], x1[W], x2[W];
-        load_cos_sin<W, VEC>(cs, freqs + ((long long)t * half + i) * 2);
+        // The (cos, sin) of the W pairs: 16 bytes at a time with VEC (2·W is then a multiple
+        // of 4 floats), one float at a time without (W = 1).
+        load_vec<float, 2 * W>(cs, freqs + ((long long)t * half + i) * 2);
         T* x = qkv + n * width + (long long)head * D + i;
         load_vec<T, W>(a, x);
         load_vec<T, W>(b, x + half);
