@@ -90,11 +90,15 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    /// `1 − β^step` of both moments, computed in f64 and rounded to f32, once per tensor on
-    /// the host: every backend's update divides by exactly these.
-    pub fn bias_corrections(&self) -> (f32, f32) {
-        let correction = |beta: f32| (1.0 - (beta as f64).powi(self.step as i32)) as f32;
-        (correction(self.beta1), correction(self.beta2))
+    /// `1 / (1 − β₁^step)` and `1 / √(1 − β₂^step)`, the factors of the bias-corrected
+    /// moments, computed in f64 and rounded to f32 once per tensor on the host: every
+    /// backend's update multiplies by exactly these.
+    pub fn bias_factors(&self) -> (f32, f32) {
+        let correction = |beta: f32| 1.0 - (beta as f64).powi(self.step as i32);
+        (
+            (1.0 / correction(self.beta1)) as f32,
+            (1.0 / correction(self.beta2).sqrt()) as f32,
+        )
     }
 }
 
@@ -241,7 +245,9 @@ pub trait Backend: Sized {
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// `dinp += ∂out/∂inp · dout` (the residual stream, always added into) and
-    /// `dweight (+)= Σ_n dout[n] ⊙ inp[n] · rstd[n]`.
+    /// `dweight (+)= Σ_n dout[n] ⊙ inp[n] · rstd[n]`. With `amax`, also
+    /// `amax[0] = max(amax[0], max |dinp|)` over dinp as stored: the residual gradient is the
+    /// output gradient of the linear below, whose FP8 copy scales by it.
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_backward(
         &self,
@@ -252,6 +258,7 @@ pub trait Backend: Sized {
         weight: &Tensor<Self>,
         rstd: &Tensor<Self>,
         accumulate: bool,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
 
     /// `out[M, N] (+)= op(a)[M, K] · op(b)[K, N] (+ bias[N])`.
@@ -340,8 +347,9 @@ pub trait Backend: Sized {
 
     // ----- the optimizer -----
 
-    /// `out[0] += Σ x²` in f32; `out` is a one-element f32 tensor the caller zeroes.
-    fn sum_squares(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()>;
+    /// `out[0] = Σ x²` over every element of every tensor of `xs`, summed in f32 (the
+    /// squared global norm of the gradients, for clipping); `out` is one f32.
+    fn sum_squares(&self, out: &Tensor<Self>, xs: &[&Tensor<Self>]) -> Result<()>;
     /// One AdamW step on `param` (`master` holds the high-precision copy when present, and
     /// `param` receives it rounded). `norm_sq` is the global gradient `Σ g²` from
     /// `sum_squares`, read on the device for clipping. Weight decay applies when

@@ -44,6 +44,7 @@ impl<B: Backend> Transformer<B> {
             &p.final_norm,
             &a.rstdf,
             acc,
+            self.grad_amax(last - 1, Linear::Down).as_ref(),
         )?;
         for l in (0..last).rev() {
             self.block_forward(b, l, Pass::Recompute)?;
@@ -83,6 +84,7 @@ impl<B: Backend> Transformer<B> {
             &w.ln2,
             a.rstd2.layer(l),
             acc,
+            self.grad_amax(l, Linear::Out).as_ref(),
         )?;
         // 4) output projection
         self.linear_backward(b, (l, Linear::Out), &a.datt, dres, a.att.layer(l), acc)?;
@@ -100,7 +102,11 @@ impl<B: Backend> Transformer<B> {
             b.bias_backward(dbias, &a.dqkv, acc)?;
         }
         self.linear_backward(b, (l, Linear::Qkv), &a.dln, &a.dqkv, a.ln1.layer(l), acc)?;
-        // 1) input norm, into the residual gradient
+        // 1) input norm, into the residual gradient: the down projection's output gradient
+        // in the block below
+        let below = l
+            .checked_sub(1)
+            .and_then(|l| self.grad_amax(l, Linear::Down));
         b.rmsnorm_backward(
             dres,
             &g.ln1,
@@ -109,6 +115,7 @@ impl<B: Backend> Transformer<B> {
             &w.ln1,
             a.rstd1.layer(l),
             acc,
+            below.as_ref(),
         )
     }
 }

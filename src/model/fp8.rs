@@ -88,11 +88,12 @@ impl Linear {
         }
     }
 
-    /// Whether the op producing this linear's output gradient reports its abs-max (SwiGLU's
-    /// backward, for gate/up); the others' gradients come out of ops that cannot see the whole
-    /// tensor (the residual stream's norm backwards, attention then RoPE), and get a pass.
+    /// Whether the op producing this linear's output gradient reports its abs-max: SwiGLU's
+    /// backward for gate/up, the residual stream's norm backwards for the output and down
+    /// projections. QKV's gradient comes out of attention's backward, then RoPE's, which
+    /// see only parts of it, and gets a pass.
     pub fn gradient_reported(self) -> bool {
-        self == Linear::GateUp
+        self != Linear::Qkv
     }
 
     /// Row of this layer's statistics in the `[layers · 4, 1]` abs-max tensors.

@@ -117,10 +117,8 @@ impl<B: Backend> AdamWState<B> {
     /// (bias correction); `seed` drives stochastic rounding and must be the same on a resumed
     /// run for the result to be bitwise the same.
     pub fn step(&self, b: &B, model: &Transformer<B>, lr: f32, step: u64, seed: u64) -> Result<()> {
-        b.fill(&self.norm_sq, 0.0)?;
-        for g in model.grads.iter() {
-            b.sum_squares(&self.norm_sq, g)?;
-        }
+        let grads: Vec<&Tensor<B>> = model.grads.iter().collect();
+        b.sum_squares(&self.norm_sq, &grads)?;
         let o = &self.options;
         let amax_slots = model.weight_amax_slots(b)?;
         let masters: Vec<Option<&Tensor<B>>> = match &self.master {

@@ -1,9 +1,11 @@
 //! AdamW with decoupled weight decay, global-norm clipping read from the device, and
 //! stochastic rounding wherever a bf16 tensor is written. The update is f32 arithmetic in a
-//! fixed order with nothing fused, which the GPU repeats bit for bit (adamw.cu).
+//! fixed order with nothing fused, which the GPU repeats bit for bit (adamw.cu). It is
+//! PyTorch's AdamW with the bias corrections' reciprocals taken once per tensor, so that an
+//! element costs one division and one square root.
 
 use super::Scalar;
-use super::rounding::{round_slice, stochastic_round_bf16};
+use super::rounding::{hash_u32, round_slice, stochastic_round_bf16};
 use crate::backend::AdamW;
 use crate::tensor::DType;
 
@@ -17,17 +19,21 @@ pub fn clip_scale(norm_sq: f64, grad_clip: f32) -> f64 {
     }
 }
 
-/// Writes `x` into an element of a `dtype` tensor: stochastically rounded when bf16 and a
-/// (seed, index) is given, else rounded to nearest.
-fn store<T: Scalar>(dst: &mut T, x: f32, dtype: DType, stochastic: Option<(u64, usize)>) {
-    *dst = if let (DType::BF16, Some((seed, index))) = (dtype, stochastic) {
-        T::of(stochastic_round_bf16(x, seed, index as u64) as f64)
+/// Writes `x` into an element of a `dtype` tensor: stochastically rounded when bf16 and 16
+/// bits of noise are given, else rounded to nearest.
+fn store<T: Scalar>(dst: &mut T, x: f32, dtype: DType, noise: Option<u32>) {
+    *dst = if let (DType::BF16, Some(noise)) = (dtype, noise) {
+        T::of(stochastic_round_bf16(x, noise) as f64)
     } else {
         let mut v = [T::of(x as f64)];
         round_slice(dtype, &mut v);
         v[0]
     };
 }
+
+/// Mixed into the tensor's seed for the moments' noise, to keep it apart from the
+/// parameter's.
+const MOMENTS_SEED: u64 = 0x6D;
 
 /// The dtypes of the tensors one update writes, for choosing how each is rounded.
 pub struct StateDtypes {
@@ -38,8 +44,8 @@ pub struct StateDtypes {
 }
 
 /// Updates `master` (when present, else `param`) and writes the rounded result to `param`.
-/// The moments and the parameter draw their rounding noise from different seeds so that
-/// their errors are independent.
+/// The two moments round with the two halves of one hash and the parameter with another,
+/// so that the three errors are independent.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw<T: Scalar>(
     param: &mut [T],
@@ -53,15 +59,16 @@ pub fn adamw<T: Scalar>(
 ) {
     let scale = clip_scale(norm_sq, hp.grad_clip) as f32;
     let (b1, b2) = (hp.beta1, hp.beta2);
-    let (bias1, bias2) = hp.bias_corrections();
+    let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
     let f32_of = |x: T| x.to_f32().unwrap_or(f32::NAN);
     for i in 0..param.len() {
         let g = f32_of(grad[i]) * scale;
         let m_new = b1 * f32_of(m[i]) + (1.0 - b1) * g;
         let v_new = b2 * f32_of(v[i]) + (1.0 - b2) * g * g;
-        store(&mut m[i], m_new, dtypes.m, Some((hp.seed ^ 0x6D, i)));
-        store(&mut v[i], v_new, dtypes.v, Some((hp.seed ^ 0x76, i)));
-        let update = (m_new / bias1) / ((v_new / bias2).sqrt() + hp.eps);
+        let noise = hash_u32(hp.seed ^ MOMENTS_SEED, i as u64);
+        store(&mut m[i], m_new, dtypes.m, Some(noise & 0xFFFF));
+        store(&mut v[i], v_new, dtypes.v, Some(noise >> 16));
+        let update = (m_new * inv_bias1) / (v_new.sqrt() * inv_sqrt_bias2 + hp.eps);
         let p = match master.as_deref() {
             Some(master) => f32_of(master[i]),
             None => f32_of(param[i]),
@@ -73,7 +80,10 @@ pub fn adamw<T: Scalar>(
                 store(&mut master[i], p_new, dtypes.master, None);
                 store(&mut param[i], f32_of(master[i]), dtypes.param, None);
             }
-            None => store(&mut param[i], p_new, dtypes.param, Some((hp.seed, i))),
+            None => {
+                let noise = hash_u32(hp.seed, i as u64) & 0xFFFF;
+                store(&mut param[i], p_new, dtypes.param, Some(noise));
+            }
         }
     }
 }

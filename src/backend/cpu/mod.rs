@@ -285,6 +285,7 @@ impl<T: Scalar> Backend for Cpu<T> {
         weight: &Tensor<Self>,
         rstd: &Tensor<Self>,
         accumulate: bool,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         let (dout, inp, weight, rstd) = (
             self.floats(dout)?,
@@ -297,7 +298,7 @@ impl<T: Scalar> Backend for Cpu<T> {
             rmsnorm::rmsnorm_backward(dx, &mut dweight_v, &dout, &inp, &weight, &rstd, accumulate)
         })?;
         rounding::round_slice(dweight.dtype, &mut dweight_v);
-        Ok(())
+        self.report_abs_max(amax, dinp)
     }
 
     fn matmul(
@@ -451,9 +452,12 @@ impl<T: Scalar> Backend for Cpu<T> {
         Ok(())
     }
 
-    fn sum_squares(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
-        let x = self.floats(x)?;
-        self.update(out, |o| o[0] += x.iter().map(|&v| v * v).sum::<T>())
+    fn sum_squares(&self, out: &Tensor<Self>, xs: &[&Tensor<Self>]) -> Result<()> {
+        let mut total = T::zero();
+        for x in xs {
+            total += self.floats(x)?.iter().map(|&v| v * v).sum::<T>();
+        }
+        self.update(out, |o| o[0] = total)
     }
 
     fn adamw(

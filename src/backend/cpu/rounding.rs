@@ -53,7 +53,7 @@ pub fn round_fp8(x: f32, dtype: DType) -> f32 {
 
 /// A 32-bit hash of (seed, index), stateless and identical on every backend: the seed folded
 /// to 32 bits, the index spread by the golden ratio, then the "lowbias32" finalizer. All in
-/// 32-bit integer arithmetic, which the GPU does natively (AdamW hashes three times per
+/// 32-bit integer arithmetic, which the GPU does natively (AdamW hashes twice per
 /// parameter; 64-bit multiplies are emulated there). `index` must be below 2³² (a tensor's
 /// element index).
 pub fn hash_u32(seed: u64, index: u64) -> u32 {
@@ -71,12 +71,13 @@ pub fn hash_u32(seed: u64, index: u64) -> u32 {
 }
 
 /// Rounds `x` to bf16 up or down with probability proportional to its distance to each,
-/// so that the expected value is `x` and small optimizer updates are not lost.
-pub fn stochastic_round_bf16(x: f32, seed: u64, index: u64) -> f32 {
+/// so that the expected value is `x` and small optimizer updates are not lost. `noise` is
+/// 16 random bits (the low half of a `hash_u32`), added below bf16's mantissa.
+pub fn stochastic_round_bf16(x: f32, noise: u32) -> f32 {
+    debug_assert!(noise <= 0xFFFF, "noise {noise:#x} has more than 16 bits");
     if !x.is_finite() {
         return bf16::from_f32(x).to_f32();
     }
-    let noise = hash_u32(seed, index) & 0xFFFF;
     let bits = x.to_bits().wrapping_add(noise) & 0xFFFF_0000;
     f32::from_bits(bits)
 }
@@ -157,13 +158,13 @@ mod tests {
         let x = 1.0f32 + 1.0 / 512.0;
         let n = 20_000;
         let mean = (0..n)
-            .map(|i| stochastic_round_bf16(x, 7, i) as f64)
+            .map(|i| stochastic_round_bf16(x, hash_u32(7, i) & 0xFFFF) as f64)
             .sum::<f64>()
             / n as f64;
         // The standard error of the mean is ~0.0078·sqrt(3/16)/sqrt(n) ≈ 2.4e-5; allow 5σ.
         assert!((mean - x as f64).abs() < 1.2e-4, "mean {mean}");
         for i in 0..100 {
-            let r = stochastic_round_bf16(x, 7, i);
+            let r = stochastic_round_bf16(x, hash_u32(7, i) & 0xFFFF);
             assert!(r == 1.0 || r == 1.0 + 1.0 / 128.0);
         }
     }

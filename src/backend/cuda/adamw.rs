@@ -39,7 +39,7 @@ impl Cuda {
             [grad, m, v].iter().all(|t| t.numel() == n) && master.is_none_or(|t| t.numel() == n),
             "adamw: tensors of different sizes"
         );
-        let (bias1, bias2) = hp.bias_corrections();
+        let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
         let mut tensors = vec![param, grad, m, v];
         tensors.extend(master);
         let head = aligned_head(&tensors).filter(|&h| h <= n);
@@ -74,8 +74,8 @@ impl Cuda {
                     hp.beta2.into(),
                     hp.eps.into(),
                     hp.weight_decay.into(),
-                    bias1.into(),
-                    bias2.into(),
+                    inv_bias1.into(),
+                    inv_sqrt_bias2.into(),
                     hp.grad_clip.into(),
                     hp.seed.into(),
                     amax.into(),

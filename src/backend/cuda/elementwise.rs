@@ -81,38 +81,48 @@ impl Cuda {
         }
     }
 
-    pub(super) fn sum_squares_impl(&self, out: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
+    /// One partial pass per tensor into consecutive runs of one scratch array, then one
+    /// finishing block over all of them: a list costs one launch per tensor plus one.
+    pub(super) fn sum_squares_impl(&self, out: &Tensor<Cuda>, xs: &[&Tensor<Cuda>]) -> Result<()> {
         ensure_dtype(out, DType::F32, "sum_squares")?;
         ensure!(out.numel() == 1, "sum_squares: out must hold one value");
-        let n = x.numel();
-        let grid = sum_squares_blocks(n);
-        let partials = self.scratch_f32(grid as usize)?;
-        // The elements before the first 16-byte boundary.
-        let head = aligned_head(&[x])
-            .expect("a tensor of 2- or 4-byte values reaches a 16-byte boundary within 8")
-            .min(n);
-        // SAFETY: the partial pass writes `grid` floats of scratch and reads n elements of x,
-        // 16 bytes at a time from element `head`, which is 16-byte aligned; the finish pass
-        // reads the partials and updates out[0].
+        let grids: Vec<u32> = xs.iter().map(|x| sum_squares_blocks(x.numel())).collect();
+        let count: u32 = grids.iter().sum();
+        let partials = self.scratch_f32(count as usize)?;
+        let mut next = partials;
+        for (x, &grid) in xs.iter().zip(&grids) {
+            let n = x.numel();
+            // The elements before the first 16-byte boundary.
+            let head = aligned_head(&[x])
+                .expect("a tensor of 2- or 4-byte values reaches a 16-byte boundary within 8")
+                .min(n);
+            // SAFETY: writes `grid` floats of the scratch array from `next`, which holds
+            // `count` in all; reads n elements of x, 16 bytes at a time from element `head`,
+            // which is 16-byte aligned.
+            unsafe {
+                self.launch(
+                    Kernel::SumSquaresPartial,
+                    &[float(x)],
+                    (grid, 1, 1),
+                    BLOCK,
+                    &[
+                        next.into(),
+                        ptr(x).into(),
+                        (n as i64).into(),
+                        (head as i64).into(),
+                    ],
+                )?;
+            }
+            next += 4 * grid as u64;
+        }
+        // SAFETY: reads the `count` partials written above and writes out[0].
         unsafe {
-            self.launch(
-                Kernel::SumSquaresPartial,
-                &[float(x)],
-                (grid, 1, 1),
-                BLOCK,
-                &[
-                    partials.into(),
-                    ptr(x).into(),
-                    (n as i64).into(),
-                    (head as i64).into(),
-                ],
-            )?;
             self.launch(
                 Kernel::SumSquaresFinish,
                 &[],
                 (1, 1, 1),
                 1024,
-                &[ptr(out).into(), partials.into(), (grid as i32).into()],
+                &[ptr(out).into(), partials.into(), (count as i32).into()],
             )
         }
     }

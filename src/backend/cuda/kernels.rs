@@ -275,8 +275,8 @@ pub fn all_names(source: &Source) -> Vec<String> {
         .collect()
 }
 
-/// Dynamic shared memory a kernel may use without opting in.
-const STATIC_SHARED_LIMIT: u32 = 48 * 1024;
+/// Shared memory, static and dynamic together, a block may use without opting in.
+const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 
 /// A kernel argument: device pointers travel as `u64`.
 #[derive(Clone, Copy, Debug)]
@@ -382,9 +382,14 @@ impl Kernels {
         args: &[KArg],
     ) -> Result<()> {
         let f = self.function(inst)?;
-        if smem > STATIC_SHARED_LIMIT {
-            // Past 48 KB a kernel must opt in to more dynamic shared memory; setting the limit
-            // is a cheap driver call, not a stream operation, so graph capture is unaffected.
+        // Past 48 KB in all a kernel must opt in to more dynamic shared memory; reading its
+        // static size and setting the limit are cheap driver calls, not stream operations.
+        let fixed = if smem > 0 {
+            f.shared_size_bytes()? as u32
+        } else {
+            0
+        };
+        if smem + fixed > DEFAULT_SHARED_LIMIT {
             f.set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,

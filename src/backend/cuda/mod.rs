@@ -434,9 +434,10 @@ impl Backend for Cuda {
         weight: &Tensor<Self>,
         rstd: &Tensor<Self>,
         accumulate: bool,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         self.op("rmsnorm_backward", || {
-            self.rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, accumulate)
+            self.rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, accumulate, amax)
         })
     }
 
@@ -551,8 +552,8 @@ impl Backend for Cuda {
         })
     }
 
-    fn sum_squares(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
-        self.op("sum_squares", || self.sum_squares_impl(out, x))
+    fn sum_squares(&self, out: &Tensor<Self>, xs: &[&Tensor<Self>]) -> Result<()> {
+        self.op("sum_squares", || self.sum_squares_impl(out, xs))
     }
 
     fn adamw(

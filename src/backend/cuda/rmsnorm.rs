@@ -101,7 +101,9 @@ impl Cuda {
         weight: &Tensor<Cuda>,
         rstd: &Tensor<Cuda>,
         accumulate: bool,
+        amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let amax = amax_ptr("rmsnorm_backward", amax)?;
         ensure_dtype(rstd, DType::F32, "rmsnorm_backward (rstd)")?;
         ensure_same_dtype("rmsnorm_backward", &[dinp, dweight, dout, inp, weight])?;
         let (n, c) = (inp.matrix_rows(), weight.numel());
@@ -123,7 +125,8 @@ impl Cuda {
         let partials = self.scratch_f32(chunks * c)?;
         // SAFETY: block i updates rows [i·R, (i+1)·R) of dinp [n, c] from the same rows of
         // dout and inp [n, c] and rstd [n], reads weight [c], and writes row i of partials
-        // [chunks, c] (scratch); `smem` is its warps' sums; 16-byte aligned with `vec`.
+        // [chunks, c] (scratch); `smem` is its warps' sums; 16-byte aligned with `vec`; amax
+        // is one f32 or null.
         unsafe {
             self.launch_with_smem(
                 Kernel::RmsnormBackward,
@@ -141,6 +144,7 @@ impl Cuda {
                     (n as i64).into(),
                     (c as i32).into(),
                     (rows_per_block as i32).into(),
+                    amax.into(),
                 ],
             )?;
         }

@@ -2,12 +2,13 @@
 //
 // This is the CPU's `adamw` step for step: f32 arithmetic in the same order, compiled with
 // --fmad=false so that no multiply-add is contracted (division and square root are IEEE's,
-// as on the CPU), the bias corrections and the clip factor computed as the CPU does; with the
-// same inputs the GPU writes the same bits as the CPU. bf16 moments and weights are
-// stochastically rounded with the CPU's hash of (seed, element index).
+// as on the CPU), the bias factors taken from the host and the clip factor computed as the
+// CPU does; with the same inputs the GPU writes the same bits as the CPU. bf16 moments and
+// weights are stochastically rounded with the CPU's hash of (seed, element index).
 //
-// The update moves 14 to 30 bytes per parameter for a few dozen instructions, so it is bound
-// by memory bandwidth: each thread takes 8 consecutive elements of every tensor at once, in
+// The update moves 14 to 30 bytes per parameter for about 90 instructions (one division,
+// one square root and two hashes among them), so memory bandwidth and instruction issue
+// both bound it: each thread takes 8 consecutive elements of every tensor at once, in
 // 16-byte accesses, grid-stride, whenever the tensors can be aligned together. Each element
 // still hashes its own index, so the vector path and the element-wise one write the same bits.
 #include "common.cuh"
@@ -25,23 +26,27 @@ __device__ __forceinline__ u32 hash_u32(u64 seed, u64 index) {
 }
 
 // The CPU's `stochastic_round_bf16`: add 16 random bits below bf16's mantissa, truncate.
-__device__ __forceinline__ bf16 stochastic_round_bf16(float x, u64 seed, u64 index) {
+__device__ __forceinline__ bf16 stochastic_round_bf16(float x, u32 noise) {
     if (!isfinite(x)) return __float2bfloat16_rn(x);
-    const u32 noise = hash_u32(seed, index) & 0xFFFFu;
     const u32 bits = (__float_as_uint(x) + noise) & 0xFFFF0000u;
     return __ushort_as_bfloat16((unsigned short)(bits >> 16));
 }
 
-// The CPU's `store`: to T, stochastically when T is bf16 and asked, else to nearest.
-template <typename T> __device__ __forceinline__ T store(float x, bool stochastic, u64 seed, u64 index);
-template <> __device__ __forceinline__ float store<float>(float x, bool, u64, u64) { return x; }
-template <> __device__ __forceinline__ bf16 store<bf16>(float x, bool stochastic, u64 seed, u64 index) {
-    return stochastic ? stochastic_round_bf16(x, seed, index) : __float2bfloat16_rn(x);
+// The CPU's `store`: to T, stochastically with 16 bits of `noise` when T is bf16, else to
+// nearest. Where the noise goes unused, its hash is dead code.
+template <typename T> __device__ __forceinline__ T store(float x, u32 noise);
+template <> __device__ __forceinline__ float store<float>(float x, u32) { return x; }
+template <> __device__ __forceinline__ bf16 store<bf16>(float x, u32 noise) {
+    return stochastic_round_bf16(x, noise);
 }
 
-// The step's hyperparameters; `scale` is the clip factor that multiplies each gradient.
+// The CPU's MOMENTS_SEED, mixed into the tensor's seed for the moments' noise.
+constexpr u64 MOMENTS_SEED = 0x6D;
+
+// The step's hyperparameters; `scale` is the clip factor that multiplies each gradient, and
+// the bias factors are the host's `AdamW::bias_factors`.
 struct Hyper {
-    float lr, beta1, beta2, eps, weight_decay, bias1, bias2, scale;
+    float lr, beta1, beta2, eps, weight_decay, inv_bias1, inv_sqrt_bias2, scale;
     u64 seed;
 };
 
@@ -64,14 +69,16 @@ __device__ __forceinline__ float update(P* param, float* master, const Gr* grad,
         const float gs = g[k] * h.scale;
         const float m_new = h.beta1 * mk[k] + (1.0f - h.beta1) * gs;
         const float v_new = h.beta2 * vk[k] + (1.0f - h.beta2) * gs * gs;
-        // The values as stored (exact in M and V, so store_vec's rounding keeps them).
-        mk[k] = to_f32(store<M>(m_new, true, h.seed ^ 0x6Dull, index));
-        vk[k] = to_f32(store<V>(v_new, true, h.seed ^ 0x76ull, index));
-        const float update = (m_new / h.bias1) / (sqrtf(v_new / h.bias2) + h.eps);
+        // The values as stored (exact in M and V, so store_vec's rounding keeps them); the
+        // two moments take the two halves of one hash.
+        const u32 noise = hash_u32(h.seed ^ MOMENTS_SEED, index);
+        mk[k] = to_f32(store<M>(m_new, noise & 0xFFFFu));
+        vk[k] = to_f32(store<V>(v_new, noise >> 16));
+        const float update = (m_new * h.inv_bias1) / (sqrtf(v_new) * h.inv_sqrt_bias2 + h.eps);
         const float p_new = p[k] - h.lr * (update + h.weight_decay * p[k]);
         // With a master copy the working weights are its round-to-nearest image, which
         // store_vec makes; without one, p_new is rounded stochastically here.
-        p[k] = MASTER ? p_new : to_f32(store<P>(p_new, true, h.seed, index));
+        p[k] = MASTER ? p_new : to_f32(store<P>(p_new, hash_u32(h.seed, index) & 0xFFFFu));
         largest = fmaxf(largest, fabsf(MASTER ? rounded<P>(p[k]) : p[k]));
     }
     store_vec<M, K>(m + i, mk);
@@ -90,7 +97,7 @@ __device__ __forceinline__ float update(P* param, float* master, const Gr* grad,
 template <typename P, typename Gr, typename M, typename V, bool MASTER, bool VEC>
 __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const float* norm_sq,
                       long long n, long long head, float lr, float beta1, float beta2, float eps,
-                      float weight_decay, float bias1, float bias2, float grad_clip, u64 seed,
+                      float weight_decay, float inv_bias1, float inv_sqrt_bias2, float grad_clip, u64 seed,
                       float* amax) {
     constexpr int W = VEC ? 8 : 1;
     // The CPU's `clip_scale`, in f64 then rounded to f32: once per block rather than an f64
@@ -101,7 +108,7 @@ __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const
         clip = (float)((grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0);
     }
     __syncthreads();
-    const Hyper h{lr, beta1, beta2, eps, weight_decay, bias1, bias2, clip, seed};
+    const Hyper h{lr, beta1, beta2, eps, weight_decay, inv_bias1, inv_sqrt_bias2, clip, seed};
     const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long units = (n - head) / W, body_end = head + units * W;

@@ -20,7 +20,7 @@ __global__ void copy(D* dst, const S* src, long long n) {
 // partials[block] = Σ x² over a fixed grid-stride pattern: 16-byte units from element `head`
 // (the first where x is 16-byte aligned), the leftovers element-wise. The grid size depends
 // only on n and head only on x's address, so with `sum_squares_finish` the total is the same
-// on every run.
+// on every run. A list of tensors writes its partials one after another into one array.
 template <typename T>
 __global__ void sum_squares_partial(float* partials, const T* x, long long n, long long head) {
     constexpr int W = access_width<T, true>();
@@ -43,10 +43,10 @@ __global__ void sum_squares_partial(float* partials, const T* x, long long n, lo
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-// out[0] += Σ partials, by one block in a fixed order.
+// out[0] = Σ partials, by one block in a fixed order.
 __global__ void sum_squares_finish(float* out, const float* partials, int count) {
     float acc = 0.0f;
     for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
     acc = block_sum(acc);
-    if (threadIdx.x == 0) out[0] += acc;
+    if (threadIdx.x == 0) out[0] = acc;
 }

@@ -1,7 +1,7 @@
 // RMSNorm, y = x · rstd · w with rstd = 1/sqrt(mean(x²) + eps), optionally fused with the
 // residual add that produces x; and its input gradient, fused with the partial column sums of
-// the weight gradient (finished by colsum.cu). With `amax`, the forward also reports max |out|
-// as stored (common.cuh).
+// the weight gradient (finished by colsum.cu). With `amax`, the forward reports max |out| and
+// the backward max |dinp|, as stored (common.cuh).
 //
 // One warp per row: a row of the models' widths (C = 896 .. 3584) is 2-7 KB in bf16, so a
 // warp keeps several 16-byte loads per lane and operand in flight, the row's reduction is a
@@ -147,7 +147,7 @@ __device__ __forceinline__ int acc_len(int C) {
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(256, 3) rmsnorm_backward(T* dinp, float* partials, const T* dout, const T* inp,
                                  const T* weight, const float* rstd, long long rows, int C,
-                                 int rows_per_block) {
+                                 int rows_per_block, float* amax) {
     constexpr int W = access_width<T, VEC>(), U = BACKWARD_UNROLL;
     extern __shared__ float dweight_acc[];
     const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(256, 3) rmsnorm_backward(T* dinp, float* parti
     }
     const long long first = (long long)blockIdx.x * rows_per_block;
     const long long last = min(rows, first + rows_per_block);
+    float largest = 0.0f;
     for (long long n = first + warp; n < last; n += warps) {
         const long long row = n * C;
         const float r = rstd[n];
@@ -191,8 +192,10 @@ __global__ void __launch_bounds__(256, 3) rmsnorm_backward(T* dinp, float* parti
             [&](int u, int c) {
                 float dx[W];
 #pragma unroll
-                for (int k = 0; k < W; k++)
+                for (int k = 0; k < W; k++) {
                     dx[k] = d0[u][k] + (r * dy[u][k] * w[u][k] - x[u][k] * kx);
+                    largest = fmaxf(largest, fabsf(rounded<T>(dx[k])));
+                }
                 store_vec<T, W>(dinp + row + c, dx);
             });
     }
@@ -203,4 +206,5 @@ __global__ void __launch_bounds__(256, 3) rmsnorm_backward(T* dinp, float* parti
         for (int v = 0; v < warps; v++) total += dweight_acc[v * acc_len<W>(C) + slot];
         partials[(long long)blockIdx.x * C + c] = total;
     }
+    report_amax(amax, largest);
 }
