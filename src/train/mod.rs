@@ -13,6 +13,7 @@ pub mod optimizer;
 pub mod options;
 pub mod sample;
 pub mod schedule;
+pub mod step_losses;
 pub mod trainer;
 
 pub use options::{ModelSource, Options};

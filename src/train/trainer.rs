@@ -21,6 +21,7 @@ use super::metrics;
 use super::optimizer::AdamWState;
 use super::options::{ModelSource, Options};
 use super::schedule::Schedule;
+use super::step_losses::StepLosses;
 use crate::backend::Backend;
 use crate::io::hf;
 use crate::model::{LossOptions, ModelConfig, ModelOptions, Transformer};
@@ -77,23 +78,25 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
     check_out_dir(o.out_dir.as_deref())?;
 
     // 2) Startup: options, device, model, memory.
+    let model = Transformer::new(
+        b,
+        config.clone(),
+        ModelOptions {
+            batch: o.batch_size,
+            seq: o.seq_len,
+            dtype: o.model_dtype,
+            recompute: o.recompute,
+            lmhead_chunks: o.lmhead_chunks,
+            matmul: o.matmul,
+        },
+    )?;
     let mut run = Run {
         b,
         o,
         log: Log::open(o.log_file.as_deref())?,
         console: Console::new(),
-        model: Transformer::new(
-            b,
-            config.clone(),
-            ModelOptions {
-                batch: o.batch_size,
-                seq: o.seq_len,
-                dtype: o.model_dtype,
-                recompute: o.recompute,
-                lmhead_chunks: o.lmhead_chunks,
-                matmul: o.matmul,
-            },
-        )?,
+        step_losses: StepLosses::new(b, &model, o.grad_accumulation)?,
+        model,
         opt: None,
         loader,
         eval: eval.map(|d| EvalSet::new(d, o.batch_size, 0, 1)),
@@ -235,6 +238,7 @@ struct Run<'a, B: Backend> {
     model: Transformer<B>,
     /// Set once the weights are in place (the master copy is taken from them).
     opt: Option<AdamWState<B>>,
+    step_losses: StepLosses<B>,
     loader: Loader,
     eval: Option<EvalSet>,
     flops_per_token: f64,
@@ -327,6 +331,7 @@ impl<B: Backend> Run<'_, B> {
             .memory
             .iter()
             .chain(&self.opt().memory)
+            .chain(&self.step_losses.memory)
             .map(|(name, specs)| (*name, specs.as_slice()))
             .collect();
         let table = console::memory_table(&categories);
@@ -402,7 +407,6 @@ impl<B: Backend> Run<'_, B> {
             self.loader.next_batch(batch);
         }
         let trained: usize = batches.iter().map(Batch::trained).sum();
-        let mut loss_sum = 0.0;
         for (k, batch) in batches.iter().enumerate() {
             let loss = LossOptions {
                 grad_scale: 1.0 / trained.max(1) as f32,
@@ -411,7 +415,7 @@ impl<B: Backend> Run<'_, B> {
             };
             self.model
                 .forward_backward(b, &batch.tokens, &batch.targets, loss)?;
-            loss_sum += self.model.loss_sum(b)?;
+            self.step_losses.keep(b, &self.model, k)?;
         }
         let step = self.state.step + 1;
         if o.debug_log_abs_max > 0 && step.is_multiple_of(o.debug_log_abs_max) {
@@ -420,6 +424,8 @@ impl<B: Backend> Run<'_, B> {
         let seed = self.state.rng.next_u64();
         self.opt()
             .step(b, &self.model, lr as f32, self.state.step + 1, seed)?;
+        // The step's one wait for the device.
+        let loss_sum = self.step_losses.sum(b)?;
         let norm = self.opt().grad_norm(b)?;
         let seconds = start.elapsed().as_secs_f64();
 

@@ -1,0 +1,43 @@
+//! Every micro-step's per-token losses, gathered on the device so that a step reads them back
+//! once, after its update is enqueued, rather than waiting for the device after each
+//! micro-step.
+
+use anyhow::Result;
+
+use crate::backend::Backend;
+use crate::model::Transformer;
+use crate::tensor::{Tensor, TensorSpec};
+
+pub struct StepLosses<B: Backend> {
+    /// `[micro-steps, tokens]`, in the dtype of the model's losses.
+    rows: Tensor<B>,
+    /// What the allocation holds, for the memory table.
+    pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
+}
+
+impl<B: Backend> StepLosses<B> {
+    pub fn new(b: &B, model: &Transformer<B>, micro_steps: usize) -> Result<Self> {
+        let losses = model.losses();
+        let spec = TensorSpec::new("step_losses", &[micro_steps, losses.numel()], losses.dtype);
+        let rows = b.allocate("losses", std::slice::from_ref(&spec))?;
+        Ok(StepLosses {
+            rows: rows.into_iter().next().expect("one tensor"),
+            memory: vec![("losses", vec![spec])],
+        })
+    }
+
+    /// Keeps the model's last pass's losses as those of micro-step `k`.
+    pub fn keep(&self, b: &B, model: &Transformer<B>, k: usize) -> Result<()> {
+        b.copy(&self.rows.narrow_rows(k, k + 1), model.losses())
+    }
+
+    /// The sum of every micro-step's losses (ignored targets count 0), each micro-step's in
+    /// f64, then added in order. Waits for the device.
+    pub fn sum(&self, b: &B) -> Result<f64> {
+        let values = b.download_f64(&self.rows)?;
+        Ok(values
+            .chunks(self.rows.cols())
+            .map(|row| row.iter().sum::<f64>())
+            .sum())
+    }
+}
