@@ -264,11 +264,15 @@ fn panel(
         .map_err(draw_error)?;
     for (name, points, color, width) in lines.iter().filter(|l| !l.1.is_empty()) {
         let (color, width) = (*color, *width);
+        let xy: Vec<(u64, f64)> = points.iter().map(|(&x, &y)| (x, y)).collect();
+        // Segment by segment: plotters joins the segments of a wide polyline with unbounded
+        // miters, which at sharp turns (a spike between neighbouring steps) shoot out of the
+        // panel and leave gaps in the line.
+        let segments = xy
+            .windows(2)
+            .map(|pair| PathElement::new(pair.to_vec(), color.stroke_width(width)));
         chart
-            .draw_series(LineSeries::new(
-                points.iter().map(|(&x, &y)| (x, y)),
-                color.stroke_width(width),
-            ))
+            .draw_series(segments)
             .map_err(draw_error)?
             .label(name.as_str())
             .legend(move |(x, y)| {
@@ -377,5 +381,36 @@ mod tests {
         more.extend([option(), step(1, 6.0)]);
         let s = Series::from_events(&more);
         assert_eq!(s.loss.into_iter().collect::<Vec<_>>(), [(1, 6.0)]);
+    }
+
+    #[test]
+    fn sharp_turns_stay_inside_their_panel() {
+        // One run's gradient norm (magenta, bottom-left panel) over 1,000 steps, under a
+        // pixel apart, starting with the jumps of a real run's first 25 steps. No magenta
+        // pixel may land in the top half.
+        let start = [
+            24.8, 21.9, 23.8, 16.1, 8.4, 5.4, 5.0, 4.0, 4.9, 4.5, 3.6, 6.0, 4.2, 2.9, 3.5, 2.4,
+            21.1, 28.6, 3.3, 2.2, 4.3, 2.0, 2.1, 1.8, 2.1,
+        ];
+        let s = Series {
+            loss: (1..=1000).map(|i| (i, 5.0 - i as f64 * 1e-3)).collect(),
+            norm: (1..=1000)
+                .map(|i| (i, start.get(i as usize - 1).copied().unwrap_or(1.0)))
+                .collect(),
+            ..Series::default()
+        };
+        let (width, height) = (1400, 900);
+        let rgb = render(&[("run".into(), s)], width, height).unwrap();
+        let magenta = |p: &[u8]| p[0] > 200 && p[1] < 60 && p[2] > 200;
+        let (top, bottom) = rgb.split_at((width * height / 2 * 3) as usize);
+        let stray = top.chunks(3).filter(|p| magenta(p)).count();
+        assert_eq!(
+            stray, 0,
+            "{stray} magenta pixels above the gradient-norm panel"
+        );
+        assert!(
+            bottom.chunks(3).any(magenta),
+            "the gradient norm was not drawn"
+        );
     }
 }
