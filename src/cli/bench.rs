@@ -7,9 +7,10 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
+use super::recompute::RecomputeFlags;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
-use crate::model::{MatmulPrecision, ModelConfig, Recompute, presets};
+use crate::model::{MatmulPrecision, ModelConfig, presets};
 use crate::train::ModelSource;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 
@@ -46,10 +47,8 @@ pub struct BenchArgs {
     /// With --matmul-dtype e4m3, the dtype of the output gradients: e4m3 or e5m2 [default: e5m2].
     #[arg(long)]
     gradient_dtype: Option<String>,
-    /// Activations to recompute in the backward, comma-separated: swiglu, norm, qkv, att,
-    /// ffn, block.
-    #[arg(long, value_name = "LIST", default_value = "")]
-    recompute: String,
+    #[command(flatten)]
+    recompute: RecomputeFlags,
     /// Chunks of the LM head and loss (the logits buffer shrinks with it).
     #[arg(long, default_value_t = 8)]
     lmhead_chunks: usize,
@@ -77,7 +76,7 @@ impl BenchArgs {
             steps: self.steps,
             warmup: self.warmup,
             matmul,
-            recompute: Recompute::parse(&self.recompute).map_err(|e| e.context("--recompute"))?,
+            recompute: self.recompute.recompute(),
             lmhead_chunks: self.lmhead_chunks,
             op_times: self.op_times,
         };

@@ -3,6 +3,7 @@
 mod bench;
 mod export;
 mod plot;
+mod recompute;
 mod sample;
 mod tokenize;
 mod train;

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
+use super::recompute::RecomputeFlags;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
-use crate::model::{MatmulPrecision, Recompute, presets};
+use crate::model::{MatmulPrecision, presets};
 use crate::tensor::DType;
 use crate::train::optimizer::OptimizerOptions;
 use crate::train::options::Defaults;
@@ -146,24 +147,8 @@ pub struct TrainArgs {
     opt_v_dtype: DType,
 
     // ----- memory -----
-    /// Recompute the SwiGLU output in the backward instead of keeping it.
-    #[arg(long, help_heading = "Memory")]
-    recompute_swiglu: bool,
-    /// Recompute both RMSNorm outputs of each block.
-    #[arg(long, help_heading = "Memory")]
-    recompute_norm: bool,
-    /// Recompute the QKV projection and RoPE.
-    #[arg(long, help_heading = "Memory")]
-    recompute_qkv: bool,
-    /// Recompute attention and its log-sum-exp.
-    #[arg(long, help_heading = "Memory")]
-    recompute_att: bool,
-    /// Recompute the gate/up projection and SwiGLU.
-    #[arg(long, help_heading = "Memory")]
-    recompute_ffn: bool,
-    /// Recompute everything but each block's input (implies all the others).
-    #[arg(long, help_heading = "Memory")]
-    recompute_block: bool,
+    #[command(flatten)]
+    recompute: RecomputeFlags,
     /// Run the LM head and loss over the tokens in this many chunks, so that the full
     /// batch × vocabulary logits never exist at once.
     #[arg(long, default_value_t = 1, help_heading = "Memory")]
@@ -345,14 +330,7 @@ impl TrainArgs {
             z_loss: self.z_loss,
             model_dtype,
             matmul,
-            recompute: Recompute {
-                swiglu: self.recompute_swiglu,
-                norm: self.recompute_norm,
-                qkv: self.recompute_qkv,
-                att: self.recompute_att,
-                ffn: self.recompute_ffn,
-                block: self.recompute_block,
-            },
+            recompute: self.recompute.recompute(),
             lmhead_chunks: self.lmhead_chunks,
             seed: self.seed,
             ckpt_interval: self.ckpt_interval,
