@@ -5,7 +5,7 @@ use clap::Args;
 
 use crate::model::Recompute;
 
-#[derive(Args, Debug, Clone, Default)]
+#[derive(Args, Debug)]
 pub struct RecomputeFlags {
     /// Recompute the SwiGLU output in the backward instead of keeping it.
     #[arg(long, help_heading = "Memory")]
