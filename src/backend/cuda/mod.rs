@@ -152,7 +152,9 @@ impl Cuda {
         let count = device::gpu_count()?;
         ensure!(
             ordinal < count,
-            "no CUDA GPU {ordinal}: the driver reports {count} device(s)"
+            "--device cuda: no CUDA GPU {ordinal}, the driver reports {count} device(s) (check \
+             nvidia-smi and CUDA_VISIBLE_DEVICES); --device cpu runs on the CPU, and --device \
+             auto picks the GPU when there is one"
         );
         let ctx =
             CudaContext::new(ordinal).with_context(|| format!("opening CUDA GPU {ordinal}"))?;
