@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod cli;
 pub mod data;
+pub mod hash;
 pub mod io;
 pub mod model;
 pub mod rng;

@@ -18,6 +18,7 @@ use super::loader::LoaderState;
 use super::optimizer::AdamWState;
 use super::schedule::Schedule;
 use crate::backend::Backend;
+use crate::hash::fnv1a;
 use crate::io::atomic::{sync_dir, temporary_name, write_bytes_atomically};
 use crate::io::tensors;
 use crate::model::Transformer;
@@ -132,12 +133,6 @@ fn differences(saved: &Value, now: &Value) -> Vec<(String, String)> {
             (k.clone(), text)
         })
         .collect()
-}
-
-pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// Tensors with the names they are saved under.

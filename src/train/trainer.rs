@@ -23,6 +23,7 @@ use super::options::{ModelSource, Options};
 use super::schedule::Schedule;
 use super::step_losses::StepLosses;
 use crate::backend::Backend;
+use crate::hash::fnv1a;
 use crate::io::hf;
 use crate::model::{LossOptions, ModelConfig, ModelOptions, Transformer};
 use crate::rng::Rng;
@@ -470,7 +471,7 @@ impl<B: Backend> Run<'_, B> {
             seconds,
             tokens_per_second,
             mfu: report.mfu,
-            data: format!("{:016x}", checkpoint::fnv1a(&data)),
+            data: format!("{:016x}", fnv1a(&data)),
         })?;
         self.console.step(&report);
         self.summary.losses.push(loss);

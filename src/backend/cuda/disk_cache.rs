@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
+use crate::hash::{FNV1A_START, fnv1a_extend};
+
 /// `$env_var`, else `$XDG_CACHE_HOME/smelt/name`, else `~/.cache/smelt/name`.
 pub fn dir(env_var: &str, name: &str) -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os(env_var) {
@@ -19,13 +21,9 @@ pub fn dir(env_var: &str, name: &str) -> Option<PathBuf> {
 
 /// FNV-1a over the parts, each followed by a separator: stable across Rust versions.
 pub fn key(parts: &[&str]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in part.as_bytes().iter().chain(&[0u8]) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
+    let h = parts.iter().fold(FNV1A_START, |h, part| {
+        fnv1a_extend(fnv1a_extend(h, part.as_bytes()), &[0])
+    });
     format!("{h:016x}")
 }
 
