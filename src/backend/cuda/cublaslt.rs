@@ -337,14 +337,14 @@ impl Blas {
         let ok: Vec<bool> = (0..count)
             .map(|i| self.launch(plan, i, ptrs, scratch.ptr(), false).is_ok())
             .collect();
+        let event = || {
+            self.stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .ok()
+        };
         let mut best = vec![f32::INFINITY; count];
         for _ in 0..ROUNDS {
             for i in (0..count).filter(|&i| ok[i]) {
-                let event = || {
-                    self.stream
-                        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                        .ok()
-                };
                 let start = event()?;
                 for _ in 0..CALLS {
                     self.launch(plan, i, ptrs, scratch.ptr(), false).ok()?;
