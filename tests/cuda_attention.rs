@@ -98,42 +98,53 @@ fn tensor_cores_at_model_shapes() {
             bufs.outputs(&gpu)
         };
         let reference = run(AttentionKernels::Simple);
-        // bf16 outputs and P, dS rounded to bf16 for the MMAs: the bound of cuda_ops.
-        check_op(
-            &test,
-            || run(AttentionKernels::TensorCore),
-            || reference.clone(),
-            |name| {
-                if name == "lse" { 1e-5 } else { 1e-2 }
-            },
-        );
-
-        let reps = 10;
-        gpu.set_attention_kernels(AttentionKernels::TensorCore);
-        gpu.time_ops(true);
-        for _ in 0..reps {
-            bufs.forward_backward(&gpu, s);
+        // wgmma where the GPU has it (else the same mma.sync kernels twice), then mma.sync.
+        for (name, kernels) in [
+            ("wgmma", AttentionKernels::Wgmma),
+            ("mma.sync", AttentionKernels::TensorCore),
+        ] {
+            let test = format!("{test} {name}");
+            // bf16 outputs and P, dS rounded to bf16 for the MMAs: the bound of cuda_ops.
+            check_op(
+                &test,
+                || run(kernels),
+                || reference.clone(),
+                |name| {
+                    if name == "lse" { 1e-5 } else { 1e-2 }
+                },
+            );
+            let (fwd, bwd) = time(&gpu, &bufs, s, kernels);
+            let flops = forward_flops(s);
+            figure(
+                &test,
+                format!(
+                    "forward {fwd:.3} ms ({:.0} TFLOP/s), backward {bwd:.3} ms ({:.0} TFLOP/s)",
+                    flops / fwd * 1e-9,
+                    2.5 * flops / bwd * 1e-9
+                ),
+            );
         }
-        gpu.synchronize().unwrap();
-        let times = gpu.take_op_times().unwrap();
-        gpu.time_ops(false);
-        let ms = |op: &str| {
-            let t = times
-                .iter()
-                .find(|t| t.op == op)
-                .unwrap_or_else(|| panic!("{op} not timed: {times:?}"));
-            assert_eq!(t.calls, reps, "{op} calls");
-            t.seconds * 1e3 / reps as f64
-        };
-        let (fwd, bwd) = (ms("attention_forward"), ms("attention_backward"));
-        let flops = forward_flops(s);
-        figure(
-            &test,
-            format!(
-                "forward {fwd:.3} ms ({:.0} TFLOP/s), backward {bwd:.3} ms ({:.0} TFLOP/s)",
-                flops / fwd * 1e-9,
-                2.5 * flops / bwd * 1e-9
-            ),
-        );
     }
+}
+
+/// Milliseconds per forward and per backward, over 10 rounds timed by CUDA events.
+fn time(gpu: &Cuda, bufs: &Buffers, s: AttnShape, kernels: AttentionKernels) -> (f64, f64) {
+    let reps = 10;
+    gpu.set_attention_kernels(kernels);
+    gpu.time_ops(true);
+    for _ in 0..reps {
+        bufs.forward_backward(gpu, s);
+    }
+    gpu.synchronize().unwrap();
+    let times = gpu.take_op_times().unwrap();
+    gpu.time_ops(false);
+    let ms = |op: &str| {
+        let t = times
+            .iter()
+            .find(|t| t.op == op)
+            .unwrap_or_else(|| panic!("{op} not timed: {times:?}"));
+        assert_eq!(t.calls, reps, "{op} calls");
+        t.seconds * 1e3 / reps as f64
+    };
+    (ms("attention_forward"), ms("attention_backward"))
 }

@@ -534,9 +534,14 @@ fn attention_forward_and_backward() {
         let qkv = normal(rows * s.qkv_width(), 1.5, 30 + i as u64);
         let dout = normal(rows * s.q_heads * s.head_dim, 1.0, 40 + i as u64);
         let cpu_out = run(&cpu, dtype, s, &qkv, &dout);
-        // The tensor-core kernels serve bf16 only; f32 always runs the CUDA-core ones.
+        // The tensor-core kernels serve bf16 only; f32 always runs the CUDA-core ones. Wgmma
+        // runs the mma.sync kernels off Hopper and at head sizes that are no multiple of 64.
         let versions: &[AttentionKernels] = if dtype == DType::BF16 {
-            &[AttentionKernels::TensorCore, AttentionKernels::Simple]
+            &[
+                AttentionKernels::Wgmma,
+                AttentionKernels::TensorCore,
+                AttentionKernels::Simple,
+            ]
         } else {
             &[AttentionKernels::Simple]
         };

@@ -1,11 +1,12 @@
 //! Causal grouped-query attention, forward and backward: on the tensor cores for bf16
-//! (kernels/attention_tc.cu), on the CUDA cores otherwise (kernels/attention.cu, which is also
-//! the simple reference the tensor-core version is tested against).
+//! (kernels/attention_tc.cu: wgmma on Hopper, mma.sync elsewhere), on the CUDA cores otherwise
+//! (kernels/attention.cu, which is also the simple reference the tensor-core versions are
+//! tested against).
 
 use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
-use super::kernels::{Arg, KArg, Kernel};
+use super::kernels::{Arg, KArg, Kernel, wgmma_head_dim};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
@@ -17,15 +18,13 @@ const TILE: usize = 32;
 const TC_TILE: usize = 64;
 const TC_THREADS: u32 = 128;
 
-/// Dynamic shared memory of a tensor-core kernel that stages `tiles` 64-row tiles of
-/// `head_dim + 8` bf16 (plus `extra` bytes).
-fn tc_smem(head_dim: usize, tiles: usize, extra: usize) -> u32 {
-    (tiles * TC_TILE * (head_dim + 8) * 2 + extra) as u32
-}
-
-/// Which attention kernels run. `SMELT_ATTENTION=simple` picks the CUDA-core ones.
+/// Which attention kernels run. `SMELT_ATTENTION=mma` picks the mma.sync ones where wgmma
+/// would run, `SMELT_ATTENTION=simple` the CUDA-core ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernels {
+    /// wgmma kernels for bf16 on Hopper at head sizes that are multiples of 64; else as
+    /// `TensorCore`.
+    Wgmma,
     /// mma.sync tensor-core kernels for bf16 on sm_80 and later; the simple ones otherwise.
     TensorCore,
     /// The CUDA-core kernels, for every storage type.
@@ -36,8 +35,38 @@ impl AttentionKernels {
     pub fn from_env() -> Self {
         match std::env::var("SMELT_ATTENTION").as_deref() {
             Ok("simple") => AttentionKernels::Simple,
-            _ => AttentionKernels::TensorCore,
+            Ok("mma") => AttentionKernels::TensorCore,
+            _ => AttentionKernels::Wgmma,
         }
+    }
+}
+
+/// The tensor-core kernels of one call, and their shared-memory tiles: 64 rows of
+/// `head_dim` bf16, padded by 8 for mma.sync's ldmatrix.
+struct TensorCoreKernels {
+    forward: Kernel,
+    dkdv: Kernel,
+    dq: Kernel,
+    padding: usize,
+}
+
+impl TensorCoreKernels {
+    const WGMMA: Self = TensorCoreKernels {
+        forward: Kernel::AttentionForwardWgmma,
+        dkdv: Kernel::AttentionBackwardDkDvWgmma,
+        dq: Kernel::AttentionBackwardDqWgmma,
+        padding: 0,
+    };
+    const MMA_SYNC: Self = TensorCoreKernels {
+        forward: Kernel::AttentionForwardTc,
+        dkdv: Kernel::AttentionBackwardDkDvTc,
+        dq: Kernel::AttentionBackwardDqTc,
+        padding: 8,
+    };
+
+    /// Dynamic shared memory for `tiles` 64-row tiles plus `extra` bytes.
+    fn smem(&self, head_dim: usize, tiles: usize, extra: usize) -> u32 {
+        (tiles * TC_TILE * (head_dim + self.padding) * 2 + extra) as u32
     }
 }
 
@@ -69,10 +98,22 @@ impl Cuda {
         self.attention.set(kernels);
     }
 
-    fn tensor_cores(&self, dtype: DType) -> bool {
-        self.attention.get() == AttentionKernels::TensorCore
-            && dtype == DType::BF16
-            && self.compute_capability.0 >= 8
+    /// The tensor-core kernels for this call, or None for the CUDA-core ones.
+    fn tensor_cores(&self, dtype: DType, head_dim: usize) -> Option<&'static TensorCoreKernels> {
+        let choice = self.attention.get();
+        if choice == AttentionKernels::Simple
+            || dtype != DType::BF16
+            || self.compute_capability.0 < 8
+        {
+            None
+        } else if choice == AttentionKernels::Wgmma
+            && self.compute_capability.0 == 9
+            && wgmma_head_dim(head_dim)
+        {
+            Some(&TensorCoreKernels::WGMMA)
+        } else {
+            Some(&TensorCoreKernels::MMA_SYNC)
+        }
     }
 
     pub(super) fn attention_forward_impl(
@@ -103,16 +144,16 @@ impl Cuda {
         ];
         // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
         // its rows of head h in out [B·T, Hq·D] and lse [B, Hq, T], and amax (one f32 or
-        // null); the tensor-core kernel stages Q, K and V tiles in exactly `tc_smem(D, 3, 0)`
+        // null); the tensor-core kernels stage Q, K and V tiles in exactly `smem(D, 3, 0)`
         // bytes.
         unsafe {
-            if self.tensor_cores(qkv.dtype) {
+            if let Some(tc) = self.tensor_cores(qkv.dtype, s.head_dim) {
                 self.launch_with_smem(
-                    Kernel::AttentionForwardTc,
+                    tc.forward,
                     &[Arg::HeadDim(s.head_dim)],
                     (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
                     TC_THREADS,
-                    tc_smem(s.head_dim, 3, 0),
+                    tc.smem(s.head_dim, 3, 0),
                     &args,
                 )
             } else {
@@ -178,24 +219,24 @@ impl Cuda {
                     (s.q_heads as i32).into(),
                 ],
             )?;
-            if self.tensor_cores(qkv.dtype) {
-                // dK/dV stages K, V, Q and dout tiles plus the query tile's lse and delta;
-                // dQ stages Q, dout, K and V.
+            if let Some(tc) = self.tensor_cores(qkv.dtype, s.head_dim) {
+                // dK/dV stages K and V, and two buffers of Q and dout tiles and of the query
+                // tile's lse and delta; dQ stages Q and dout, and two buffers of K and V.
                 let dims = [Arg::HeadDim(s.head_dim)];
                 self.launch_with_smem(
-                    Kernel::AttentionBackwardDkDvTc,
+                    tc.dkdv,
                     &dims,
                     (blocks(s.seq, TC_TILE), s.kv_heads as u32, s.batch as u32),
                     TC_THREADS,
-                    tc_smem(s.head_dim, 4, 2 * TC_TILE * 4),
+                    tc.smem(s.head_dim, 6, 2 * 2 * TC_TILE * 4),
                     &common(delta),
                 )?;
                 self.launch_with_smem(
-                    Kernel::AttentionBackwardDqTc,
+                    tc.dq,
                     &dims,
                     (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
                     TC_THREADS,
-                    tc_smem(s.head_dim, 4, 0),
+                    tc.smem(s.head_dim, 6, 0),
                     &common(delta),
                 )
             } else {

@@ -97,12 +97,20 @@ pub enum Param {
     Float,
     /// An attention head size.
     HeadDim,
+    /// An attention head size the wgmma kernels take (a multiple of 64).
+    WgmmaHeadDim,
     /// An FP8 format: e4m3 or e5m2.
     Fp8,
     Flag,
 }
 
 pub const HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
+
+/// Whether the wgmma attention kernels take head size `d`: they multiply in blocks of 64
+/// columns.
+pub fn wgmma_head_dim(d: usize) -> bool {
+    HEAD_DIMS.contains(&d) && d.is_multiple_of(64)
+}
 
 /// One template argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +137,7 @@ impl Arg {
         match (self, param) {
             (Arg::Float(d), Param::Float) => matches!(d, DType::F32 | DType::BF16),
             (Arg::HeadDim(d), Param::HeadDim) => HEAD_DIMS.contains(&d),
+            (Arg::HeadDim(d), Param::WgmmaHeadDim) => wgmma_head_dim(d),
             (Arg::Fp8(d), Param::Fp8) => matches!(d, DType::E4M3 | DType::E5M2),
             (Arg::Flag(_), Param::Flag) => true,
             _ => false,
@@ -141,6 +150,11 @@ impl Param {
         match self {
             Param::Float => vec![Arg::Float(DType::F32), Arg::Float(DType::BF16)],
             Param::HeadDim => HEAD_DIMS.iter().map(|&d| Arg::HeadDim(d)).collect(),
+            Param::WgmmaHeadDim => HEAD_DIMS
+                .into_iter()
+                .filter(|&d| wgmma_head_dim(d))
+                .map(Arg::HeadDim)
+                .collect(),
             Param::Fp8 => vec![Arg::Fp8(DType::E4M3), Arg::Fp8(DType::E5M2)],
             Param::Flag => vec![Arg::Flag(false), Arg::Flag(true)],
         }
@@ -194,6 +208,9 @@ kernel_table! {
     AttentionForwardTc => ATTENTION_TC, "attention_forward_tc", [HeadDim];
     AttentionBackwardDkDvTc => ATTENTION_TC, "attention_backward_dkdv_tc", [HeadDim];
     AttentionBackwardDqTc => ATTENTION_TC, "attention_backward_dq_tc", [HeadDim];
+    AttentionForwardWgmma => ATTENTION_TC, "attention_forward_wgmma", [WgmmaHeadDim];
+    AttentionBackwardDkDvWgmma => ATTENTION_TC, "attention_backward_dkdv_wgmma", [WgmmaHeadDim];
+    AttentionBackwardDqWgmma => ATTENTION_TC, "attention_backward_dq_wgmma", [WgmmaHeadDim];
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Flag];
     AbsMax => FP8, "abs_max", [Float, Flag];

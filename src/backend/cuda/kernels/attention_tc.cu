@@ -19,8 +19,17 @@
 // a third off the backward's time at D = 64).
 //
 // Shared memory is dynamic (it exceeds the 48 KB static limit at D = 128): the launcher passes
-// `tiles * 64 * (D + 8) * 2` bytes — 3 tiles for the forward, 4 for dq, and 4 tiles plus 512
-// bytes for dkdv (attention.rs, `tc_smem`) — and raises the kernel's limit to match.
+// `tiles * 64 * (D + padding) * 2` bytes — 3 tiles for the forward, 6 for dq, and 6 tiles
+// plus 1 KB for dkdv (attention.rs, `TensorCoreKernels::smem`) — and raises the kernel's
+// limit to match. The backward kernels double-buffer the tiles they stream, loading the next
+// while the current one's products run (with wgmma, which is asynchronous, the two overlap).
+//
+// The products come from one of two policies with the same interface: `SyncMma` (mma.sync
+// with ldmatrix from padded rows, sm_80 and later) and `Wgmma` (Hopper's warpgroup MMA, which
+// reads its shared operands directly from 128-byte-swizzled tiles; sm_90a, D a multiple of
+// 64). Each kernel body is written once over the policy; the `_tc` and `_wgmma` kernels are
+// its two instantiations. On an H100 the two gave the same bits: the 100-step e2e run and
+// the two 1,000-step convergence runs repeated their mma.sync losses exactly.
 //
 // Tensor-core fragments follow PTX's mma.m16n8k16 layouts: in a 16x8 f32 accumulator, lane l
 // holds rows l/4 and l/4 + 8, columns 2(l%4) and 2(l%4) + 1; an accumulator pair over 16
@@ -35,38 +44,10 @@ constexpr int WARPS = 4;            // 16 rows each
 constexpr int THREADS = WARPS * 32;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
-// Padded shared row of a D-wide tile: 16 bytes keep ldmatrix rows off one bank.
-template <int D> __host__ __device__ constexpr int ld() { return D + 8; }
-
-extern __shared__ __align__(16) unsigned char smem[];
-
-// The i-th 64-row tile of dynamic shared memory.
-template <int D>
-__device__ __forceinline__ bf16* smem_tile(int i) {
-    return reinterpret_cast<bf16*>(smem) + i * TILE * ld<D>();
-}
+extern __shared__ __align__(1024) unsigned char smem[];
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldsm_x4(unsigned r[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
-
-// c += a * b for one 16x8 tile, k = 16.
-__device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ unsigned pack(float lo, float hi) {
@@ -74,70 +55,241 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
     return *reinterpret_cast<unsigned*>(&v);
 }
 
-// Copies rows [0, valid) of a TILE x D tile (row stride `stride` elements) into shared memory,
-// zero-filling the rest so padded rows contribute nothing.
-template <int D>
-__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid, size_t stride) {
-    constexpr int CHUNKS = D / 8;
-    for (int i = threadIdx.x; i < TILE * CHUNKS; i += THREADS) {
-        const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < valid) v = *reinterpret_cast<const uint4*>(src + r * stride + c);
-        *reinterpret_cast<uint4*>(dst + r * ld<D>() + c) = v;
-    }
+// The A fragment of 16 rows x 16 columns kk*16.. of an accumulator tile, packed to bf16.
+__device__ __forceinline__ void a_fragment(unsigned a[4], const float p[TILE / 8][4], int kk) {
+    a[0] = pack(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 }
 
-// Address of lane's row for an A operand (16 rows x 16 cols at row0, col0) or for a
-// non-transposed B pair (two 8-row blocks of n, 16 of k): matrix j = lane/8 covers
-// rows +8*(j%2) and cols +8*(j/2) for A; rows +8*(j/2) and cols +8*(j%2) for B.
-template <int D>
-__device__ __forceinline__ const bf16* a_addr(const bf16* s, int row0, int col0, int lane) {
-    return s + (row0 + (lane % 8) + ((lane / 8) % 2) * 8) * ld<D>() + col0 + (lane / 16) * 8;
-}
-template <int D>
-__device__ __forceinline__ const bf16* b_addr(const bf16* s, int row0, int col0, int lane) {
-    return s + (row0 + (lane % 8) + (lane / 16) * 8) * ld<D>() + col0 + ((lane / 8) % 2) * 8;
-}
-// A transposed-B pair for an operand stored [k rows, n cols]: rows +8*(j%2), cols +8*(j/2).
-template <int D>
-__device__ __forceinline__ const bf16* bt_addr(const bf16* s, int row0, int col0, int lane) {
-    return a_addr<D>(s, row0, col0, lane);
-}
+// mma.sync m16n8k16 per warp, operands through ldmatrix from rows padded by 16 bytes (which
+// keeps ldmatrix's eight rows off one bank). Each warp computes its own 16 rows.
+struct SyncMma {
+    template <int D> __host__ __device__ static constexpr int ld() { return D + 8; }
+    template <int D> __host__ __device__ static constexpr int tile_elems() { return TILE * ld<D>(); }
 
-// acc[nb] (16 rows x 8*nb) += A(16 x D, from shared rows row0..) * Bᵀ where B rows are
-// `n` rows of shared tile `b` (n = 8 * NB): scores of 16 rows against NB*8 rows.
-template <int D, int NB>
-__device__ __forceinline__ void scores(float acc[NB][4], const bf16* a, int a_row0, const bf16* b, int b_row0, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        unsigned af[4];
-        ldsm_x4(af, a_addr<D>(a, a_row0, kk * 16, lane));
-#pragma unroll
-        for (int nb = 0; nb < NB; nb += 2) {
-            unsigned bf[4];
-            ldsm_x4(bf, b_addr<D>(b, b_row0 + nb * 8, kk * 16, lane));
-            mma(acc[nb], af, bf[0], bf[1]);
-            mma(acc[nb + 1], af, bf[2], bf[3]);
+    // Copies rows [0, valid) of a TILE x D tile (row stride `stride` elements) into shared
+    // memory, zero-filling the rest so padded rows contribute nothing.
+    template <int D>
+    static __device__ __forceinline__ void load(bf16* dst, const bf16* src, int valid, size_t stride) {
+        constexpr int CHUNKS = D / 8;
+        for (int i = threadIdx.x; i < TILE * CHUNKS; i += THREADS) {
+            const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < valid) v = *reinterpret_cast<const uint4*>(src + r * stride + c);
+            *reinterpret_cast<uint4*>(dst + r * ld<D>() + c) = v;
         }
     }
-}
 
-// acc (16 x D) += P (16 x 8*NB, accumulator layout, packed to bf16) * V where V rows are
-// shared rows v_row0.. of `v` (row = the contracted index).
-template <int D, int NB>
-__device__ __forceinline__ void accumulate_pv(float acc[D / 8][4], const float p[NB][4], const bf16* v, int v_row0, int lane) {
+    // Shared stores are visible to ldmatrix after the block's barrier.
+    static __device__ __forceinline__ void staged() {}
+    // The products are done when issued.
+    static __device__ __forceinline__ void wait() {}
+
+    // acc (the warp's 16 rows x 64) = A(rows warp*16.., D) * B(64 rows, D)ᵀ.
+    template <int D>
+    static __device__ __forceinline__ void scores(float acc[TILE / 8][4], const bf16* a, const bf16* b, int warp,
+                                                  int lane) {
 #pragma unroll
-    for (int kk = 0; kk < NB / 2; ++kk) {
-        const unsigned pf[4] = {pack(p[2 * kk][0], p[2 * kk][1]), pack(p[2 * kk][2], p[2 * kk][3]),
-                                pack(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        for (int nb = 0; nb < TILE / 8; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
 #pragma unroll
-        for (int db = 0; db < D / 8; db += 2) {
-            unsigned vf[4];
-            ldsm_x4_t(vf, bt_addr<D>(v, v_row0 + kk * 16, db * 8, lane));
-            mma(acc[db], pf, vf[0], vf[1]);
-            mma(acc[db + 1], pf, vf[2], vf[3]);
+        for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned af[4];
+            ldsm_x4(af, a_addr<D>(a, warp * 16, kk * 16, lane));
+#pragma unroll
+            for (int nb = 0; nb < TILE / 8; nb += 2) {
+                unsigned bf[4];
+                ldsm_x4(bf, b_addr<D>(b, nb * 8, kk * 16, lane));
+                mma(acc[nb], af, bf[0], bf[1]);
+                mma(acc[nb + 1], af, bf[2], bf[3]);
+            }
         }
     }
+
+    // acc (the warp's 16 rows x D) += P (16 x 64, accumulator layout) * B (64 rows, D), B's
+    // rows being the contracted index.
+    template <int D>
+    static __device__ __forceinline__ void accumulate(float acc[D / 8][4], const float p[TILE / 8][4], const bf16* b,
+                                                      int lane) {
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; ++kk) {
+            unsigned pf[4];
+            a_fragment(pf, p, kk);
+#pragma unroll
+            for (int db = 0; db < D / 8; db += 2) {
+                unsigned vf[4];
+                ldsm_x4_t(vf, a_addr<D>(b, kk * 16, db * 8, lane));
+                mma(acc[db], pf, vf[0], vf[1]);
+                mma(acc[db + 1], pf, vf[2], vf[3]);
+            }
+        }
+    }
+
+  private:
+    static __device__ __forceinline__ void ldsm_x4(unsigned r[4], const bf16* p) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+    }
+    static __device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const bf16* p) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+    }
+
+    // c += a * b for one 16x8 tile, k = 16.
+    static __device__ __forceinline__ void mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+
+    // Address of lane's row for an A operand (16 rows x 16 cols at row0, col0), which with
+    // .trans is also a B pair of an operand stored [k rows, n cols], or for a non-transposed
+    // B pair (two 8-row blocks of n, 16 of k): matrix j = lane/8 covers rows +8*(j%2) and
+    // cols +8*(j/2) for A; rows +8*(j/2) and cols +8*(j%2) for B.
+    template <int D>
+    static __device__ __forceinline__ const bf16* a_addr(const bf16* s, int row0, int col0, int lane) {
+        return s + (row0 + (lane % 8) + ((lane / 8) % 2) * 8) * ld<D>() + col0 + (lane / 16) * 8;
+    }
+    template <int D>
+    static __device__ __forceinline__ const bf16* b_addr(const bf16* s, int row0, int col0, int lane) {
+        return s + (row0 + (lane % 8) + (lane / 16) * 8) * ld<D>() + col0 + ((lane / 8) % 2) * 8;
+    }
+};
+
+// Hopper's wgmma: the block's 4 warps are one warpgroup, and each product covers all 64 rows
+// (warp w still holds rows 16w.. in the mma.sync accumulator layout). Shared tiles use the
+// 128-byte swizzle: a tile is D/64 slabs of 64 columns (8 KB each, 1 KB aligned), each row of
+// a slab one 128-byte line whose 16-byte chunks are permuted by XOR with the row's index mod
+// 8. The same tile then serves as a K-major operand (its columns contracted: scores) and as an
+// MN-major one (its rows contracted: accumulate). Unswizzled "core matrix" tiles gave the
+// same results 8-25% slower than mma.sync; swizzled, wgmma is 13-21% faster than it.
+struct Wgmma {
+    template <int D> __host__ __device__ static constexpr int tile_elems() { return TILE * D; }
+
+    template <int D>
+    static __device__ __forceinline__ void load(bf16* dst, const bf16* src, int valid, size_t stride) {
+        constexpr int CHUNKS = D / 8;
+        for (int i = threadIdx.x; i < TILE * CHUNKS; i += THREADS) {
+            // Eight consecutive threads fill one line: no bank conflicts.
+            const int r = i / CHUNKS, c = i % CHUNKS;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < valid) v = *reinterpret_cast<const uint4*>(src + r * stride + c * 8);
+            *reinterpret_cast<uint4*>(dst + (c / 8) * TILE * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8) = v;
+        }
+    }
+
+    // wgmma reads shared memory through the async proxy: each thread's stores must be fenced
+    // into it before the barrier that precedes the products.
+    static __device__ __forceinline__ void staged() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+    }
+
+    // Waits for every product issued so far; until then their accumulators, A fragments and
+    // shared operands must be left alone.
+    static __device__ __forceinline__ void wait() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+        asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+    }
+
+    // Issues acc (64 x 64) = A(64 rows, D) * B(64 rows, D)ᵀ, both contracted over their
+    // columns.
+    template <int D>
+    static __device__ __forceinline__ void scores(float acc[TILE / 8][4], const bf16* a, const bf16* b, int, int) {
+        fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)  // 16 columns: 32 bytes of each line; the first overwrites
+            mma_ss(acc, k_major(a + (kk / 4) * TILE * 64 + (kk % 4) * 16),
+                   k_major(b + (kk / 4) * TILE * 64 + (kk % 4) * 16), kk > 0);
+    }
+
+    // Issues acc (64 x D) += P (64 x 64, accumulator layout) * B (64 rows, D), contracted
+    // over B's rows, in products of 64 columns.
+    template <int D>
+    static __device__ __forceinline__ void accumulate(float acc[D / 8][4], const float p[TILE / 8][4], const bf16* b,
+                                                      int) {
+        static_assert(D % 64 == 0, "wgmma attention needs D a multiple of 64");
+        // Every fragment is packed before the fence, so that none of the products waits on
+        // registers written between them.
+        unsigned pf[TILE / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; ++kk) a_fragment(pf[kk], p, kk);
+        fence();
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; ++kk)
+#pragma unroll
+            for (int n = 0; n < D / 64; ++n)  // 16 rows, 2 KB; 64 columns, a slab
+                mma_rs(acc + n * 8, pf[kk], mn_major(b + n * TILE * 64 + kk * 16 * 64));
+    }
+
+  private:
+    // Matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading and
+    // stride byte offsets, each >> 4, and layout type 1, the 128-byte swizzle.
+    static __device__ __forceinline__ u64 descriptor(const bf16* start, unsigned leading, unsigned stride) {
+        return static_cast<u64>((smem_u32(start) & 0x3FFFF) >> 4) | (static_cast<u64>(leading >> 4) << 16) |
+               (static_cast<u64>(stride >> 4) << 32) | (1ull << 62);
+    }
+    // K-major: 8-row groups 1 KB apart; K advances inside the swizzled line by moving the
+    // start (the leading offset is unused).
+    static __device__ __forceinline__ u64 k_major(const bf16* start) { return descriptor(start, 16, 1024); }
+    // MN-major: 64-column slabs 8 KB apart (leading), 8-row groups 1 KB apart (stride).
+    static __device__ __forceinline__ u64 mn_major(const bf16* start) {
+        return descriptor(start, TILE * 128, 1024);
+    }
+
+    static __device__ __forceinline__ void fence() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+    }
+
+#define WG_ACC4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define WG_ACC32(d) \
+    WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7)
+#define WG_REGS32                                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31}"
+
+    // d (64 x 64, f32) = A * Bᵀ + (add ? d : 0) over k = 16, both operands K-major in shared
+    // memory.
+    static __device__ __forceinline__ void mma_ss(float d[][4], u64 a, u64 b, bool add) {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : WG_ACC32(d)
+            : "l"(a), "l"(b), "r"(static_cast<int>(add)));
+#else
+        __trap();
+#endif
+    }
+
+    // d (64 x 64, f32) += A * B over k = 16, A from registers, B MN-major in shared memory.
+    static __device__ __forceinline__ void mma_rs(float d[][4], const unsigned a[4], u64 b) {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32 ", {%32, %33, %34, %35}, %37, p, 1, 1, 1;\n}\n"
+            : WG_ACC32(d)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(1), "l"(b));
+#else
+        __trap();
+#endif
+    }
+#undef WG_REGS32
+#undef WG_ACC32
+#undef WG_ACC4
+};
+
+// The i-th 64-row tile of dynamic shared memory in policy M's layout.
+template <int D, class M>
+__device__ __forceinline__ bf16* smem_tile(int i) {
+    return reinterpret_cast<bf16*>(smem) + i * M::template tile_elems<D>();
 }
 
 // 2^x in one MUFU instruction; subnormal results flush to zero, which no probability here
@@ -233,15 +385,11 @@ __device__ __forceinline__ void dq_probabilities(float p[TILE / 8][4], float ds[
         }
 }
 
-}  // namespace tc
 
-// Registers capped at 128 so that 4 blocks (16 warps) share an SM: no spills at any D.
-template <int D>
-__global__ void __launch_bounds__(tc::THREADS, 4)
-    attention_forward_tc(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int T, int Hq,
-                         int Hkv, float scale, float* __restrict__ amax) {
-    using namespace tc;
-    bf16 *sQ = smem_tile<D>(0), *sK = smem_tile<D>(1), *sV = smem_tile<D>(2);
+template <int D, class M>
+__device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
+                                        int T, int Hq, int Hkv, float scale, float* __restrict__ amax) {
+    bf16 *sQ = smem_tile<D, M>(0), *sK = smem_tile<D, M>(1), *sV = smem_tile<D, M>(2);
     // Causal work grows with the query tile, so the last tiles go first: fewer stragglers.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * TILE, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -249,17 +397,19 @@ __global__ void __launch_bounds__(tc::THREADS, 4)
     const float log2_scale = scale * LOG2E;  // scores in log2 units
     const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
 
-    load_tile<D>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
+    M::template load<D>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
     float o[D / 8][4] = {};
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     const int tiles = (min(q0 + TILE, T) - 1) / TILE + 1;  // key tiles up to the diagonal
     for (int t = 0; t < tiles; ++t) {
         const int k0 = t * TILE;
-        load_tile<D>(sK, hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
-        load_tile<D>(sV, hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        M::template load<D>(sK, hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        M::template load<D>(sV, hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        M::staged();
         __syncthreads();
-        float s[TILE / 8][4] = {};
-        scores<D, TILE / 8>(s, sQ, warp * 16, sK, 0, lane);
+        float s[TILE / 8][4];
+        M::template scores<D>(s, sQ, sK, warp, lane);
+        M::wait();
         // Only the diagonal tile, the last, holds keys after a row's query or past the end.
         if (t == tiles - 1)
             scale_scores<true>(s, log2_scale, k0, rows, T, lane);
@@ -291,7 +441,8 @@ __global__ void __launch_bounds__(tc::THREADS, 4)
             o[db][0] *= corr[0]; o[db][1] *= corr[0];
             o[db][2] *= corr[1]; o[db][3] *= corr[1];
         }
-        accumulate_pv<D, TILE / 8>(o, s, sV, 0, lane);
+        M::template accumulate<D>(o, s, sV, lane);
+        M::wait();
         __syncthreads();  // before the next tile overwrites sK and sV
     }
     float largest = 0.f;  // max |out| as stored, for FP8 scaling (report_amax)
@@ -314,49 +465,64 @@ __global__ void __launch_bounds__(tc::THREADS, 4)
 // dK and dV for 64 keys of one kv head, summed over the group's q heads and the query tiles
 // that see them, in a fixed order. Each warp owns 16 keys and works with transposed scores
 // Sᵀ = K Qᵀ so that its accumulators are rows of dK and dV.
-template <int D>
-__global__ void __launch_bounds__(tc::THREADS)
-    attention_backward_dkdv_tc(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                               const float* __restrict__ lse, const float* __restrict__ delta, int T, int Hq, int Hkv,
-                               float scale) {
-    using namespace tc;
-    bf16 *sK = smem_tile<D>(0), *sV = smem_tile<D>(1), *sQ = smem_tile<D>(2), *sO = smem_tile<D>(3);  // sO: dout
-    float* sL = reinterpret_cast<float*>(smem_tile<D>(4));  // lse of the query tile, log2 units
-    float* sD = sL + TILE;                               // delta of the query tile
+template <int D, class M>
+__device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                                              const bf16* __restrict__ qkv, const float* __restrict__ lse,
+                                              const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {
+    // K and V, then two buffers of a query tile's Q and dout, then two of its lse (log2
+    // units) and delta: the next tile loads while the tensor cores work on this one.
+    bf16 *sK = smem_tile<D, M>(0), *sV = smem_tile<D, M>(1);
+    float* stats = reinterpret_cast<float*>(smem_tile<D, M>(6));
     const int k0 = blockIdx.x * TILE, g = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = Hq / Hkv;
     const Heads kv = heads<D>(qkv, T, Hq, Hkv, b, g * group);
     const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
     const float log2_scale = scale * LOG2E;
-
-    load_tile<D>(sK, kv.k + k0 * kv.stride, min(TILE, T - k0), kv.stride);
-    load_tile<D>(sV, kv.v + k0 * kv.stride, min(TILE, T - k0), kv.stride);
-    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
-    for (int h = g * group; h < (g + 1) * group; ++h) {
+    // The group's q heads in turn, each over the query tiles at or after the diagonal.
+    const int per_head = (T - k0 + TILE - 1) / TILE, tiles = group * per_head;
+    auto query_tile = [&](int i) { return k0 + (i % per_head) * TILE; };
+    auto stage = [&](int i) {
+        const int h = g * group + i / per_head, q0 = query_tile(i), valid = min(TILE, T - q0);
         const Heads qh = heads<D>(qkv, T, Hq, Hkv, b, h);
-        const bf16* dout_h = dout + static_cast<size_t>(b) * T * Hq * D + h * D;
-        for (int q0 = k0; q0 < T; q0 += TILE) {  // query tiles at or after the diagonal
-            __syncthreads();  // the previous tile's readers are done
-            load_tile<D>(sQ, qh.q + q0 * qh.stride, min(TILE, T - q0), qh.stride);
-            load_tile<D>(sO, dout_h + static_cast<size_t>(q0) * Hq * D, min(TILE, T - q0), static_cast<size_t>(Hq) * D);
-            for (int i = threadIdx.x; i < TILE; i += THREADS) {
-                const bool ok = q0 + i < T;
-                sL[i] = ok ? lse[(static_cast<size_t>(b) * Hq + h) * T + q0 + i] * LOG2E : 0.f;
-                sD[i] = ok ? delta[(static_cast<size_t>(b) * Hq + h) * T + q0 + i] : 0.f;
-            }
-            __syncthreads();
-            float p[TILE / 8][4] = {}, dp[TILE / 8][4] = {};
-            scores<D, TILE / 8>(p, sK, warp * 16, sQ, 0, lane);   // Sᵀ: keys x queries
-            scores<D, TILE / 8>(dp, sV, warp * 16, sO, 0, lane);  // dPᵀ = V doutᵀ
-            // Off the diagonal tile and the sequence's end, every query sees every key.
-            if (q0 == k0 || q0 + TILE > T)
-                dkdv_probabilities<true>(p, dp, log2_scale, sL, sD, q0, keys, T, lane);
-            else
-                dkdv_probabilities<false>(p, dp, log2_scale, sL, sD, q0, keys, T, lane);
-            accumulate_pv<D, TILE / 8>(dv, p, sO, 0, lane);   // dV += Pᵀ dout
-            accumulate_pv<D, TILE / 8>(dk, dp, sQ, 0, lane);  // dK += dSᵀ Q (scaled below)
+        M::template load<D>(smem_tile<D, M>(2 + 2 * (i % 2)), qh.q + q0 * qh.stride, valid, qh.stride);
+        M::template load<D>(smem_tile<D, M>(3 + 2 * (i % 2)),
+                            dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, valid,
+                            static_cast<size_t>(Hq) * D);
+        float* sL = stats + (i % 2) * 2 * TILE;
+        for (int r = threadIdx.x; r < TILE; r += THREADS) {
+            const size_t row = (static_cast<size_t>(b) * Hq + h) * T + q0 + r;
+            sL[r] = r < valid ? lse[row] * LOG2E : 0.f;
+            sL[TILE + r] = r < valid ? delta[row] : 0.f;
         }
+    };
+
+    M::template load<D>(sK, kv.k + k0 * kv.stride, min(TILE, T - k0), kv.stride);
+    M::template load<D>(sV, kv.v + k0 * kv.stride, min(TILE, T - k0), kv.stride);
+    stage(0);
+    M::staged();
+    __syncthreads();
+    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+    for (int i = 0; i < tiles; ++i) {
+        const int q0 = query_tile(i);
+        const bf16 *sQ = smem_tile<D, M>(2 + 2 * (i % 2)), *sO = smem_tile<D, M>(3 + 2 * (i % 2));
+        const float *sL = stats + (i % 2) * 2 * TILE, *sD = sL + TILE;
+        float p[TILE / 8][4], dp[TILE / 8][4];
+        M::template scores<D>(p, sK, sQ, warp, lane);   // Sᵀ: keys x queries
+        M::template scores<D>(dp, sV, sO, warp, lane);  // dPᵀ = V doutᵀ
+        M::wait();
+        // Off the diagonal tile and the sequence's end, every query sees every key.
+        if (q0 == k0 || q0 + TILE > T)
+            dkdv_probabilities<true>(p, dp, log2_scale, sL, sD, q0, keys, T, lane);
+        else
+            dkdv_probabilities<false>(p, dp, log2_scale, sL, sD, q0, keys, T, lane);
+        M::template accumulate<D>(dv, p, sO, lane);   // dV += Pᵀ dout
+        M::template accumulate<D>(dk, dp, sQ, lane);  // dK += dSᵀ Q (scaled below)
+        // The other buffers' readers finished before the last barrier.
+        if (i + 1 < tiles) stage(i + 1);
+        M::wait();
+        M::staged();
+        __syncthreads();
     }
     bf16* base = dqkv + static_cast<size_t>(b) * T * kv.stride;
 #pragma unroll
@@ -375,15 +541,11 @@ __global__ void __launch_bounds__(tc::THREADS)
 
 // dQ for 64 queries of one q head: each warp owns 16 queries and loops over the key tiles up
 // to the diagonal, recomputing P and dS.
-// Registers capped for 4 blocks per SM at D = 64 (a few bytes spill) and 3 above (4 would
-// spill hundreds of bytes at D = 128).
-template <int D>
-__global__ void __launch_bounds__(tc::THREADS, D == 64 ? 4 : 3)
-    attention_backward_dq_tc(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
-                             const float* __restrict__ lse, const float* __restrict__ delta, int T, int Hq, int Hkv,
-                             float scale) {
-    using namespace tc;
-    bf16 *sQ = smem_tile<D>(0), *sO = smem_tile<D>(1), *sK = smem_tile<D>(2), *sV = smem_tile<D>(3);  // sO: dout
+template <int D, class M>
+__device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
+                                            const bf16* __restrict__ qkv, const float* __restrict__ lse,
+                                            const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {
+    bf16 *sQ = smem_tile<D, M>(0), *sO = smem_tile<D, M>(1);  // then two buffers of K and V
     // Causal work grows with the query tile, so the last tiles go first: fewer stragglers.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * TILE, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -397,25 +559,39 @@ __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 4 : 3)
         row_lse[r] = ok ? lse[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] * LOG2E : 0.f;
         row_delta[r] = ok ? delta[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] : 0.f;
     }
-    load_tile<D>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
-    load_tile<D>(sO, dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, min(TILE, T - q0), static_cast<size_t>(Hq) * D);
+    // Key tile t's K and V go to buffer t % 2: the next loads while the tensor cores work on
+    // this one.
+    auto stage = [&](int t) {
+        const int k0 = t * TILE;
+        M::template load<D>(smem_tile<D, M>(2 + 2 * (t % 2)), hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        M::template load<D>(smem_tile<D, M>(3 + 2 * (t % 2)), hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+    };
+    M::template load<D>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
+    M::template load<D>(sO, dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, min(TILE, T - q0),
+                        static_cast<size_t>(Hq) * D);
+    stage(0);
+    M::staged();
+    __syncthreads();
     float dq[D / 8][4] = {};
     const int tiles = (min(q0 + TILE, T) - 1) / TILE + 1;
     for (int t = 0; t < tiles; ++t) {
         const int k0 = t * TILE;
-        __syncthreads();
-        load_tile<D>(sK, hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
-        load_tile<D>(sV, hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
-        __syncthreads();
-        float p[TILE / 8][4] = {}, ds[TILE / 8][4] = {};
-        scores<D, TILE / 8>(p, sQ, warp * 16, sK, 0, lane);   // S = Q Kᵀ
-        scores<D, TILE / 8>(ds, sO, warp * 16, sV, 0, lane);  // dP = dout Vᵀ
+        const bf16 *sK = smem_tile<D, M>(2 + 2 * (t % 2)), *sV = smem_tile<D, M>(3 + 2 * (t % 2));
+        float p[TILE / 8][4], ds[TILE / 8][4];
+        M::template scores<D>(p, sQ, sK, warp, lane);   // S = Q Kᵀ
+        M::template scores<D>(ds, sO, sV, warp, lane);  // dP = dout Vᵀ
+        M::wait();
         // Only the diagonal tile, the last, holds keys after a row's query or past the end.
         if (t == tiles - 1)
             dq_probabilities<true>(p, ds, log2_scale, row_lse, row_delta, k0, rows, T, lane);
         else
             dq_probabilities<false>(p, ds, log2_scale, row_lse, row_delta, k0, rows, T, lane);
-        accumulate_pv<D, TILE / 8>(dq, ds, sK, 0, lane);  // dQ += dS K
+        M::template accumulate<D>(dq, ds, sK, lane);  // dQ += dS K
+        // The other buffers' readers finished before the last barrier.
+        if (t + 1 < tiles) stage(t + 1);
+        M::wait();
+        M::staged();
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -427,3 +603,35 @@ __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 4 : 3)
                 __floats2bfloat162_rn(dq[db][2 * r] * scale, dq[db][2 * r + 1] * scale);
     }
 }
+
+}  // namespace tc
+
+// The kernels: each body with mma.sync (`_tc`, sm_80 on) and with wgmma (`_wgmma`, sm_90a
+// only; elsewhere they trap). Registers: the forward is capped at 128 so that 4 blocks
+// (16 warps) share an SM with no spills at any D; dQ for 4 blocks per SM at D = 64 (a few
+// bytes spill) and 3 above (4 would spill hundreds of bytes at D = 128).
+#define ATTENTION_KERNELS(SUFFIX, POLICY)                                                                           \
+    template <int D>                                                                                               \
+    __global__ void __launch_bounds__(tc::THREADS, 4)                                                              \
+        attention_forward_##SUFFIX(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, \
+                                   int T, int Hq, int Hkv, float scale, float* __restrict__ amax) {                \
+        tc::forward<D, tc::POLICY>(out, lse, qkv, T, Hq, Hkv, scale, amax);                                        \
+    }                                                                                                              \
+    template <int D>                                                                                               \
+    __global__ void __launch_bounds__(tc::THREADS)                                                                 \
+        attention_backward_dkdv_##SUFFIX(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,                   \
+                                         const bf16* __restrict__ qkv, const float* __restrict__ lse,              \
+                                         const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {   \
+        tc::backward_dkdv<D, tc::POLICY>(dqkv, dout, qkv, lse, delta, T, Hq, Hkv, scale);                          \
+    }                                                                                                              \
+    template <int D>                                                                                               \
+    __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 4 : 3)                                                \
+        attention_backward_dq_##SUFFIX(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,                     \
+                                       const bf16* __restrict__ qkv, const float* __restrict__ lse,                \
+                                       const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {     \
+        tc::backward_dq<D, tc::POLICY>(dqkv, dout, qkv, lse, delta, T, Hq, Hkv, scale);                            \
+    }
+
+ATTENTION_KERNELS(tc, SyncMma)
+ATTENTION_KERNELS(wgmma, Wgmma)
+#undef ATTENTION_KERNELS
