@@ -21,8 +21,11 @@
 // Shared memory is dynamic (it exceeds the 48 KB static limit at D = 128): the launcher passes
 // `tiles * 64 * (D + padding) * 2` bytes — 3 tiles for the forward, 6 for dq, and 6 tiles
 // plus 1 KB for dkdv (attention.rs, `TensorCoreKernels::smem`) — and raises the kernel's
-// limit to match. The backward kernels double-buffer the tiles they stream, loading the next
-// while the current one's products run (with wgmma, which is asynchronous, the two overlap).
+// limit to match. Tiles arrive by cp.async, which copies global to shared memory without
+// holding a warp: the backward kernels double-buffer the tiles they stream and issue the next
+// tile's copies before working on the current one, so the copies overlap a whole iteration.
+// (With plain loads and stores, a fifth of the warps' time went to stores waiting on their
+// loads.)
 //
 // The products come from one of two policies with the same interface: `SyncMma` (mma.sync
 // with ldmatrix from padded rows, sm_80 and later) and `Wgmma` (Hopper's warpgroup MMA, which
@@ -50,6 +53,45 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// Copies 16 bytes from global to shared memory asynchronously; with `valid` false it writes
+// zeros and reads nothing (`src` must still be a mapped address).
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
+// Starts copying rows [0, valid) of a TILE x D tile (row stride `stride` elements) into
+// shared memory at the element offsets `Layout::offset(row, chunk)` of its 16-byte chunks,
+// zero-filling the rest so padded rows contribute nothing. Consecutive threads take
+// consecutive chunks of a row.
+template <int D, class Layout>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid, size_t stride) {
+    constexpr int CHUNKS = D / 8;
+    static_assert(TILE * CHUNKS % THREADS == 0, "whole rounds of chunks");
+    // Unrolled, the compiler keeps every round's addresses for every tile in registers
+    // (dK/dV at D = 64: 166 -> 226 registers, which costs a block per SM).
+#pragma unroll 1
+    for (int j = 0; j < TILE * CHUNKS / THREADS; ++j) {
+        const int i = threadIdx.x + j * THREADS, r = i / CHUNKS, c = i % CHUNKS;
+        const bool ok = r < valid;
+        copy_async16(dst + Layout::template offset<D>(r, c), src + (ok ? r * stride + c * 8 : 0), ok);
+    }
+}
+
+// Closes the group of copies this thread issued since the last call.
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most the PENDING most recent groups of this thread's copies are in flight;
+// the block's barrier that follows makes every thread's finished copies visible.
+template <int PENDING>
+__device__ __forceinline__ void copies_done() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
 __device__ __forceinline__ unsigned pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<unsigned*>(&v);
@@ -69,21 +111,12 @@ struct SyncMma {
     template <int D> __host__ __device__ static constexpr int ld() { return D + 8; }
     template <int D> __host__ __device__ static constexpr int tile_elems() { return TILE * ld<D>(); }
 
-    // Copies rows [0, valid) of a TILE x D tile (row stride `stride` elements) into shared
-    // memory, zero-filling the rest so padded rows contribute nothing.
-    template <int D>
-    static __device__ __forceinline__ void load(bf16* dst, const bf16* src, int valid, size_t stride) {
-        constexpr int CHUNKS = D / 8;
-        for (int i = threadIdx.x; i < TILE * CHUNKS; i += THREADS) {
-            const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (r < valid) v = *reinterpret_cast<const uint4*>(src + r * stride + c);
-            *reinterpret_cast<uint4*>(dst + r * ld<D>() + c) = v;
-        }
-    }
+    // Where 16-byte chunk c of row r goes in a tile.
+    template <int D> static __device__ __forceinline__ int offset(int r, int c) { return r * ld<D>() + c * 8; }
 
-    // Shared stores are visible to ldmatrix after the block's barrier.
-    static __device__ __forceinline__ void staged() {}
+    // Waits for this thread's tile copies but the PENDING latest groups; ldmatrix sees them
+    // after the block's barrier.
+    template <int PENDING = 0> static __device__ __forceinline__ void staged() { copies_done<PENDING>(); }
     // The products are done when issued.
     static __device__ __forceinline__ void wait() {}
 
@@ -169,21 +202,17 @@ struct SyncMma {
 struct Wgmma {
     template <int D> __host__ __device__ static constexpr int tile_elems() { return TILE * D; }
 
-    template <int D>
-    static __device__ __forceinline__ void load(bf16* dst, const bf16* src, int valid, size_t stride) {
-        constexpr int CHUNKS = D / 8;
-        for (int i = threadIdx.x; i < TILE * CHUNKS; i += THREADS) {
-            // Eight consecutive threads fill one line: no bank conflicts.
-            const int r = i / CHUNKS, c = i % CHUNKS;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (r < valid) v = *reinterpret_cast<const uint4*>(src + r * stride + c * 8);
-            *reinterpret_cast<uint4*>(dst + (c / 8) * TILE * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8) = v;
-        }
+    // Where 16-byte chunk c of row r goes in a tile: slab c / 8, line r, position permuted
+    // by the swizzle.
+    template <int D> static __device__ __forceinline__ int offset(int r, int c) {
+        return (c / 8) * TILE * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8;
     }
 
-    // wgmma reads shared memory through the async proxy: each thread's stores must be fenced
-    // into it before the barrier that precedes the products.
-    static __device__ __forceinline__ void staged() {
+    // Waits for this thread's tile copies but the PENDING latest groups. wgmma reads shared
+    // memory through the async proxy, so they are fenced into it before the barrier that
+    // precedes the products.
+    template <int PENDING = 0> static __device__ __forceinline__ void staged() {
+        copies_done<PENDING>();
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
@@ -346,8 +375,8 @@ __device__ __forceinline__ void scale_scores(float s[TILE / 8][4], float log2_sc
 }
 
 // The dK/dV kernel's Pᵀ and dSᵀ over 16 keys x 64 queries from q0 (scores in place):
-// p = exp2(s·scale·log2e − lse) and ds = p (dp − delta), with each query's lse (log2 units)
-// and delta from shared memory. With MASK, keys after their query and queries past the
+// p = exp2(s·scale·log2e − lse·log2e) and ds = p (dp − delta), with each query's lse and
+// delta from shared memory. With MASK, keys after their query and queries past the
 // sequence get zeros.
 template <bool MASK>
 __device__ __forceinline__ void dkdv_probabilities(float p[TILE / 8][4], float dp[TILE / 8][4], float log2_scale,
@@ -361,7 +390,7 @@ __device__ __forceinline__ void dkdv_probabilities(float p[TILE / 8][4], float d
         for (int e = 0; e < 4; ++e) {
             const int query = q0 + qi + (e & 1);
             const bool live = !MASK || (query >= keys[e / 2] && query < T);
-            const float pe = live ? exp2_fast(fmaf(p[nb][e], log2_scale, -((e & 1) ? l.y : l.x))) : 0.f;
+            const float pe = live ? exp2_fast(fmaf(p[nb][e], log2_scale, -((e & 1) ? l.y : l.x) * LOG2E)) : 0.f;
             p[nb][e] = pe;
             dp[nb][e] = pe * (dp[nb][e] - ((e & 1) ? d.y : d.x));
         }
@@ -397,19 +426,33 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
     const float log2_scale = scale * LOG2E;  // scores in log2 units
     const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
 
-    M::template load<D>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
+    // K and V of key tile t, each in its own group of copies: K is replaced as soon as the
+    // scores have read it, and arrives while the softmax and P·V run; V while the next scores
+    // and softmax do.
+    auto load_k = [&](int t) {
+        load_tile<D, M>(sK, hd.k + t * TILE * hd.stride, min(TILE, T - t * TILE), hd.stride);
+        commit_copies();
+    };
+    auto load_v = [&](int t) {
+        load_tile<D, M>(sV, hd.v + t * TILE * hd.stride, min(TILE, T - t * TILE), hd.stride);
+        commit_copies();
+    };
+    load_tile<D, M>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
+    load_k(0);
+    load_v(0);
     float o[D / 8][4] = {};
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     const int tiles = (min(q0 + TILE, T) - 1) / TILE + 1;  // key tiles up to the diagonal
     for (int t = 0; t < tiles; ++t) {
         const int k0 = t * TILE;
-        M::template load<D>(sK, hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
-        M::template load<D>(sV, hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
-        M::staged();
+        M::template staged<1>();  // all but V
         __syncthreads();
         float s[TILE / 8][4];
         M::template scores<D>(s, sQ, sK, warp, lane);
         M::wait();
+        __syncthreads();  // every warp's products are done with sK
+        const bool more = t + 1 < tiles;
+        if (more) load_k(t + 1);
         // Only the diagonal tile, the last, holds keys after a row's query or past the end.
         if (t == tiles - 1)
             scale_scores<true>(s, log2_scale, k0, rows, T, lane);
@@ -441,9 +484,15 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
             o[db][0] *= corr[0]; o[db][1] *= corr[0];
             o[db][2] *= corr[1]; o[db][3] *= corr[1];
         }
+        if (more)
+            M::template staged<1>();  // all but the next K
+        else
+            M::staged();
+        __syncthreads();
         M::template accumulate<D>(o, s, sV, lane);
         M::wait();
-        __syncthreads();  // before the next tile overwrites sK and sV
+        __syncthreads();  // every warp's products are done with sV
+        if (more) load_v(t + 1);
     }
     float largest = 0.f;  // max |out| as stored, for FP8 scaling (report_amax)
 #pragma unroll
@@ -469,8 +518,8 @@ template <int D, class M>
 __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                               const bf16* __restrict__ qkv, const float* __restrict__ lse,
                                               const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {
-    // K and V, then two buffers of a query tile's Q and dout, then two of its lse (log2
-    // units) and delta: the next tile loads while the tensor cores work on this one.
+    // K and V, then two buffers of a query tile's Q and dout, then two of its lse and delta:
+    // the next tile loads while the tensor cores work on this one.
     bf16 *sK = smem_tile<D, M>(0), *sV = smem_tile<D, M>(1);
     float* stats = reinterpret_cast<float*>(smem_tile<D, M>(6));
     const int k0 = blockIdx.x * TILE, g = blockIdx.y, b = blockIdx.z;
@@ -485,20 +534,20 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, const bf1
     auto stage = [&](int i) {
         const int h = g * group + i / per_head, q0 = query_tile(i), valid = min(TILE, T - q0);
         const Heads qh = heads<D>(qkv, T, Hq, Hkv, b, h);
-        M::template load<D>(smem_tile<D, M>(2 + 2 * (i % 2)), qh.q + q0 * qh.stride, valid, qh.stride);
-        M::template load<D>(smem_tile<D, M>(3 + 2 * (i % 2)),
+        load_tile<D, M>(smem_tile<D, M>(2 + 2 * (i % 2)), qh.q + q0 * qh.stride, valid, qh.stride);
+        load_tile<D, M>(smem_tile<D, M>(3 + 2 * (i % 2)),
                             dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, valid,
                             static_cast<size_t>(Hq) * D);
-        float* sL = stats + (i % 2) * 2 * TILE;
-        for (int r = threadIdx.x; r < TILE; r += THREADS) {
-            const size_t row = (static_cast<size_t>(b) * Hq + h) * T + q0 + r;
-            sL[r] = r < valid ? lse[row] * LOG2E : 0.f;
-            sL[TILE + r] = r < valid ? delta[row] : 0.f;
-        }
+        // One thread per query row: its lse (natural log; log2 units at use), or its delta.
+        static_assert(THREADS == 2 * TILE, "one stat per thread");
+        const int r = threadIdx.x % TILE;
+        const float* src = (threadIdx.x < TILE ? lse : delta) + (static_cast<size_t>(b) * Hq + h) * T + q0;
+        copy_async4(stats + (i % 2) * 2 * TILE + threadIdx.x, src + (r < valid ? r : 0), r < valid);
+        commit_copies();
     };
 
-    M::template load<D>(sK, kv.k + k0 * kv.stride, min(TILE, T - k0), kv.stride);
-    M::template load<D>(sV, kv.v + k0 * kv.stride, min(TILE, T - k0), kv.stride);
+    load_tile<D, M>(sK, kv.k + k0 * kv.stride, min(TILE, T - k0), kv.stride);
+    load_tile<D, M>(sV, kv.v + k0 * kv.stride, min(TILE, T - k0), kv.stride);
     stage(0);
     M::staged();
     __syncthreads();
@@ -510,6 +559,8 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, const bf1
         float p[TILE / 8][4], dp[TILE / 8][4];
         M::template scores<D>(p, sK, sQ, warp, lane);   // Sᵀ: keys x queries
         M::template scores<D>(dp, sV, sO, warp, lane);  // dPᵀ = V doutᵀ
+        // The other buffers' readers finished before the last barrier.
+        if (i + 1 < tiles) stage(i + 1);
         M::wait();
         // Off the diagonal tile and the sequence's end, every query sees every key.
         if (q0 == k0 || q0 + TILE > T)
@@ -518,8 +569,6 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, const bf1
             dkdv_probabilities<false>(p, dp, log2_scale, sL, sD, q0, keys, T, lane);
         M::template accumulate<D>(dv, p, sO, lane);   // dV += Pᵀ dout
         M::template accumulate<D>(dk, dp, sQ, lane);  // dK += dSᵀ Q (scaled below)
-        // The other buffers' readers finished before the last barrier.
-        if (i + 1 < tiles) stage(i + 1);
         M::wait();
         M::staged();
         __syncthreads();
@@ -563,11 +612,12 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     // this one.
     auto stage = [&](int t) {
         const int k0 = t * TILE;
-        M::template load<D>(smem_tile<D, M>(2 + 2 * (t % 2)), hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
-        M::template load<D>(smem_tile<D, M>(3 + 2 * (t % 2)), hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        load_tile<D, M>(smem_tile<D, M>(2 + 2 * (t % 2)), hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        load_tile<D, M>(smem_tile<D, M>(3 + 2 * (t % 2)), hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
+        commit_copies();
     };
-    M::template load<D>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
-    M::template load<D>(sO, dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, min(TILE, T - q0),
+    load_tile<D, M>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
+    load_tile<D, M>(sO, dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, min(TILE, T - q0),
                         static_cast<size_t>(Hq) * D);
     stage(0);
     M::staged();
@@ -580,6 +630,8 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
         float p[TILE / 8][4], ds[TILE / 8][4];
         M::template scores<D>(p, sQ, sK, warp, lane);   // S = Q Kᵀ
         M::template scores<D>(ds, sO, sV, warp, lane);  // dP = dout Vᵀ
+        // The other buffers' readers finished before the last barrier.
+        if (t + 1 < tiles) stage(t + 1);
         M::wait();
         // Only the diagonal tile, the last, holds keys after a row's query or past the end.
         if (t == tiles - 1)
@@ -587,8 +639,6 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
         else
             dq_probabilities<false>(p, ds, log2_scale, row_lse, row_delta, k0, rows, T, lane);
         M::template accumulate<D>(dq, ds, sK, lane);  // dQ += dS K
-        // The other buffers' readers finished before the last barrier.
-        if (t + 1 < tiles) stage(t + 1);
         M::wait();
         M::staged();
         __syncthreads();
