@@ -338,6 +338,20 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The block's tile, head and batch. Blocks start in the order of their linear index, and a
+// tile's work grows with its distance from the causal edge, so the grid is walked heaviest
+// tiles first across every head and batch: the blocks that start last are the shortest, and
+// the SMs finish together. `rank` 0 is the heaviest tile.
+struct Place {
+    int rank, head, batch;
+};
+__device__ __forceinline__ Place place() {
+    const int pairs = gridDim.y * gridDim.z;
+    const int linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int rest = linear % pairs;
+    return {linear / pairs, static_cast<int>(rest % gridDim.y), static_cast<int>(rest / gridDim.y)};
+}
+
 struct Heads {
     size_t stride;   // elements per token row of qkv
     const bf16* q;   // this (batch, head)'s q column block at token 0
@@ -419,8 +433,8 @@ template <int D, class M>
 __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
                                         int T, int Hq, int Hkv, float scale, float* __restrict__ amax) {
     bf16 *sQ = smem_tile<D, M>(0), *sK = smem_tile<D, M>(1), *sV = smem_tile<D, M>(2);
-    // Causal work grows with the query tile, so the last tiles go first: fewer stragglers.
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * TILE, h = blockIdx.y, b = blockIdx.z;
+    const Place at = place();  // the last query tiles see the most keys
+    const int q0 = (gridDim.x - 1 - at.rank) * TILE, h = at.head, b = at.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const Heads hd = heads<D>(qkv, T, Hq, Hkv, b, h);
     const float log2_scale = scale * LOG2E;  // scores in log2 units
@@ -522,7 +536,8 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, const bf1
     // the next tile loads while the tensor cores work on this one.
     bf16 *sK = smem_tile<D, M>(0), *sV = smem_tile<D, M>(1);
     float* stats = reinterpret_cast<float*>(smem_tile<D, M>(6));
-    const int k0 = blockIdx.x * TILE, g = blockIdx.y, b = blockIdx.z;
+    const Place at = place();  // the first key tiles are seen by the most queries
+    const int k0 = at.rank * TILE, g = at.head, b = at.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = Hq / Hkv;
     const Heads kv = heads<D>(qkv, T, Hq, Hkv, b, g * group);
@@ -595,8 +610,8 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
                                             const bf16* __restrict__ qkv, const float* __restrict__ lse,
                                             const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {
     bf16 *sQ = smem_tile<D, M>(0), *sO = smem_tile<D, M>(1);  // then two buffers of K and V
-    // Causal work grows with the query tile, so the last tiles go first: fewer stragglers.
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * TILE, h = blockIdx.y, b = blockIdx.z;
+    const Place at = place();  // the last query tiles see the most keys
+    const int q0 = (gridDim.x - 1 - at.rank) * TILE, h = at.head, b = at.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const Heads hd = heads<D>(qkv, T, Hq, Hkv, b, h);
     const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
