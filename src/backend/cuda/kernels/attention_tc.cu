@@ -66,20 +66,26 @@ __device__ __forceinline__ void copy_async4(void* dst, const void* src, bool val
 
 // Starts copying rows [0, valid) of a TILE x D tile (row stride `stride` elements) into
 // shared memory at the element offsets `Layout::offset(row, chunk)` of its 16-byte chunks,
-// zero-filling the rest so padded rows contribute nothing. Consecutive threads take
-// consecutive chunks of a row.
+// zero-filling the rest so padded rows contribute nothing. Each thread keeps one chunk column
+// and steps down the rows STEP at a time, moving its two addresses by constants: this runs
+// while the tensor cores work, and the per-chunk index arithmetic it replaces (a division,
+// the swizzle, 64-bit address products) took half of dK/dV's issue slots at D = 128. The
+// loops stay rolled: unrolled, the compiler keeps every round's addresses in registers.
 template <int D, class Layout>
 __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid, size_t stride) {
-    constexpr int CHUNKS = D / 8;
-    static_assert(TILE * CHUNKS % THREADS == 0, "whole rounds of chunks");
-    // Unrolled, the compiler keeps every round's addresses for every tile in registers
-    // (dK/dV at D = 64: 166 -> 226 registers, which costs a block per SM).
+    constexpr int CHUNKS = D / 8, STEP = THREADS / CHUNKS;  // D = 80 and 96 leave a few threads idle
+    static_assert(Layout::template rows_advance<STEP>(), "the layout must advance by whole rows");
+    const unsigned t = threadIdx.x;
+    if (t >= STEP * CHUNKS) return;
+    int row = t / CHUNKS;
+    bf16* d = dst + Layout::template offset<D>(row, t % CHUNKS);
+    const bf16* s = src + row * stride + t % CHUNKS * 8;
+    constexpr int d_step = STEP * Layout::template line<D>();
+    const size_t s_step = STEP * stride;
 #pragma unroll 1
-    for (int j = 0; j < TILE * CHUNKS / THREADS; ++j) {
-        const int i = threadIdx.x + j * THREADS, r = i / CHUNKS, c = i % CHUNKS;
-        const bool ok = r < valid;
-        copy_async16(dst + Layout::template offset<D>(r, c), src + (ok ? r * stride + c * 8 : 0), ok);
-    }
+    for (; row < valid; row += STEP, d += d_step, s += s_step) copy_async16(d, s, true);
+#pragma unroll 1
+    for (; row < TILE; row += STEP, d += d_step) copy_async16(d, src, false);
 }
 
 // Closes the group of copies this thread issued since the last call.
@@ -111,8 +117,11 @@ struct SyncMma {
     template <int D> __host__ __device__ static constexpr int ld() { return D + 8; }
     template <int D> __host__ __device__ static constexpr int tile_elems() { return TILE * ld<D>(); }
 
-    // Where 16-byte chunk c of row r goes in a tile.
+    // Where 16-byte chunk c of row r goes in a tile; each row is `line` elements after the
+    // one before, for any step.
     template <int D> static __device__ __forceinline__ int offset(int r, int c) { return r * ld<D>() + c * 8; }
+    template <int D> __host__ __device__ static constexpr int line() { return ld<D>(); }
+    template <int STEP> __host__ __device__ static constexpr bool rows_advance() { return true; }
 
     // Waits for this thread's tile copies but the PENDING latest groups; ldmatrix sees them
     // after the block's barrier.
@@ -207,6 +216,10 @@ struct Wgmma {
     template <int D> static __device__ __forceinline__ int offset(int r, int c) {
         return (c / 8) * TILE * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8;
     }
+    // A row is a 128-byte line, but the swizzle repeats only every 8 rows: a copy may step
+    // by multiples of 8.
+    template <int D> __host__ __device__ static constexpr int line() { return 64; }
+    template <int STEP> __host__ __device__ static constexpr bool rows_advance() { return STEP % 8 == 0; }
 
     // Waits for this thread's tile copies but the PENDING latest groups. wgmma reads shared
     // memory through the async proxy, so they are fenced into it before the barrier that
@@ -674,7 +687,8 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
 // The kernels: each body with mma.sync (`_tc`, sm_80 on) and with wgmma (`_wgmma`, sm_90a
 // only; elsewhere they trap). Registers: the forward is capped at 128 so that 4 blocks
 // (16 warps) share an SM with no spills at any D; dQ for 4 blocks per SM at D = 64 (a few
-// bytes spill) and 3 above (4 would spill hundreds of bytes at D = 128).
+// bytes spill) and 3 above (4 would spill hundreds of bytes at D = 128); dK/dV at D = 64 for
+// 3 blocks (168 registers, no spills; left alone, the compiler takes 186 and fits 2).
 #define ATTENTION_KERNELS(SUFFIX, POLICY)                                                                           \
     template <int D>                                                                                               \
     __global__ void __launch_bounds__(tc::THREADS, 4)                                                              \
@@ -683,7 +697,7 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
         tc::forward<D, tc::POLICY>(out, lse, qkv, T, Hq, Hkv, scale, amax);                                        \
     }                                                                                                              \
     template <int D>                                                                                               \
-    __global__ void __launch_bounds__(tc::THREADS)                                                                 \
+    __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 3 : 1)                                                \
         attention_backward_dkdv_##SUFFIX(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,                   \
                                          const bf16* __restrict__ qkv, const float* __restrict__ lse,              \
                                          const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {   \
