@@ -68,6 +68,32 @@ impl TensorCoreKernels {
     fn smem(&self, head_dim: usize, tiles: usize, extra: usize) -> u32 {
         (tiles * TC_TILE * (head_dim + self.padding) * 2 + extra) as u32
     }
+
+    /// dK/dV stages K and V, and two buffers of Q and dout tiles and of the query tile's lse
+    /// and delta.
+    fn dkdv_smem(&self, head_dim: usize) -> u32 {
+        self.smem(head_dim, 6, 2 * 2 * TC_TILE * 4)
+    }
+}
+
+/// Into how many shares (1 or 2) the dK/dV kernel splits each kv head's group of query heads,
+/// given `slots` blocks running at once. A dK/dV block's work is its group's query heads times
+/// the query tiles at or after its key tile, so the first key tile's blocks do `tiles` times
+/// the last one's. When they outweigh the average load of a slot, the kernel lasts as long as
+/// they do (at 3B's shape on an H100, twice the average), and an even group is halved. Each
+/// share writes its partial dK and dV in f32 and `attention_dkdv_sum` adds them: the result
+/// is deterministic, but not the same bits as unsplit. More shares multiply that traffic:
+/// seven at 0.5B's shape with batch 16 made its backward 7% slower.
+pub fn dkdv_splits(s: &AttnShape, slots: usize) -> usize {
+    let group = s.q_heads / s.kv_heads;
+    let tiles = s.seq.div_ceil(TC_TILE);
+    let tile_pairs = group * tiles * (tiles + 1) / 2 * s.kv_heads * s.batch;
+    let heaviest_outlasts_average = group * tiles * slots > tile_pairs;
+    if heaviest_outlasts_average && group.is_multiple_of(2) {
+        2
+    } else {
+        1
+    }
 }
 
 fn scale(s: &AttnShape) -> f32 {
@@ -187,7 +213,23 @@ impl Cuda {
         );
         let targs = [float(qkv), Arg::HeadDim(s.head_dim)];
         let rows = s.batch * s.seq * s.q_heads;
-        let delta = self.scratch_f32(rows)?;
+        let tc = self.tensor_cores(qkv.dtype, s.head_dim);
+        let dims = [Arg::HeadDim(s.head_dim)];
+        let splits = match tc {
+            Some(tc) => {
+                let smem = tc.dkdv_smem(s.head_dim);
+                dkdv_splits(&s, self.block_slots(tc.dkdv, &dims, TC_THREADS, smem)?)
+            }
+            None => 1,
+        };
+        // delta, then (when the group is split) the dK/dV shares, 16-byte aligned.
+        let share_floats = if splits > 1 {
+            splits * 2 * s.batch * s.seq * s.kv_heads * s.head_dim
+        } else {
+            0
+        };
+        let delta = self.scratch_f32(rows.next_multiple_of(4) + share_floats)?;
+        let shares = delta + rows.next_multiple_of(4) as u64 * 4;
         let common = |d: u64| -> Vec<KArg> {
             vec![
                 ptr(dqkv).into(),
@@ -203,7 +245,9 @@ impl Cuda {
         };
         // SAFETY: delta is [B, Hq, T] f32 of scratch, written by one warp per (row, head) from
         // dout and out [B·T, Hq·D]. The dK/dV blocks write disjoint k and v columns of dqkv,
-        // the dQ blocks disjoint q columns; all read qkv, dout, lse and delta in bounds.
+        // or with splits, disjoint rows of the shares ([splits][2][B·T][Hkv][D] f32 of
+        // scratch after delta), which the sum reads back; the dQ blocks write disjoint q
+        // columns; all read qkv, dout, lse and delta in bounds.
         unsafe {
             self.launch(
                 Kernel::AttentionBackwardDelta,
@@ -219,18 +263,54 @@ impl Cuda {
                     (s.q_heads as i32).into(),
                 ],
             )?;
-            if let Some(tc) = self.tensor_cores(qkv.dtype, s.head_dim) {
-                // dK/dV stages K and V, and two buffers of Q and dout tiles and of the query
-                // tile's lse and delta; dQ stages Q and dout, and two buffers of K and V.
-                let dims = [Arg::HeadDim(s.head_dim)];
+            if let Some(tc) = tc {
+                // dQ stages Q and dout, and two buffers of K and V.
                 self.launch_with_smem(
                     tc.dkdv,
                     &dims,
-                    (blocks(s.seq, TC_TILE), s.kv_heads as u32, s.batch as u32),
+                    (
+                        blocks(s.seq, TC_TILE),
+                        (s.kv_heads * splits) as u32,
+                        s.batch as u32,
+                    ),
                     TC_THREADS,
-                    tc.smem(s.head_dim, 6, 2 * 2 * TC_TILE * 4),
-                    &common(delta),
+                    tc.dkdv_smem(s.head_dim),
+                    &[
+                        ptr(dqkv).into(),
+                        if splits > 1 { shares } else { 0 }.into(),
+                        ptr(dout).into(),
+                        ptr(qkv).into(),
+                        ptr(lse).into(),
+                        delta.into(),
+                        (s.seq as i32).into(),
+                        (s.q_heads as i32).into(),
+                        (s.kv_heads as i32).into(),
+                        (splits as i32).into(),
+                        scale(&s).into(),
+                    ],
                 )?;
+                if splits > 1 {
+                    let rows = s.batch * s.seq;
+                    self.launch(
+                        Kernel::AttentionDkDvSum,
+                        &[],
+                        (
+                            blocks(2 * rows * s.kv_heads * s.head_dim / 4, BLOCK as usize),
+                            1,
+                            1,
+                        ),
+                        BLOCK,
+                        &[
+                            ptr(dqkv).into(),
+                            shares.into(),
+                            (rows as i64).into(),
+                            (s.q_heads as i32).into(),
+                            (s.kv_heads as i32).into(),
+                            (s.head_dim as i32).into(),
+                            (splits as i32).into(),
+                        ],
+                    )?;
+                }
                 self.launch_with_smem(
                     tc.dq,
                     &dims,
@@ -256,5 +336,35 @@ impl Cuda {
                 )
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(batch: usize, q_heads: usize, kv_heads: usize) -> AttnShape {
+        AttnShape {
+            batch,
+            seq: 1024,
+            q_heads,
+            kv_heads,
+            head_dim: 128,
+        }
+    }
+
+    #[test]
+    fn dkdv_splits_only_where_the_heaviest_blocks_outlast_the_average() {
+        // An H100's 132 multiprocessors at 2 or 3 dK/dV blocks each.
+        // 0.5B, batch 32: 1,024 blocks; the heaviest (112 tile pairs) under the average (154).
+        assert_eq!(dkdv_splits(&shape(32, 14, 2), 396), 1);
+        // 1.5B, batch 16: the heaviest (96) just under the average (98.9).
+        assert_eq!(dkdv_splits(&shape(16, 12, 2), 264), 1);
+        // 3B, batch 8: 256 blocks, the heaviest (128) twice the average (65.9); halved, 64.
+        assert_eq!(dkdv_splits(&shape(8, 16, 2), 264), 2);
+        // One sequence: halved where the group is even, even if still above the average.
+        assert_eq!(dkdv_splits(&shape(1, 16, 2), 264), 2);
+        // 0.5B at batch 16: the heaviest (112) above the average (76.9), but the group is odd.
+        assert_eq!(dkdv_splits(&shape(16, 14, 2), 396), 1);
     }
 }

@@ -211,6 +211,7 @@ kernel_table! {
     AttentionForwardWgmma => ATTENTION_TC, "attention_forward_wgmma", [WgmmaHeadDim];
     AttentionBackwardDkDvWgmma => ATTENTION_TC, "attention_backward_dkdv_wgmma", [WgmmaHeadDim];
     AttentionBackwardDqWgmma => ATTENTION_TC, "attention_backward_dq_wgmma", [WgmmaHeadDim];
+    AttentionDkDvSum => ATTENTION_TC, "attention_dkdv_sum", [];
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Flag];
     AbsMax => FP8, "abs_max", [Float, Flag];
@@ -383,6 +384,34 @@ impl Kernels {
         Ok(f)
     }
 
+    /// How many blocks of `block` threads and `smem` bytes of dynamic shared memory fit on
+    /// one multiprocessor at once.
+    pub fn resident_blocks(&self, inst: &Instance, block: u32, smem: u32) -> Result<u32> {
+        let f = self.function_with_smem(inst, smem)?;
+        f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)
+            .with_context(|| format!("occupancy of {}", inst.name))
+    }
+
+    /// The kernel, allowed `smem` bytes of dynamic shared memory. Past 48 KB in all a kernel
+    /// must opt in to more; reading its static size and setting the limit are cheap driver
+    /// calls, not stream operations.
+    fn function_with_smem(&self, inst: &Instance, smem: u32) -> Result<CudaFunction> {
+        let f = self.function(inst)?;
+        let fixed = if smem > 0 {
+            f.shared_size_bytes()? as u32
+        } else {
+            0
+        };
+        if smem + fixed > DEFAULT_SHARED_LIMIT {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .with_context(|| format!("allowing {} {smem} bytes of shared memory", inst.name))?;
+        }
+        Ok(f)
+    }
+
     /// Enqueues `inst` on `stream` with a 1-D block and `smem` bytes of dynamic shared memory.
     ///
     /// # Safety
@@ -398,21 +427,7 @@ impl Kernels {
         smem: u32,
         args: &[KArg],
     ) -> Result<()> {
-        let f = self.function(inst)?;
-        // Past 48 KB in all a kernel must opt in to more dynamic shared memory; reading its
-        // static size and setting the limit are cheap driver calls, not stream operations.
-        let fixed = if smem > 0 {
-            f.shared_size_bytes()? as u32
-        } else {
-            0
-        };
-        if smem + fixed > DEFAULT_SHARED_LIMIT {
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .with_context(|| format!("allowing {} {smem} bytes of shared memory", inst.name))?;
-        }
+        let f = self.function_with_smem(inst, smem)?;
         let mut builder = stream.launch_builder(&f);
         for a in args {
             match a {

@@ -32,6 +32,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaStream};
 use half::bf16;
 
@@ -51,6 +52,7 @@ pub struct Cuda {
     memory: Memory,
     name: String,
     compute_capability: (i32, i32),
+    multiprocessors: u32,
     attention: Cell<attention::AttentionKernels>,
     op_timer: OpTimer,
 }
@@ -167,6 +169,8 @@ impl Cuda {
             format!("sm_{major}{minor}")
         };
         let name = ctx.name()?;
+        let multiprocessors =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let memory = Memory::new(ctx.clone());
         let workspace = memory.allocate("workspace", cublaslt::WORKSPACE_BYTES)?;
         let blas = Blas::new(stream.clone(), workspace)?;
@@ -178,6 +182,7 @@ impl Cuda {
             memory,
             name,
             compute_capability: (major, minor),
+            multiprocessors,
             attention: Cell::new(attention::AttentionKernels::from_env()),
             op_timer: OpTimer::default(),
         })
@@ -225,6 +230,15 @@ impl Cuda {
             self.kernels
                 .launch(&self.stream, &inst, grid, block, smem, args)
         }
+    }
+
+    /// How many blocks of `kernel` (`block` threads, `smem` bytes of dynamic shared memory)
+    /// the whole GPU runs at once.
+    fn block_slots(&self, kernel: Kernel, targs: &[Arg], block: u32, smem: u32) -> Result<usize> {
+        let per_sm = self
+            .kernels
+            .resident_blocks(&kernel.instance(targs)?, block, smem)?;
+        Ok(per_sm as usize * self.multiprocessors as usize)
     }
 
     /// Runs one backend op, its device time filed under `op` while op timing is on.

@@ -12,7 +12,8 @@
 // Backward, deterministic (no atomics), after attention.cu's `attention_backward_delta`
 // (delta = rowsum(dout * out)): `attention_backward_dkdv_tc` gives one block per (64 keys,
 // kv head, batch) that loops over the group's q heads and the query tiles at or after the
-// diagonal, each warp owning 16 keys; `attention_backward_dq_tc` gives one block per
+// diagonal, each warp owning 16 keys (or over a share of the group's q heads, when the
+// launcher splits the group: see `attention_dkdv_sum`); `attention_backward_dq_tc` gives one block per
 // (64 queries, q head, batch), each warp owning 16 queries. Both recompute the scores. Only
 // the diagonal tile and the one at the sequence's end apply the causal mask; the others, all
 // but one or two of a block's tiles, skip its index arithmetic (with `exp2_fast`, that took
@@ -542,25 +543,27 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
 // that see them, in a fixed order. Each warp owns 16 keys and works with transposed scores
 // Sᵀ = K Qᵀ so that its accumulators are rows of dK and dV.
 template <int D, class M>
-__device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
-                                              const bf16* __restrict__ qkv, const float* __restrict__ lse,
-                                              const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {
+__device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __restrict__ shares,
+                                              const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
+                                              const float* __restrict__ lse, const float* __restrict__ delta, int T,
+                                              int Hq, int Hkv, int splits, float scale) {
     // K and V, then two buffers of a query tile's Q and dout, then two of its lse and delta:
     // the next tile loads while the tensor cores work on this one.
     bf16 *sK = smem_tile<D, M>(0), *sV = smem_tile<D, M>(1);
     float* stats = reinterpret_cast<float*>(smem_tile<D, M>(6));
     const Place at = place();  // the first key tiles are seen by the most queries
-    const int k0 = at.rank * TILE, g = at.head, b = at.batch;
+    const int k0 = at.rank * TILE, g = at.head / splits, share = at.head % splits, b = at.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = Hq / Hkv;
+    const int group = Hq / Hkv, heads_per_share = group / splits;
     const Heads kv = heads<D>(qkv, T, Hq, Hkv, b, g * group);
     const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
     const float log2_scale = scale * LOG2E;
-    // The group's q heads in turn, each over the query tiles at or after the diagonal.
-    const int per_head = (T - k0 + TILE - 1) / TILE, tiles = group * per_head;
+    // This share's q heads in turn, each over the query tiles at or after the diagonal.
+    const int per_head = (T - k0 + TILE - 1) / TILE, tiles = heads_per_share * per_head;
     auto query_tile = [&](int i) { return k0 + (i % per_head) * TILE; };
     auto stage = [&](int i) {
-        const int h = g * group + i / per_head, q0 = query_tile(i), valid = min(TILE, T - q0);
+        const int h = g * group + share * heads_per_share + i / per_head, q0 = query_tile(i),
+                  valid = min(TILE, T - q0);
         const Heads qh = heads<D>(qkv, T, Hq, Hkv, b, h);
         load_tile<D, M>(smem_tile<D, M>(2 + 2 * (i % 2)), qh.q + q0 * qh.stride, valid, qh.stride);
         load_tile<D, M>(smem_tile<D, M>(3 + 2 * (i % 2)),
@@ -600,6 +603,22 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, const bf1
         M::wait();
         M::staged();
         __syncthreads();
+    }
+    if (splits > 1) {  // this share, in f32, for attention_dkdv_sum
+        const size_t rows = static_cast<size_t>(gridDim.z) * T, part = (static_cast<size_t>(share) * 2) * rows;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (keys[r] >= T) continue;
+            const size_t row = (static_cast<size_t>(b) * T + keys[r]) * Hkv + g;
+            float* dk_row = shares + (part * Hkv + row) * D + (lane % 4) * 2;
+            float* dv_row = dk_row + rows * Hkv * D;
+#pragma unroll
+            for (int db = 0; db < D / 8; ++db) {
+                *reinterpret_cast<float2*>(dk_row + db * 8) = make_float2(dk[db][2 * r] * scale, dk[db][2 * r + 1] * scale);
+                *reinterpret_cast<float2*>(dv_row + db * 8) = make_float2(dv[db][2 * r], dv[db][2 * r + 1]);
+            }
+        }
+        return;
     }
     bf16* base = dqkv + static_cast<size_t>(b) * T * kv.stride;
 #pragma unroll
@@ -698,10 +717,11 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     }                                                                                                              \
     template <int D>                                                                                               \
     __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 3 : 1)                                                \
-        attention_backward_dkdv_##SUFFIX(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,                   \
-                                         const bf16* __restrict__ qkv, const float* __restrict__ lse,              \
-                                         const float* __restrict__ delta, int T, int Hq, int Hkv, float scale) {   \
-        tc::backward_dkdv<D, tc::POLICY>(dqkv, dout, qkv, lse, delta, T, Hq, Hkv, scale);                          \
+        attention_backward_dkdv_##SUFFIX(bf16* __restrict__ dqkv, float* __restrict__ shares,                    \
+                                         const bf16* __restrict__ dout, const bf16* __restrict__ qkv,              \
+                                         const float* __restrict__ lse, const float* __restrict__ delta, int T,    \
+                                         int Hq, int Hkv, int splits, float scale) {                               \
+        tc::backward_dkdv<D, tc::POLICY>(dqkv, shares, dout, qkv, lse, delta, T, Hq, Hkv, splits, scale);          \
     }                                                                                                              \
     template <int D>                                                                                               \
     __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 4 : 3)                                                \
@@ -714,3 +734,26 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
 ATTENTION_KERNELS(tc, SyncMma)
 ATTENTION_KERNELS(wgmma, Wgmma)
 #undef ATTENTION_KERNELS
+
+// dK and dV when the launcher split each kv head's group of q heads over `splits` dK/dV
+// blocks per key tile: at 1.5B's and 3B's shapes the grid is about one wave of blocks whose
+// work spans 16 : 1 (the first key tile is seen by every query tile), so the kernel lasted as
+// long as its heaviest blocks, twice the average. Each share is [2][rows][Hkv][D] f32 (dK
+// already scaled, then dV), shares one after another; this adds them in share order and
+// writes bf16 into dqkv's k and v columns. One thread per 4 columns.
+__global__ void attention_dkdv_sum(bf16* __restrict__ dqkv, const float* __restrict__ shares, long long rows,
+                                   int Hq, int Hkv, int D, int splits) {
+    const long long quads = rows * Hkv * D / 4, i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+    if (i >= 2 * quads) return;
+    const float4* in = reinterpret_cast<const float4*>(shares);
+    float4 sum = in[i];
+    for (int s = 1; s < splits; ++s) {
+        const float4 v = in[s * 2 * quads + i];
+        sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+    }
+    const long long kind = i / quads, rest = i % quads, row = rest / (Hkv * D / 4);
+    const int column = static_cast<int>(rest % (Hkv * D / 4)) * 4;  // within the k (or v) heads
+    bf16* dst = dqkv + row * (Hq + 2 * Hkv) * D + (Hq + kind * Hkv) * D + column;
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(sum.x, sum.y);
+    *reinterpret_cast<__nv_bfloat162*>(dst + 2) = __floats2bfloat162_rn(sum.z, sum.w);
+}
