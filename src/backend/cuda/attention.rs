@@ -84,7 +84,7 @@ impl TensorCoreKernels {
 /// share writes its partial dK and dV in f32 and `attention_dkdv_sum` adds them: the result
 /// is deterministic, but not the same bits as unsplit. More shares multiply that traffic:
 /// seven at 0.5B's shape with batch 16 made its backward 7% slower.
-pub fn dkdv_splits(s: &AttnShape, slots: usize) -> usize {
+fn dkdv_splits(s: &AttnShape, slots: usize) -> usize {
     let group = s.q_heads / s.kv_heads;
     let tiles = s.seq.div_ceil(TC_TILE);
     let tile_pairs = group * tiles * (tiles + 1) / 2 * s.kv_heads * s.batch;
@@ -264,7 +264,6 @@ impl Cuda {
                 ],
             )?;
             if let Some(tc) = tc {
-                // dQ stages Q and dout, and two buffers of K and V.
                 self.launch_with_smem(
                     tc.dkdv,
                     &dims,
@@ -311,6 +310,7 @@ impl Cuda {
                         ],
                     )?;
                 }
+                // dQ stages Q and dout, and two buffers of K and V.
                 self.launch_with_smem(
                     tc.dq,
                     &dims,

@@ -11,10 +11,10 @@
 // and streams 64-key tiles of K and V through shared memory with an online softmax.
 // Backward, deterministic (no atomics), after attention.cu's `attention_backward_delta`
 // (delta = rowsum(dout * out)): `attention_backward_dkdv_tc` gives one block per (64 keys,
-// kv head, batch) that loops over the group's q heads and the query tiles at or after the
-// diagonal, each warp owning 16 keys (or over a share of the group's q heads, when the
-// launcher splits the group: see `attention_dkdv_sum`); `attention_backward_dq_tc` gives one block per
-// (64 queries, q head, batch), each warp owning 16 queries. Both recompute the scores. Only
+// kv head, batch) that loops over the group's q heads (or a share of them, when the launcher
+// splits the group: see `attention_dkdv_sum`) and the query tiles at or after the diagonal,
+// each warp owning 16 keys; `attention_backward_dq_tc` gives one block per (64 queries,
+// q head, batch), each warp owning 16 queries. Both recompute the scores. Only
 // the diagonal tile and the one at the sequence's end apply the causal mask; the others, all
 // but one or two of a block's tiles, skip its index arithmetic (with `exp2_fast`, that took
 // a third off the backward's time at D = 64).
@@ -70,7 +70,7 @@ __device__ __forceinline__ void copy_async4(void* dst, const void* src, bool val
 // zero-filling the rest so padded rows contribute nothing. Each thread keeps one chunk column
 // and steps down the rows STEP at a time, moving its two addresses by constants: this runs
 // while the tensor cores work, and the per-chunk index arithmetic it replaces (a division,
-// the swizzle, 64-bit address products) took half of dK/dV's issue slots at D = 128. The
+// the swizzle, 64-bit address products) held half of dK/dV's warp samples at D = 128. The
 // loops stay rolled: unrolled, the compiler keeps every round's addresses in registers.
 template <int D, class Layout>
 __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid, size_t stride) {
@@ -566,9 +566,8 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
                   valid = min(TILE, T - q0);
         const Heads qh = heads<D>(qkv, T, Hq, Hkv, b, h);
         load_tile<D, M>(smem_tile<D, M>(2 + 2 * (i % 2)), qh.q + q0 * qh.stride, valid, qh.stride);
-        load_tile<D, M>(smem_tile<D, M>(3 + 2 * (i % 2)),
-                            dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, valid,
-                            static_cast<size_t>(Hq) * D);
+        load_tile<D, M>(smem_tile<D, M>(3 + 2 * (i % 2)), dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D,
+                        valid, static_cast<size_t>(Hq) * D);
         // One thread per query row: its lse (natural log; log2 units at use), or its delta.
         static_assert(THREADS == 2 * TILE, "one stat per thread");
         const int r = threadIdx.x % TILE;
@@ -614,7 +613,8 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
             float* dv_row = dk_row + rows * Hkv * D;
 #pragma unroll
             for (int db = 0; db < D / 8; ++db) {
-                *reinterpret_cast<float2*>(dk_row + db * 8) = make_float2(dk[db][2 * r] * scale, dk[db][2 * r + 1] * scale);
+                *reinterpret_cast<float2*>(dk_row + db * 8) =
+                    make_float2(dk[db][2 * r] * scale, dk[db][2 * r + 1] * scale);
                 *reinterpret_cast<float2*>(dv_row + db * 8) = make_float2(dv[db][2 * r], dv[db][2 * r + 1]);
             }
         }
@@ -665,7 +665,7 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     };
     load_tile<D, M>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
     load_tile<D, M>(sO, dout + (static_cast<size_t>(b) * T + q0) * Hq * D + h * D, min(TILE, T - q0),
-                        static_cast<size_t>(Hq) * D);
+                    static_cast<size_t>(Hq) * D);
     stage(0);
     M::staged();
     __syncthreads();
@@ -707,7 +707,7 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
 // only; elsewhere they trap). Registers: the forward is capped at 128 so that 4 blocks
 // (16 warps) share an SM with no spills at any D; dQ for 4 blocks per SM at D = 64 (a few
 // bytes spill) and 3 above (4 would spill hundreds of bytes at D = 128); dK/dV at D = 64 for
-// 3 blocks (168 registers, no spills; left alone, the compiler takes 186 and fits 2).
+// 3 blocks (168 registers, 4 bytes spilled; left alone, the compiler takes 186 and fits 2).
 #define ATTENTION_KERNELS(SUFFIX, POLICY)                                                                           \
     template <int D>                                                                                               \
     __global__ void __launch_bounds__(tc::THREADS, 4)                                                              \
