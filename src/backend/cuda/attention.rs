@@ -228,8 +228,9 @@ impl Cuda {
         } else {
             0
         };
-        let delta = self.scratch_f32(rows.next_multiple_of(4) + share_floats)?;
-        let shares = delta + rows.next_multiple_of(4) as u64 * 4;
+        let delta_floats = rows.next_multiple_of(4);
+        let delta = self.scratch_f32(delta_floats + share_floats)?;
+        let shares = delta + delta_floats as u64 * 4;
         let common = |d: u64| -> Vec<KArg> {
             vec![
                 ptr(dqkv).into(),
