@@ -7,7 +7,7 @@ use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, KArg, Kernel, wgmma_head_dim};
-use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
+use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16};
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
 
@@ -244,7 +244,7 @@ impl Cuda {
                 scale(&s).into(),
             ]
         };
-        // SAFETY: delta is [B, Hq, T] f32 of scratch, written by one warp per (row, head) from
+        // SAFETY: delta is [B, Hq, T] f32 of scratch, written by one thread per (row, head) from
         // dout and out [B·T, Hq·D]. The dK/dV blocks write disjoint k and v columns of dqkv,
         // or with splits, disjoint rows of the shares ([splits][2][B·T][Hkv][D] f32 of
         // scratch after delta), which the sum reads back; the dQ blocks write disjoint q
@@ -252,8 +252,12 @@ impl Cuda {
         unsafe {
             self.launch(
                 Kernel::AttentionBackwardDelta,
-                &targs,
-                (blocks(rows, 8), 1, 1),
+                &[
+                    targs[0],
+                    targs[1],
+                    Arg::Flag(vec16(&[dout, out], s.head_dim)),
+                ],
+                (blocks(rows, BLOCK as usize), 1, 1),
                 BLOCK,
                 &[
                     delta.into(),

@@ -202,7 +202,7 @@ kernel_table! {
     SwigluForward => SWIGLU, "swiglu_forward", [Float, Flag];
     SwigluBackward => SWIGLU, "swiglu_backward", [Float, Flag];
     AttentionForward => ATTENTION, "attention_forward", [Float, HeadDim];
-    AttentionBackwardDelta => ATTENTION, "attention_backward_delta", [Float, HeadDim];
+    AttentionBackwardDelta => ATTENTION, "attention_backward_delta", [Float, HeadDim, Flag];
     AttentionBackwardDkDv => ATTENTION, "attention_backward_dkdv", [Float, HeadDim];
     AttentionBackwardDq => ATTENTION, "attention_backward_dq", [Float, HeadDim];
     AttentionForwardTc => ATTENTION_TC, "attention_forward_tc", [HeadDim];

@@ -127,21 +127,29 @@ __global__ void __launch_bounds__(256)
     report_amax(amax, largest);
 }
 
-// delta[b, h, t] = Σ_d dout · out, one warp per (row, head). Grid: ceil(B·T·Hq / 8); block 256.
-template <typename T, int D>
+// delta[b, h, t] = Σ_d dout · out, one thread per (row, head), heads of a row on adjacent
+// threads, so that a warp reads a contiguous stretch of both operands. With VEC, 16 bytes of
+// each at a time (both 16-byte aligned; a head is D·sizeof(T), a multiple of 16 bytes at
+// every D here). Grid: ceil(B·T·Hq / 256).
+template <typename T, int D, bool VEC>
 __global__ void attention_backward_delta(float* delta, const T* dout, const T* out, int B, int Tn,
                                          int Hq) {
-    const long long task = blockIdx.x * 8ll + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (task >= (long long)B * Tn * Hq) return;  // whole warps leave together
-    const int h = (int)(task % Hq);
-    const long long bt = task / Hq;  // b·T + t
-    const long long at = bt * Hq * D + (long long)h * D;
+    constexpr int W = access_width<T, VEC>();
+    const long long task = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (task >= (long long)B * Tn * Hq) return;
+    const long long at = task * D;  // rows are Hq heads of D, so task = (b·T + t)·Hq + h
     float acc = 0.0f;
-    for (int c = lane; c < D; c += 32) acc += to_f32(dout[at + c]) * to_f32(out[at + c]);
-    acc = warp_sum(acc);
-    const long long b = bt / Tn, tt = bt % Tn;
-    if (lane == 0) delta[(b * Hq + h) * Tn + tt] = acc;
+#pragma unroll
+    for (int c = 0; c < D; c += W) {
+        float g[W], o[W];
+        load_vec<T, W>(g, dout + at + c);
+        load_vec<T, W>(o, out + at + c);
+#pragma unroll
+        for (int k = 0; k < W; k++) acc += g[k] * o[k];
+    }
+    const int h = (int)(task % Hq);
+    const long long bt = task / Hq, b = bt / Tn, t = bt % Tn;
+    delta[(b * Hq + h) * Tn + t] = acc;
 }
 
 // dK and dV of 32 keys of one kv head: Σ over the group's query heads and the queries at or
