@@ -6,8 +6,14 @@ use super::kernels::{Arg, Kernel};
 use super::{Cuda, ensure_dtype, float, ptr, vec16};
 use crate::tensor::{DType, Tensor};
 
-/// Threads per row: a vocabulary of 150k is 300 elements per thread.
+/// Threads per row of `cross_entropy`: a vocabulary of 150k is 300 elements per thread.
 const THREADS: u32 = 512;
+
+/// `cross_entropy_cluster`'s shape (classifier.cu): blocks per row, threads per block and the
+/// 16-byte units each thread holds.
+const CLUSTER_BLOCKS: usize = 8;
+const CLUSTER_THREADS: u32 = 256;
+const CLUSTER_UNITS: usize = 12;
 
 impl Cuda {
     pub(super) fn cross_entropy_impl(
@@ -31,24 +37,61 @@ impl Cuda {
         if n == 0 {
             return Ok(());
         }
+        let args = [
+            ptr(logits).into(),
+            ptr(losses).into(),
+            ptr(targets).into(),
+            (v as i32).into(),
+            z_loss.into(),
+            grad_scale.unwrap_or(0.0).into(),
+            (grad_scale.is_some() as i32).into(),
+        ];
+        let vec = vec16(&[logits], v);
+        if vec && self.compute_capability.0 >= 9 && cluster_fits(v, logits.dtype.size_bytes()) {
+            // SAFETY: the cluster of blocks 8i..8i+8 reads targets[i], reads and (when
+            // training) rewrites row i of logits [n, v], whose 16-byte units it holds, and
+            // writes losses[i].
+            return unsafe {
+                self.launch(
+                    Kernel::CrossEntropyCluster,
+                    &[float(logits)],
+                    ((n * CLUSTER_BLOCKS) as u32, 1, 1),
+                    CLUSTER_THREADS,
+                    &args,
+                )
+            };
+        }
         // SAFETY: block i reads targets[i], reads and (when training) rewrites row i of
         // logits [n, v], and writes losses[i].
         unsafe {
             self.launch(
                 Kernel::CrossEntropy,
-                &[float(logits), Arg::Flag(vec16(&[logits], v))],
+                &[float(logits), Arg::Flag(vec)],
                 (n as u32, 1, 1),
                 THREADS,
-                &[
-                    ptr(logits).into(),
-                    ptr(losses).into(),
-                    ptr(targets).into(),
-                    (v as i32).into(),
-                    z_loss.into(),
-                    grad_scale.unwrap_or(0.0).into(),
-                    (grad_scale.is_some() as i32).into(),
-                ],
+                &args,
             )
         }
+    }
+}
+
+/// Whether a cluster's registers hold a row of `v` values of `size` bytes: the kernel gives
+/// each block a share of whole 16-byte units.
+fn cluster_fits(v: usize, size: usize) -> bool {
+    let units = (v * size).div_ceil(16);
+    units.div_ceil(CLUSTER_BLOCKS) <= CLUSTER_THREADS as usize * CLUSTER_UNITS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_holds_the_qwen_and_llama_vocabularies_in_bf16_only() {
+        assert!(cluster_fits(151_936, 2));
+        assert!(cluster_fits(128_256, 2));
+        assert!(cluster_fits(196_608, 2));
+        assert!(!cluster_fits(196_616, 2));
+        assert!(!cluster_fits(151_936, 4));
     }
 }

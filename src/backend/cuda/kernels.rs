@@ -213,6 +213,7 @@ kernel_table! {
     AttentionBackwardDqWgmma => ATTENTION_TC, "attention_backward_dq_wgmma", [WgmmaHeadDim];
     AttentionDkDvSum => ATTENTION_TC, "attention_dkdv_sum", [];
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
+    CrossEntropyCluster => CLASSIFIER, "cross_entropy_cluster", [Float];
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Flag];
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];

@@ -1,6 +1,9 @@
 // Softmax cross-entropy with z-loss over one chunk of logits [rows, V], fused with its
-// gradient, which replaces the logits in place. One block per row; with VEC, each thread moves
-// 16 bytes at a time (V·sizeof(T) is then a multiple of 16, so every row is aligned).
+// gradient, which replaces the logits in place. Two kernels compute the same thing:
+// `cross_entropy`, one block per row, reads the row twice (once for the log-sum-exp, once for
+// the gradient), and `cross_entropy_cluster` (sm_90 on) holds the row in the registers of a
+// cluster of blocks, so it reads it once: at 150k vocabulary entries the logits are 1.2 GB per
+// chunk of 4096 rows, far past L2, and the kernel is bound by those bytes.
 #include "common.cuh"
 
 #define IGNORE_INDEX (-100)
@@ -8,6 +11,8 @@
 // loss = lse − x[target] + z · lse². With `train`, the row becomes
 // grad_scale · (softmax · (1 + 2 z lse) − onehot(target)); ignored rows get loss 0 (and a
 // zero gradient). A target outside [0, V) gives a NaN loss.
+// One block per row; with VEC, each thread moves 16 bytes at a time (V·sizeof(T) is then a
+// multiple of 16, so every row is aligned).
 template <typename T, bool VEC>
 __global__ void cross_entropy(T* logits, float* losses, const int* targets, int V, float z_loss,
                               float grad_scale, int train) {
@@ -57,4 +62,131 @@ __global__ void cross_entropy(T* logits, float* losses, const int* targets, int 
         for (int k = 0; k < W; k++) x[k] = expf(x[k] - lse) * softmax_scale - (c + k == target ? grad_scale : 0.0f);
         store_vec<T, W>(logits + row + c, x);
     }
+}
+
+// Blocks per row in `cross_entropy_cluster`: one cluster, 8 being the largest size every
+// cluster launch may use. Each thread keeps up to CLUSTER_UNITS 16-byte units of its block's
+// share of the row in registers, so a row of up to 8 · 256 · 12 · 16 bytes (196,608 bf16
+// values) fits, at 3 blocks (24 warps) per SM.
+#define CLUSTER_BLOCKS 8
+#define CLUSTER_THREADS 256
+#define CLUSTER_UNITS 12
+
+#if __CUDA_ARCH__ >= 900
+#define ROW_CLUSTER __cluster_dims__(CLUSTER_BLOCKS, 1, 1)
+#else
+#define ROW_CLUSTER
+#endif
+
+// Every thread of every block of the cluster arrives; `arrive` publishes this thread's
+// earlier shared-memory writes to the cluster, `wait` sees the others'.
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+// `local`, a variable in this block's shared memory, as block `rank` of the cluster holds it.
+__device__ __forceinline__ float2 cluster_read(const float2* local, int rank) {
+    float2 v = {0.0f, 0.0f};
+#if __CUDA_ARCH__ >= 900
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(remote)
+                 : "r"(static_cast<u32>(__cvta_generic_to_shared(local))), "r"(rank));
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+#else
+    __trap();
+#endif
+    return v;
+}
+
+// The same loss and gradient as `cross_entropy`, for rows of 16-byte multiples. Block r of
+// row n's cluster takes the r-th share of whole 16-byte units of the row, loads it once into
+// registers, and reduces its max and sum of exponentials over the block; the cluster merges
+// the eight (max, sum) pairs in rank order through distributed shared memory, so every block
+// gets the same log-sum-exp, and each then writes its share's gradient from its registers.
+template <typename T>
+__global__ void __launch_bounds__(CLUSTER_THREADS, 3) ROW_CLUSTER
+    cross_entropy_cluster(T* logits, float* losses, const int* targets, int V, float z_loss, float grad_scale,
+                          int train) {
+    constexpr int W = 16 / sizeof(T);
+    const int n = blockIdx.x / CLUSTER_BLOCKS, rank = blockIdx.x % CLUSTER_BLOCKS;
+    const long long row = (long long)n * V;
+    const int target = targets[n];
+    const int share = (V + CLUSTER_BLOCKS * W - 1) / (CLUSTER_BLOCKS * W) * W;
+    const int end = min(V, (rank + 1) * share);
+    // Unit u of this thread starts at column `first + u · stride`.
+    const int first = rank * share + threadIdx.x * W, stride = CLUSTER_THREADS * W;
+    if (target == IGNORE_INDEX) {  // the whole cluster takes this branch, so no barrier waits
+        if (rank == 0 && threadIdx.x == 0) losses[n] = 0.0f;
+        if (train) {
+            const float zero[W] = {};
+            for (int c = first; c < end; c += stride) store_vec<T, W>(logits + row + c, zero);
+        }
+        return;
+    }
+    Packed<T, W> x[CLUSTER_UNITS];
+#pragma unroll
+    for (int u = 0; u < CLUSTER_UNITS; u++)
+        if (first + u * stride < end) x[u] = load_packed<T, W>(logits + row + first + u * stride);
+    // The row is in registers, so the max comes first and the exponentials need no
+    // rescaling; exp(x - m) is 2^(x·log2 e - m·log2 e), one FFMA and one MUFU instruction
+    // (expf's range reduction would make the kernel bound by instructions, not bytes).
+    float m = NEG_INF, s = 0.0f;
+#pragma unroll
+    for (int u = 0; u < CLUSTER_UNITS; u++)
+        if (first + u * stride < end)
+#pragma unroll
+            for (int k = 0; k < W; k++) m = fmaxf(m, x[u][k]);
+    const float m_log2 = m * LOG2E;
+#pragma unroll
+    for (int u = 0; u < CLUSTER_UNITS; u++)
+        if (first + u * stride < end)
+#pragma unroll
+            for (int k = 0; k < W; k++) s += exp2_fast(fmaf(x[u][k], LOG2E, -m_log2));
+    __shared__ float2 partial;  // this block's (max, sum of exp(x - max))
+    const float block_m = block_max(m);
+    const float block_s = block_sum(m == NEG_INF ? 0.0f : s * exp2_fast((m - block_m) * LOG2E));
+    if (threadIdx.x == 0) partial = {block_m, block_s};
+    // Read the target's logit before the barrier, after which its block may overwrite it.
+    const bool valid = target >= 0 && target < V;
+    const float target_logit = rank == 0 && threadIdx.x == 0 && valid ? to_f32(logits[row + target]) : 0.0f;
+    cluster_arrive();
+    cluster_wait();
+    float2 p[CLUSTER_BLOCKS];
+    float max = NEG_INF;
+#pragma unroll
+    for (int r = 0; r < CLUSTER_BLOCKS; r++) {
+        p[r] = cluster_read(&partial, r);
+        max = fmaxf(max, p[r].x);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < CLUSTER_BLOCKS; r++)
+        if (p[r].x != NEG_INF) sum += p[r].y * exp2_fast((p[r].x - max) * LOG2E);
+    // No block may leave while another can still read its `partial`: this arrival, and the
+    // wait at the end, hold every block until all have read.
+    cluster_arrive();
+    const float lse = max + logf(sum);
+    if (rank == 0 && threadIdx.x == 0) losses[n] = valid ? lse - target_logit + z_loss * lse * lse : QUIET_NAN;
+    if (train) {
+        const float softmax_scale = grad_scale * (1.0f + 2.0f * z_loss * lse), lse_log2 = lse * LOG2E;
+#pragma unroll
+        for (int u = 0; u < CLUSTER_UNITS; u++) {
+            const int c = first + u * stride;
+            if (c >= end) continue;
+            float y[W];
+#pragma unroll
+            for (int k = 0; k < W; k++)
+                y[k] = exp2_fast(fmaf(x[u][k], LOG2E, -lse_log2)) * softmax_scale - (c + k == target ? grad_scale : 0.0f);
+            store_vec<T, W>(logits + row + c, y);
+        }
+    }
+    cluster_wait();
 }

@@ -22,6 +22,16 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __f
 // The value `x` takes once stored as T and read back.
 template <typename T> __device__ __forceinline__ float rounded(float x) { return to_f32(from_f32<T>(x)); }
 
+constexpr float LOG2E = 1.4426950408889634f;
+
+// 2^x in one MUFU instruction; subnormal results flush to zero, which no probability here
+// distinguishes from zero (exp2f adds a range fix-up around the same instruction).
+__device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -124,6 +134,36 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[W]) {
     } else {
 #pragma unroll
         for (int i = 0; i < W; i++) p[i] = from_f32<T>(v[i]);
+    }
+}
+
+// W values of T as one access loads them, kept packed until used: 16 bytes as four 32-bit
+// words (so that the loads in flight per operand cost 4 registers each, a bf16 pair
+// sharing one), or a single element without VEC.
+template <typename T, int W>
+struct Packed {
+    u32 word[4];
+    // bf16 is the top half of an f32: element k is the low (even k) or high half of a word.
+    __device__ __forceinline__ float operator[](int k) const {
+        if constexpr (sizeof(T) == 4) return __uint_as_float(word[k]);
+        else return __uint_as_float(k % 2 ? word[k / 2] & 0xffff0000u : word[k / 2] << 16);
+    }
+};
+
+template <typename T>
+struct Packed<T, 1> {
+    T value;
+    __device__ __forceinline__ float operator[](int) const { return to_f32(value); }
+};
+
+template <typename T, int W>
+__device__ __forceinline__ Packed<T, W> load_packed(const T* p) {
+    if constexpr (W == 1) {
+        return {*p};
+    } else {
+        static_assert(W * sizeof(T) == 16, "a packed access is one element or 16 bytes");
+        const uint4 q = *reinterpret_cast<const uint4*>(p);
+        return {{q.x, q.y, q.z, q.w}};
     }
 }
 

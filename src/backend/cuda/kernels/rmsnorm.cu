@@ -25,36 +25,6 @@
 // Rows of the forward per 256-thread block: one per warp.
 #define FORWARD_ROWS 8
 
-// W values of T as one access loads them, kept packed until used: 16 bytes as four 32-bit
-// words (so that the loads in flight per operand cost 4 registers each, a bf16 pair
-// sharing one), or a single element without VEC.
-template <typename T, int W>
-struct Packed {
-    u32 word[4];
-    // bf16 is the top half of an f32: element k is the low (even k) or high half of a word.
-    __device__ __forceinline__ float operator[](int k) const {
-        if constexpr (sizeof(T) == 4) return __uint_as_float(word[k]);
-        else return __uint_as_float(k % 2 ? word[k / 2] & 0xffff0000u : word[k / 2] << 16);
-    }
-};
-
-template <typename T>
-struct Packed<T, 1> {
-    T value;
-    __device__ __forceinline__ float operator[](int) const { return to_f32(value); }
-};
-
-template <typename T, int W>
-__device__ __forceinline__ Packed<T, W> load_packed(const T* p) {
-    if constexpr (W == 1) {
-        return {*p};
-    } else {
-        static_assert(W * sizeof(T) == 16, "a packed access is one element or 16 bytes");
-        const uint4 q = *reinterpret_cast<const uint4*>(p);
-        return {{q.x, q.y, q.z, q.w}};
-    }
-}
-
 // Walks a warp's row of C in rounds of U accesses per lane: `load(u, c)` for each access of
 // a round first, so that the round's loads are in flight together, then `use(u, c)` for each
 // in order. c is the access's first column; the access is W wide.
