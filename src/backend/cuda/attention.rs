@@ -76,6 +76,17 @@ impl TensorCoreKernels {
     }
 }
 
+/// Lanes per (row, head) of `attention_backward_delta`, as the kernel derives them: the
+/// largest power of two, up to 32, that divides a head's accesses (16 bytes each with `vec`).
+fn delta_lanes(head_dim: usize, dtype: DType, vec: bool) -> usize {
+    let accesses = if vec {
+        head_dim * dtype.size_bytes() / 16
+    } else {
+        head_dim
+    };
+    (1 << accesses.trailing_zeros()).min(32)
+}
+
 /// Into how many shares (1 or 2) the dK/dV kernel splits each kv head's group of query heads,
 /// given `slots` blocks running at once. A dK/dV block's work is its group's query heads times
 /// the query tiles at or after its key tile, so the first key tile's blocks do `tiles` times
@@ -244,20 +255,24 @@ impl Cuda {
                 scale(&s).into(),
             ]
         };
-        // SAFETY: delta is [B, Hq, T] f32 of scratch, written by one thread per (row, head) from
+        // SAFETY: delta is [B, Hq, T] f32 of scratch, written by `delta_lanes` threads per (row, head) from
         // dout and out [B·T, Hq·D]. The dK/dV blocks write disjoint k and v columns of dqkv,
         // or with splits, disjoint rows of the shares ([splits][2][B·T][Hkv][D] f32 of
         // scratch after delta), which the sum reads back; the dQ blocks write disjoint q
         // columns; all read qkv, dout, lse and delta in bounds.
+        let delta_vec = vec16(&[dout, out], s.head_dim);
         unsafe {
             self.launch(
                 Kernel::AttentionBackwardDelta,
-                &[
-                    targs[0],
-                    targs[1],
-                    Arg::Flag(vec16(&[dout, out], s.head_dim)),
-                ],
-                (blocks(rows, BLOCK as usize), 1, 1),
+                &[targs[0], targs[1], Arg::Flag(delta_vec)],
+                (
+                    blocks(
+                        rows * delta_lanes(s.head_dim, dout.dtype, delta_vec),
+                        BLOCK as usize,
+                    ),
+                    1,
+                    1,
+                ),
                 BLOCK,
                 &[
                     delta.into(),
@@ -371,5 +386,16 @@ mod tests {
         assert_eq!(dkdv_splits(&shape(1, 16, 2), 264), 2);
         // 0.5B at batch 16: the heaviest (112) above the average (76.9), but the group is odd.
         assert_eq!(dkdv_splits(&shape(16, 14, 2), 396), 1);
+    }
+
+    #[test]
+    fn delta_lanes_share_each_head_by_the_largest_power_of_two_that_divides_it() {
+        // bf16 with 16-byte accesses: 8, 10, 12 and 16 accesses a head.
+        let bf16 = [64, 80, 96, 128].map(|d| delta_lanes(d, DType::BF16, true));
+        assert_eq!(bf16, [8, 2, 4, 16]);
+        // f32, 16 bytes at a time and one element at a time (at most 32 lanes).
+        assert_eq!(delta_lanes(128, DType::F32, true), 32);
+        assert_eq!(delta_lanes(64, DType::F32, false), 32);
+        assert_eq!(delta_lanes(80, DType::BF16, false), 16);
     }
 }

@@ -127,29 +127,40 @@ __global__ void __launch_bounds__(256)
     report_amax(amax, largest);
 }
 
-// delta[b, h, t] = Σ_d dout · out, one thread per (row, head), heads of a row on adjacent
-// threads, so that a warp reads a contiguous stretch of both operands. With VEC, 16 bytes of
-// each at a time (both 16-byte aligned; a head is D·sizeof(T), a multiple of 16 bytes at
-// every D here). Grid: ceil(B·T·Hq / 256).
+// delta[b, h, t] = Σ_d dout · out. A head of D values is U accesses (16 bytes each with VEC,
+// both operands then 16-byte aligned; one element each without), shared by L lanes, the
+// largest power of two dividing U up to 32 (the host's `delta_lanes`): lane i of a head takes
+// accesses i, i + L, ..., so that where L = U (D = 64 and 128 in bf16) each load instruction
+// of a warp reads 512 contiguous bytes of each operand; then the head's lanes add their sums
+// by shuffles. Grid: ceil(B·T·Hq·L / 256).
 template <typename T, int D, bool VEC>
 __global__ void attention_backward_delta(float* delta, const T* dout, const T* out, int B, int Tn,
                                          int Hq) {
-    constexpr int W = access_width<T, VEC>();
-    const long long task = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (task >= (long long)B * Tn * Hq) return;
-    const long long at = task * D;  // rows are Hq heads of D, so task = (b·T + t)·Hq + h
+    constexpr int W = access_width<T, VEC>(), U = D / W;
+    constexpr int L = (U & -U) < 32 ? (U & -U) : 32;
+    const long long task = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / L;
+    const int lane = threadIdx.x % L;
+    const bool live = task < (long long)B * Tn * Hq;  // no early return: the shuffles need every lane
     float acc = 0.0f;
+    if (live) {
+        const long long at = task * D;  // rows are Hq heads of D, so task = (b·T + t)·Hq + h
 #pragma unroll
-    for (int c = 0; c < D; c += W) {
-        float g[W], o[W];
-        load_vec<T, W>(g, dout + at + c);
-        load_vec<T, W>(o, out + at + c);
+        for (int i = 0; i < U / L; i++) {
+            const int c = (lane + i * L) * W;
+            float g[W], o[W];
+            load_vec<T, W>(g, dout + at + c);
+            load_vec<T, W>(o, out + at + c);
 #pragma unroll
-        for (int k = 0; k < W; k++) acc += g[k] * o[k];
+            for (int k = 0; k < W; k++) acc += g[k] * o[k];
+        }
     }
-    const int h = (int)(task % Hq);
-    const long long bt = task / Hq, b = bt / Tn, t = bt % Tn;
-    delta[(b * Hq + h) * Tn + t] = acc;
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (live && lane == 0) {
+        const int h = (int)(task % Hq);
+        const long long bt = task / Hq, b = bt / Tn, t = bt % Tn;
+        delta[(b * Hq + h) * Tn + t] = acc;
+    }
 }
 
 // dK and dV of 32 keys of one kv head: Σ over the group's query heads and the queries at or
