@@ -255,12 +255,13 @@ impl Cuda {
                 scale(&s).into(),
             ]
         };
-        // SAFETY: delta is [B, Hq, T] f32 of scratch, written by `delta_lanes` threads per (row, head) from
-        // dout and out [B·T, Hq·D]. The dK/dV blocks write disjoint k and v columns of dqkv,
-        // or with splits, disjoint rows of the shares ([splits][2][B·T][Hkv][D] f32 of
-        // scratch after delta), which the sum reads back; the dQ blocks write disjoint q
-        // columns; all read qkv, dout, lse and delta in bounds.
         let delta_vec = vec16(&[dout, out], s.head_dim);
+        // SAFETY: delta is [B, Hq, T] f32 of scratch, written by `delta_lanes` threads per
+        // (row, head) from dout and out [B·T, Hq·D] (16-byte loads only where `delta_vec`).
+        // The dK/dV blocks write disjoint k and v columns of dqkv, or with splits, disjoint rows
+        // of the shares ([splits][2][B·T][Hkv][D] f32 of scratch after delta), which the sum
+        // reads back; the dQ blocks write disjoint q columns; all read qkv, dout, lse and delta
+        // in bounds.
         unsafe {
             self.launch(
                 Kernel::AttentionBackwardDelta,

@@ -140,7 +140,8 @@ __global__ void attention_backward_delta(float* delta, const T* dout, const T* o
     constexpr int L = (U & -U) < 32 ? (U & -U) : 32;
     const long long task = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / L;
     const int lane = threadIdx.x % L;
-    const bool live = task < (long long)B * Tn * Hq;  // no early return: the shuffles need every lane
+    // No early return: the shuffles below need every lane.
+    const bool live = task < (long long)B * Tn * Hq;
     float acc = 0.0f;
     if (live) {
         const long long at = task * D;  // rows are Hq heads of D, so task = (b·T + t)·Hq + h

@@ -99,7 +99,10 @@ __device__ __forceinline__ float2 cluster_read(const float2* local, int rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                  : "=r"(remote)
                  : "r"(static_cast<u32>(__cvta_generic_to_shared(local))), "r"(rank));
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(remote)
+                 : "memory");
 #else
     __trap();
 #endif
@@ -113,8 +116,8 @@ __device__ __forceinline__ float2 cluster_read(const float2* local, int rank) {
 // gets the same log-sum-exp, and each then writes its share's gradient from its registers.
 template <typename T>
 __global__ void __launch_bounds__(CLUSTER_THREADS, 3) ROW_CLUSTER
-    cross_entropy_cluster(T* logits, float* losses, const int* targets, int V, float z_loss, float grad_scale,
-                          int train) {
+    cross_entropy_cluster(T* logits, float* losses, const int* targets, int V, float z_loss,
+                          float grad_scale, int train) {
     constexpr int W = 16 / sizeof(T);
     const int n = blockIdx.x / CLUSTER_BLOCKS, rank = blockIdx.x % CLUSTER_BLOCKS;
     const long long row = (long long)n * V;
@@ -156,7 +159,8 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 3) ROW_CLUSTER
     if (threadIdx.x == 0) partial = {block_m, block_s};
     // Read the target's logit before the barrier, after which its block may overwrite it.
     const bool valid = target >= 0 && target < V;
-    const float target_logit = rank == 0 && threadIdx.x == 0 && valid ? to_f32(logits[row + target]) : 0.0f;
+    const bool reports = rank == 0 && threadIdx.x == 0;  // the thread that writes the loss
+    const float target_logit = reports && valid ? to_f32(logits[row + target]) : 0.0f;
     cluster_arrive();
     cluster_wait();
     float2 p[CLUSTER_BLOCKS];
@@ -174,17 +178,20 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 3) ROW_CLUSTER
     // wait at the end, hold every block until all have read.
     cluster_arrive();
     const float lse = max + logf(sum);
-    if (rank == 0 && threadIdx.x == 0) losses[n] = valid ? lse - target_logit + z_loss * lse * lse : QUIET_NAN;
+    if (reports) losses[n] = valid ? lse - target_logit + z_loss * lse * lse : QUIET_NAN;
     if (train) {
-        const float softmax_scale = grad_scale * (1.0f + 2.0f * z_loss * lse), lse_log2 = lse * LOG2E;
+        const float softmax_scale = grad_scale * (1.0f + 2.0f * z_loss * lse);
+        const float lse_log2 = lse * LOG2E;
 #pragma unroll
         for (int u = 0; u < CLUSTER_UNITS; u++) {
             const int c = first + u * stride;
             if (c >= end) continue;
             float y[W];
 #pragma unroll
-            for (int k = 0; k < W; k++)
-                y[k] = exp2_fast(fmaf(x[u][k], LOG2E, -lse_log2)) * softmax_scale - (c + k == target ? grad_scale : 0.0f);
+            for (int k = 0; k < W; k++) {
+                const float p = exp2_fast(fmaf(x[u][k], LOG2E, -lse_log2));
+                y[k] = p * softmax_scale - (c + k == target ? grad_scale : 0.0f);
+            }
             store_vec<T, W>(logits + row + c, y);
         }
     }
