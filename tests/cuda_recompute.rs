@@ -52,11 +52,7 @@ fn train<B: Backend>(
 #[ignore = "needs a CUDA GPU"]
 fn recompute_is_bitwise_identical_on_the_gpu() {
     let gpu = cuda();
-    let mut variants: Vec<(&str, Recompute)> = Recompute::NAMES
-        .iter()
-        .map(|&name| (name, Recompute::parse(name).unwrap()))
-        .collect();
-    variants.push(("all", Recompute::all()));
+    let variants = Recompute::variants();
     let fp8 = MatmulPrecision::Fp8 {
         forward: DType::E4M3,
         gradient: DType::E5M2,

@@ -38,11 +38,7 @@ fn run(
 
 #[test]
 fn recompute_is_bitwise_identical() {
-    let mut variants: Vec<(&str, Recompute)> = Recompute::NAMES
-        .iter()
-        .map(|&name| (name, Recompute::parse(name).unwrap()))
-        .collect();
-    variants.push(("all", Recompute::all()));
+    let variants = Recompute::variants();
     for (config_name, config) in tiny_configs() {
         let fp8 = MatmulPrecision::Fp8 {
             forward: DType::E4M3,

@@ -6,8 +6,6 @@
 
 use std::ops::Range;
 
-use anyhow::{Result, bail};
-
 use crate::backend::Backend;
 use crate::tensor::{DType, Tensor, TensorSpec};
 
@@ -30,8 +28,6 @@ pub struct Recompute {
 }
 
 impl Recompute {
-    pub const NAMES: [&str; 6] = ["swiglu", "norm", "qkv", "att", "ffn", "block"];
-
     pub fn all() -> Self {
         Recompute {
             swiglu: true,
@@ -43,24 +39,31 @@ impl Recompute {
         }
     }
 
-    /// Parses a comma-separated list of option names ("" for none).
-    pub fn parse(list: &str) -> Result<Self> {
-        let mut r = Recompute::default();
-        for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            match name {
-                "swiglu" => r.swiglu = true,
-                "norm" => r.norm = true,
-                "qkv" => r.qkv = true,
-                "att" => r.att = true,
-                "ffn" => r.ffn = true,
-                "block" => r.block = true,
-                other => bail!(
-                    "unknown recompute option `{other}`; choose from {}",
-                    Self::NAMES.join(", ")
-                ),
-            }
-        }
-        Ok(r)
+    /// Each option alone, under its flag's name less `--recompute-`, then all of them: the
+    /// variants the recompute tests hold against no recompute.
+    pub fn variants() -> Vec<(&'static str, Self)> {
+        let none = Self::default();
+        vec![
+            (
+                "swiglu",
+                Self {
+                    swiglu: true,
+                    ..none
+                },
+            ),
+            ("norm", Self { norm: true, ..none }),
+            ("qkv", Self { qkv: true, ..none }),
+            ("att", Self { att: true, ..none }),
+            ("ffn", Self { ffn: true, ..none }),
+            (
+                "block",
+                Self {
+                    block: true,
+                    ..none
+                },
+            ),
+            ("all", Self::all()),
+        ]
     }
 
     pub(crate) fn norms(&self) -> bool {
