@@ -242,6 +242,8 @@ impl Cuda {
         let delta_floats = rows.next_multiple_of(4);
         let delta = self.scratch_f32(delta_floats + share_floats)?;
         let shares = delta + delta_floats as u64 * 4;
+        // The arguments every backward kernel after delta takes first; the tensor-core dK/dV
+        // kernel then takes its shares and their count.
         let common = |d: u64| -> Vec<KArg> {
             vec![
                 ptr(dqkv).into(),
@@ -296,18 +298,13 @@ impl Cuda {
                     TC_THREADS,
                     tc.dkdv_smem(s.head_dim),
                     &[
-                        ptr(dqkv).into(),
-                        if splits > 1 { shares } else { 0 }.into(),
-                        ptr(dout).into(),
-                        ptr(qkv).into(),
-                        ptr(lse).into(),
-                        delta.into(),
-                        (s.seq as i32).into(),
-                        (s.q_heads as i32).into(),
-                        (s.kv_heads as i32).into(),
-                        (splits as i32).into(),
-                        scale(&s).into(),
-                    ],
+                        common(delta),
+                        vec![
+                            if splits > 1 { shares } else { 0 }.into(),
+                            (splits as i32).into(),
+                        ],
+                    ]
+                    .concat(),
                 )?;
                 if splits > 1 {
                     let rows = s.batch * s.seq;

@@ -708,10 +708,10 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     }                                                                                                              \
     template <int D>                                                                                               \
     __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 3 : 1)                                                \
-        attention_backward_dkdv_##SUFFIX(bf16* __restrict__ dqkv, float* __restrict__ shares,                    \
-                                         const bf16* __restrict__ dout, const bf16* __restrict__ qkv,              \
-                                         const float* __restrict__ lse, const float* __restrict__ delta, int T,    \
-                                         int Hq, int Hkv, int splits, float scale) {                               \
+        attention_backward_dkdv_##SUFFIX(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,                 \
+                                         const bf16* __restrict__ qkv, const float* __restrict__ lse,              \
+                                         const float* __restrict__ delta, int T, int Hq, int Hkv, float scale,     \
+                                         float* __restrict__ shares, int splits) {                                 \
         tc::backward_dkdv<D, tc::POLICY>(dqkv, shares, dout, qkv, lse, delta, T, Hq, Hkv, splits, scale);          \
     }                                                                                                              \
     template <int D>                                                                                               \
