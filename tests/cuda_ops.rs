@@ -494,6 +494,10 @@ fn attention_forward_and_backward() {
         (shape(2, 256, 4, 2, 80), DType::BF16),
         (shape(2, 256, 6, 3, 96), DType::BF16),
         (shape(2, 256, 4, 1, 128), DType::BF16),
+        // A group of 7 over a grid that fills under half the GPU: dK/dV splits it into
+        // shares, of unequal sizes where the load allows (on an H100, 4 of 1, 2, 2, 2 heads;
+        // `dkdv_splits`' tests).
+        (shape(48, 256, 7, 1, 64), DType::BF16),
         // Plain multi-head attention, and a length that is no multiple of the 32-row tiles.
         (shape(1, 300, 4, 4, 64), DType::F32),
         (shape(1, 300, 4, 4, 64), DType::BF16),

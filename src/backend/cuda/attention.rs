@@ -87,18 +87,30 @@ fn delta_lanes(head_dim: usize, dtype: DType, vec: bool) -> usize {
     (1 << accesses.trailing_zeros()).min(32)
 }
 
-/// Into how many shares (1 or 2) the dK/dV kernel splits each kv head's group of query heads,
-/// given `slots` blocks running at once. A dK/dV block's work is its group's query heads times
-/// the query tiles at or after its key tile, so the first key tile's blocks do `tiles` times
-/// the last one's. When they outweigh the average load of a slot, the kernel lasts as long as
-/// they do (at 3B's shape on an H100, twice the average), and an even group is halved. Each
-/// share writes its partial dK and dV in f32 and `attention_dkdv_sum` adds them: the result
-/// is deterministic, but not the same bits as unsplit. More shares multiply that traffic:
-/// seven at 0.5B's shape with batch 16 made its backward 7% slower.
+/// Into how many shares the dK/dV kernel splits each kv head's group of query heads, given
+/// `slots` blocks running at once. A dK/dV block's work is its group's query heads times the
+/// query tiles at or after its key tile, so the first key tile's blocks do `tiles` times the
+/// last one's, and the kernel lasts at least as long as they do. Each share writes its partial
+/// dK and dV in f32 and `attention_dkdv_sum` adds them: the result is deterministic, but not
+/// the same bits as unsplit.
+/// - A grid that fills at most half the slots (small batches) leaves the rest idle while its
+///   heaviest blocks work through the whole group: it takes the fewest shares that bring
+///   its heaviest block (a share's heads times `tiles`) within the average load of a slot, or
+///   one query head per share where nothing does. Shares may differ by a head. Their traffic
+///   is small at such sizes.
+/// - Otherwise, where the heaviest blocks outweigh the average (at 3B's shape on an H100,
+///   twice the average), an even group is halved. More shares multiply the shares' traffic:
+///   seven at 0.5B's shape with batch 16 made its backward 7% slower.
 fn dkdv_splits(s: &AttnShape, slots: usize) -> usize {
     let group = s.q_heads / s.kv_heads;
     let tiles = s.seq.div_ceil(TC_TILE);
+    let blocks = tiles * s.kv_heads * s.batch;
     let tile_pairs = group * tiles * (tiles + 1) / 2 * s.kv_heads * s.batch;
+    if 2 * blocks <= slots {
+        return (1..=group)
+            .find(|&shares| group.div_ceil(shares) * tiles * slots <= tile_pairs)
+            .unwrap_or(group);
+    }
     let heaviest_outlasts_average = group * tiles * slots > tile_pairs;
     if heaviest_outlasts_average && group.is_multiple_of(2) {
         2
@@ -372,7 +384,7 @@ mod tests {
     }
 
     #[test]
-    fn dkdv_splits_only_where_the_heaviest_blocks_outlast_the_average() {
+    fn dkdv_splits_fill_idle_slots_or_halve_the_heaviest_blocks() {
         // An H100's 132 multiprocessors at 2 or 3 dK/dV blocks each.
         // 0.5B, batch 32: 1,024 blocks; the heaviest (112 tile pairs) under the average (154).
         assert_eq!(dkdv_splits(&shape(32, 14, 2), 396), 1);
@@ -380,10 +392,23 @@ mod tests {
         assert_eq!(dkdv_splits(&shape(16, 12, 2), 264), 1);
         // 3B, batch 8: 256 blocks, the heaviest (128) twice the average (65.9); halved, 64.
         assert_eq!(dkdv_splits(&shape(8, 16, 2), 264), 2);
-        // One sequence: halved where the group is even, even if still above the average.
-        assert_eq!(dkdv_splits(&shape(1, 16, 2), 264), 2);
         // 0.5B at batch 16: the heaviest (112) above the average (76.9), but the group is odd.
         assert_eq!(dkdv_splits(&shape(16, 14, 2), 396), 1);
+        // Small batches: 32 blocks for 264 or 396 slots, whose average load (8.2 or 4.8 tile
+        // pairs) is under one head's 16: one share per query head.
+        assert_eq!(dkdv_splits(&shape(1, 16, 2), 264), 8);
+        assert_eq!(dkdv_splits(&shape(1, 14, 2), 396), 7);
+        // 0.5B at batch 4: 128 blocks averaging 19.2 pairs; only single heads (16) fit.
+        assert_eq!(dkdv_splits(&shape(4, 14, 2), 396), 7);
+        // 3B at batch 4: 128 blocks averaging 33.0; shares of 2 heads (32) fit.
+        assert_eq!(dkdv_splits(&shape(4, 16, 2), 264), 4);
+        // 4 tiles of 64, 48 sequences of a group of 7: 192 blocks averaging 8.5; shares of
+        // 2 heads (8) fit, so 4 shares of 1, 2, 2 and 2 heads.
+        let short = AttnShape {
+            seq: 256,
+            ..shape(48, 7, 1)
+        };
+        assert_eq!(dkdv_splits(&short, 396), 4);
     }
 
     #[test]

@@ -15,8 +15,11 @@ const FORWARD_ROWS: usize = 8;
 /// Rows per warp of the backward: each block's rows make one row of weight-gradient
 /// partials, so this trades the partials' size against the number of blocks. At 0.5B
 /// (32768 rows of 896) 4 gives 1024 blocks, ~2.6 waves of 3 blocks per SM, and 3.7 MB of
-/// partials against 235 MB of rows moved.
+/// partials against 235 MB of rows moved. Where 4 would leave an SM with fewer than two
+/// blocks (a batch of one or a few sequences), 1: at 1024 rows, 4 gave 32 blocks, and each
+/// call took 22 µs for 7 MB.
 const BACKWARD_ROWS_PER_WARP: usize = 4;
+const BACKWARD_ROWS_PER_WARP_SMALL: usize = 1;
 
 /// Shared memory a backward block may take for its warps' weight-gradient sums: within the
 /// default 48 KB (no opt-in), which holds 8 warps' sums up to C = 1536.
@@ -120,7 +123,14 @@ impl Cuda {
             smem <= MAX_SMEM,
             "rmsnorm_backward: a row of {c} is wider than this kernel supports"
         );
-        let rows_per_block = warps * BACKWARD_ROWS_PER_WARP;
+        let few_blocks =
+            n.div_ceil(warps * BACKWARD_ROWS_PER_WARP) < 2 * self.multiprocessors as usize;
+        let rows_per_block = warps
+            * if few_blocks {
+                BACKWARD_ROWS_PER_WARP_SMALL
+            } else {
+                BACKWARD_ROWS_PER_WARP
+            };
         let chunks = n.div_ceil(rows_per_block);
         let partials = self.scratch_f32(chunks * c)?;
         // SAFETY: block i updates rows [i·R, (i+1)·R) of dinp [n, c] from the same rows of

@@ -545,15 +545,18 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
     const Place at = place();  // the first key tiles are seen by the most queries
     const int k0 = at.rank * TILE, g = at.head / splits, share = at.head % splits, b = at.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = Hq / Hkv, heads_per_share = group / splits;
+    // Share s takes the group's q heads [s·group/splits, (s+1)·group/splits): at least one
+    // each, since splits <= group, and any split count works, not only divisors.
+    const int group = Hq / Hkv, first_head = g * group + share * group / splits,
+              share_heads = (share + 1) * group / splits - share * group / splits;
     const Heads kv = heads<D>(qkv, T, Hq, Hkv, b, g * group);
     const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
     const float log2_scale = scale * LOG2E;
     // This share's q heads in turn, each over the query tiles at or after the diagonal.
-    const int per_head = (T - k0 + TILE - 1) / TILE, tiles = heads_per_share * per_head;
+    const int per_head = (T - k0 + TILE - 1) / TILE, tiles = share_heads * per_head;
     auto query_tile = [&](int i) { return k0 + (i % per_head) * TILE; };
     auto stage = [&](int i) {
-        const int h = g * group + share * heads_per_share + i / per_head, q0 = query_tile(i),
+        const int h = first_head + i / per_head, q0 = query_tile(i),
                   valid = min(TILE, T - q0);
         const Heads qh = heads<D>(qkv, T, Hq, Hkv, b, h);
         load_tile<D, M>(smem_tile<D, M>(2 + 2 * (i % 2)), qh.q + q0 * qh.stride, valid, qh.stride);
@@ -727,9 +730,9 @@ ATTENTION_KERNELS(wgmma, Wgmma)
 #undef ATTENTION_KERNELS
 
 // dK and dV when the launcher split each kv head's group of q heads over `splits` dK/dV
-// blocks per key tile: at 1.5B's and 3B's shapes the grid is about one wave of blocks whose
-// work spans 16 : 1 (the first key tile is seen by every query tile), so the kernel lasted as
-// long as its heaviest blocks, twice the average. Each share is [2][rows][Hkv][D] f32 (dK
+// blocks per key tile: at 3B's shape the grid is about one wave of blocks whose work spans
+// 16 : 1 (the first key tile is seen by every query tile), so the kernel lasted as long as its
+// heaviest blocks, twice the average; at small batches the grid leaves most SMs idle. Each share is [2][rows][Hkv][D] f32 (dK
 // already scaled, then dV), shares one after another; this adds them in share order and
 // writes bf16 into dqkv's k and v columns. One thread per 4 columns.
 __global__ void attention_dkdv_sum(bf16* __restrict__ dqkv, const float* __restrict__ shares, long long rows,
