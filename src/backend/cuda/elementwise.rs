@@ -81,35 +81,60 @@ impl Cuda {
         }
     }
 
-    /// One partial pass per tensor into consecutive runs of one scratch array, then one
-    /// finishing block over all of them: a list costs one launch per tensor plus one.
+    /// One partial pass over the list (one launch per run of tensors of one dtype: one for a
+    /// model's gradients) into consecutive runs of one scratch array, then one finishing block.
     pub(super) fn sum_squares_impl(&self, out: &Tensor<Cuda>, xs: &[&Tensor<Cuda>]) -> Result<()> {
         ensure_dtype(out, DType::F32, "sum_squares")?;
         ensure!(out.numel() == 1, "sum_squares: out must hold one value");
-        let grids: Vec<u32> = xs.iter().map(|x| sum_squares_blocks(x.numel())).collect();
-        let count: u32 = grids.iter().sum();
-        let partials = self.scratch_f32(count as usize)?;
-        let mut next = partials;
-        for (x, &grid) in xs.iter().zip(&grids) {
+        // Each tensor's table entry (elementwise.cu's `SquaresEntry`: x, n, head, then its
+        // first block within its launch and its block count in one word), and its launch.
+        let mut table: Vec<u64> = Vec::with_capacity(4 * xs.len());
+        let mut launches: Vec<(usize, u32)> = Vec::new(); // first entry, blocks
+        for (i, x) in xs.iter().enumerate() {
+            if launches.last().is_none_or(|l| xs[l.0].dtype != x.dtype) {
+                launches.push((i, 0));
+            }
+            let launch = launches.last_mut().expect("pushed above");
             let n = x.numel();
             // The elements before the first 16-byte boundary.
             let head = aligned_head(&[x])
                 .expect("a tensor of 2- or 4-byte values reaches a 16-byte boundary within 8")
                 .min(n);
-            // SAFETY: writes `grid` floats of the scratch array from `next`, which holds
-            // `count` in all; reads n elements of x, 16 bytes at a time from element `head`,
-            // which is 16-byte aligned.
+            let grid = sum_squares_blocks(n);
+            table.extend([
+                ptr(x),
+                n as u64,
+                head as u64,
+                launch.1 as u64 | (grid as u64) << 32,
+            ]);
+            launch.1 += grid;
+        }
+        let count: u32 = launches.iter().map(|l| l.1).sum();
+        let table_at = (count as usize).next_multiple_of(2); // 8-byte aligned, in floats
+        let partials = self.scratch_f32(table_at + 2 * table.len())?;
+        let list = partials + 4 * table_at as u64;
+        if !table.is_empty() {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: the scratch holds `table_at` floats and then the table's words. Pageable
+            // memory is staged before the call returns.
+            unsafe { result::memcpy_htod_async(list, &table, self.stream.cu_stream()) }?;
+        }
+        let mut next = partials;
+        for (k, &(first, grid)) in launches.iter().enumerate() {
+            let entries = launches.get(k + 1).map_or(xs.len(), |l| l.0) - first;
+            // SAFETY: block b of the launch finds its entry, reads that tensor's n elements
+            // (16 bytes at a time from element `head`, which is 16-byte aligned) and writes
+            // partial b from `next`; the launches' partials are consecutive, `count` in all.
             unsafe {
                 self.launch(
                     Kernel::SumSquaresPartial,
-                    &[float(x)],
+                    &[float(xs[first])],
                     (grid, 1, 1),
                     BLOCK,
                     &[
                         next.into(),
-                        ptr(x).into(),
-                        (n as i64).into(),
-                        (head as i64).into(),
+                        (list + 32 * first as u64).into(),
+                        (entries as i32).into(),
                     ],
                 )?;
             }

@@ -17,24 +17,41 @@ __global__ void copy(D* dst, const S* src, long long n) {
         dst[i] = from_f32<D>(to_f32(src[i]));
 }
 
-// partials[block] = Σ x² over a fixed grid-stride pattern: 16-byte units from element `head`
-// (the first where x is 16-byte aligned), the leftovers element-wise. The grid size depends
-// only on n and head only on x's address, so with `sum_squares_finish` the total is the same
-// on every run. A list of tensors writes its partials one after another into one array.
+// One tensor of a sum-of-squares list: its elements, their count, the elements before its
+// first 16-byte boundary, and its run of blocks (which is also its run of partials).
+struct SquaresEntry {
+    const void* x;
+    long long n, head;
+    unsigned first_block, blocks;
+};
+
+// partials[block] = Σ x² over a fixed grid-stride pattern within the tensor whose run of
+// blocks holds this one: 16-byte units from element `head`, the leftovers element-wise. The
+// runs depend only on each n, and head only on x's address, so with `sum_squares_finish` the
+// total is the same on every run. One launch covers a whole list of tensors (the gradients:
+// 170 at 0.5B), whose launches one by one cost more than their reads.
 template <typename T>
-__global__ void sum_squares_partial(float* partials, const T* x, long long n, long long head) {
+__global__ void sum_squares_partial(float* partials, const SquaresEntry* list, int count) {
+    int lo = 0, hi = count - 1;  // the last entry whose run starts at or before this block
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (list[mid].first_block <= blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    const SquaresEntry e = list[lo];
+    const T* x = static_cast<const T*>(e.x);
     constexpr int W = access_width<T, true>();
-    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long units = (n - head) / W, end = head + units * W;
+    const long long first = (blockIdx.x - e.first_block) * (long long)blockDim.x + threadIdx.x;
+    const long long stride = (long long)e.blocks * blockDim.x;
+    const long long units = (e.n - e.head) / W, end = e.head + units * W;
     float acc = 0.0f;
     for (long long u = first; u < units; u += stride) {
         float v[W];
-        load_vec<T, W>(v, x + head + u * W);
+        load_vec<T, W>(v, x + e.head + u * W);
 #pragma unroll
         for (int k = 0; k < W; k++) acc += v[k] * v[k];
     }
-    const long long i = leftover(first, head, end, n);
+    const long long i = leftover(first, e.head, end, e.n);
     if (i >= 0) {
         const float v = to_f32(x[i]);
         acc += v * v;
