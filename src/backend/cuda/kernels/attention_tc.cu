@@ -732,9 +732,10 @@ ATTENTION_KERNELS(wgmma, Wgmma)
 // dK and dV when the launcher split each kv head's group of q heads over `splits` dK/dV
 // blocks per key tile: at 3B's shape the grid is about one wave of blocks whose work spans
 // 16 : 1 (the first key tile is seen by every query tile), so the kernel lasted as long as its
-// heaviest blocks, twice the average; at small batches the grid leaves most SMs idle. Each share is [2][rows][Hkv][D] f32 (dK
-// already scaled, then dV), shares one after another; this adds them in share order and
-// writes bf16 into dqkv's k and v columns. One thread per 4 columns.
+// heaviest blocks, twice the average; at small batches the grid leaves most SMs idle. Each
+// share is [2][rows][Hkv][D] f32 (dK already scaled, then dV), shares one after another; this
+// adds them in share order and writes bf16 into dqkv's k and v columns. One thread per 4
+// columns.
 __global__ void attention_dkdv_sum(bf16* __restrict__ dqkv, const float* __restrict__ shares, long long rows,
                                    int Hq, int Hkv, int D, int splits) {
     const long long quads = rows * Hkv * D / 4, i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
