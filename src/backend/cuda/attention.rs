@@ -246,8 +246,9 @@ impl Cuda {
             None => 1,
         };
         // delta, then (when the group is split) the dK/dV shares, 16-byte aligned.
+        let tokens = s.batch * s.seq;
         let share_floats = if splits > 1 {
-            splits * 2 * s.batch * s.seq * s.kv_heads * s.head_dim
+            splits * 2 * tokens * s.kv_heads * s.head_dim
         } else {
             0
         };
@@ -319,12 +320,11 @@ impl Cuda {
                     .concat(),
                 )?;
                 if splits > 1 {
-                    let rows = s.batch * s.seq;
                     self.launch(
                         Kernel::AttentionDkDvSum,
                         &[],
                         (
-                            blocks(2 * rows * s.kv_heads * s.head_dim / 4, BLOCK as usize),
+                            blocks(2 * tokens * s.kv_heads * s.head_dim / 4, BLOCK as usize),
                             1,
                             1,
                         ),
@@ -332,7 +332,7 @@ impl Cuda {
                         &[
                             ptr(dqkv).into(),
                             shares.into(),
-                            (rows as i64).into(),
+                            (tokens as i64).into(),
                             (s.q_heads as i32).into(),
                             (s.kv_heads as i32).into(),
                             (s.head_dim as i32).into(),
