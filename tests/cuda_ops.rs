@@ -12,7 +12,7 @@ mod common;
 use common::gpu::*;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::backend::cuda::attention::AttentionKernels;
-use smelt::backend::{AdamW, AttnShape, Backend, Fp8Sum, Matmul, Scaled};
+use smelt::backend::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor};
 
@@ -747,28 +747,48 @@ fn adamw_matches_the_cpu_bit_for_bit() {
         let whole = tensor(b, &[all.len()], dtype, &all);
         (whole.narrow_rows(skip, skip + values.len()), whole)
     }
-    /// Two steps on views `skips.0` (param) and `skips.1` (the others) elements into their
-    /// tensors; the whole tensors come back, so a write outside a view shows too.
-    fn run<B: Backend>(
-        b: &B,
-        c: &Case,
-        skips: (usize, usize),
-        p0: &[f32],
-        grads: [&[f32]; 2],
-    ) -> Outputs {
+    /// The skips of the tensors of one update, (param, the others): fresh tensors, 16-byte
+    /// accesses throughout, then a tail of n % 8 = 3 elements; all views 3 elements in, so
+    /// every tensor is 16-byte aligned 5 elements further, a head of 5 then 16-byte accesses;
+    /// the param 1 element in and the others not, so no element where all are aligned and
+    /// element by element (a second launch). The middle one does not decay, and the last one
+    /// reports no abs-max.
+    const SKIPS: [(usize, usize); 3] = [(0, 0), (3, 3), (1, 0)];
+    const PARAMS: [&str; 3] = ["param 0", "param 1", "param 2"];
+    const AMAXES: [&str; 2] = ["param 0 amax", "param 1 amax"];
+    const WHOLES: [[&str; 4]; 3] = [
+        ["whole param 0", "whole m 0", "whole v 0", "whole master 0"],
+        ["whole param 1", "whole m 1", "whole v 1", "whole master 1"],
+        ["whole param 2", "whole m 2", "whole v 2", "whole master 2"],
+    ];
+    /// Two steps, each one call over the tensors of `SKIPS`; the whole tensors come back, so
+    /// a write outside a view shows too.
+    fn run<B: Backend>(b: &B, c: &Case, p0: &[f32], grads: [&[f32]; 2]) -> Outputs {
         let n = p0.len();
-        let (param, param_whole) = guarded(b, c.param, skips.0, p0);
-        let master = c.master.then(|| guarded(b, DType::F32, skips.1, p0));
-        let (m, v) = (
-            guarded(b, c.moments, skips.1, &vec![0.0; n]),
-            guarded(b, c.moments, skips.1, &vec![0.0; n]),
-        );
+        struct State<B: Backend> {
+            param: (Tensor<B>, Tensor<B>),
+            master: Option<(Tensor<B>, Tensor<B>)>,
+            m: (Tensor<B>, Tensor<B>),
+            v: (Tensor<B>, Tensor<B>),
+            amaxes: [Tensor<B>; 2],
+        }
+        let states: Vec<State<B>> = SKIPS
+            .iter()
+            .map(|&(param_skip, skip)| State {
+                param: guarded(b, c.param, param_skip, p0),
+                master: c.master.then(|| guarded(b, DType::F32, skip, p0)),
+                m: guarded(b, c.moments, skip, &vec![0.0; n]),
+                v: guarded(b, c.moments, skip, &vec![0.0; n]),
+                amaxes: [amax(b), amax(b)],
+            })
+            .collect();
         // Step 1 is clipped (norm 2 > 1), step 2 is not (norm 0.5). Each step reports the
-        // updated param's abs-max into its own amax; the last one is checked.
-        let amaxes = [amax(b), amax(b)];
-        let steps = grads.iter().zip([4.0f32, 0.25]).zip(&amaxes);
-        for (step, ((g, norm_sq), param_amax)) in steps.enumerate() {
-            let (grad, _) = guarded(b, c.grad, skips.1, g);
+        // updated params' abs-maxes into their own slots; the last ones are checked.
+        for (step, (g, norm_sq)) in grads.iter().zip([4.0f32, 0.25]).enumerate() {
+            let grads: Vec<_> = SKIPS
+                .iter()
+                .map(|&(_, skip)| guarded(b, c.grad, skip, g).0)
+                .collect();
             let norm = tensor(b, &[1], DType::F32, &[norm_sq]);
             let hp = AdamW {
                 lr: 1e-3,
@@ -778,51 +798,56 @@ fn adamw_matches_the_cpu_bit_for_bit() {
                 weight_decay: 0.1,
                 step: step as u64 + 1,
                 grad_clip: 1.0,
-                seed: 0x5EED + step as u64,
             };
-            b.adamw(
-                &param,
-                master.as_ref().map(|(view, _)| view),
-                &grad,
-                &m.0,
-                &v.0,
-                &norm,
-                &hp,
-                Some(param_amax),
-            )
-            .unwrap();
+            let tensors: Vec<_> = states
+                .iter()
+                .zip(&grads)
+                .enumerate()
+                .map(|(k, (s, grad))| AdamWTensor {
+                    param: &s.param.0,
+                    master: s.master.as_ref().map(|(view, _)| view),
+                    grad,
+                    m: &s.m.0,
+                    v: &s.v.0,
+                    decays: k != 1,
+                    seed: 0x5EED + 16 * k as u64 + step as u64,
+                    amax: (k < AMAXES.len()).then(|| &s.amaxes[step]),
+                })
+                .collect();
+            b.adamw(&tensors, &norm, &hp).unwrap();
         }
-        let mut out = vec![
-            ("param", download(b, &param)),
-            ("param amax", download(b, &amaxes[1])),
-            ("whole param", download(b, &param_whole)),
-            ("whole m", download(b, &m.1)),
-            ("whole v", download(b, &v.1)),
-        ];
-        if let Some((_, master)) = &master {
-            out.push(("whole master", download(b, master)));
+        let mut out = Vec::new();
+        for (k, s) in states.iter().enumerate() {
+            out.push((PARAMS[k], download(b, &s.param.0)));
+            if let Some(name) = AMAXES.get(k) {
+                out.push((*name, download(b, &s.amaxes[1])));
+            }
+            let wholes = [Some(&s.param.1), Some(&s.m.1), Some(&s.v.1)]
+                .into_iter()
+                .chain([s.master.as_ref().map(|(_, whole)| whole)]);
+            for (name, whole) in WHOLES[k].iter().zip(wholes) {
+                if let Some(whole) = whole {
+                    out.push((*name, download(b, whole)));
+                }
+            }
         }
         out
     }
-    // Fresh tensors: 16-byte accesses throughout, then a tail of n % 8 = 3 elements. All
-    // views 3 elements in: every tensor is 16-byte aligned 5 elements further, so a head of 5
-    // then 16-byte accesses. The param 1 element in, the others not: no element where all
-    // are aligned, so element by element.
-    for skips in [(0, 0), (3, 3), (1, 0)] {
-        for c in &cases {
-            // The kernel runs the CPU's f32 operations uncontracted and rounds with the CPU's
-            // hash, so the bits must agree exactly (and so must the abs-max of equal params).
-            let name = format!(
-                "adamw param {} grad {} moments {} master {} skips {skips:?}",
-                c.param, c.grad, c.moments, c.master
-            );
-            let gpu_out = check_op(
-                &name,
-                || run(&gpu, c, skips, &p0, [&g1, &g2]),
-                || run(&cpu, c, skips, &p0, [&g1, &g2]),
-                |_| 0.0,
-            );
-            check_amax(&name, &gpu_out, "param", "param amax");
+    for c in &cases {
+        // The kernel runs the CPU's f32 operations uncontracted and rounds with the CPU's
+        // hash, so the bits must agree exactly (and so must the abs-max of equal params).
+        let name = format!(
+            "adamw param {} grad {} moments {} master {}",
+            c.param, c.grad, c.moments, c.master
+        );
+        let gpu_out = check_op(
+            &name,
+            || run(&gpu, c, &p0, [&g1, &g2]),
+            || run(&cpu, c, &p0, [&g1, &g2]),
+            |_| 0.0,
+        );
+        for (param, amax) in PARAMS.iter().zip(AMAXES) {
+            check_amax(&name, &gpu_out, param, amax);
         }
     }
 }

@@ -73,23 +73,44 @@ impl Matmul {
     }
 }
 
-/// One AdamW update's hyper-parameters. `step` counts from 1 for the bias correction.
+/// One AdamW step's hyper-parameters, shared by every tensor it updates. `step` counts from
+/// 1 for the bias correction.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamW {
     pub lr: f32,
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
+    /// Applies to the tensors that ask for it (`AdamWTensor::decays`).
     pub weight_decay: f32,
     pub step: u64,
     /// Gradients are scaled by `min(1, grad_clip / norm)` with `norm` read on the device;
     /// `0` disables clipping.
     pub grad_clip: f32,
+}
+
+/// One tensor of an AdamW step: the parameter (updated through its high-precision `master`
+/// copy when there is one, `param` then receiving it rounded), its gradient and moments.
+pub struct AdamWTensor<'a, B: Backend> {
+    pub param: &'a Tensor<B>,
+    pub master: Option<&'a Tensor<B>>,
+    pub grad: &'a Tensor<B>,
+    pub m: &'a Tensor<B>,
+    pub v: &'a Tensor<B>,
+    /// Whether weight decay applies: matrices and embeddings, not norms and biases.
+    pub decays: bool,
     /// Seeds stochastic rounding; differs per tensor and per step.
     pub seed: u64,
+    /// Receives the updated `param`'s abs-max, for its FP8 copy.
+    pub amax: Option<&'a Tensor<B>>,
 }
 
 impl AdamW {
+    /// The weight decay of a tensor that does or does not decay.
+    pub fn weight_decay_for(&self, decays: bool) -> f32 {
+        if decays { self.weight_decay } else { 0.0 }
+    }
+
     /// `1 / (1 − β₁^step)` and `1 / √(1 − β₂^step)`, the factors of the bias-corrected
     /// moments, computed in f64 and rounded to f32 once per tensor on the host: every
     /// backend's update multiplies by exactly these.
@@ -350,22 +371,13 @@ pub trait Backend: Sized {
     /// `out[0] = Σ x²` over every element of every tensor of `xs`, summed in f32 (the
     /// squared global norm of the gradients, for clipping); `out` is one f32.
     fn sum_squares(&self, out: &Tensor<Self>, xs: &[&Tensor<Self>]) -> Result<()>;
-    /// One AdamW step on `param` (`master` holds the high-precision copy when present, and
-    /// `param` receives it rounded). `norm_sq` is the global gradient `Σ g²` from
-    /// `sum_squares`, read on the device for clipping. Weight decay applies when
-    /// `hp.weight_decay` is non-zero; the caller passes 0 for norms and biases. `amax`, where
-    /// given, receives the updated `param`'s abs-max, for its FP8 copy.
-    #[allow(clippy::too_many_arguments)]
+    /// One AdamW step on every tensor of `tensors`. `norm_sq` is the global gradient `Σ g²`
+    /// from `sum_squares`, read on the device for clipping.
     fn adamw(
         &self,
-        param: &Tensor<Self>,
-        master: Option<&Tensor<Self>>,
-        grad: &Tensor<Self>,
-        m: &Tensor<Self>,
-        v: &Tensor<Self>,
+        tensors: &[AdamWTensor<'_, Self>],
         norm_sq: &Tensor<Self>,
         hp: &AdamW,
-        amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
 
     // ----- FP8 -----

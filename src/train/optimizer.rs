@@ -9,7 +9,7 @@
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{AdamW, Backend};
+use crate::backend::{AdamW, AdamWTensor, Backend};
 use crate::model::Transformer;
 use crate::model::params::{ParamSpec, Params, from_list};
 use crate::rng::Rng;
@@ -120,6 +120,15 @@ impl<B: Backend> AdamWState<B> {
         let grads: Vec<&Tensor<B>> = model.grads.iter().collect();
         b.sum_squares(&self.norm_sq, &grads)?;
         let o = &self.options;
+        let hp = AdamW {
+            lr,
+            beta1: o.beta_1 as f32,
+            beta2: o.beta_2 as f32,
+            eps: o.adam_eps as f32,
+            weight_decay: o.weight_decay as f32,
+            step,
+            grad_clip: o.grad_clip as f32,
+        };
         let amax_slots = model.weight_amax_slots(b)?;
         let masters: Vec<Option<&Tensor<B>>> = match &self.master {
             Some(m) => m.iter().map(Some).collect(),
@@ -131,26 +140,22 @@ impl<B: Backend> AdamWState<B> {
             .zip(model.params.iter())
             .zip(model.grads.iter())
             .zip(self.m.iter().zip(self.v.iter()))
-            .zip(masters);
-        for (i, ((((spec, param), grad), (m, v)), master)) in tensors.enumerate() {
-            let hp = AdamW {
-                lr,
-                beta1: o.beta_1 as f32,
-                beta2: o.beta_2 as f32,
-                eps: o.adam_eps as f32,
-                weight_decay: if spec.kind.decays() {
-                    o.weight_decay as f32
-                } else {
-                    0.0
+            .zip(masters)
+            .enumerate()
+            .map(
+                |(i, ((((spec, param), grad), (m, v)), master))| AdamWTensor {
+                    param,
+                    master,
+                    grad,
+                    m,
+                    v,
+                    decays: spec.kind.decays(),
+                    seed: Rng::derived(seed, i as u64).next_u64(),
+                    amax: amax_slots.as_ref().map(|slots| &slots[i]),
                 },
-                step,
-                grad_clip: o.grad_clip as f32,
-                seed: Rng::derived(seed, i as u64).next_u64(),
-            };
-            let amax = amax_slots.as_ref().map(|slots| &slots[i]);
-            b.adamw(param, master, grad, m, v, &self.norm_sq, &hp, amax)?;
-        }
-        Ok(())
+            )
+            .collect::<Vec<_>>();
+        b.adamw(&tensors, &self.norm_sq, &hp)
     }
 
     /// The global gradient norm of the last step, before clipping. Waits for the device.

@@ -43,6 +43,13 @@ pub struct StateDtypes {
     pub master: DType,
 }
 
+/// What differs between the tensors of one step.
+pub struct TensorHyper {
+    pub weight_decay: f32,
+    /// Seeds stochastic rounding.
+    pub seed: u64,
+}
+
 /// Updates `master` (when present, else `param`) and writes the rounded result to `param`.
 /// The two moments round with the two halves of one hash and the parameter with another,
 /// so that the three errors are independent.
@@ -55,6 +62,7 @@ pub fn adamw<T: Scalar>(
     v: &mut [T],
     norm_sq: f64,
     hp: &AdamW,
+    tensor_hp: &TensorHyper,
     dtypes: &StateDtypes,
 ) {
     let scale = clip_scale(norm_sq, hp.grad_clip) as f32;
@@ -65,7 +73,7 @@ pub fn adamw<T: Scalar>(
         let g = f32_of(grad[i]) * scale;
         let m_new = b1 * f32_of(m[i]) + (1.0 - b1) * g;
         let v_new = b2 * f32_of(v[i]) + (1.0 - b2) * g * g;
-        let noise = hash_u32(hp.seed ^ MOMENTS_SEED, i as u64);
+        let noise = hash_u32(tensor_hp.seed ^ MOMENTS_SEED, i as u64);
         store(&mut m[i], m_new, dtypes.m, Some(noise & 0xFFFF));
         store(&mut v[i], v_new, dtypes.v, Some(noise >> 16));
         let update = (m_new * inv_bias1) / (v_new.sqrt() * inv_sqrt_bias2 + hp.eps);
@@ -73,7 +81,7 @@ pub fn adamw<T: Scalar>(
             Some(master) => f32_of(master[i]),
             None => f32_of(param[i]),
         };
-        let p_new = p - hp.lr * (update + hp.weight_decay * p);
+        let p_new = p - hp.lr * (update + tensor_hp.weight_decay * p);
         match master.as_deref_mut() {
             // With a master copy, the working weights are its round-to-nearest image.
             Some(master) => {
@@ -81,7 +89,7 @@ pub fn adamw<T: Scalar>(
                 store(&mut param[i], f32_of(master[i]), dtypes.param, None);
             }
             None => {
-                let noise = hash_u32(hp.seed, i as u64) & 0xFFFF;
+                let noise = hash_u32(tensor_hp.seed, i as u64) & 0xFFFF;
                 store(&mut param[i], p_new, dtypes.param, Some(noise));
             }
         }

@@ -26,7 +26,7 @@ use anyhow::{Result, anyhow, bail, ensure};
 pub use classifier::IGNORE_INDEX;
 pub use scalar::Scalar;
 
-use super::{AdamW, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
+use super::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub enum Buffer<T> {
@@ -462,42 +462,45 @@ impl<T: Scalar> Backend for Cpu<T> {
 
     fn adamw(
         &self,
-        param: &Tensor<Self>,
-        master: Option<&Tensor<Self>>,
-        grad: &Tensor<Self>,
-        m: &Tensor<Self>,
-        v: &Tensor<Self>,
+        tensors: &[AdamWTensor<'_, Self>],
         norm_sq: &Tensor<Self>,
         hp: &AdamW,
-        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        {
-            let norm_sq = self.floats(norm_sq)?[0].f64();
-            let grad_v = self.floats(grad)?;
-            let (mut m_v, mut v_v, mut p_v) = (
-                self.floats_mut(m)?,
-                self.floats_mut(v)?,
-                self.floats_mut(param)?,
-            );
-            let mut master_v = master.map(|t| self.floats_mut(t)).transpose()?;
-            let dtypes = adamw::StateDtypes {
-                param: param.dtype,
-                m: m.dtype,
-                v: v.dtype,
-                master: master.map_or(param.dtype, |t| t.dtype),
-            };
-            adamw::adamw(
-                &mut p_v,
-                master_v.as_deref_mut(),
-                &grad_v,
-                &mut m_v,
-                &mut v_v,
-                norm_sq,
-                hp,
-                &dtypes,
-            );
+        let norm_sq = self.floats(norm_sq)?[0].f64();
+        for t in tensors {
+            {
+                let grad_v = self.floats(t.grad)?;
+                let (mut m_v, mut v_v, mut p_v) = (
+                    self.floats_mut(t.m)?,
+                    self.floats_mut(t.v)?,
+                    self.floats_mut(t.param)?,
+                );
+                let mut master_v = t.master.map(|m| self.floats_mut(m)).transpose()?;
+                let dtypes = adamw::StateDtypes {
+                    param: t.param.dtype,
+                    m: t.m.dtype,
+                    v: t.v.dtype,
+                    master: t.master.map_or(t.param.dtype, |m| m.dtype),
+                };
+                let tensor_hp = adamw::TensorHyper {
+                    weight_decay: hp.weight_decay_for(t.decays),
+                    seed: t.seed,
+                };
+                adamw::adamw(
+                    &mut p_v,
+                    master_v.as_deref_mut(),
+                    &grad_v,
+                    &mut m_v,
+                    &mut v_v,
+                    norm_sq,
+                    hp,
+                    &tensor_hp,
+                    &dtypes,
+                );
+            }
+            self.report_abs_max(t.amax, t.param)?;
         }
-        self.report_abs_max(amax, param)
+        Ok(())
     }
 
     fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {

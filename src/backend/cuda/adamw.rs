@@ -1,86 +1,136 @@
-//! AdamW: the CPU's f32 update on the device, clipping by the device-side norm.
+//! AdamW: the CPU's f32 update on the device, clipping by the device-side norm, one launch
+//! for a whole list of tensors.
 
 use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
 use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
-use crate::backend::AdamW;
+use crate::backend::{AdamW, AdamWTensor};
 use crate::tensor::{DType, Tensor};
 
 /// Elements per vector unit of adamw.cu: 16 bytes of bf16, two 16-byte accesses of f32.
 const VECTOR: usize = 8;
 
-/// The most blocks of the grid-stride kernel: some 16 waves of the ~500 blocks an H100 holds
-/// at once (so the last, partial wave costs little), while the largest tensors (embeddings)
-/// loop over several units per thread and pay for their block's clip factor once.
+/// The most blocks of one tensor: some 16 waves of the ~500 blocks an H100 holds at once (so
+/// the last, partial wave costs little), while the largest tensors (embeddings) loop over
+/// several units per thread and pay for their block's clip factor once.
 const MAX_BLOCKS: u32 = 8192;
 
+/// The words of adamw.cu's `AdamWEntry`.
+const ENTRY_WORDS: usize = 11;
+
+/// What selects one instantiation of the kernel: the dtypes of param, grad, m and v, whether
+/// there is a master copy, and whether the 16-byte path applies.
+type Variant = (DType, DType, DType, DType, bool, bool);
+
+/// A run of consecutive tensors of one variant, which one launch updates.
+struct Launch {
+    variant: Variant,
+    first: usize,
+    blocks: u32,
+}
+
 impl Cuda {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn adamw_impl(
         &self,
-        param: &Tensor<Cuda>,
-        master: Option<&Tensor<Cuda>>,
-        grad: &Tensor<Cuda>,
-        m: &Tensor<Cuda>,
-        v: &Tensor<Cuda>,
+        tensors: &[AdamWTensor<'_, Cuda>],
         norm_sq: &Tensor<Cuda>,
         hp: &AdamW,
-        amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
-        let amax = amax_ptr("adamw", amax)?;
         ensure_dtype(norm_sq, DType::F32, "adamw (norm_sq)")?;
-        if let Some(master) = master {
-            ensure_dtype(master, DType::F32, "adamw (master)")?;
+        let mut table: Vec<u64> = Vec::with_capacity(ENTRY_WORDS * tensors.len());
+        let mut launches: Vec<Launch> = Vec::new();
+        for (i, t) in tensors.iter().enumerate() {
+            let amax = amax_ptr("adamw", t.amax)?;
+            if let Some(master) = t.master {
+                ensure_dtype(master, DType::F32, "adamw (master)")?;
+            }
+            let n = t.param.numel();
+            ensure!(
+                [t.grad, t.m, t.v].iter().all(|x| x.numel() == n)
+                    && t.master.is_none_or(|x| x.numel() == n),
+                "adamw: tensors of different sizes"
+            );
+            let mut all = vec![t.param, t.grad, t.m, t.v];
+            all.extend(t.master);
+            let head = aligned_head(&all).filter(|&h| h <= n);
+            let variant = (
+                t.param.dtype,
+                t.grad.dtype,
+                t.m.dtype,
+                t.v.dtype,
+                t.master.is_some(),
+                head.is_some(),
+            );
+            if launches.last().is_none_or(|l| l.variant != variant) {
+                launches.push(Launch {
+                    variant,
+                    first: i,
+                    blocks: 0,
+                });
+            }
+            let launch = launches.last_mut().expect("pushed above");
+            let units = head.map_or(n, |h| (n - h) / VECTOR);
+            let grid = blocks(units, BLOCK as usize).min(MAX_BLOCKS);
+            let weight_decay = hp.weight_decay_for(t.decays).to_bits() as u64;
+            table.extend([
+                ptr(t.param),
+                t.master.map_or(0, ptr),
+                ptr(t.grad),
+                ptr(t.m),
+                ptr(t.v),
+                amax,
+                n as u64,
+                head.unwrap_or(0) as u64,
+                t.seed,
+                weight_decay | (launch.blocks as u64) << 32,
+                grid as u64,
+            ]);
+            launch.blocks += grid;
         }
-        let n = param.numel();
-        ensure!(
-            [grad, m, v].iter().all(|t| t.numel() == n) && master.is_none_or(|t| t.numel() == n),
-            "adamw: tensors of different sizes"
-        );
+        let (_, list) = self.scratch_with_table(0, &table)?;
         let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
-        let mut tensors = vec![param, grad, m, v];
-        tensors.extend(master);
-        let head = aligned_head(&tensors).filter(|&h| h <= n);
-        let units = head.map_or(n, |h| (n - h) / VECTOR);
-        // SAFETY: adamw<..., VEC>(...) updates elements 0..n of param, master, grad, m and v
-        // (all n long), with 16-byte accesses only from `head` on, where every one of them is
-        // 16-byte aligned; norm_sq is one f32, amax one f32 or null.
-        unsafe {
-            self.launch(
-                Kernel::AdamW,
-                &[
-                    float(param),
-                    float(grad),
-                    float(m),
-                    float(v),
-                    Arg::Flag(master.is_some()),
-                    Arg::Flag(head.is_some()),
-                ],
-                (blocks(units, BLOCK as usize).min(MAX_BLOCKS), 1, 1),
-                BLOCK,
-                &[
-                    ptr(param).into(),
-                    master.map_or(0, ptr).into(),
-                    ptr(grad).into(),
-                    ptr(m).into(),
-                    ptr(v).into(),
-                    ptr(norm_sq).into(),
-                    (n as i64).into(),
-                    (head.unwrap_or(0) as i64).into(),
-                    hp.lr.into(),
-                    hp.beta1.into(),
-                    hp.beta2.into(),
-                    hp.eps.into(),
-                    hp.weight_decay.into(),
-                    inv_bias1.into(),
-                    inv_sqrt_bias2.into(),
-                    hp.grad_clip.into(),
-                    hp.seed.into(),
-                    amax.into(),
-                ],
-            )
+        for (k, launch) in launches.iter().enumerate() {
+            let entries = launches.get(k + 1).map_or(tensors.len(), |l| l.first) - launch.first;
+            let (.., master, vec) = launch.variant;
+            let t = &tensors[launch.first];
+            if launch.blocks == 0 {
+                continue;
+            }
+            // SAFETY: block b of the launch finds the entry whose run holds it and updates
+            // elements of that entry's param, master, grad, m and v (all n long), with 16-byte
+            // accesses only from `head` on, where every one of them is 16-byte aligned (the
+            // variant says so for every entry of the run); norm_sq is one f32, each amax one
+            // f32 or null.
+            unsafe {
+                self.launch(
+                    Kernel::AdamW,
+                    &[
+                        float(t.param),
+                        float(t.grad),
+                        float(t.m),
+                        float(t.v),
+                        Arg::Flag(master),
+                        Arg::Flag(vec),
+                    ],
+                    (launch.blocks, 1, 1),
+                    BLOCK,
+                    &[
+                        (list + (8 * ENTRY_WORDS * launch.first) as u64).into(),
+                        (entries as i32).into(),
+                        ptr(norm_sq).into(),
+                        hp.lr.into(),
+                        hp.beta1.into(),
+                        hp.beta2.into(),
+                        hp.eps.into(),
+                        inv_bias1.into(),
+                        inv_sqrt_bias2.into(),
+                        hp.grad_clip.into(),
+                    ],
+                )?;
+            }
         }
+        Ok(())
     }
 }

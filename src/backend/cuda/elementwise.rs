@@ -33,6 +33,21 @@ impl Cuda {
         Ok(())
     }
 
+    /// Scratch room for `floats` f32s, followed by `table` (a multi-tensor launch's entries,
+    /// 8-byte aligned) copied in: (the floats' address, the table's).
+    pub(super) fn scratch_with_table(&self, floats: usize, table: &[u64]) -> Result<(u64, u64)> {
+        let table_at = floats.next_multiple_of(2); // 8-byte aligned, in floats
+        let scratch = self.scratch_f32(table_at + 2 * table.len())?;
+        let list = scratch + 4 * table_at as u64;
+        if !table.is_empty() {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: the scratch holds `table_at` floats and then the table's words. Pageable
+            // memory is staged before the call returns.
+            unsafe { result::memcpy_htod_async(list, table, self.stream.cu_stream()) }?;
+        }
+        Ok((scratch, list))
+    }
+
     /// Waits for the stream and copies the tensor's raw elements out.
     pub(super) fn copy_out<T: Default + Clone>(&self, src: &Tensor<Cuda>) -> Result<Vec<T>> {
         ensure!(
@@ -110,15 +125,7 @@ impl Cuda {
             launch.1 += grid;
         }
         let count: u32 = launches.iter().map(|l| l.1).sum();
-        let table_at = (count as usize).next_multiple_of(2); // 8-byte aligned, in floats
-        let partials = self.scratch_f32(table_at + 2 * table.len())?;
-        let list = partials + 4 * table_at as u64;
-        if !table.is_empty() {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: the scratch holds `table_at` floats and then the table's words. Pageable
-            // memory is staged before the call returns.
-            unsafe { result::memcpy_htod_async(list, &table, self.stream.cu_stream()) }?;
-        }
+        let (partials, list) = self.scratch_with_table(count as usize, &table)?;
         let mut next = partials;
         for (k, &(first, grid)) in launches.iter().enumerate() {
             let entries = launches.get(k + 1).map_or(xs.len(), |l| l.0) - first;

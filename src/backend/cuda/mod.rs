@@ -41,7 +41,7 @@ use self::kernels::{Arg, KArg, Kernel, Kernels};
 use self::memory::{CudaStorage, Memory, MemoryReport, carve};
 use self::op_timer::OpTimer;
 use super::op_times::{OpTime, matmul_name};
-use super::{AdamW, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
+use super::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub struct Cuda {
@@ -574,18 +574,11 @@ impl Backend for Cuda {
 
     fn adamw(
         &self,
-        param: &Tensor<Self>,
-        master: Option<&Tensor<Self>>,
-        grad: &Tensor<Self>,
-        m: &Tensor<Self>,
-        v: &Tensor<Self>,
+        tensors: &[AdamWTensor<'_, Self>],
         norm_sq: &Tensor<Self>,
         hp: &AdamW,
-        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.op("adamw", || {
-            self.adamw_impl(param, master, grad, m, v, norm_sq, hp, amax)
-        })
+        self.op("adamw", || self.adamw_impl(tensors, norm_sq, hp))
     }
 
     fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {

@@ -88,17 +88,34 @@ __device__ __forceinline__ float update(P* param, float* master, const Gr* grad,
     return largest;
 }
 
-// Param P, gradient Gr, moments M and V; with MASTER an f32 master copy is updated and P
-// receives it rounded to nearest. `norm_sq` is Σ g² over all gradients (f32, on the device).
-// With `amax`, also reports max |param| as stored, for the weights' FP8 copy (common.cuh).
-// With VEC every tensor is 16-byte aligned at element `head` (< 8): elements from there on
-// go 8 at a time, the `head` before and the tail after one at a time; without, head is 0
-// and every element goes alone. Any grid covers all n elements.
+// One tensor of an AdamW launch: its buffers (master and amax may be null), its length, the
+// elements before the 16-byte boundary they all share (0 without the vector path), the seed
+// of its rounding, its weight decay, and its run of the launch's blocks.
+struct AdamWEntry {
+    void* param;
+    float* master;
+    const void* grad;
+    void* m;
+    void* v;
+    float* amax;
+    long long n, head;
+    u64 seed;
+    float weight_decay;
+    unsigned first_block, blocks;
+};
+
+// Param P, gradient Gr, moments M and V, for every tensor of `list`; with MASTER an f32
+// master copy is updated and P receives it rounded to nearest. `norm_sq` is Σ g² over all
+// gradients (f32, on the device). Where an entry has `amax`, also reports max |param| as
+// stored, for the weights' FP8 copy (common.cuh). With VEC every tensor of an entry is
+// 16-byte aligned at element `head` (< 8): elements from there on go 8 at a time, the `head`
+// before and the tail after one at a time; without, head is 0 and every element goes alone.
+// Each entry's run of blocks covers its n elements whatever its length. One launch per list
+// rather than per tensor: a model has hundreds, most of them small.
 template <typename P, typename Gr, typename M, typename V, bool MASTER, bool VEC>
-__global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const float* norm_sq,
-                      long long n, long long head, float lr, float beta1, float beta2, float eps,
-                      float weight_decay, float inv_bias1, float inv_sqrt_bias2, float grad_clip, u64 seed,
-                      float* amax) {
+__global__ void adamw(const AdamWEntry* list, int count, const float* norm_sq, float lr,
+                      float beta1, float beta2, float eps, float inv_bias1, float inv_sqrt_bias2,
+                      float grad_clip) {
     constexpr int W = VEC ? 8 : 1;
     // The CPU's `clip_scale`, in f64 then rounded to f32: once per block rather than an f64
     // square root and division in every thread.
@@ -108,20 +125,25 @@ __global__ void adamw(P* param, float* master, const Gr* grad, M* m, V* v, const
         clip = (float)((grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0);
     }
     __syncthreads();
-    const Hyper h{lr, beta1, beta2, eps, weight_decay, inv_bias1, inv_sqrt_bias2, clip, seed};
-    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long units = (n - head) / W, body_end = head + units * W;
+    const AdamWEntry e = list[entry_of_block(list, count)];
+    P* param = static_cast<P*>(e.param);
+    const Gr* grad = static_cast<const Gr*>(e.grad);
+    M* m = static_cast<M*>(e.m);
+    V* v = static_cast<V*>(e.v);
+    const Hyper h{lr, beta1, beta2, eps, e.weight_decay, inv_bias1, inv_sqrt_bias2, clip, e.seed};
+    const long long first = (blockIdx.x - e.first_block) * (long long)blockDim.x + threadIdx.x;
+    const long long stride = (long long)e.blocks * blockDim.x;
+    const long long units = (e.n - e.head) / W, body_end = e.head + units * W;
     float largest = 0.0f;
     for (long long u = first; u < units; u += stride)
-        largest = fmaxf(largest, update<W, P, Gr, M, V, MASTER>(param, master, grad, m, v,
-                                                               head + u * W, h));
+        largest = fmaxf(largest, update<W, P, Gr, M, V, MASTER>(param, e.master, grad, m, v,
+                                                               e.head + u * W, h));
     if constexpr (VEC) {
-        const long long i = leftover(first, head, body_end, n);
+        const long long i = leftover(first, e.head, body_end, e.n);
         if (i >= 0)
-            largest =
-                fmaxf(largest, update<1, P, Gr, M, V, MASTER>(param, master, grad, m, v, i, h));
+            largest = fmaxf(largest,
+                            update<1, P, Gr, M, V, MASTER>(param, e.master, grad, m, v, i, h));
     }
     // Every thread reaches this: all of them take part in the block's reduction.
-    report_amax(amax, largest);
+    report_amax(e.amax, largest);
 }

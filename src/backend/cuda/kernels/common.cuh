@@ -176,6 +176,20 @@ __device__ __forceinline__ long long leftover(long long t, long long head, long 
     return t < head ? t : t - head < n - end ? end + (t - head) : -1;
 }
 
+// Multi-tensor launches give each tensor of their table a run of consecutive blocks, in table
+// order. Returns the index of the entry whose run holds this block: the last one whose run
+// starts at or before it (an empty run shares its start with the next and is skipped).
+template <typename Entry>
+__device__ __forceinline__ int entry_of_block(const Entry* list, int count) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (list[mid].first_block <= blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // Values per access: a whole 16 bytes with `vec` (the caller checked the alignment), else one.
 template <typename T, bool VEC>
 __host__ __device__ constexpr int access_width() { return VEC ? 16 / (int)sizeof(T) : 1; }

@@ -32,13 +32,7 @@ struct SquaresEntry {
 // 170 at 0.5B), whose launches one by one cost more than their reads.
 template <typename T>
 __global__ void sum_squares_partial(float* partials, const SquaresEntry* list, int count) {
-    int lo = 0, hi = count - 1;  // the last entry whose run starts at or before this block
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (list[mid].first_block <= blockIdx.x) lo = mid;
-        else hi = mid - 1;
-    }
-    const SquaresEntry e = list[lo];
+    const SquaresEntry e = list[entry_of_block(list, count)];
     const T* x = static_cast<const T*>(e.x);
     constexpr int W = access_width<T, true>();
     const long long first = (blockIdx.x - e.first_block) * (long long)blockDim.x + threadIdx.x;
