@@ -57,6 +57,22 @@ __device__ __forceinline__ void load_tile(float (*tile)[D], const T* src, int b,
     }
 }
 
+// A thread of the query-tile kernels (forward and dQ; grid (ceil(T / TILE), Hq, B), 256
+// threads): its tile, query head h and that head's KV head, lane t of its row's group, its
+// query row qi (a real one when `valid`), and W, the width of a qkv row.
+struct QueryLane {
+    int q_tile, h, b, kvh, t, qi;
+    bool valid;
+    long long W;
+};
+
+template <int D>
+__device__ __forceinline__ QueryLane query_lane(int Tn, int Hq, int Hkv) {
+    const int q_tile = blockIdx.x, h = blockIdx.y, qi = q_tile * TILE + threadIdx.x / G;
+    return {q_tile, h, (int)blockIdx.z, h / (Hq / Hkv), (int)(threadIdx.x % G), qi, qi < Tn,
+            (long long)(Hq + 2 * Hkv) * D};
+}
+
 // Grid: (ceil(T / 32), Hq, B); block 256. With `amax`, also reports max |out| as stored.
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
@@ -65,12 +81,7 @@ __global__ void __launch_bounds__(256)
     constexpr int DPT = D / G;
     __shared__ float ks[TILE][D];
     __shared__ float vs[TILE][D];
-    const int q_tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int kvh = h / (Hq / Hkv);
-    const long long W = (long long)(Hq + 2 * Hkv) * D;
-    const int r = threadIdx.x / G, t = threadIdx.x % G;
-    const int qi = q_tile * TILE + r;
-    const bool valid = qi < Tn;
+    const auto [q_tile, h, b, kvh, t, qi, valid, W] = query_lane<D>(Tn, Hq, Hkv);
 
     float q[DPT], o[DPT];
 #pragma unroll
@@ -232,12 +243,7 @@ __global__ void __launch_bounds__(256)
     constexpr int DPT = D / G;
     __shared__ float ks[TILE][D];
     __shared__ float vs[TILE][D];
-    const int q_tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int kvh = h / (Hq / Hkv);
-    const long long W = (long long)(Hq + 2 * Hkv) * D;
-    const int r = threadIdx.x / G, t = threadIdx.x % G;
-    const int qi = q_tile * TILE + r;
-    const bool valid = qi < Tn;
+    const auto [q_tile, h, b, kvh, t, qi, valid, W] = query_lane<D>(Tn, Hq, Hkv);
     const long long q_at = ((long long)b * Tn + qi) * W + (long long)h * D;
     const long long do_at = ((long long)b * Tn + qi) * Hq * D + (long long)h * D;
     const long long stat_at = ((long long)b * Hq + h) * Tn + qi;
