@@ -92,12 +92,12 @@ impl Cuda {
         let (_, list) = self.scratch_with_table(0, &table)?;
         let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
         for (k, launch) in launches.iter().enumerate() {
+            if launch.blocks == 0 {
+                continue; // every tensor of the run is empty
+            }
             let entries = launches.get(k + 1).map_or(tensors.len(), |l| l.first) - launch.first;
             let (.., master, vec) = launch.variant;
             let t = &tensors[launch.first];
-            if launch.blocks == 0 {
-                continue;
-            }
             // SAFETY: block b of the launch finds the entry whose run holds it and updates
             // elements of that entry's param, master, grad, m and v (all n long), with 16-byte
             // accesses only from `head` on, where every one of them is 16-byte aligned (the
