@@ -5,6 +5,7 @@ use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
+use super::multi_tensor::Runs;
 use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
 use crate::backend::{AdamW, AdamWTensor};
 use crate::tensor::{DType, Tensor};
@@ -24,13 +25,6 @@ const ENTRY_WORDS: usize = 11;
 /// there is a master copy, and whether the 16-byte path applies.
 type Variant = (DType, DType, DType, DType, bool, bool);
 
-/// A run of consecutive tensors of one variant, which one launch updates.
-struct Launch {
-    variant: Variant,
-    first: usize,
-    blocks: u32,
-}
-
 impl Cuda {
     pub(super) fn adamw_impl(
         &self,
@@ -40,8 +34,8 @@ impl Cuda {
     ) -> Result<()> {
         ensure_dtype(norm_sq, DType::F32, "adamw (norm_sq)")?;
         let mut table: Vec<u64> = Vec::with_capacity(ENTRY_WORDS * tensors.len());
-        let mut launches: Vec<Launch> = Vec::new();
-        for (i, t) in tensors.iter().enumerate() {
+        let mut runs: Runs<Variant> = Runs::new();
+        for t in tensors {
             let amax = amax_ptr("adamw", t.amax)?;
             if let Some(master) = t.master {
                 ensure_dtype(master, DType::F32, "adamw (master)")?;
@@ -63,16 +57,9 @@ impl Cuda {
                 t.master.is_some(),
                 head.is_some(),
             );
-            if launches.last().is_none_or(|l| l.variant != variant) {
-                launches.push(Launch {
-                    variant,
-                    first: i,
-                    blocks: 0,
-                });
-            }
-            let launch = launches.last_mut().expect("pushed above");
             let units = head.map_or(n, |h| (n - h) / VECTOR);
             let grid = blocks(units, BLOCK as usize).min(MAX_BLOCKS);
+            let first_block = runs.push(variant, grid);
             let weight_decay = hp.weight_decay_for(t.decays).to_bits() as u64;
             table.extend([
                 ptr(t.param),
@@ -84,20 +71,18 @@ impl Cuda {
                 n as u64,
                 head.unwrap_or(0) as u64,
                 t.seed,
-                weight_decay | (launch.blocks as u64) << 32,
+                weight_decay | (first_block as u64) << 32,
                 grid as u64,
             ]);
-            launch.blocks += grid;
         }
         let (_, list) = self.scratch_with_table(0, &table)?;
         let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
-        for (k, launch) in launches.iter().enumerate() {
-            if launch.blocks == 0 {
+        for run in &runs.0 {
+            if run.blocks == 0 {
                 continue; // every tensor of the run is empty
             }
-            let entries = launches.get(k + 1).map_or(tensors.len(), |l| l.first) - launch.first;
-            let (.., master, vec) = launch.variant;
-            let t = &tensors[launch.first];
+            let (.., master, vec) = run.variant;
+            let t = &tensors[run.first];
             // SAFETY: block b of the launch finds the entry whose run holds it and updates
             // elements of that entry's param, master, grad, m and v (all n long), with 16-byte
             // accesses only from `head` on, where every one of them is 16-byte aligned (the
@@ -114,11 +99,11 @@ impl Cuda {
                         Arg::Flag(master),
                         Arg::Flag(vec),
                     ],
-                    (launch.blocks, 1, 1),
+                    (run.blocks, 1, 1),
                     BLOCK,
                     &[
-                        (list + (8 * ENTRY_WORDS * launch.first) as u64).into(),
-                        (entries as i32).into(),
+                        (list + (8 * ENTRY_WORDS * run.first) as u64).into(),
+                        (run.entries as i32).into(),
                         ptr(norm_sq).into(),
                         hp.lr.into(),
                         hp.beta1.into(),

@@ -4,6 +4,7 @@ use anyhow::{Result, ensure};
 use cudarc::driver::result;
 
 use super::kernels::Kernel;
+use super::multi_tensor::Runs;
 use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
 use crate::tensor::{DType, Tensor};
 
@@ -31,21 +32,6 @@ impl Cuda {
         // SAFETY: `dst` spans `dst.bytes()` bytes of a live arena, equal to `src`'s size.
         unsafe { result::memcpy_htod_async(ptr(dst), src, self.stream.cu_stream()) }?;
         Ok(())
-    }
-
-    /// Scratch room for `floats` f32s, followed by `table` (a multi-tensor launch's entries,
-    /// 8-byte aligned) copied in: (the floats' address, the table's).
-    pub(super) fn scratch_with_table(&self, floats: usize, table: &[u64]) -> Result<(u64, u64)> {
-        let table_at = floats.next_multiple_of(2); // 8-byte aligned, in floats
-        let scratch = self.scratch_f32(table_at + 2 * table.len())?;
-        let list = scratch + 4 * table_at as u64;
-        if !table.is_empty() {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: the scratch holds `table_at` floats and then the table's words. Pageable
-            // memory is staged before the call returns.
-            unsafe { result::memcpy_htod_async(list, table, self.stream.cu_stream()) }?;
-        }
-        Ok((scratch, list))
     }
 
     /// Waits for the stream and copies the tensor's raw elements out.
@@ -102,50 +88,45 @@ impl Cuda {
         ensure_dtype(out, DType::F32, "sum_squares")?;
         ensure!(out.numel() == 1, "sum_squares: out must hold one value");
         // Each tensor's table entry (elementwise.cu's `SquaresEntry`: x, n, head, then its
-        // first block within its launch and its block count in one word), and its launch.
+        // first block within its launch and its block count in one word); a run per dtype.
         let mut table: Vec<u64> = Vec::with_capacity(4 * xs.len());
-        let mut launches: Vec<(usize, u32)> = Vec::new(); // first entry, blocks
-        for (i, x) in xs.iter().enumerate() {
-            if launches.last().is_none_or(|l| xs[l.0].dtype != x.dtype) {
-                launches.push((i, 0));
-            }
-            let launch = launches.last_mut().expect("pushed above");
+        let mut runs = Runs::new();
+        for x in xs {
             let n = x.numel();
             // The elements before the first 16-byte boundary.
             let head = aligned_head(&[x])
                 .expect("a tensor of 2- or 4-byte values reaches a 16-byte boundary within 8")
                 .min(n);
             let grid = sum_squares_blocks(n);
+            let first_block = runs.push(x.dtype, grid);
             table.extend([
                 ptr(x),
                 n as u64,
                 head as u64,
-                launch.1 as u64 | (grid as u64) << 32,
+                first_block as u64 | (grid as u64) << 32,
             ]);
-            launch.1 += grid;
         }
-        let count: u32 = launches.iter().map(|l| l.1).sum();
+        let count = runs.blocks();
         let (partials, list) = self.scratch_with_table(count as usize, &table)?;
         let mut next = partials;
-        for (k, &(first, grid)) in launches.iter().enumerate() {
-            let entries = launches.get(k + 1).map_or(xs.len(), |l| l.0) - first;
+        for run in &runs.0 {
             // SAFETY: block b of the launch finds its entry, reads that tensor's n elements
             // (16 bytes at a time from element `head`, which is 16-byte aligned) and writes
             // partial b from `next`; the launches' partials are consecutive, `count` in all.
             unsafe {
                 self.launch(
                     Kernel::SumSquaresPartial,
-                    &[float(xs[first])],
-                    (grid, 1, 1),
+                    &[float(xs[run.first])],
+                    (run.blocks, 1, 1),
                     BLOCK,
                     &[
                         next.into(),
-                        (list + 32 * first as u64).into(),
-                        (entries as i32).into(),
+                        (list + 32 * run.first as u64).into(),
+                        (run.entries as i32).into(),
                     ],
                 )?;
             }
-            next += 4 * grid as u64;
+            next += 4 * run.blocks as u64;
         }
         // SAFETY: reads the `count` partials written above and writes out[0].
         unsafe {

@@ -22,6 +22,7 @@ pub mod kernels;
 mod matmul;
 mod matmul_algos;
 pub mod memory;
+mod multi_tensor;
 pub mod nvrtc;
 mod op_timer;
 mod rmsnorm;
