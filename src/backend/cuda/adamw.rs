@@ -10,8 +10,9 @@ use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
 use crate::backend::{AdamW, AdamWTensor};
 use crate::tensor::{DType, Tensor};
 
-/// Elements per vector unit of adamw.cu: 16 bytes of bf16, two 16-byte accesses of f32.
-const VECTOR: usize = 8;
+/// Elements per vector unit (adamw.cu compiles with it): 16 bytes of bf16, two 16-byte
+/// accesses of f32.
+pub(super) const VECTOR: usize = 8;
 
 /// The most blocks of one tensor: some 16 waves of the ~500 blocks an H100 holds at once (so
 /// the last, partial wave costs little), while the largest tensors (embeddings) loop over

@@ -11,12 +11,13 @@ use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, ve
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
 
-/// Query (or key) rows per block of the CUDA-core kernels (attention.cu's TILE).
-const TILE: usize = 32;
+/// Query (or key) rows per block of the CUDA-core kernels (attention.cu's `TILE`), whose
+/// blocks are `BLOCK` threads.
+pub(super) const TILE: usize = 32;
 /// Rows per block and threads per block of the tensor-core kernels (attention_tc.cu's
-/// `tc::TILE` and `tc::THREADS`).
-const TC_TILE: usize = 64;
-const TC_THREADS: u32 = 128;
+/// `ATTENTION_TILE` and `ATTENTION_THREADS`).
+pub(super) const TC_TILE: usize = 64;
+pub(super) const TC_THREADS: u32 = 128;
 
 /// Which attention kernels run. `SMELT_ATTENTION=mma` picks the mma.sync ones where wgmma
 /// would run, `SMELT_ATTENTION=simple` the CUDA-core ones.

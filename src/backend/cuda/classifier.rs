@@ -9,11 +9,11 @@ use crate::tensor::{DType, Tensor};
 /// Threads per row of `cross_entropy`: a vocabulary of 150k is 300 elements per thread.
 const THREADS: u32 = 512;
 
-/// `cross_entropy_cluster`'s shape (classifier.cu): blocks per row, threads per block and the
-/// 16-byte units each thread holds.
-const CLUSTER_BLOCKS: usize = 8;
-const CLUSTER_THREADS: u32 = 256;
-const CLUSTER_UNITS: usize = 12;
+/// `cross_entropy_cluster`'s shape (classifier.cu compiles with these): blocks per row,
+/// threads per block and the 16-byte units each thread holds.
+pub(super) const CLUSTER_BLOCKS: usize = 8;
+pub(super) const CLUSTER_THREADS: u32 = 256;
+pub(super) const CLUSTER_UNITS: usize = 12;
 
 impl Cuda {
     pub(super) fn cross_entropy_impl(

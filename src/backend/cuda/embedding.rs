@@ -6,8 +6,9 @@ use super::kernels::Kernel;
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
 use crate::tensor::{DType, Tensor};
 
-/// The bitonic sort's tile: sorted in shared memory by one block of half as many threads.
-const TILE: usize = 1024;
+/// The bitonic sort's tile (embedding.cu's `SORT_TILE`): sorted in shared memory by one block
+/// of half as many threads.
+pub(super) const TILE: usize = 1024;
 
 impl Cuda {
     pub(super) fn embedding_forward_impl(

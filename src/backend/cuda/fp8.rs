@@ -11,9 +11,10 @@ use crate::backend::cpu::rounding::round_fp8;
 use crate::backend::{Fp8Sum, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor};
 
-/// The tile edge of `quantize_transposed` and its threads per block (fp8.cu's `qt`).
-const TILE: usize = 64;
-const TILE_THREADS: u32 = 256;
+/// The tile edge of `quantize_transposed` and its threads per block (fp8.cu compiles with
+/// these).
+pub(super) const TILE: usize = 64;
+pub(super) const TILE_THREADS: u32 = 256;
 
 /// Blocks of the grid-stride abs-max: enough to fill any GPU, and one atomic each.
 const ABS_MAX_BLOCKS: u32 = 1024;
@@ -183,10 +184,10 @@ impl Cuda {
             amax.into(),
         ];
         // SAFETY: quantize_transposed<T, F, VEC>(out, rows, descale, x, amax, R, C): block
-        // (i, j) reads rows [64j, 64j + 64) × columns [64i, 64i + 64) of x [R, C], writes
+        // (i, j) reads rows [Tj, Tj + T) × columns [Ti, Ti + T) of x [R, C] (T = TILE), writes
         // them to rows [R, C] when it is not null and the transposed tile to out [C, R],
         // bounds-checked, with vector accesses only when the shapes and addresses allow them
-        // (as checked above); 64 × 68 bytes of static shared memory.
+        // (as checked above); T × (T + 4) bytes of static shared memory.
         unsafe {
             self.launch(
                 Kernel::QuantizeTransposed,

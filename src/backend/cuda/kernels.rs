@@ -15,6 +15,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, Source};
+use super::{BLOCK, adamw, attention, classifier, embedding, fp8, rmsnorm};
 use crate::backend::UnsupportedDtype;
 use crate::tensor::DType;
 
@@ -22,58 +23,82 @@ pub static ELEMENTWISE: Source = Source {
     name: "elementwise.cu",
     text: include_str!("kernels/elementwise.cu"),
     options: &[],
+    defines: &[],
 };
 pub static EMBEDDING: Source = Source {
     name: "embedding.cu",
     text: include_str!("kernels/embedding.cu"),
     options: &[],
+    defines: &[("SORT_TILE", embedding::TILE)],
 };
 pub static RMSNORM: Source = Source {
     name: "rmsnorm.cu",
     text: include_str!("kernels/rmsnorm.cu"),
     options: &[],
+    defines: &[],
 };
 pub static COLSUM: Source = Source {
     name: "colsum.cu",
     text: include_str!("kernels/colsum.cu"),
     options: &[],
+    defines: &[
+        ("PARTIAL_THREADS", BLOCK as usize),
+        ("FINISH_THREADS", rmsnorm::COLSUM_FINISH_THREADS as usize),
+    ],
 };
 pub static ROPE: Source = Source {
     name: "rope.cu",
     text: include_str!("kernels/rope.cu"),
     options: &[],
+    defines: &[],
 };
 pub static SWIGLU: Source = Source {
     name: "swiglu.cu",
     text: include_str!("kernels/swiglu.cu"),
     options: &[],
+    defines: &[],
 };
 pub static ATTENTION: Source = Source {
     name: "attention.cu",
     text: include_str!("kernels/attention.cu"),
     options: &[],
+    defines: &[("TILE", attention::TILE), ("THREADS", BLOCK as usize)],
 };
 pub static ATTENTION_TC: Source = Source {
     name: "attention_tc.cu",
     text: include_str!("kernels/attention_tc.cu"),
     options: &[],
+    defines: &[
+        ("ATTENTION_TILE", attention::TC_TILE),
+        ("ATTENTION_THREADS", attention::TC_THREADS as usize),
+    ],
 };
 pub static CLASSIFIER: Source = Source {
     name: "classifier.cu",
     text: include_str!("kernels/classifier.cu"),
     options: &[],
+    defines: &[
+        ("CLUSTER_BLOCKS", classifier::CLUSTER_BLOCKS),
+        ("CLUSTER_THREADS", classifier::CLUSTER_THREADS as usize),
+        ("CLUSTER_UNITS", classifier::CLUSTER_UNITS),
+    ],
 };
 // Uncontracted f64 math, so the update is bitwise the CPU's (see adamw.cu).
 pub static ADAMW: Source = Source {
     name: "adamw.cu",
     text: include_str!("kernels/adamw.cu"),
     options: &["--fmad=false"],
+    defines: &[("ADAMW_VECTOR", adamw::VECTOR)],
 };
 
 pub static FP8: Source = Source {
     name: "fp8.cu",
     text: include_str!("kernels/fp8.cu"),
     options: &[],
+    defines: &[
+        ("QUANTIZE_TILE", fp8::TILE),
+        ("QUANTIZE_THREADS", fp8::TILE_THREADS as usize),
+    ],
 };
 
 pub static SOURCES: [&Source; 11] = [
@@ -448,5 +473,33 @@ impl Kernels {
         unsafe { builder.launch(cfg) }
             .with_context(|| format!("launching {} with grid {grid:?}", inst.name))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A define the source never reads is a launch constant that no longer reaches the kernel
+    /// it sizes; one the source also `#define`s would be overridden there.
+    #[test]
+    fn every_define_is_read_by_its_source_and_set_only_by_the_host() {
+        for source in SOURCES {
+            for (name, _) in source.defines {
+                let used = source
+                    .text
+                    .split(|c: char| !c.is_alphanumeric() && c != '_');
+                assert!(
+                    used.into_iter().any(|word| word == *name),
+                    "{} never reads {name}",
+                    source.name
+                );
+                assert!(
+                    !source.text.contains(&format!("#define {name}")),
+                    "{} defines {name} itself",
+                    source.name
+                );
+            }
+        }
     }
 }

@@ -24,6 +24,10 @@ pub struct Source {
     pub name: &'static str,
     pub text: &'static str,
     pub options: &'static [&'static str],
+    /// Constants that both the kernels and their launchers depend on (tile sizes, threads
+    /// per block), passed as `-DNAME=value`: the host's value is the only one, so the grid
+    /// a launcher computes cannot drift from what the kernel assumes.
+    pub defines: &'static [(&'static str, usize)],
 }
 
 /// A compiled program: the CUBIN and, for each requested name expression, its mangled name.
@@ -133,6 +137,12 @@ fn options(source: &Source, arch: &str, include: &[PathBuf]) -> Vec<String> {
     let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
     opts.extend(include.iter().map(|d| format!("-I{}", d.display())));
     opts.extend(source.options.iter().map(|o| o.to_string()));
+    opts.extend(
+        source
+            .defines
+            .iter()
+            .map(|(name, v)| format!("-D{name}={v}")),
+    );
     opts
 }
 

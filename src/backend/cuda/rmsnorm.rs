@@ -9,8 +9,8 @@ use super::kernels::{Arg, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16, width};
 use crate::tensor::{DType, Tensor};
 
-/// Rows per block of the forward: one per warp of a `BLOCK`-thread block (rmsnorm.cu).
-const FORWARD_ROWS: usize = 8;
+/// Rows per block of the forward: one per warp.
+const FORWARD_ROWS: usize = BLOCK as usize / 32;
 
 /// Rows per warp of the backward: each block's rows make one row of weight-gradient
 /// partials, so this trades the partials' size against the number of blocks. At 0.5B
@@ -33,6 +33,10 @@ const MAX_SMEM: usize = 99 * 1024;
 /// rows of 1152) that is 5 strips × 256 chunks = 1280 blocks, ~2.4 waves of 4 per SM, and
 /// 1.2 MB of partials.
 const COLSUM_ROWS: usize = 128;
+
+/// Threads of a `colsum_finish` block (colsum.cu compiles with it): 32 warps each add a share
+/// of the partials of the block's 32 columns.
+pub(super) const COLSUM_FINISH_THREADS: u32 = 1024;
 
 impl Cuda {
     /// `residual_out = residual + branch` first when both are given.
@@ -211,13 +215,13 @@ impl Cuda {
     ) -> Result<()> {
         let c = out.numel();
         // SAFETY: block j reads columns [32j, 32j + 32) of partials [chunks, c] and updates
-        // those of out [c], with 32 warps of 32 lanes.
+        // those of out [c], with warps of 32 lanes.
         unsafe {
             self.launch(
                 Kernel::ColsumFinish,
                 &[float(out)],
                 (blocks(c, 32), 1, 1),
-                1024,
+                COLSUM_FINISH_THREADS,
                 &[
                     ptr(out).into(),
                     partials.into(),

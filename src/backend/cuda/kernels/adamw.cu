@@ -116,7 +116,7 @@ template <typename P, typename Gr, typename M, typename V, bool MASTER, bool VEC
 __global__ void adamw(const AdamWEntry* list, int count, const float* norm_sq, float lr,
                       float beta1, float beta2, float eps, float inv_bias1, float inv_sqrt_bias2,
                       float grad_clip) {
-    constexpr int W = VEC ? 8 : 1;
+    constexpr int W = VEC ? ADAMW_VECTOR : 1;
     // The CPU's `clip_scale`, in f64 then rounded to f32: once per block rather than an f64
     // square root and division in every thread.
     __shared__ float clip;

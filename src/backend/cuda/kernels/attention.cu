@@ -7,16 +7,19 @@
 //
 // Each query (or key) row is owned by a group of G = 8 adjacent lanes; lane t of the group
 // holds dimensions t, t + 8, t + 16, ... (D/8 of them) in registers. A dot product is the
-// lanes' partial sums reduced with three xor shuffles. A block holds 32 rows (256 threads),
-// and key/value (or query/dout) tiles of 32 rows are staged in shared memory as f32.
+// lanes' partial sums reduced with three xor shuffles. A block holds TILE rows (32, with
+// THREADS = 256), and key/value (or query/dout) tiles of TILE rows are staged in shared
+// memory as f32.
 //
 // The backward is deterministic without atomics: one kernel writes dK and dV, one block per
 // (key tile, kv head), looping over the group's query heads and the query tiles at or after
 // the key tile; another writes dQ, one block per (query tile, query head).
 #include "common.cuh"
 
+// TILE (rows per block) and THREADS (per block) come from the host (attention.rs); a row's
+// group of G lanes is fixed by the three shuffles of `group_sum`.
 #define G 8
-#define TILE 32
+static_assert(THREADS == TILE * G, "a block holds TILE rows of G lanes");
 
 // Sum over the G lanes of a row group; every lane of the warp must call it.
 __device__ __forceinline__ float group_sum(float x) {
@@ -57,7 +60,7 @@ __device__ __forceinline__ void load_tile(float (*tile)[D], const T* src, int b,
     }
 }
 
-// A thread of the query-tile kernels (forward and dQ; grid (ceil(T / TILE), Hq, B), 256
+// A thread of the query-tile kernels (forward and dQ; grid (ceil(T / TILE), Hq, B), THREADS
 // threads): its tile, query head h and that head's KV head, lane t of its row's group, its
 // query row qi (a real one when `valid`), and W, the width of a qkv row.
 struct QueryLane {
@@ -73,9 +76,9 @@ __device__ __forceinline__ QueryLane query_lane(int Tn, int Hq, int Hkv) {
             (long long)(Hq + 2 * Hkv) * D};
 }
 
-// Grid: (ceil(T / 32), Hq, B); block 256. With `amax`, also reports max |out| as stored.
+// Grid: (ceil(T / TILE), Hq, B); block THREADS. With `amax`, also reports max |out| as stored.
 template <typename T, int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(THREADS)
     attention_forward(T* out, float* lse, const T* qkv, int Tn, int Hq, int Hkv, float scale,
                       float* amax) {
     constexpr int DPT = D / G;
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(256)
 // largest power of two dividing U up to 32 (the host's `delta_lanes`): lane i of a head takes
 // accesses i, i + L, ..., so that where L = U (D = 64 and 128 in bf16) each load instruction
 // of a warp reads 512 contiguous bytes of each operand; then the head's lanes add their sums
-// by shuffles. Grid: ceil(B·T·Hq·L / 256).
+// by shuffles. Grid: ceil(B·T·Hq·L / blockDim).
 template <typename T, int D, bool VEC>
 __global__ void attention_backward_delta(float* delta, const T* dout, const T* out, int B, int Tn,
                                          int Hq) {
@@ -175,11 +178,11 @@ __global__ void attention_backward_delta(float* delta, const T* dout, const T* o
     }
 }
 
-// dK and dV of 32 keys of one kv head: Σ over the group's query heads and the queries at or
+// dK and dV of TILE keys of one kv head: Σ over the group's query heads and the queries at or
 // after each key of dv += p · dout, dk += ds · q with p = exp(q·k·scale − lse) and
-// ds = p · (dout·v − delta) · scale. Grid: (ceil(T / 32), Hkv, B); block 256.
+// ds = p · (dout·v − delta) · scale. Grid: (ceil(T / TILE), Hkv, B); block THREADS.
 template <typename T, int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(THREADS)
     attention_backward_dkdv(T* dqkv, const T* dout, const T* qkv, const float* lse,
                             const float* delta, int Tn, int Hq, int Hkv, float scale) {
     constexpr int DPT = D / G;
@@ -234,10 +237,10 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-// dQ of 32 queries of one head: Σ over keys at or before each query of ds · k.
-// Grid: (ceil(T / 32), Hq, B); block 256.
+// dQ of TILE queries of one head: Σ over keys at or before each query of ds · k.
+// Grid: (ceil(T / TILE), Hq, B); block THREADS.
 template <typename T, int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(THREADS)
     attention_backward_dq(T* dqkv, const T* dout, const T* qkv, const float* lse,
                           const float* delta, int Tn, int Hq, int Hkv, float scale) {
     constexpr int DPT = D / G;

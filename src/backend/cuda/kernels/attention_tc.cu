@@ -43,9 +43,12 @@
 
 namespace tc {
 
-constexpr int TILE = 64;            // queries or keys per block tile
-constexpr int WARPS = 4;            // 16 rows each
-constexpr int THREADS = WARPS * 32;
+// Queries or keys per block tile, and threads per block: the host's (attention.rs), which
+// sizes the grid and the shared memory by them.
+constexpr int TILE = ATTENTION_TILE;
+constexpr int THREADS = ATTENTION_THREADS;
+constexpr int WARPS = THREADS / 32;
+static_assert(TILE == 64 && WARPS * 16 == TILE, "4 warps of 16 rows: one warpgroup for wgmma");
 constexpr float LN2 = 0.6931471805599453f;
 extern __shared__ __align__(1024) unsigned char smem[];
 

@@ -64,13 +64,11 @@ __global__ void cross_entropy(T* logits, float* losses, const int* targets, int 
     }
 }
 
-// Blocks per row in `cross_entropy_cluster`: one cluster, 8 being the largest size every
-// cluster launch may use. Each thread keeps up to CLUSTER_UNITS 16-byte units of its block's
-// share of the row in registers, so a row of up to 8 · 256 · 12 · 16 bytes (196,608 bf16
-// values) fits, at 3 blocks (24 warps) per SM.
-#define CLUSTER_BLOCKS 8
-#define CLUSTER_THREADS 256
-#define CLUSTER_UNITS 12
+// `cross_entropy_cluster`'s shape, from the host (classifier.rs): CLUSTER_BLOCKS blocks per
+// row, one cluster, 8 being the largest size every cluster launch may use; CLUSTER_THREADS
+// threads per block, each keeping up to CLUSTER_UNITS 16-byte units of its block's share of
+// the row in registers. With 8, 256 and 12, a row of up to 8 · 256 · 12 · 16 bytes (196,608
+// bf16 values) fits, at 3 blocks (24 warps) per SM.
 
 #if __CUDA_ARCH__ >= 900
 #define ROW_CLUSTER __cluster_dims__(CLUSTER_BLOCKS, 1, 1)

@@ -7,16 +7,16 @@
 // Rows of a chunk in flight per warp and lane: independent 16-byte loads before the first add.
 #define UNROLL 4
 
-// partials[chunk, c] = Σ_{n in chunk} dy[n, c]. Grid: (ceil(C / (32·W)), chunks), 256
-// threads. A block covers a strip of 32·W columns (each lane W of them, one access with VEC,
+// partials[chunk, c] = Σ_{n in chunk} dy[n, c]. Grid: (ceil(C / (32·W)), chunks),
+// PARTIAL_THREADS threads (the host's, 256). A block covers a strip of 32·W columns (each lane W of them, one access with VEC,
 // whose host checked dy's pointer and C·sizeof(T) are multiples of 16): each warp reads whole
-// 512-byte strip rows. Warp w adds rows w, w + 8, ... of the chunk, then the eight warps'
-// sums are added in warp order.
+// 512-byte strip rows. Warp w adds rows w, w + WARPS, ... of the chunk, then the warps' sums
+// are added in warp order.
 template <typename T, bool VEC>
 __global__ void colsum_partial(float* partials, const T* dy, int rows, int C,
                                int rows_per_chunk) {
     constexpr int W = access_width<T, VEC>();
-    constexpr int WARPS = 8;
+    constexpr int WARPS = PARTIAL_THREADS / 32;
     __shared__ float sums[WARPS][W][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int c = (blockIdx.x * 32 + lane) * W;
@@ -55,10 +55,11 @@ __global__ void colsum_partial(float* partials, const T* dy, int rows, int C,
 }
 
 // out[c] (+)= Σ_chunk partials[chunk, c]. Grid: ceil(C / 32) blocks of 32 lanes (columns) ×
-// 32 warps: warp w adds chunks w, w + 32, ..., then the warps' sums are added in warp order.
+// FINISH_THREADS / 32 warps (the host's, 32): warp w adds chunks w, w + WARPS, ..., then the
+// warps' sums are added in warp order.
 template <typename T>
 __global__ void colsum_finish(T* out, const float* partials, int chunks, int C, int accumulate) {
-    constexpr int WARPS = 32;
+    constexpr int WARPS = FINISH_THREADS / 32;
     __shared__ float sums[WARPS][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int c = blockIdx.x * 32 + lane;

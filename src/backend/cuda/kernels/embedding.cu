@@ -29,25 +29,27 @@ __device__ __forceinline__ void compare_swap(u64& a, u64& b, bool ascending) {
     }
 }
 
-// One global bitonic step (k, j) with j >= 1024: element i pairs with i ^ j.
+// One global bitonic step (k, j) with j >= SORT_TILE: element i pairs with i ^ j.
 __global__ void bitonic_global(u64* keys, int k, int j) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const int l = i ^ j;
     if (l > i) compare_swap(keys[i], keys[l], (i & k) == 0);
 }
 
-// The steps j < 1024 of one tile of 1024 keys in shared memory, 512 threads a block. With
-// k == 0 it runs every stage k = 2..1024 (sorting each tile in its bitonic direction);
-// otherwise only the steps j = 512..1 of stage k.
+// The steps j < SORT_TILE (the host's, a power of two) of one tile of that many keys in
+// shared memory, half as many threads a block, each holding one pair per step. With k == 0
+// it runs every stage k = 2..SORT_TILE (sorting each tile in its bitonic direction);
+// otherwise only the steps j = SORT_TILE/2..1 of stage k.
 __global__ void bitonic_local(u64* keys, int k) {
-    __shared__ u64 tile[1024];
-    const int base = blockIdx.x * 1024;
+    constexpr int HALF = SORT_TILE / 2;
+    __shared__ u64 tile[SORT_TILE];
+    const int base = blockIdx.x * SORT_TILE;
     tile[threadIdx.x] = keys[base + threadIdx.x];
-    tile[threadIdx.x + 512] = keys[base + threadIdx.x + 512];
+    tile[threadIdx.x + HALF] = keys[base + threadIdx.x + HALF];
     __syncthreads();
-    const int k_first = k == 0 ? 2 : k, k_last = k == 0 ? 1024 : k;
+    const int k_first = k == 0 ? 2 : k, k_last = k == 0 ? SORT_TILE : k;
     for (int kk = k_first; kk <= k_last; kk <<= 1) {
-        for (int j = min(kk >> 1, 512); j > 0; j >>= 1) {
+        for (int j = min(kk >> 1, HALF); j > 0; j >>= 1) {
             // Thread t handles the pair (i, i + j) with i's bit j clear.
             const int t = threadIdx.x;
             const int i = (t / j) * 2 * j + (t % j);
@@ -56,7 +58,7 @@ __global__ void bitonic_local(u64* keys, int k) {
         }
     }
     keys[base + threadIdx.x] = tile[threadIdx.x];
-    keys[base + threadIdx.x + 512] = tile[threadIdx.x + 512];
+    keys[base + threadIdx.x + HALF] = tile[threadIdx.x + HALF];
 }
 
 // Block i owns the run of sorted keys that starts at i (if one does): it adds the rows of

@@ -88,15 +88,17 @@ __global__ void quantize(fp8* out, float* descale, const T* x, const float* amax
 }
 
 namespace qt {
-constexpr int TILE = 64;     // a block transposes a TILE × TILE tile
-constexpr int THREADS = 256;
+// A block of THREADS transposes a TILE × TILE tile: the host's (fp8.rs), which sizes the grid.
+constexpr int TILE = QUANTIZE_TILE;
+constexpr int THREADS = QUANTIZE_THREADS;
+static_assert(TILE % 16 == 0, "whole 16-byte loads along a tile row, whole words along a column");
 // Shared rows of TILE + 4 bytes: word-aligned, and the column reads of the store phase hit
 // at most two rows per bank.
 constexpr int PITCH = TILE + 4;
 }  // namespace qt
 
 // x [R, C] → out [C, R] = fp8(xᵀ · scale), and, when `rows` is not null, rows [R, C] =
-// fp8(x · scale) in the same pass. Grid (ceil(C / 64), ceil(R / 64)), 256 threads. A block
+// fp8(x · scale) in the same pass. Grid (ceil(C / TILE), ceil(R / TILE)), THREADS threads. A block
 // reads its tile row by row (W-wide loads along C), quantizes into shared memory (and rows),
 // then writes the tile's columns as rows of out, four codes (one word) per thread along R, so
 // every global side is coalesced. With VEC: C·sizeof(T) is a multiple of 16, R of 4, x is

@@ -22,9 +22,6 @@
 #define FORWARD_UNROLL 4
 #define BACKWARD_UNROLL 2
 
-// Rows of the forward per 256-thread block: one per warp.
-#define FORWARD_ROWS 8
-
 // Walks a warp's row of C in rounds of U accesses per lane: `load(u, c)` for each access of
 // a round first, so that the round's loads are in flight together, then `use(u, c)` for each
 // in order. c is the access's first column; the access is W wide.
@@ -49,7 +46,8 @@ __global__ void rmsnorm_forward(T* out, float* rstd, T* residual_out, const T* i
                                 const T* branch, const T* weight, long long rows, int C,
                                 float eps, float* amax) {
     constexpr int W = access_width<T, VEC>(), U = FORWARD_UNROLL;
-    const long long n = (long long)blockIdx.x * FORWARD_ROWS + threadIdx.x / 32;
+    // One row per warp.
+    const long long n = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     float largest = 0.0f;
     // No early return: every thread of the block takes part in the abs-max reduction.
     if (n < rows) {
