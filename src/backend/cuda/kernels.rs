@@ -127,9 +127,15 @@ pub enum Param {
     /// An FP8 format: e4m3 or e5m2.
     Fp8,
     Flag,
+    /// Accesses per lane that a row kernel holds in registers for a whole row (0: it
+    /// streams the row).
+    Held,
 }
 
 pub const HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
+
+/// The values of `Param::Held`.
+pub const HELD: [usize; 3] = [0, 4, 8];
 
 /// Whether the wgmma attention kernels take head size `d`: they multiply in blocks of 64
 /// columns.
@@ -144,6 +150,7 @@ pub enum Arg {
     HeadDim(usize),
     Fp8(DType),
     Flag(bool),
+    Held(usize),
 }
 
 impl Arg {
@@ -155,6 +162,7 @@ impl Arg {
             Arg::Fp8(DType::E5M2) => "__NV_E5M2".into(),
             Arg::Fp8(_) => "__NV_E4M3".into(),
             Arg::Flag(f) => f.to_string(),
+            Arg::Held(n) => n.to_string(),
         }
     }
 
@@ -165,6 +173,7 @@ impl Arg {
             (Arg::HeadDim(d), Param::WgmmaHeadDim) => wgmma_head_dim(d),
             (Arg::Fp8(d), Param::Fp8) => matches!(d, DType::E4M3 | DType::E5M2),
             (Arg::Flag(_), Param::Flag) => true,
+            (Arg::Held(n), Param::Held) => HELD.contains(&n),
             _ => false,
         }
     }
@@ -182,6 +191,7 @@ impl Param {
                 .collect(),
             Param::Fp8 => vec![Arg::Fp8(DType::E4M3), Arg::Fp8(DType::E5M2)],
             Param::Flag => vec![Arg::Flag(false), Arg::Flag(true)],
+            Param::Held => HELD.map(Arg::Held).to_vec(),
         }
     }
 }
@@ -220,7 +230,7 @@ kernel_table! {
     BitonicLocal => EMBEDDING, "bitonic_local", [];
     EmbeddingBackward => EMBEDDING, "embedding_backward", [Float];
     RmsnormForward => RMSNORM, "rmsnorm_forward", [Float, Flag, Flag];
-    RmsnormBackward => RMSNORM, "rmsnorm_backward", [Float, Flag];
+    RmsnormBackward => RMSNORM, "rmsnorm_backward", [Float, Flag, Held];
     ColsumPartial => COLSUM, "colsum_partial", [Float, Flag];
     ColsumFinish => COLSUM, "colsum_finish", [Float];
     Rope => ROPE, "rope", [Float, Flag];

@@ -17,8 +17,9 @@
 #include "common.cuh"
 
 // Accesses per lane and operand issued before the first is used: 4 in the forward (2 or 4
-// operands, 50-60 registers), 2 in the backward (4 operands, at most 80 registers so that 3
-// blocks fit an SM). With at least 24 warps per SM that keeps 48-64 KB per SM in flight.
+// operands, 50-60 registers), 2 in the backward's streaming path (3 or 4 operands, at most
+// 80 registers so that 3 blocks fit an SM). With at least 24 warps per SM that keeps 48-64
+// KB per SM in flight.
 #define FORWARD_UNROLL 4
 #define BACKWARD_UNROLL 2
 
@@ -112,11 +113,17 @@ __device__ __forceinline__ int acc_len(int C) {
 // ... of them and accumulates its own column sums in shared memory (acc_len(C) floats per
 // warp, in the dynamic shared memory); the warps' sums are then added in warp order, so the
 // partials do not depend on timing.
-template <typename T, bool VEC>
-__global__ void __launch_bounds__(256, 3) rmsnorm_backward(T* dinp, float* partials, const T* dout, const T* inp,
-                                 const T* weight, const float* rstd, long long rows, int C,
-                                 int rows_per_block, float* amax) {
-    constexpr int W = access_width<T, VEC>(), U = BACKWARD_UNROLL;
+//
+// With HELD > 0 (the host's choice where C ≤ 32·W·HELD) a lane holds its share of the row's
+// dout, x and dinp in registers from one round of loads, all issued together, so the
+// second pass reads nothing again and a row costs one trip to memory instead of two. HELD
+// = 0 streams the row twice in rounds of BACKWARD_UNROLL. Each lane visits its columns in
+// the same order either way, so the two give the same bits.
+template <typename T, bool VEC, int HELD>
+__global__ void __launch_bounds__(256, HELD > 4 ? 2 : 3)
+    rmsnorm_backward(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
+                     const float* rstd, long long rows, int C, int rows_per_block, float* amax) {
+    constexpr int W = access_width<T, VEC>(), U = HELD > 0 ? HELD : BACKWARD_UNROLL;
     extern __shared__ float dweight_acc[];
     const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
     float* acc = dweight_acc + warp * acc_len<W>(C);
@@ -132,40 +139,53 @@ __global__ void __launch_bounds__(256, 3) rmsnorm_backward(T* dinp, float* parti
         const long long row = n * C;
         const float r = rstd[n];
         Packed<T, W> dy[U], x[U], w[U], d0[U];
-        float dot = 0.0f;
-        row_rounds<W, U>(
-            C,
-            [&](int u, int c) {
-                dy[u] = load_packed<T, W>(dout + row + c);
-                x[u] = load_packed<T, W>(inp + row + c);
+        // Streaming, the weight travels with each round of loads; held, the registers keep
+        // only the row and the weight (a few KB every row reads, so in L1) is read at use.
+        auto load_inputs = [&](int u, int c) {
+            dy[u] = load_packed<T, W>(dout + row + c);
+            x[u] = load_packed<T, W>(inp + row + c);
+            if constexpr (HELD > 0) {
+                d0[u] = load_packed<T, W>(dinp + row + c);
+            } else {
                 w[u] = load_packed<T, W>(weight + c);
-            },
-            [&](int u, int c) {
+            }
+        };
+        auto weight_at = [&](int u, int c) {
+            if constexpr (HELD > 0) {
+                return load_packed<T, W>(weight + c);
+            } else {
+                return w[u];
+            }
+        };
+        float dot = 0.0f;
+        row_rounds<W, U>(C, load_inputs, [&](int u, int c) {
+            const Packed<T, W> wu = weight_at(u, c);
 #pragma unroll
-                for (int k = 0; k < W; k++) {
-                    dot += dy[u][k] * w[u][k] * x[u][k];
-                    acc[acc_index<W>(c, k)] += dy[u][k] * x[u][k] * r;
-                }
-            });
+            for (int k = 0; k < W; k++) {
+                dot += dy[u][k] * wu[k] * x[u][k];
+                acc[acc_index<W>(c, k)] += dy[u][k] * x[u][k] * r;
+            }
+        });
         dot = warp_sum(dot);
         const float kx = r * r * r * dot / (float)C;
-        row_rounds<W, U>(
-            C,
-            [&](int u, int c) {
-                dy[u] = load_packed<T, W>(dout + row + c);
-                x[u] = load_packed<T, W>(inp + row + c);
-                w[u] = load_packed<T, W>(weight + c);
-                d0[u] = load_packed<T, W>(dinp + row + c);
-            },
-            [&](int u, int c) {
-                float dx[W];
+        auto update = [&](int u, int c) {
+            const Packed<T, W> wu = weight_at(u, c);
+            float dx[W];
 #pragma unroll
-                for (int k = 0; k < W; k++) {
-                    dx[k] = d0[u][k] + (r * dy[u][k] * w[u][k] - x[u][k] * kx);
-                    largest = fmaxf(largest, fabsf(rounded<T>(dx[k])));
-                }
-                store_vec<T, W>(dinp + row + c, dx);
-            });
+            for (int k = 0; k < W; k++) {
+                dx[k] = d0[u][k] + (r * dy[u][k] * wu[k] - x[u][k] * kx);
+                largest = fmaxf(largest, fabsf(rounded<T>(dx[k])));
+            }
+            store_vec<T, W>(dinp + row + c, dx);
+        };
+        if constexpr (HELD > 0) {
+            row_rounds<W, U>(C, [](int, int) {}, update);  // the row is still in registers
+        } else {
+            row_rounds<W, U>(C, [&](int u, int c) {
+                load_inputs(u, c);
+                d0[u] = load_packed<T, W>(dinp + row + c);
+            }, update);
+        }
     }
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
