@@ -594,9 +594,16 @@ impl Backend for Cuda {
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
     ) -> Result<()> {
-        self.op("quantize", || {
-            self.quantize_impl(rows, cols, descale, x, amax)
-        })
+        // By shape and layouts, as matmuls are: the transposed passes differ by shape.
+        let layouts = match (rows.is_some(), cols.is_some()) {
+            (true, true) => "rows+cols",
+            (false, true) => "cols",
+            _ => "rows",
+        };
+        self.op_named(
+            || format!("quantize {}×{} {layouts}", x.matrix_rows(), x.cols()),
+            || self.quantize_impl(rows, cols, descale, x, amax),
+        )
     }
 
     fn matmul_scaled(
