@@ -8,9 +8,9 @@
 #define UNROLL 4
 
 // partials[chunk, c] = Σ_{n in chunk} dy[n, c]. Grid: (ceil(C / (32·W)), chunks),
-// PARTIAL_THREADS threads (the host's, 256). A block covers a strip of 32·W columns (each lane W of them, one access with VEC,
-// whose host checked dy's pointer and C·sizeof(T) are multiples of 16): each warp reads whole
-// 512-byte strip rows. Warp w adds rows w, w + WARPS, ... of the chunk, then the warps' sums
+// PARTIAL_THREADS threads (the host's, 256). A block covers a strip of 32·W columns (each
+// lane W of them, one access with VEC, whose host checked dy's pointer and C·sizeof(T) are
+// multiples of 16): each warp reads whole 512-byte strip rows. Warp w adds rows w, w + WARPS, ... of the chunk, then the warps' sums
 // are added in warp order.
 template <typename T, bool VEC>
 __global__ void colsum_partial(float* partials, const T* dy, int rows, int C,

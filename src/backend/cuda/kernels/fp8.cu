@@ -98,10 +98,10 @@ constexpr int PITCH = TILE + 4;
 }  // namespace qt
 
 // x [R, C] → out [C, R] = fp8(xᵀ · scale), and, when `rows` is not null, rows [R, C] =
-// fp8(x · scale) in the same pass. Grid (ceil(C / TILE), ceil(R / TILE)), THREADS threads. A block
-// reads its tile row by row (W-wide loads along C), quantizes into shared memory (and rows),
-// then writes the tile's columns as rows of out, four codes (one word) per thread along R, so
-// every global side is coalesced. With VEC: C·sizeof(T) is a multiple of 16, R of 4, x is
+// fp8(x · scale) in the same pass. Grid (ceil(C / TILE), ceil(R / TILE)), THREADS threads. A
+// block reads its tile row by row (W-wide loads along C), quantizes into shared memory (and
+// rows), then writes the tile's columns as rows of out, four codes (one word) per thread
+// along R, so every global side is coalesced. With VEC: C·sizeof(T) is a multiple of 16, R of 4, x is
 // 16-byte, out 4-byte and rows W-byte aligned; otherwise every access is one element.
 template <typename T, __nv_fp8_interpretation_t F, bool VEC>
 __global__ void __launch_bounds__(qt::THREADS)
