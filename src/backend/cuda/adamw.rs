@@ -79,9 +79,6 @@ impl Cuda {
         let (_, list) = self.scratch_with_table(0, &table)?;
         let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
         for run in &runs.0 {
-            if run.blocks == 0 {
-                continue; // every tensor of the run is empty
-            }
             let (.., master, vec) = run.variant;
             let t = &tensors[run.first];
             // SAFETY: block b of the launch finds the entry whose run holds it and updates
@@ -103,7 +100,7 @@ impl Cuda {
                     (run.blocks, 1, 1),
                     BLOCK,
                     &[
-                        (list + (8 * ENTRY_WORDS * run.first) as u64).into(),
+                        run.entries_at(list, ENTRY_WORDS).into(),
                         (run.entries as i32).into(),
                         ptr(norm_sq).into(),
                         hp.lr.into(),

@@ -15,6 +15,9 @@ fn sum_squares_blocks(n: usize) -> u32 {
     blocks(n, BLOCK as usize * 8).min(1024)
 }
 
+/// The words of elementwise.cu's `SquaresEntry`.
+const SQUARES_ENTRY_WORDS: usize = 4;
+
 /// Grid-stride element-wise kernels need no more blocks than this.
 fn elementwise_blocks(n: usize) -> u32 {
     blocks(n, BLOCK as usize).min(1 << 16)
@@ -89,7 +92,7 @@ impl Cuda {
         ensure!(out.numel() == 1, "sum_squares: out must hold one value");
         // Each tensor's table entry (elementwise.cu's `SquaresEntry`: x, n, head, then its
         // first block within its launch and its block count in one word); a run per dtype.
-        let mut table: Vec<u64> = Vec::with_capacity(4 * xs.len());
+        let mut table: Vec<u64> = Vec::with_capacity(SQUARES_ENTRY_WORDS * xs.len());
         let mut runs = Runs::new();
         for x in xs {
             let n = x.numel();
@@ -121,7 +124,7 @@ impl Cuda {
                     BLOCK,
                     &[
                         next.into(),
-                        (list + 32 * run.first as u64).into(),
+                        run.entries_at(list, SQUARES_ENTRY_WORDS).into(),
                         (run.entries as i32).into(),
                     ],
                 )?;

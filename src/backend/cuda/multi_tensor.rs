@@ -19,6 +19,14 @@ pub(super) struct Run<V> {
     pub blocks: u32,
 }
 
+impl<V> Run<V> {
+    /// The device address of its first entry, in a table at `list` of `words` 8-byte words
+    /// per entry.
+    pub fn entries_at(&self, list: u64, words: usize) -> u64 {
+        list + (8 * words * self.first) as u64
+    }
+}
+
 /// Groups a table's entries, in order, into runs.
 pub(super) struct Runs<V>(pub Vec<Run<V>>);
 
@@ -89,5 +97,7 @@ mod tests {
             .collect();
         assert_eq!(summary, [('a', 0, 3, 5), ('b', 3, 1, 4), ('a', 4, 1, 1)]);
         assert_eq!(runs.blocks(), 10);
+        // The second run starts at entry 3: three 11-word entries into the table.
+        assert_eq!(runs.0[1].entries_at(0x1000, 11), 0x1000 + 3 * 88);
     }
 }
