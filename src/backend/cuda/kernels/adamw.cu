@@ -131,15 +131,13 @@ __global__ void adamw(const AdamWEntry* list, int count, const float* norm_sq, f
     M* m = static_cast<M*>(e.m);
     V* v = static_cast<V*>(e.v);
     const Hyper h{lr, beta1, beta2, eps, e.weight_decay, inv_bias1, inv_sqrt_bias2, clip, e.seed};
-    const long long first = (blockIdx.x - e.first_block) * (long long)blockDim.x + threadIdx.x;
-    const long long stride = (long long)e.blocks * blockDim.x;
-    const long long units = (e.n - e.head) / W, body_end = e.head + units * W;
+    const EntryShare share = entry_share<W>(e);
     float largest = 0.0f;
-    for (long long u = first; u < units; u += stride)
+    for (long long u = share.first; u < share.units; u += share.stride)
         largest = fmaxf(largest, update<W, P, Gr, M, V, MASTER>(param, e.master, grad, m, v,
                                                                e.head + u * W, h));
     if constexpr (VEC) {
-        const long long i = leftover(first, e.head, body_end, e.n);
+        const long long i = leftover(share.first, e.head, share.end, e.n);
         if (i >= 0)
             largest = fmaxf(largest,
                             update<1, P, Gr, M, V, MASTER>(param, e.master, grad, m, v, i, h));

@@ -190,6 +190,20 @@ __device__ __forceinline__ int entry_of_block(const Entry* list, int count) {
     return lo;
 }
 
+// A thread's share of its entry's elements (the entry found by entry_of_block, with n
+// elements of which the `head` before its 16-byte boundary are left over): units of W
+// elements from `head` up to `end`, this thread's first unit and the stride between its
+// units over the entry's run of blocks. Its leftover, if any, is leftover(first, head, end, n).
+struct EntryShare {
+    long long first, stride, units, end;
+};
+template <int W, typename Entry>
+__device__ __forceinline__ EntryShare entry_share(const Entry& e) {
+    const long long units = (e.n - e.head) / W;
+    return {(blockIdx.x - e.first_block) * (long long)blockDim.x + threadIdx.x,
+            (long long)e.blocks * blockDim.x, units, e.head + units * W};
+}
+
 // Values per access: a whole 16 bytes with `vec` (the caller checked the alignment), else one.
 template <typename T, bool VEC>
 __host__ __device__ constexpr int access_width() { return VEC ? 16 / (int)sizeof(T) : 1; }

@@ -35,17 +35,15 @@ __global__ void sum_squares_partial(float* partials, const SquaresEntry* list, i
     const SquaresEntry e = list[entry_of_block(list, count)];
     const T* x = static_cast<const T*>(e.x);
     constexpr int W = access_width<T, true>();
-    const long long first = (blockIdx.x - e.first_block) * (long long)blockDim.x + threadIdx.x;
-    const long long stride = (long long)e.blocks * blockDim.x;
-    const long long units = (e.n - e.head) / W, end = e.head + units * W;
+    const EntryShare share = entry_share<W>(e);
     float acc = 0.0f;
-    for (long long u = first; u < units; u += stride) {
+    for (long long u = share.first; u < share.units; u += share.stride) {
         float v[W];
         load_vec<T, W>(v, x + e.head + u * W);
 #pragma unroll
         for (int k = 0; k < W; k++) acc += v[k] * v[k];
     }
-    const long long i = leftover(first, e.head, end, e.n);
+    const long long i = leftover(share.first, e.head, share.end, e.n);
     if (i >= 0) {
         const float v = to_f32(x[i]);
         acc += v * v;

@@ -6,6 +6,31 @@
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// Each thread takes one unit: W consecutive columns of one row of the [rows, F] output, from
+// column i of row n.
+struct Unit {
+    long long n;
+    int i;
+};
+template <int W>
+__device__ __forceinline__ Unit unit_at(long long unit, int F) {
+    return {unit / (F / W), (int)(unit % (F / W)) * W};
+}
+
+// A unit's columns in the gate half and in the up half of row n of a [rows, 2F] tensor.
+template <typename T, int W>
+__device__ __forceinline__ void load_halves(float (&gate)[W], float (&up)[W], const T* x, Unit at,
+                                            int F) {
+    load_vec<T, W>(gate, x + at.n * 2 * F + at.i);
+    load_vec<T, W>(up, x + at.n * 2 * F + F + at.i);
+}
+template <typename T, int W>
+__device__ __forceinline__ void store_halves(T* x, const float (&gate)[W], const float (&up)[W],
+                                             Unit at, int F) {
+    store_vec<T, W>(x + at.n * 2 * F + at.i, gate);
+    store_vec<T, W>(x + at.n * 2 * F + F + at.i, up);
+}
+
 template <typename T, bool VEC>
 __global__ void swiglu_forward(T* out, const T* gate_up, long long rows, int F, float* amax) {
     constexpr int W = access_width<T, VEC>();
@@ -13,17 +38,15 @@ __global__ void swiglu_forward(T* out, const T* gate_up, long long rows, int F, 
     float largest = 0.0f;
     // No early return: every thread of the block takes part in the abs-max reduction.
     if (unit < rows * F / W) {
-        const long long n = unit / (F / W);
-        const int i = (int)(unit % (F / W)) * W;
+        const Unit at = unit_at<W>(unit, F);
         float g[W], u[W], y[W];
-        load_vec<T, W>(g, gate_up + n * 2 * F + i);
-        load_vec<T, W>(u, gate_up + n * 2 * F + F + i);
+        load_halves<T, W>(g, u, gate_up, at, F);
 #pragma unroll
         for (int k = 0; k < W; k++) {
             y[k] = g[k] * sigmoid(g[k]) * u[k];
             largest = fmaxf(largest, fabsf(rounded<T>(y[k])));
         }
-        store_vec<T, W>(out + n * F + i, y);
+        store_vec<T, W>(out + at.n * F + at.i, y);
     }
     report_amax(amax, largest);
 }
@@ -36,12 +59,10 @@ __global__ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, lo
     const long long unit = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     float largest = 0.0f;
     if (unit < rows * F / W) {
-        const long long n = unit / (F / W);
-        const int i = (int)(unit % (F / W)) * W;
+        const Unit at = unit_at<W>(unit, F);
         float g[W], u[W], dy[W], dg[W], du[W];
-        load_vec<T, W>(g, gate_up + n * 2 * F + i);
-        load_vec<T, W>(u, gate_up + n * 2 * F + F + i);
-        load_vec<T, W>(dy, dout + n * F + i);
+        load_halves<T, W>(g, u, gate_up, at, F);
+        load_vec<T, W>(dy, dout + at.n * F + at.i);
 #pragma unroll
         for (int k = 0; k < W; k++) {
             const float s = sigmoid(g[k]);
@@ -49,8 +70,7 @@ __global__ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, lo
             du[k] = dy[k] * g[k] * s;
             largest = fmaxf(largest, fmaxf(fabsf(rounded<T>(dg[k])), fabsf(rounded<T>(du[k]))));
         }
-        store_vec<T, W>(dgate_up + n * 2 * F + i, dg);
-        store_vec<T, W>(dgate_up + n * 2 * F + F + i, du);
+        store_halves<T, W>(dgate_up, dg, du, at, F);
     }
     report_amax(amax, largest);
 }
