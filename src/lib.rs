@@ -1,8 +1,11 @@
 //! smelt: training and fine-tuning for Llama- and Qwen2-family language models.
 //!
 //! Layers, from the bottom: `tensor` and `backend` (the fused operations, with a CPU
-//! reference), `model` (the transformer written once over any backend), `io` (HF model
-//! directories), and the command-line entry point in `main.rs`.
+//! reference); `model` (the transformer written once over any backend); `io` (HF model
+//! directories, safetensors), `data` (token files) and `tokenize` (text to token files);
+//! `train` (the loop, checkpoints, logs, the benchmark); and `cli`, one module per `smelt`
+//! subcommand, which `main.rs` runs. `hash` and `rng` are the small deterministic helpers
+//! every layer shares.
 
 pub mod backend;
 pub mod cli;

@@ -252,3 +252,19 @@ fn untied_head_missing_suggests_the_config_field() {
         "{err}"
     );
 }
+
+#[test]
+fn zero_sizes_are_named() {
+    let (err, config_path) = error_after_config_edit(
+        "llama_tied",
+        "\"num_hidden_layers\": 2",
+        "\"num_hidden_layers\": 0",
+    );
+    assert!(
+        err.contains(&format!(
+            "{}: field `num_hidden_layers` must be at least 1",
+            config_path.display()
+        )),
+        "{err}"
+    );
+}

@@ -195,14 +195,23 @@ fn shuffle_is_two_level_and_reproducible_from_the_seed() {
         "sequences within files are not shuffled"
     );
 
-    // The position restores exactly, mid-epoch and across the epoch boundary.
-    let mut b = loader(&pattern, 7, 0, 1);
-    take(&mut b, 33);
-    let state = b.state();
-    let expected = take(&mut b, 20);
-    let mut c = loader(&pattern, 7, 0, 1);
-    c.restore(state).unwrap();
-    assert_eq!(take(&mut c, 20), expected);
+    // The position restores exactly: mid-epoch, reading on across the epoch boundary, and
+    // saved right at the boundary (every sequence of the epoch taken).
+    for saved_at in [33, TOTAL] {
+        let mut b = loader(&pattern, 7, 0, 1);
+        take(&mut b, saved_at);
+        let state = b.state();
+        let expected = take(&mut b, 20);
+        let mut c = loader(&pattern, 7, 0, 1);
+        c.restore(state).unwrap();
+        assert_eq!(take(&mut c, 20), expected, "saved after {saved_at}");
+    }
+    // A position past the end of the epoch cannot come from these files.
+    let mut d = loader(&pattern, 7, 0, 1);
+    let mut past = d.state();
+    past.taken = TOTAL as u64 + 1;
+    let err = d.restore(past).unwrap_err().to_string();
+    assert!(err.contains("differ from the checkpoint's"), "{err}");
 }
 
 #[test]

@@ -42,7 +42,8 @@ impl Case {
         // Output of an earlier run, which a refused run must leave alone.
         std::fs::create_dir_all(root.join("out")).unwrap();
         std::fs::write(root.join("out/model.safetensors"), "earlier model").unwrap();
-        std::fs::write(root.join("log.jsonl"), "{\"earlier\": \"log\"}\n").unwrap();
+        let earlier = r#"{"time":1.0,"event":"option","name":"lr","value":0.1}"#;
+        std::fs::write(root.join("log.jsonl"), format!("{earlier}\n")).unwrap();
         Case {
             _tmp: tmp,
             root,
@@ -172,7 +173,7 @@ fn token_out_of_vocabulary_and_file_shorter_than_a_sequence() {
 }
 
 #[test]
-fn unwritable_out_dir() {
+fn unwritable_or_sharded_out_dir() {
     let c = Case::new();
     // A directory cannot be made inside a regular file, whoever runs the test (even root).
     let inside_file = format!("{}/out", s(&c.good));
@@ -183,6 +184,30 @@ fn unwritable_out_dir() {
             "good.bin/out: cannot write there",
             "choose a directory",
         ],
+    );
+    // A sharded model's index would shadow the exported single file, for `smelt train` and
+    // `smelt export` alike; exporting over the model read is refused too.
+    std::fs::write(c.root.join("out/model.safetensors.index.json"), "{}").unwrap();
+    let sharded = [
+        "out: holds a sharded model (model.safetensors.index.json)",
+        "choose another --out-dir or remove the old shards",
+    ];
+    c.check(&c.args(s(&c.good), &[]), &sharded);
+    let export = |out: &str| -> Vec<String> {
+        ["export", "--model", s(&c.model), "--out-dir", out]
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+    };
+    c.check(&export(&c.path("out")), &sharded);
+    let into_model = "is the --model directory";
+    c.check(
+        &c.args(s(&c.good), &["--out-dir", s(&c.model)]),
+        &[into_model],
+    );
+    c.check(
+        &export(s(&c.model)),
+        &[into_model, "export into another directory"],
     );
 }
 
@@ -261,9 +286,60 @@ fn flags_that_are_not_implemented_or_incomplete() {
     let nowhere = c.path("no-model");
     let mut args = c.args(s(&c.good), &[]);
     args[2] = nowhere;
-    c.check(&args, &["no-model: no config.json"]);
+    c.check(
+        &args,
+        &["no-model: no such directory, and not a built-in architecture"],
+    );
+    // A directory without a config is named as such.
+    let mut args = c.args(s(&c.good), &[]);
+    args[2] = c.path("out");
+    c.check(&args, &["out: no config.json"]);
     // The tiny model has a config but no weights to fine-tune.
     let mut args = c.args(s(&c.good), &[]);
     args.retain(|a| a != "--from-scratch");
     c.check(&args, &["no model.safetensors", "pass --from-scratch"]);
+}
+
+#[test]
+fn flags_out_of_range() {
+    let c = Case::new();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--lr", "0"], "--lr 0: must be positive"),
+        (
+            &["--final-lr-fraction", "2"],
+            "--final-lr-fraction 2: must be between 0 and 1",
+        ),
+        (
+            &["--beta-1", "1"],
+            "--beta-1 1: must be at least 0 and below 1",
+        ),
+        (
+            &["--grad-clip=-1"],
+            "--grad-clip -1: must not be negative (0 turns clipping off)",
+        ),
+        (
+            &["--adam-eps", "NaN"],
+            "--adam-eps NaN: must not be negative",
+        ),
+        (
+            &["--eval-num-steps", "0"],
+            "--eval-num-steps must be at least 1",
+        ),
+    ];
+    for (flags, message) in cases {
+        c.check(&c.args(s(&c.good), flags), &[message]);
+    }
+}
+
+#[test]
+fn log_file_that_is_not_a_log() {
+    // A token file given as --log-file by mistake is not appended to.
+    let c = Case::new();
+    c.check(
+        &c.args(s(&c.good), &["--log-file", s(&c.good)]),
+        &[
+            "good.bin: exists and is not a smelt log",
+            "choose another file",
+        ],
+    );
 }

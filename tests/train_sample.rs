@@ -113,3 +113,14 @@ fn samples_from_model_dir_and_checkpoint_alike() {
     assert!(text.starts_with("hello world w"), "{text}");
     assert_eq!(greedy(&["--model", s(&out2)], &["--tokens", "5,7"]), text);
 }
+
+#[test]
+fn a_directory_that_is_no_checkpoint_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = smelt_err(&["sample", "--checkpoint", s(dir.path()), "--prompt", "fn"]);
+    assert!(
+        err.contains("neither a step-N checkpoint directory")
+            && err.contains("--checkpoint-dir with a `latest` file"),
+        "{err}"
+    );
+}

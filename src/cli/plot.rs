@@ -13,6 +13,7 @@ use clap::Args;
 use plotters::prelude::*;
 
 use crate::io::atomic::write_atomically;
+use crate::io::same_path;
 use crate::train::log::{self, Event};
 
 #[derive(Args, Debug)]
@@ -107,8 +108,17 @@ impl Series {
 
 impl PlotArgs {
     pub fn run(self) -> Result<()> {
-        if self.width < 200 || self.height < 200 {
-            bail!("--width and --height must be at least 200 pixels");
+        if !(MIN_SIDE..=MAX_SIDE).contains(&self.width)
+            || !(MIN_SIDE..=MAX_SIDE).contains(&self.height)
+        {
+            bail!("--width and --height must be between {MIN_SIDE} and {MAX_SIDE} pixels");
+        }
+        if let Some(log) = self.logs.iter().find(|l| same_path(l, &self.out)) {
+            bail!(
+                "-o {}: is one of the logs to plot ({}); write the PNG to another file",
+                self.out.display(),
+                log.display()
+            );
         }
         let runs = self
             .logs
@@ -121,6 +131,11 @@ impl PlotArgs {
         Ok(())
     }
 }
+
+/// Image sides, in pixels: a panel needs room for its axes, and the RGB buffer of the
+/// largest image (1.2 GB) stays addressable.
+const MIN_SIDE: u32 = 200;
+const MAX_SIDE: u32 = 20_000;
 
 /// The last run of the log at `path`, which must have trained at least one step.
 fn read_series(path: &Path) -> Result<Series> {
@@ -179,7 +194,7 @@ type Line<'a> = (String, &'a BTreeMap<u64, f64>, RGBColor, u32);
 /// training and eval losses get two colours; with several, eval losses are the thick lines.
 pub fn render(runs: &[(String, Series)], width: u32, height: u32) -> Result<Vec<u8>> {
     register_font()?;
-    let mut rgb = vec![0u8; (width * height * 3) as usize];
+    let mut rgb = vec![0u8; width as usize * height as usize * 3];
     {
         let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(draw_error)?;

@@ -120,6 +120,13 @@ impl SampleArgs {
                     Some(latest) => latest,
                     None => path.clone(),
                 };
+                if !checkpoint::is_complete(&path) {
+                    bail!(
+                        "--checkpoint {}: neither a step-N checkpoint directory (with state.json) nor a --checkpoint-dir with a `{}` file; pass one of those",
+                        path.display(),
+                        checkpoint::LATEST
+                    );
+                }
                 let state = checkpoint::read_state(&path)?;
                 let source = format!("{}/state.json", path.display());
                 let config = ModelConfig::from_json(&state.model_config, &source)?;

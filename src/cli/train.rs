@@ -124,7 +124,7 @@ pub struct TrainArgs {
     z_loss: f64,
 
     // ----- precision -----
-    /// Dtype of weights and activations: f32 or bf16 [default: bf16; demo f32].
+    /// Dtype of weights and activations: f32 or bf16 [default: bf16; the demo on the CPU: f32].
     #[arg(long, value_parser = dtype, help_heading = "Precision")]
     model_dtype: Option<DType>,
     /// Dtype the blocks' linear layers multiply in: bf16, or e4m3 (FP8 with per-tensor
@@ -182,7 +182,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0, help_heading = "Output")]
     ckpt_interval: u64,
     /// Directory of the checkpoints, one step-N directory each plus a `latest` pointer
-    /// [default: checkpoints; demo DEMO_DIR/checkpoints].
+    /// [default: checkpoints; demo: --demo-dir/checkpoints].
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     checkpoint_dir: Option<PathBuf>,
     /// Continue exactly from the latest checkpoint in --checkpoint-dir, with the same
@@ -190,11 +190,11 @@ pub struct TrainArgs {
     #[arg(long = "continue", help_heading = "Output")]
     resume: bool,
     /// Write the trained model here as a HF directory (config.json + model.safetensors +
-    /// the tokenizer files of --model) [demo: DEMO_DIR/model].
+    /// the tokenizer files of --model) [demo: --demo-dir/model].
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     out_dir: Option<PathBuf>,
     /// Append the run's events (options, steps, evals, checkpoints) to this JSON Lines
-    /// file, for `smelt plot` [demo: DEMO_DIR/log.jsonl].
+    /// file, for `smelt plot` [demo: --demo-dir/log.jsonl].
     #[arg(long, value_name = "FILE", help_heading = "Output")]
     log_file: Option<PathBuf>,
     /// Evaluate every N steps on the first --eval-num-steps batches of --eval-file (0: not
@@ -291,17 +291,64 @@ impl TrainArgs {
             ("--seq-len", self.seq_len.unwrap_or(d.seq_len)),
             ("--grad-accumulation", self.grad_accumulation),
             ("--lmhead-chunks", self.lmhead_chunks),
+            (
+                "--eval-num-steps",
+                self.eval_num_steps.unwrap_or(d.eval_num_steps),
+            ),
         ];
         if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
             bail!("{flag} must be at least 1");
         }
         let final_lr_fraction = self.final_lr_fraction.unwrap_or(d.final_lr_fraction);
-        if !(0.0..=1.0).contains(&final_lr_fraction) {
-            bail!("--final-lr-fraction {final_lr_fraction}: must be between 0 and 1");
-        }
         let lr = self.lr.unwrap_or(d.lr);
-        if lr.is_nan() || lr <= 0.0 {
-            bail!("--lr {lr}: must be positive");
+        // Each comparison is false for NaN, so NaN is refused too.
+        let in_range = [
+            ("--lr", lr, lr > 0.0, "must be positive"),
+            (
+                "--final-lr-fraction",
+                final_lr_fraction,
+                (0.0..=1.0).contains(&final_lr_fraction),
+                "must be between 0 and 1",
+            ),
+            (
+                "--beta-1",
+                self.beta_1,
+                (0.0..1.0).contains(&self.beta_1),
+                "must be at least 0 and below 1",
+            ),
+            (
+                "--beta-2",
+                self.beta_2,
+                (0.0..1.0).contains(&self.beta_2),
+                "must be at least 0 and below 1",
+            ),
+            (
+                "--adam-eps",
+                self.adam_eps,
+                self.adam_eps >= 0.0,
+                "must not be negative",
+            ),
+            (
+                "--weight-decay",
+                self.weight_decay,
+                self.weight_decay >= 0.0,
+                "must not be negative",
+            ),
+            (
+                "--grad-clip",
+                self.grad_clip,
+                self.grad_clip >= 0.0,
+                "must not be negative (0 turns clipping off)",
+            ),
+            (
+                "--z-loss",
+                self.z_loss,
+                self.z_loss >= 0.0,
+                "must not be negative",
+            ),
+        ];
+        if let Some((flag, value, _, rule)) = in_range.iter().find(|c| !c.2) {
+            bail!("{flag} {value}: {rule}");
         }
         let demo_path = |name: &str| demo.then(|| self.demo_dir.join(name));
         Ok(Options {
@@ -343,7 +390,7 @@ impl TrainArgs {
             out_dir: self.out_dir.clone().or_else(|| demo_path("model")),
             log_file: self.log_file.clone().or_else(|| demo_path("log.jsonl")),
             eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
-            eval_num_steps: self.eval_num_steps.unwrap_or(d.eval_num_steps),
+            eval_num_steps: positive[4].1,
             debug_log_abs_max: self.debug_log_abs_max,
         })
     }
@@ -355,7 +402,7 @@ impl TrainArgs {
             (
                 "--use-cuda-graphs",
                 self.use_cuda_graphs,
-                "there is no CUDA backend",
+                "steps are not captured as CUDA graphs",
             ),
             (
                 "--offload-master",
@@ -406,6 +453,13 @@ pub(super) fn model_source(model: &std::path::Path, from_scratch: bool) -> Resul
         .to_str()
         .filter(|name| !model.exists() && presets::names().contains(name));
     let Some(name) = preset else {
+        if !model.exists() {
+            bail!(
+                "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json) or one of {}",
+                model.display(),
+                presets::names().join(", ")
+            );
+        }
         return Ok(ModelSource::Dir {
             path: model.to_path_buf(),
             from_scratch,

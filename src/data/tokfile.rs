@@ -290,11 +290,6 @@ pub struct SealedTokenFile {
 }
 
 impl SealedTokenFile {
-    /// The name the file will have once committed.
-    pub fn path(&self) -> &Path {
-        &self.pending.path
-    }
-
     /// Renames the file into place.
     pub fn commit(self) -> Result<PathBuf> {
         let p = &self.pending;

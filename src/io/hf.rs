@@ -107,9 +107,14 @@ pub fn import<B: Backend>(b: &B, model: &Transformer<B>, dir: &Path) -> Result<(
                 } else {
                     ""
                 };
+                let listing = if dir.join(INDEX).exists() {
+                    INDEX
+                } else {
+                    WEIGHTS
+                };
                 bail!(
                     "{}: tensor `{hf_name}` is missing{hint}",
-                    dir.join(WEIGHTS).display()
+                    dir.join(listing).display()
                 );
             };
             let view = parsed[path].tensor(hf_name).with_context(|| {
@@ -148,8 +153,21 @@ pub fn import<B: Backend>(b: &B, model: &Transformer<B>, dir: &Path) -> Result<(
     Ok(())
 }
 
+/// Refuses an output directory (`flag` names it) that holds a sharded model: loaders read its
+/// index before a single `model.safetensors`, so an export there would be shadowed by the old
+/// shards. Checked before any work, so that a run does not find out at its end.
+pub fn check_export_dir(out_dir: &Path, flag: &str) -> Result<()> {
+    if out_dir.join(INDEX).exists() {
+        bail!(
+            "{flag} {}: holds a sharded model ({INDEX}), which loaders would read instead of the exported {WEIGHTS}; choose another {flag} or remove the old shards and their index",
+            out_dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Writes `config.json` and `model.safetensors` (tensors stored as `dtype`) into `out_dir`,
-/// each atomically.
+/// each atomically. The caller has checked `out_dir` with `check_export_dir`.
 pub fn export<B: Backend>(
     b: &B,
     model: &Transformer<B>,

@@ -84,6 +84,15 @@ impl Fields<'_> {
         }
     }
 
+    /// A size that must be at least 1.
+    fn positive(&self, key: &str) -> Result<usize> {
+        let n = self.usize(key)?;
+        if n == 0 {
+            bail!("{}: field `{key}` must be at least 1", self.source);
+        }
+        Ok(n)
+    }
+
     fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
         if self.get(key).is_some() {
             self.usize(key)
@@ -198,7 +207,7 @@ impl ModelConfig {
             )?;
         }
 
-        let hidden_size = f.usize("hidden_size")?;
+        let hidden_size = f.positive("hidden_size")?;
         let num_heads = f.usize("num_attention_heads")?;
         let num_kv_heads = f.usize_or("num_key_value_heads", num_heads)?;
         if num_heads == 0 || hidden_size % num_heads != 0 && f.get("head_dim").is_none() {
@@ -220,12 +229,12 @@ impl ModelConfig {
         Ok(ModelConfig {
             architecture,
             hidden_size,
-            intermediate_size: f.usize("intermediate_size")?,
-            num_layers: f.usize("num_hidden_layers")?,
+            intermediate_size: f.positive("intermediate_size")?,
+            num_layers: f.positive("num_hidden_layers")?,
             num_heads,
             num_kv_heads,
             head_dim,
-            vocab_size: f.usize("vocab_size")?,
+            vocab_size: f.positive("vocab_size")?,
             rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
             rope_theta,
             rope_scaling,

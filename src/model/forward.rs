@@ -29,23 +29,19 @@ impl<B: Backend> Transformer<B> {
         for l in 0..self.config.num_layers {
             self.block_forward(b, l, Pass::Forward)?;
         }
+        // The last block's residual sum is fused into the final norm (a config has at least
+        // one layer).
         let (a, p, last) = (&self.acts, &self.params, self.config.num_layers);
-        let eps = self.config.rms_norm_eps as f32;
-        if last == 0 {
-            b.rmsnorm_forward(&a.lnf, &a.rstdf, &a.residual[0], &p.final_norm, eps, None)
-        } else {
-            let mid = a.residual_mid.layer(last - 1);
-            b.residual_rmsnorm_forward(
-                &a.residual[last],
-                &a.lnf,
-                &a.rstdf,
-                mid,
-                &a.branch,
-                &p.final_norm,
-                eps,
-                None,
-            )
-        }
+        b.residual_rmsnorm_forward(
+            &a.residual[last],
+            &a.lnf,
+            &a.rstdf,
+            a.residual_mid.layer(last - 1),
+            &a.branch,
+            &p.final_norm,
+            self.config.rms_norm_eps as f32,
+            None,
+        )
     }
 
     /// Block `l`. In the forward it reads `residual[l]` (or, fused, the previous block's

@@ -1,7 +1,8 @@
 //! Named architectures for training from scratch and benchmarks, with the shapes of the
-//! published models (and of `shared/bench/torch_baseline.py`, so comparisons are like for like),
-//! plus `qwen2-100m`: Qwen2.5's vocabulary around ~100M non-embedding parameters, for
-//! experiments (the FP8 convergence check) that need a real model but not a big one.
+//! published models (and of the PyTorch baseline that `scripts/gpu/bench.sh` runs, so
+//! comparisons are like for like), plus `qwen2-100m`: Qwen2.5's vocabulary around ~100M
+//! non-embedding parameters, for experiments (the FP8 convergence check) that need a real
+//! model but not a big one.
 
 use anyhow::{Result, bail};
 use serde_json::json;
@@ -132,7 +133,8 @@ mod tests {
         // Qwen2.5-0.5B has 494M parameters (0.49B in its model card).
         let c = preset("qwen2.5-0.5b").unwrap();
         assert_eq!(c.num_parameters(), 494_032_768);
-        // DESIGN.md: "the 0.5B model costs about 3.0 GFLOP per token" at seq 1024.
+        // The performance targets' estimate: about 3.0 GFLOP per token at seq 1024
+        // (docs/performance.md).
         let flops = c.training_flops_per_token(1024);
         assert!((flops / 3.0e9 - 1.0).abs() < 0.05, "{flops}");
         // Outside the 117M embedding: 12 × (q, k, v, o and the QKV bias; the MLP; two

@@ -47,6 +47,10 @@ impl<B: Backend> Transformer<B> {
             "batch size and sequence length must be positive"
         );
         ensure!(
+            config.num_layers > 0,
+            "the model has no layers (`num_hidden_layers` must be at least 1)"
+        );
+        ensure!(
             options.lmhead_chunks > 0 && options.lmhead_chunks <= options.batch * options.seq,
             "--lmhead-chunks must be between 1 and batch·seq = {}",
             options.batch * options.seq

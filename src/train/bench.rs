@@ -162,14 +162,10 @@ pub fn run<B: Backend>(
         bail!("the loss became {loss}: the benchmark diverged and its timings mean nothing");
     }
 
-    let planned: Vec<(&str, &[_])> = bench
-        .model
-        .memory
-        .iter()
-        .chain(&bench.opt.memory)
-        .map(|(name, specs)| (*name, specs.as_slice()))
-        .collect();
-    let planned = memory_table(&planned).last().expect("a total row").1;
+    let planned = memory_table(&[&bench.model.memory, &bench.opt.memory])
+        .last()
+        .expect("a total row")
+        .1;
     let measured = device_bytes(b)?;
 
     let tokens_per_step = bench.model.tokens_per_step();

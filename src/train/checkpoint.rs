@@ -209,6 +209,11 @@ pub fn save<B: Backend>(
     Ok(last)
 }
 
+/// Whether `dir` is a complete checkpoint: its state is written last.
+pub fn is_complete(dir: &Path) -> bool {
+    dir.join(STATE).is_file()
+}
+
 /// The checkpoint `latest` points at in `dir`, if there is one.
 pub fn read_latest(dir: &Path) -> Result<Option<PathBuf>> {
     let pointer = dir.join(LATEST);
@@ -218,7 +223,7 @@ pub fn read_latest(dir: &Path) -> Result<Option<PathBuf>> {
     let name = std::fs::read_to_string(&pointer)
         .with_context(|| format!("reading {}", pointer.display()))?;
     let path = dir.join(name.trim());
-    if !path.join(STATE).is_file() {
+    if !is_complete(&path) {
         bail!(
             "{}: names {}, which is not a complete checkpoint; point it at an existing step-N directory",
             pointer.display(),

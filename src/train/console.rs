@@ -113,10 +113,14 @@ impl Console {
     }
 }
 
-/// The memory table: bytes per allocation category, then the total.
-pub fn memory_table(categories: &[(&str, &[TensorSpec])]) -> Vec<(String, u64)> {
-    let mut rows: Vec<(String, u64)> = categories
+/// A list of named allocation categories, as the model and the optimizer keep theirs.
+pub type Categories = [(&'static str, Vec<TensorSpec>)];
+
+/// The memory table: bytes per allocation category of every list, then the total.
+pub fn memory_table(lists: &[&Categories]) -> Vec<(String, u64)> {
+    let mut rows: Vec<(String, u64)> = lists
         .iter()
+        .flat_map(|list| list.iter())
         .map(|(name, specs)| {
             (
                 name.to_string(),
@@ -172,8 +176,12 @@ mod tests {
         assert_eq!(si(950.0), "950.00");
         assert_eq!(duration(0.25), "250 ms");
         assert_eq!(duration(125.0), "2m05s");
-        let specs = [TensorSpec::new("w", &[4, 8], DType::BF16)];
-        let table = memory_table(&[("weights", &specs), ("m", &specs)]);
-        assert_eq!(table.last().unwrap(), &("total".to_string(), 128));
+        let specs = vec![TensorSpec::new("w", &[4, 8], DType::BF16)];
+        let model = [("weights", specs.clone())];
+        let opt = [("m", specs.clone()), ("v", specs)];
+        let table = memory_table(&[&model, &opt]);
+        let names: Vec<&str> = table.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(names, ["weights", "m", "v", "total"]);
+        assert_eq!(table.last().unwrap().1, 3 * 64);
     }
 }

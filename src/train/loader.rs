@@ -171,18 +171,15 @@ impl Loader {
         Ok(loader)
     }
 
-    pub fn data(&self) -> &DataSet {
-        &self.data
-    }
-
     pub fn state(&self) -> LoaderState {
         self.state
     }
 
-    /// Continues from a saved position.
+    /// Continues from a saved position. A position at the end of an epoch (every sequence
+    /// taken) is valid: the next batch starts the next epoch.
     pub fn restore(&mut self, state: LoaderState) -> Result<()> {
         ensure!(
-            (state.taken as usize) < self.per_epoch(),
+            (state.taken as usize) <= self.per_epoch(),
             "the saved data position ({} sequences into epoch {}) is past the end of an epoch of {}; the training files differ from the checkpoint's",
             state.taken,
             state.epoch,

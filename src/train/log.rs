@@ -3,7 +3,7 @@
 //! rewrites a whole JSON array on every event).
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -78,8 +78,34 @@ pub struct Log {
     file: Option<(PathBuf, File)>,
 }
 
+/// Refuses a `--log-file` that holds something other than a log, which appending to would
+/// damage (a token file or a model given by mistake): an existing file must be empty or
+/// start with a log event.
+pub fn check_appendable(path: &Path) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    let Ok(file) = File::open(path) else {
+        return Ok(()); // not there yet (or unreadable, which opening for appending reports)
+    };
+    let mut first = Vec::new();
+    BufReader::new(file)
+        .take(MAX_LINE)
+        .read_until(b'\n', &mut first)
+        .with_context(|| format!("--log-file {}: cannot read it", path.display()))?;
+    if !first.is_empty() && serde_json::from_slice::<Line>(&first).is_err() {
+        bail!(
+            "--log-file {}: exists and is not a smelt log (its first line is no log event); choose another file",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Longer than any event's line (the abs-max statistics of a large model are the longest).
+const MAX_LINE: u64 = 1 << 24;
+
 impl Log {
-    /// Opens `path` for appending (creating it and its folder), or logs nowhere.
+    /// Opens `path` for appending (creating it and its folder), or logs nowhere. The caller
+    /// has checked it with `check_appendable`.
     pub fn open(path: Option<&Path>) -> Result<Log> {
         let Some(path) = path else {
             return Ok(Log { file: None });
@@ -130,7 +156,7 @@ impl Log {
 }
 
 fn ends_with_newline(path: &Path) -> Result<bool> {
-    use std::io::{Read, Seek, SeekFrom};
+    use std::io::{Seek, SeekFrom};
     let mut f = File::open(path)?;
     f.seek(SeekFrom::End(-1))?;
     let mut last = [0u8];

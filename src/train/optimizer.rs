@@ -96,8 +96,9 @@ impl<B: Backend> AdamWState<B> {
         Ok(state)
     }
 
-    /// Sets the master copy to the model's weights, after they are loaded from elsewhere.
-    pub fn sync_master(&self, b: &B, model: &Transformer<B>) -> Result<()> {
+    /// Starts the master copy from the model's weights (a checkpoint then overwrites it
+    /// with its own, when the run continues).
+    fn sync_master(&self, b: &B, model: &Transformer<B>) -> Result<()> {
         if let Some(master) = &self.master {
             for (dst, src) in master.zip(&model.params) {
                 b.copy(dst, src)?;

@@ -40,6 +40,8 @@ pub struct Options {
     pub optimizer: OptimizerOptions,
     pub z_loss: f64,
     pub model_dtype: DType,
+    /// `--matmul-dtype` with `--gradient-dtype`; listed (and warned about) under the first.
+    #[serde(rename = "matmul_dtype")]
     pub matmul: MatmulPrecision,
     pub recompute: Recompute,
     pub lmhead_chunks: usize,

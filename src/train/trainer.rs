@@ -3,8 +3,10 @@
 //! not depend on how a batch is split), one AdamW update, a `[T]` line and a log event; eval
 //! every `--eval-every-n-steps` and in full at the end; checkpoints; the model exported.
 //!
-//! Every check of the user's input (options, model config, data files, checkpoint, output
-//! folder) runs before anything is written, so a run refused for bad input changes nothing.
+//! Every check of the user's input that needs no tensor read (options, model config, data
+//! files, checkpoint settings, output folder) runs before anything is written, so a run
+//! refused for those changes nothing. Weights that do not fit the config are found as they
+//! load, after the log has recorded the run's start.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +18,7 @@ use serde_json::{Value, json};
 use super::checkpoint::{self, State, VERSION};
 use super::console::{self, Console, StepReport};
 use super::loader::{Batch, DataSet, EvalSet, Loader, LoaderState};
-use super::log::{Event, Log};
+use super::log::{self, Event, Log};
 use super::metrics;
 use super::optimizer::AdamWState;
 use super::options::{ModelSource, Options};
@@ -24,16 +26,13 @@ use super::schedule::Schedule;
 use super::step_losses::StepLosses;
 use crate::backend::Backend;
 use crate::hash::fnv1a;
-use crate::io::hf;
+use crate::io::{self, hf};
 use crate::model::{LossOptions, ModelConfig, ModelOptions, Transformer};
 use crate::rng::Rng;
 
 /// What a finished run reports to its caller.
 #[derive(Clone, Debug)]
 pub struct Summary {
-    pub config: ModelConfig,
-    /// Steps completed, counting those of the run it continued.
-    pub steps: u64,
     /// The losses of the steps this process ran, in order.
     pub losses: Vec<f64>,
     /// The full eval at the end, when there is eval data.
@@ -76,7 +75,9 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
         model_dir: model_dir.clone(),
     };
     let resume = check_checkpoint_dir(o, &state)?;
-    check_out_dir(o.out_dir.as_deref())?;
+    if let Some(path) = &o.log_file {
+        log::check_appendable(path)?;
+    }
 
     // 2) Startup: options, device, model, memory.
     let model = Transformer::new(
@@ -91,6 +92,8 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
             matmul: o.matmul,
         },
     )?;
+    // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
+    check_out_dir(o)?;
     let mut run = Run {
         b,
         o,
@@ -105,13 +108,17 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
         state,
         saved_step: None,
         summary: Summary {
-            config,
-            steps: 0,
             losses: vec![],
             final_eval: None,
         },
     };
     run.announce()?;
+    if o.out_dir.is_none() && o.ckpt_interval == 0 {
+        run.warn(
+            "neither --out-dir nor --ckpt-interval is set, so the trained weights will not be saved"
+                .into(),
+        )?;
+    }
     if resume.is_none() {
         match &o.model {
             ModelSource::Dir {
@@ -212,18 +219,27 @@ fn check_checkpoint_dir(o: &Options, now: &State) -> Result<Option<(PathBuf, Sta
     }
 }
 
-/// Creates `--out-dir` and checks that files can be written there, so that a run does not
-/// find out only at its end.
-fn check_out_dir(dir: Option<&Path>) -> Result<()> {
-    let Some(dir) = dir else {
+/// Creates `--out-dir` and checks that the trained model can be written there, so that a
+/// run does not find out only at its end.
+fn check_out_dir(o: &Options) -> Result<()> {
+    let Some(dir) = o.out_dir.as_deref() else {
         return Ok(());
     };
+    if let ModelSource::Dir { path, .. } = &o.model
+        && io::same_path(path, dir)
+    {
+        bail!(
+            "--out-dir {} is the --model directory; write the trained model elsewhere, so that the model read stays as it is",
+            dir.display()
+        );
+    }
     let fail = || {
         format!(
             "--out-dir {}: cannot write there; choose a directory this user can write to",
             dir.display()
         )
     };
+    hf::check_export_dir(dir, "--out-dir")?;
     std::fs::create_dir_all(dir).with_context(fail)?;
     let probe = dir.join(".smelt-write-check.tmp");
     std::fs::write(&probe, b"")
@@ -327,15 +343,11 @@ impl<B: Backend> Run<'_, B> {
 
     /// Prints and logs the memory table: the model's allocations and the optimizer's.
     fn announce_memory(&mut self) -> Result<()> {
-        let categories: Vec<(&str, &[_])> = self
-            .model
-            .memory
-            .iter()
-            .chain(&self.opt().memory)
-            .chain(&self.step_losses.memory)
-            .map(|(name, specs)| (*name, specs.as_slice()))
-            .collect();
-        let table = console::memory_table(&categories);
+        let table = console::memory_table(&[
+            &self.model.memory,
+            &self.opt().memory,
+            &self.step_losses.memory,
+        ]);
         let mut cells: Vec<String> = table
             .iter()
             .map(|(name, bytes)| format!("{name} {}", console::mib(*bytes)))
@@ -475,18 +487,17 @@ impl<B: Backend> Run<'_, B> {
         })?;
         self.console.step(&report);
         self.summary.losses.push(loss);
-        self.summary.steps = self.state.step;
         Ok(())
     }
 
-    /// The mean loss over the first `batches` eval batches (all of them with `None`).
     /// Logs the FP8 statistics of this step, before the optimizer replaces the weights'.
     fn log_abs_max(&mut self, step: u64) -> Result<()> {
         let Some(values) = self.model.fp8_abs_max(self.b)? else {
             return Ok(());
         };
         if let Some((name, largest)) = values.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
-            println!("[A] step {step} | largest abs-max {largest:.4e} at {name}");
+            let line = format!("[A] step {step} | largest abs-max {largest:.4e} at {name}");
+            self.console.line(&line);
         }
         self.log.write(Event::AbsMax {
             step,
@@ -494,6 +505,7 @@ impl<B: Backend> Run<'_, B> {
         })
     }
 
+    /// The mean loss over the first `batches` eval batches (all of them with `None`).
     fn evaluate(&mut self, batches: Option<usize>) -> Result<Option<f64>> {
         let Some(eval) = &self.eval else {
             return Ok(None);
