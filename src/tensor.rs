@@ -37,6 +37,11 @@ impl DType {
         self != DType::I32
     }
 
+    /// Whether this is one of the one-byte FP8 formats (e4m3, e5m2).
+    pub fn is_fp8(self) -> bool {
+        matches!(self, DType::E4M3 | DType::E5M2)
+    }
+
     pub fn parse(name: &str) -> Option<DType> {
         Some(match name.to_ascii_lowercase().as_str() {
             "f64" | "fp64" | "float64" => DType::F64,

@@ -101,7 +101,7 @@ fn tensor_cores_at_model_shapes() {
         // wgmma where the GPU has it (else the same mma.sync kernels twice), then mma.sync.
         for (name, kernels) in [
             ("wgmma", AttentionKernels::Wgmma),
-            ("mma.sync", AttentionKernels::TensorCore),
+            ("mma.sync", AttentionKernels::MmaSync),
         ] {
             let test = format!("{test} {name}");
             // bf16 outputs and P, dS rounded to bf16 for the MMAs: the bound of cuda_ops.

@@ -545,7 +545,7 @@ fn attention_forward_and_backward() {
         let versions: &[AttentionKernels] = if dtype == DType::BF16 {
             &[
                 AttentionKernels::Wgmma,
-                AttentionKernels::TensorCore,
+                AttentionKernels::MmaSync,
                 AttentionKernels::Simple,
             ]
         } else {

@@ -5,9 +5,11 @@
 //! the reference every other backend is tested against.
 //!
 //! Asynchrony: an implementation may enqueue work and return before it is done (the CUDA
-//! backend does). Only `download` and `synchronize` wait. Callers therefore never read a
-//! tensor except through `download`, and never reuse a host slice they passed in before the
-//! call returns (uploads copy before returning).
+//! backend does). `download`, `synchronize` and `take_op_times` wait; an op may also wait
+//! once, the first time it needs more scratch memory or meets a new matmul shape (see
+//! `cuda/mod.rs`), but callers must not count on that. Callers therefore never read a tensor
+//! except through `download`, and never reuse a host slice they passed in before the call
+//! returns (uploads copy before returning).
 //!
 //! The accumulate rule, once for every op: an op writes (`=`) its outputs, except where an
 //! `accumulate` flag is given, which makes it add (`+=`) instead. The model passes `true`

@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 
 use super::Backend;
 use super::cpu::Cpu;
+use super::cuda::attention::AttentionKernels;
 use super::cuda::{Cuda, device};
 
 /// The `--device` choice.
@@ -44,6 +45,8 @@ pub fn select(choice: DeviceChoice) -> Result<Device> {
             if device::gpu_count()? == 0 {
                 return Ok(Device::Cpu(Cpu::new()));
             }
+            // A bad setting is the user's to fix, not a sign that the GPU is unusable.
+            AttentionKernels::from_env()?;
             let gpu = Cuda::new(0).context(
                 "a GPU is present but could not be used (pass --device cpu to run on the CPU)",
             )?;

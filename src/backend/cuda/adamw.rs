@@ -45,7 +45,24 @@ impl Cuda {
             ensure!(
                 [t.grad, t.m, t.v].iter().all(|x| x.numel() == n)
                     && t.master.is_none_or(|x| x.numel() == n),
-                "adamw: tensors of different sizes"
+                "adamw: param {:?}, grad {:?}, m {:?}, v {:?} and master {:?} must all have the \
+                 same number of elements",
+                t.param.shape,
+                t.grad.shape,
+                t.m.shape,
+                t.v.shape,
+                t.master.map(|x| &x.shape)
+            );
+            // Stochastic rounding hashes each element's index in 32 bits (adamw.cu's and the
+            // CPU's `hash_u32`, which requires it): past that, indices would wrap and share
+            // their noise.
+            ensure!(
+                n <= u32::MAX as usize,
+                "adamw: param {:?} has {n} elements, more than the {} the GPU optimizer supports \
+                 in one tensor; train a model whose largest parameter (usually the embedding, \
+                 vocab × hidden) is smaller",
+                t.param.shape,
+                u32::MAX
             );
             let mut all = vec![t.param, t.grad, t.m, t.v];
             all.extend(t.master);

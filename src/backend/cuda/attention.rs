@@ -1,12 +1,12 @@
-//! Causal grouped-query attention, forward and backward: on the tensor cores for bf16
-//! (kernels/attention_tc.cu: wgmma on Hopper, mma.sync elsewhere), on the CUDA cores otherwise
-//! (kernels/attention.cu, which is also the simple reference the tensor-core versions are
-//! tested against).
+//! Causal grouped-query attention, forward and backward: on the tensor cores for 16-byte
+//! aligned bf16 (kernels/attention_tc.cu: wgmma on Hopper, mma.sync elsewhere), on the CUDA
+//! cores otherwise (kernels/attention.cu, which is also the simple reference the tensor-core
+//! versions are tested against).
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 
 use super::fp8::amax_ptr;
-use super::kernels::{Arg, KArg, Kernel, wgmma_head_dim};
+use super::kernels::{Arg, HEAD_DIMS, KArg, Kernel, wgmma_head_dim};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16};
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
@@ -20,24 +20,32 @@ pub(super) const TC_TILE: usize = 64;
 pub(super) const TC_THREADS: u32 = 128;
 
 /// Which attention kernels run. `SMELT_ATTENTION=mma` picks the mma.sync ones where wgmma
-/// would run, `SMELT_ATTENTION=simple` the CUDA-core ones.
+/// would run, `SMELT_ATTENTION=simple` the CUDA-core ones; unset (or `wgmma`), the default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernels {
     /// wgmma kernels for bf16 on Hopper at head sizes that are multiples of 64; else as
-    /// `TensorCore`.
+    /// `MmaSync`.
     Wgmma,
-    /// mma.sync tensor-core kernels for bf16 on sm_80 and later; the simple ones otherwise.
-    TensorCore,
+    /// mma.sync tensor-core kernels for 16-byte aligned bf16 on sm_80 and later; the simple
+    /// ones otherwise.
+    MmaSync,
     /// The CUDA-core kernels, for every storage type.
     Simple,
 }
 
 impl AttentionKernels {
-    pub fn from_env() -> Self {
-        match std::env::var("SMELT_ATTENTION").as_deref() {
-            Ok("simple") => AttentionKernels::Simple,
-            Ok("mma") => AttentionKernels::TensorCore,
-            _ => AttentionKernels::Wgmma,
+    /// The choice `SMELT_ATTENTION` names (`Wgmma` when it is unset).
+    pub fn from_env() -> Result<Self> {
+        Self::named(std::env::var("SMELT_ATTENTION").ok().as_deref())
+    }
+
+    /// `SMELT_ATTENTION`'s value, if set.
+    fn named(value: Option<&str>) -> Result<Self> {
+        match value {
+            None | Some("wgmma") => Ok(AttentionKernels::Wgmma),
+            Some("mma") => Ok(AttentionKernels::MmaSync),
+            Some("simple") => Ok(AttentionKernels::Simple),
+            Some(other) => bail!("SMELT_ATTENTION={other}: set it to wgmma, mma or simple"),
         }
     }
 }
@@ -59,9 +67,9 @@ impl TensorCoreKernels {
         padding: 0,
     };
     const MMA_SYNC: Self = TensorCoreKernels {
-        forward: Kernel::AttentionForwardTc,
-        dkdv: Kernel::AttentionBackwardDkDvTc,
-        dq: Kernel::AttentionBackwardDqTc,
+        forward: Kernel::AttentionForwardMma,
+        dkdv: Kernel::AttentionBackwardDkDvMma,
+        dq: Kernel::AttentionBackwardDqMma,
         padding: 8,
     };
 
@@ -127,6 +135,12 @@ fn scale(s: &AttnShape) -> f32 {
 fn check(s: &AttnShape, qkv: &Tensor<Cuda>, lse: &Tensor<Cuda>) -> Result<()> {
     ensure_dtype(lse, DType::F32, "attention (lse)")?;
     ensure!(
+        HEAD_DIMS.contains(&s.head_dim),
+        "attention: head_dim {} is not supported on CUDA (supported: {HEAD_DIMS:?}); use \
+         --device cpu",
+        s.head_dim
+    );
+    ensure!(
         s.kv_heads > 0 && s.q_heads.is_multiple_of(s.kv_heads),
         "attention: {} query heads are not a multiple of {} kv heads",
         s.q_heads,
@@ -143,16 +157,23 @@ fn check(s: &AttnShape, qkv: &Tensor<Cuda>, lse: &Tensor<Cuda>) -> Result<()> {
 }
 
 impl Cuda {
-    /// Chooses the attention kernels from now on (tests compare the two).
+    /// Chooses the attention kernels for the calls that follow (tests compare the three).
     pub fn set_attention_kernels(&self, kernels: AttentionKernels) {
         self.attention.set(kernels);
     }
 
-    /// The tensor-core kernels for this call, or None for the CUDA-core ones.
-    fn tensor_cores(&self, dtype: DType, head_dim: usize) -> Option<&'static TensorCoreKernels> {
+    /// The tensor-core kernels for this call, or None for the CUDA-core ones. `tensors` are
+    /// those the tensor-core kernels copy 16 bytes at a time from (qkv, dout) or store pairs
+    /// into (out, dqkv): each must be bf16 and 16-byte aligned.
+    fn tensor_cores(
+        &self,
+        tensors: &[&Tensor<Cuda>],
+        head_dim: usize,
+    ) -> Option<&'static TensorCoreKernels> {
         let choice = self.attention.get();
         if choice == AttentionKernels::Simple
-            || dtype != DType::BF16
+            || tensors.iter().any(|t| t.dtype != DType::BF16)
+            || !vec16(tensors, head_dim)
             || self.compute_capability.0 < 8
         {
             None
@@ -194,10 +215,10 @@ impl Cuda {
         ];
         // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
         // its rows of head h in out [B·T, Hq·D] and lse [B, Hq, T], and amax (one f32 or
-        // null); the tensor-core kernels stage Q, K and V tiles in exactly `smem(D, 3, 0)`
-        // bytes.
+        // null); the tensor-core kernels, only where qkv and out are 16-byte aligned, stage Q,
+        // K and V tiles in exactly `smem(D, 3, 0)` bytes.
         unsafe {
-            if let Some(tc) = self.tensor_cores(qkv.dtype, s.head_dim) {
+            if let Some(tc) = self.tensor_cores(&[qkv, out], s.head_dim) {
                 self.launch_with_smem(
                     tc.forward,
                     &[Arg::HeadDim(s.head_dim)],
@@ -233,11 +254,15 @@ impl Cuda {
         let q_numel = s.batch * s.seq * s.q_heads * s.head_dim;
         ensure!(
             dqkv.numel() == qkv.numel() && dout.numel() == q_numel && out.numel() == q_numel,
-            "attention_backward shapes"
+            "attention_backward: dqkv {:?}, dout {:?}, qkv {:?}, out {:?} for {s:?}",
+            dqkv.shape,
+            dout.shape,
+            qkv.shape,
+            out.shape
         );
         let targs = [float(qkv), Arg::HeadDim(s.head_dim)];
         let rows = s.batch * s.seq * s.q_heads;
-        let tc = self.tensor_cores(qkv.dtype, s.head_dim);
+        let tc = self.tensor_cores(&[qkv, dout, dqkv], s.head_dim);
         let dims = [Arg::HeadDim(s.head_dim)];
         let splits = match tc {
             Some(tc) => {
@@ -275,9 +300,12 @@ impl Cuda {
         // SAFETY: delta is [B, Hq, T] f32 of scratch, written by `delta_lanes` threads per
         // (row, head) from dout and out [B·T, Hq·D] (16-byte loads only where `delta_vec`).
         // The dK/dV blocks write disjoint k and v columns of dqkv, or with splits, disjoint rows
-        // of the shares ([splits][2][B·T][Hkv][D] f32 of scratch after delta), which the sum
-        // reads back; the dQ blocks write disjoint q columns; all read qkv, dout, lse and delta
-        // in bounds.
+        // of the shares ([splits][2][B·T][Hkv][D] f32 of scratch after delta, 16-byte aligned),
+        // which the sum reads back; the dQ blocks write disjoint q columns; all read qkv, dout,
+        // lse and delta in bounds. The tensor-core kernels run only where qkv, dout and dqkv
+        // are 16-byte aligned, and take exactly the shared memory they stage: `dkdv_smem(D)`
+        // bytes for dK/dV (K, V, two buffers of Q and dout tiles and of their lse and delta),
+        // `smem(D, 6, 0)` for dQ (Q, dout, two buffers of K and V).
         unsafe {
             self.launch(
                 Kernel::AttentionBackwardDelta,
@@ -341,7 +369,6 @@ impl Cuda {
                         ],
                     )?;
                 }
-                // dQ stages Q and dout, and two buffers of K and V.
                 self.launch_with_smem(
                     tc.dq,
                     &dims,
@@ -410,6 +437,20 @@ mod tests {
             ..shape(48, 7, 1)
         };
         assert_eq!(dkdv_splits(&short, 396), 4);
+    }
+
+    #[test]
+    fn the_choice_takes_the_documented_values_and_names_itself_otherwise() {
+        let named = |v| AttentionKernels::named(v).unwrap();
+        assert_eq!(named(None), AttentionKernels::Wgmma);
+        assert_eq!(named(Some("wgmma")), AttentionKernels::Wgmma);
+        assert_eq!(named(Some("mma")), AttentionKernels::MmaSync);
+        assert_eq!(named(Some("simple")), AttentionKernels::Simple);
+        let err = AttentionKernels::named(Some("tc")).unwrap_err().to_string();
+        assert!(
+            err.contains("SMELT_ATTENTION=tc") && err.contains("wgmma, mma or simple"),
+            "{err}"
+        );
     }
 
     #[test]

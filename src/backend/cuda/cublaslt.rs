@@ -52,6 +52,13 @@ pub struct GemmPtrs {
     pub descales: Option<(u64, u64)>,
 }
 
+impl GemmPtrs {
+    /// `GemmKey::align` of a call through these pointers.
+    pub fn alignments(&self) -> [u32; 3] {
+        [self.a, self.b, self.out].map(alignment)
+    }
+}
+
 /// How many of the heuristic's algorithms a plan considers (see `matmul_algos`).
 const MAX_CANDIDATES: usize = 8;
 
@@ -66,10 +73,11 @@ struct Plan {
 
 impl Drop for Plan {
     fn drop(&mut self) {
-        // SAFETY: each handle was created once by this plan and is destroyed once.
+        // SAFETY: each handle was created once by this plan and is destroyed once; a layout
+        // still null was never created (`Blas::plan` failed before it).
         unsafe {
             let _ = result::destroy_matmul_desc(self.desc);
-            for l in self.layouts {
+            for l in self.layouts.into_iter().filter(|l| !l.is_null()) {
                 let _ = result::destroy_matrix_layout(l);
             }
         }
@@ -89,7 +97,7 @@ fn err(call: &str) -> impl FnOnce(result::CublasError) -> anyhow::Error + '_ {
 }
 
 /// Largest power of two up to 256 that divides `addr`.
-pub fn alignment(addr: u64) -> u32 {
+fn alignment(addr: u64) -> u32 {
     (1u64 << addr.trailing_zeros().min(8)) as u32
 }
 
@@ -101,10 +109,6 @@ fn data_type(dtype: DType) -> Result<sys::cudaDataType> {
         DType::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
         other => bail!("cuda matmul: unsupported dtype {other}"),
     })
-}
-
-fn is_fp8(dtype: DType) -> bool {
-    matches!(dtype, DType::E4M3 | DType::E5M2)
 }
 
 /// # Safety
@@ -171,40 +175,43 @@ impl Blas {
     fn plan(&self, key: &GemmKey) -> Result<Plan> {
         let [a_type, b_type, out_type] = key.dtypes.map(data_type);
         let (a_type, b_type, out_type) = (a_type?, b_type?, out_type?);
-        let fp8 = key.dtypes[..2].iter().any(|&d| is_fp8(d));
-        let desc = result::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType::CUDA_R_32F,
-        )
-        .map_err(err("create matmul desc"))?;
+        let fp8 = key.dtypes[..2].iter().any(|d| d.is_fp8());
+        // The plan owns each handle from its creation, so that an error below frees the
+        // ones created before it.
+        let mut plan = Plan {
+            desc: result::create_matmul_desc(
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType::CUDA_R_32F,
+            )
+            .map_err(err("create matmul desc"))?,
+            layouts: [std::ptr::null_mut(); 3],
+            candidates: Vec::new(),
+            chosen: 0,
+        };
         // Our b is stored [k, n] (or [n, k] when transposed); as column-major it is [n, k]
         // (or [k, n]).
-        let (a_rows, a_cols) = if key.trans_b {
+        let (b_rows, b_cols) = if key.trans_b {
             (key.k, key.n)
         } else {
             (key.n, key.k)
         };
         // Our a is stored [m, k] (or [k, m]); column-major [k, m] (or [m, k]).
-        let (b_rows, b_cols) = if key.trans_a {
+        let (a_rows, a_cols) = if key.trans_a {
             (key.m, key.k)
         } else {
             (key.k, key.m)
         };
-        let layout = |ty: sys::cudaDataType, rows: usize, cols: usize| {
-            result::create_matrix_layout(ty, rows as u64, cols as u64, rows as i64)
-                .map_err(err("create layout"))
-        };
-        let layouts = [
-            layout(b_type, a_rows, a_cols)?,
-            layout(a_type, b_rows, b_cols)?,
-            layout(out_type, key.n, key.m)?,
+        // cuBLAS's A is our b, its B our a, and its C = D our out.
+        let shapes = [
+            (b_type, b_rows, b_cols),
+            (a_type, a_rows, a_cols),
+            (out_type, key.n, key.m),
         ];
-        let mut plan = Plan {
-            desc,
-            layouts,
-            candidates: Vec::new(),
-            chosen: 0,
-        };
+        for (layout, (ty, rows, cols)) in plan.layouts.iter_mut().zip(shapes) {
+            *layout = result::create_matrix_layout(ty, rows as u64, cols as u64, rows as i64)
+                .map_err(err("create layout"))?;
+        }
+        let (desc, layouts) = (plan.desc, plan.layouts);
         let op = |t: bool| if t { 1i32 } else { 0i32 }; // CUBLAS_OP_T / CUBLAS_OP_N
         let epilogue = if key.bias {
             sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
@@ -324,7 +331,9 @@ impl Blas {
     /// Each candidate's time in milliseconds (infinite if it fails), on this call's inputs
     /// and a scratch output: the best of three rounds, each timing three calls of every
     /// candidate in turn, after one untimed call of each (so that clocks and caches are warm
-    /// for the first as for the last). `None` when the scratch output does not fit.
+    /// for the first as for the last). `None` when the scratch output does not fit. The
+    /// scratch output is allocated here, outside `Memory`, and the timings wait for the
+    /// device: the one exception, once per shape, to matmuls that only enqueue.
     fn time_candidates(&self, key: &GemmKey, plan: &Plan, ptrs: &GemmPtrs) -> Option<Vec<f32>> {
         const ROUNDS: usize = 3;
         const CALLS: usize = 3;

@@ -39,7 +39,10 @@ pub fn gpu_count() -> Result<usize> {
     match CudaContext::device_count() {
         Ok(n) => Ok(n.max(0) as usize),
         Err(e) if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => Ok(0),
-        Err(e) => bail!("the CUDA driver failed to initialise: {e}"),
+        Err(e) => bail!(
+            "the CUDA driver failed to initialise ({e}): check that nvidia-smi works and lists \
+             the GPU, or run with --device cpu"
+        ),
     }
 }
 

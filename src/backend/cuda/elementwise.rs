@@ -5,7 +5,7 @@ use cudarc::driver::result;
 
 use super::kernels::Kernel;
 use super::multi_tensor::Runs;
-use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
+use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, ensure_dtype_in, float, ptr};
 use crate::tensor::{DType, Tensor};
 
 /// Blocks of the two-pass sum of squares: a function of the length only, so the reduction
@@ -95,6 +95,7 @@ impl Cuda {
         let mut table: Vec<u64> = Vec::with_capacity(SQUARES_ENTRY_WORDS * xs.len());
         let mut runs = Runs::new();
         for x in xs {
+            ensure_dtype_in(x, &[DType::F32, DType::BF16], "sum_squares")?;
             let n = x.numel();
             // The elements before the first 16-byte boundary.
             let head = aligned_head(&[x])

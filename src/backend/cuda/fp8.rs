@@ -4,11 +4,13 @@
 
 use anyhow::{Result, bail, ensure};
 
-use super::cublaslt::{GemmKey, GemmPtrs, alignment};
+use super::cublaslt::{GemmKey, GemmPtrs};
 use super::kernels::{Arg, Kernel};
-use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, float, ptr};
+use super::{
+    BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, float, ptr, unsupported_dtype, vec16, width,
+};
 use crate::backend::cpu::rounding::round_fp8;
-use crate::backend::{Fp8Sum, Scaled, UnsupportedDtype};
+use crate::backend::{Fp8Sum, Scaled};
 use crate::tensor::{DType, Tensor};
 
 /// The tile edge of `quantize_transposed` and its threads per block (fp8.cu compiles with
@@ -29,11 +31,6 @@ pub(super) fn amax_ptr(op: &'static str, amax: Option<&Tensor<Cuda>>) -> Result<
         amax.shape
     );
     Ok(ptr(amax))
-}
-
-/// Whether `p` is a multiple of `bytes`.
-fn aligned(p: u64, bytes: u64) -> bool {
-    p.is_multiple_of(bytes)
 }
 
 /// (mantissa bits, exponent bias) of an FP8 format.
@@ -95,15 +92,15 @@ impl Cuda {
     pub(super) fn abs_max_impl(&self, amax: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
         let amax = amax_ptr("abs_max", Some(amax))?;
         let n = x.numel();
-        let vec = aligned(ptr(x), 16);
-        let width = if vec { 16 / x.dtype.size_bytes() } else { 1 };
+        let vec = ptr(x).is_multiple_of(16);
+        let units = n / width(x, vec);
         // SAFETY: abs_max<T, VEC>(amax, x, n) reads n elements of x (16-byte units from a
         // 16-byte aligned start with VEC, the tail one by one) and updates amax[0].
         unsafe {
             self.launch(
                 Kernel::AbsMax,
                 &[float(x), Arg::Flag(vec)],
-                (blocks(n / width, BLOCK as usize).min(ABS_MAX_BLOCKS), 1, 1),
+                (blocks(units, BLOCK as usize).min(ABS_MAX_BLOCKS), 1, 1),
                 BLOCK,
                 &[amax.into(), ptr(x).into(), (n as i64).into()],
             )
@@ -139,13 +136,14 @@ impl Cuda {
                 descale.shape
             );
         }
-        let size = x.dtype.size_bytes();
-        let width = 16 / size;
+        // With the 16-byte path a thread stores the codes of one 16-byte load of x as one
+        // word, so `rows` must be aligned to that many bytes.
+        let codes = width(x, true) as u64;
         let (x_ptr, rows_ptr) = (ptr(x), rows.map_or(0, ptr));
         let Some(cols) = cols else {
             let n = x.numel();
-            let vec = aligned(x_ptr, 16) && aligned(rows_ptr, width as u64);
-            let units = if vec { n / width } else { n };
+            let vec = x_ptr.is_multiple_of(16) && rows_ptr.is_multiple_of(codes);
+            let units = n / width(x, vec);
             let args = [
                 rows_ptr.into(),
                 ptr(descale).into(),
@@ -171,11 +169,10 @@ impl Cuda {
             "quantize: x {:?} has too many rows to transpose in one launch",
             x.shape
         );
-        let vec = (c * size).is_multiple_of(16)
+        let vec = vec16(&[x], c)
             && r.is_multiple_of(4)
-            && aligned(x_ptr, 16)
-            && aligned(ptr(cols), 4)
-            && aligned(rows_ptr, width as u64);
+            && ptr(cols).is_multiple_of(4)
+            && rows_ptr.is_multiple_of(codes);
         let args = [
             ptr(cols).into(),
             rows_ptr.into(),
@@ -183,9 +180,9 @@ impl Cuda {
             x_ptr.into(),
             amax.into(),
         ];
-        // SAFETY: quantize_transposed<T, F, VEC>(out, rows, descale, x, amax, R, C): block
+        // SAFETY: quantize_transposed<T, F, VEC>(out, rows_out, descale, x, amax, R, C): block
         // (i, j) reads rows [Tj, Tj + T) × columns [Ti, Ti + T) of x [R, C] (T = TILE), writes
-        // them to rows [R, C] when it is not null and the transposed tile to out [C, R],
+        // them to rows_out [R, C] when it is not null and the transposed tile to out [C, R],
         // bounds-checked, with vector accesses only when the shapes and addresses allow them
         // (as checked above); T × (T + 4) bytes of static shared memory.
         unsafe {
@@ -231,22 +228,19 @@ impl Cuda {
                 ))
             )
         };
-        let fp8 = |t: &Tensor<Cuda>| matches!(t.dtype, DType::E4M3 | DType::E5M2);
         let both_e5m2 = a.data.dtype == DType::E5M2 && b.data.dtype == DType::E5M2;
-        if !fp8(a.data)
-            || !fp8(b.data)
+        if !a.data.dtype.is_fp8()
+            || !b.data.dtype.is_fp8()
             || both_e5m2
             || out.dtype != DType::BF16
             || bias.is_some_and(|t| t.dtype != DType::BF16)
         {
             let mut dtypes = vec![a.data.dtype, b.data.dtype, out.dtype];
             dtypes.extend(bias.map(|t| t.dtype));
-            return Err(UnsupportedDtype {
-                backend: "cuda",
-                op: "matmul_scaled (e4m3/e5m2 operands, not both e5m2, into bf16)",
+            return Err(unsupported_dtype(
+                "matmul_scaled (e4m3/e5m2 operands, not both e5m2, into bf16)",
                 dtypes,
-            }
-            .into());
+            ));
         }
         for descale in [a.descale, b.descale] {
             ensure_dtype(descale, DType::F32, "matmul_scaled (descale)")?;
@@ -267,8 +261,9 @@ impl Cuda {
              M={m}, N={n}, K={k}: {}",
             shapes()
         );
-        // The first FP8 model run failed with NOT_SUPPORTED on a descale 4 bytes into its
-        // allocation and ran with 256-byte aligned ones; ask for 16 bytes.
+        // cuBLASLt refuses (NOT_SUPPORTED) an FP8 matmul whose descale is only 4-byte aligned,
+        // as an element of a larger f32 tensor can be; require the 16 bytes that a tensor of
+        // its own always has.
         for (name, descale) in [("a", a.descale), ("b", b.descale)] {
             ensure!(
                 ptr(descale).is_multiple_of(16),
@@ -296,7 +291,7 @@ impl Cuda {
             trans_b: true,
             dtypes: [a.data.dtype, b.data.dtype, out.dtype],
             bias: bias.is_some(),
-            align: [alignment(ptrs.a), alignment(ptrs.b), alignment(ptrs.out)],
+            align: ptrs.alignments(),
             fast_accum: sum == Fp8Sum::Fast,
         };
         self.blas

@@ -35,7 +35,7 @@ pub static RMSNORM: Source = Source {
     name: "rmsnorm.cu",
     text: include_str!("kernels/rmsnorm.cu"),
     options: &[],
-    defines: &[],
+    defines: &[("BACKWARD_MAX_THREADS", BLOCK as usize)],
 };
 pub static COLSUM: Source = Source {
     name: "colsum.cu",
@@ -83,7 +83,8 @@ pub static CLASSIFIER: Source = Source {
         ("CLUSTER_UNITS", classifier::CLUSTER_UNITS),
     ],
 };
-// Uncontracted f64 math, so the update is bitwise the CPU's (see adamw.cu).
+// No contracted multiply-adds (--fmad=false), so the f32 update is bitwise the CPU's (see
+// adamw.cu).
 pub static ADAMW: Source = Source {
     name: "adamw.cu",
     text: include_str!("kernels/adamw.cu"),
@@ -171,7 +172,7 @@ impl Arg {
             (Arg::Float(d), Param::Float) => matches!(d, DType::F32 | DType::BF16),
             (Arg::HeadDim(d), Param::HeadDim) => HEAD_DIMS.contains(&d),
             (Arg::HeadDim(d), Param::WgmmaHeadDim) => wgmma_head_dim(d),
-            (Arg::Fp8(d), Param::Fp8) => matches!(d, DType::E4M3 | DType::E5M2),
+            (Arg::Fp8(d), Param::Fp8) => d.is_fp8(),
             (Arg::Flag(_), Param::Flag) => true,
             (Arg::Held(n), Param::Held) => HELD.contains(&n),
             _ => false,
@@ -240,9 +241,9 @@ kernel_table! {
     AttentionBackwardDelta => ATTENTION, "attention_backward_delta", [Float, HeadDim, Flag];
     AttentionBackwardDkDv => ATTENTION, "attention_backward_dkdv", [Float, HeadDim];
     AttentionBackwardDq => ATTENTION, "attention_backward_dq", [Float, HeadDim];
-    AttentionForwardTc => ATTENTION_TC, "attention_forward_tc", [HeadDim];
-    AttentionBackwardDkDvTc => ATTENTION_TC, "attention_backward_dkdv_tc", [HeadDim];
-    AttentionBackwardDqTc => ATTENTION_TC, "attention_backward_dq_tc", [HeadDim];
+    AttentionForwardMma => ATTENTION_TC, "attention_forward_mma", [HeadDim];
+    AttentionBackwardDkDvMma => ATTENTION_TC, "attention_backward_dkdv_mma", [HeadDim];
+    AttentionBackwardDqMma => ATTENTION_TC, "attention_backward_dq_mma", [HeadDim];
     AttentionForwardWgmma => ATTENTION_TC, "attention_forward_wgmma", [WgmmaHeadDim];
     AttentionBackwardDkDvWgmma => ATTENTION_TC, "attention_backward_dkdv_wgmma", [WgmmaHeadDim];
     AttentionBackwardDqWgmma => ATTENTION_TC, "attention_backward_dq_wgmma", [WgmmaHeadDim];
@@ -330,7 +331,7 @@ pub fn all_names(source: &Source) -> Vec<String> {
 }
 
 /// Shared memory, static and dynamic together, a block may use without opting in.
-const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+pub(super) const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 
 /// A kernel argument: device pointers travel as `u64`.
 #[derive(Clone, Copy, Debug)]
@@ -339,7 +340,6 @@ pub enum KArg {
     I64(i64),
     I32(i32),
     F32(f32),
-    F64(f64),
 }
 
 impl From<u64> for KArg {
@@ -360,11 +360,6 @@ impl From<i32> for KArg {
 impl From<f32> for KArg {
     fn from(x: f32) -> Self {
         KArg::F32(x)
-    }
-}
-impl From<f64> for KArg {
-    fn from(x: f64) -> Self {
-        KArg::F64(x)
     }
 }
 
@@ -471,7 +466,6 @@ impl Kernels {
                 KArg::I64(x) => builder.arg(x),
                 KArg::I32(x) => builder.arg(x),
                 KArg::F32(x) => builder.arg(x),
-                KArg::F64(x) => builder.arg(x),
             };
         }
         let cfg = LaunchConfig {

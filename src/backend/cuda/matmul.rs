@@ -2,10 +2,19 @@
 
 use anyhow::{Result, ensure};
 
-use super::cublaslt::{GemmKey, GemmPtrs, alignment};
+use super::cublaslt::{GemmKey, GemmPtrs};
 use super::{Cuda, ensure_same_dtype, ptr};
 use crate::backend::Matmul;
 use crate::tensor::Tensor;
+
+/// The `[rows, cols]` of `op(t)`: `t` read as a matrix, transposed when `trans`.
+pub(super) fn op_dims(t: &Tensor<Cuda>, trans: bool) -> (usize, usize) {
+    if trans {
+        (t.cols(), t.matrix_rows())
+    } else {
+        (t.matrix_rows(), t.cols())
+    }
+}
 
 impl Cuda {
     pub(super) fn matmul_impl(
@@ -20,16 +29,8 @@ impl Cuda {
         if let Some(bias) = bias {
             ensure_same_dtype("matmul (bias)", &[out, bias])?;
         }
-        let (m, k) = if spec.trans_a {
-            (a.cols(), a.matrix_rows())
-        } else {
-            (a.matrix_rows(), a.cols())
-        };
-        let (kb, n) = if spec.trans_b {
-            (b.cols(), b.matrix_rows())
-        } else {
-            (b.matrix_rows(), b.cols())
-        };
+        let (m, k) = op_dims(a, spec.trans_a);
+        let (kb, n) = op_dims(b, spec.trans_b);
         ensure!(
             k == kb && out.numel() == m * n && bias.is_none_or(|t| t.numel() == n),
             "matmul: op(a) {m}x{k} · op(b) {kb}x{n} into {:?} (a {:?}, b {:?})",
@@ -55,7 +56,7 @@ impl Cuda {
             trans_b: spec.trans_b,
             dtypes: [out.dtype; 3],
             bias: bias.is_some(),
-            align: [alignment(ptrs.a), alignment(ptrs.b), alignment(ptrs.out)],
+            align: ptrs.alignments(),
             fast_accum: false,
         };
         self.blas.gemm(key, &ptrs, spec.accumulate)

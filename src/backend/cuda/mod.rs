@@ -2,9 +2,12 @@
 //! per op family under `kernels/`, mirroring `cpu/`), cuBLASLt matmuls, and memory planned as
 //! one allocation per category.
 //!
-//! Every op enqueues work on the stream and returns; only `download` and `synchronize` wait
-//! (see the trait's header). Nothing in an op allocates, except the scratch buffer growing
-//! during the first step.
+//! Every op enqueues work on the stream and returns. What waits for the device (see the
+//! trait's header): `download`, `synchronize`, `take_op_times` (op timing), and two one-time
+//! events inside ops: the scratch buffer growing during the first step (freeing the old one
+//! synchronizes), and the first matmul of a new shape timing cuBLASLt's candidate algorithms
+//! (`matmul_algos`), which waits for the timings and allocates, then frees, an output buffer
+//! of its own outside `Memory`. Nothing else in an op allocates.
 //!
 //! cudarc loads libcuda, libnvrtc and libcublasLt at run time, so building needs no CUDA;
 //! `Cuda::new` checks that they can be loaded before touching them and says what to install.
@@ -39,6 +42,7 @@ use half::bf16;
 
 use self::cublaslt::Blas;
 use self::kernels::{Arg, KArg, Kernel, Kernels};
+use self::matmul::op_dims;
 use self::memory::{CudaStorage, Memory, MemoryReport, carve};
 use self::op_timer::OpTimer;
 use super::op_times::{OpTime, matmul_name};
@@ -109,12 +113,7 @@ fn ensure_dtype_in(t: &Tensor<Cuda>, dtypes: &[DType], op: &'static str) -> Resu
     if dtypes.contains(&t.dtype) {
         Ok(())
     } else {
-        Err(UnsupportedDtype {
-            backend: "cuda",
-            op,
-            dtypes: vec![t.dtype],
-        }
-        .into())
+        Err(unsupported_dtype(op, vec![t.dtype]))
     }
 }
 
@@ -122,13 +121,21 @@ fn ensure_same_dtype(op: &'static str, tensors: &[&Tensor<Cuda>]) -> Result<()> 
     if tensors.windows(2).all(|w| w[0].dtype == w[1].dtype) {
         Ok(())
     } else {
-        Err(UnsupportedDtype {
-            backend: "cuda",
+        Err(unsupported_dtype(
             op,
-            dtypes: tensors.iter().map(|t| t.dtype).collect(),
-        }
-        .into())
+            tensors.iter().map(|t| t.dtype).collect(),
+        ))
     }
+}
+
+/// This backend's typed refusal of `dtypes` for `op`.
+fn unsupported_dtype(op: &'static str, dtypes: Vec<DType>) -> anyhow::Error {
+    UnsupportedDtype {
+        backend: "cuda",
+        op,
+        dtypes,
+    }
+    .into()
 }
 
 impl Cuda {
@@ -163,7 +170,7 @@ impl Cuda {
             CudaContext::new(ordinal).with_context(|| format!("opening CUDA GPU {ordinal}"))?;
         let stream = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
-        // Hopper's arch-specific target unlocks wgmma and setmaxnreg.
+        // Hopper's arch-specific target unlocks wgmma.
         let arch = if major == 9 {
             format!("sm_{major}{minor}a")
         } else {
@@ -184,7 +191,7 @@ impl Cuda {
             name,
             compute_capability: (major, minor),
             multiprocessors,
-            attention: Cell::new(attention::AttentionKernels::from_env()),
+            attention: Cell::new(attention::AttentionKernels::from_env()?),
             op_timer: OpTimer::default(),
         })
     }
@@ -283,12 +290,7 @@ impl Backend for Cuda {
                 spec.dtype,
                 DType::F32 | DType::BF16 | DType::E4M3 | DType::E5M2 | DType::I32
             ) {
-                return Err(UnsupportedDtype {
-                    backend: "cuda",
-                    op: "allocate",
-                    dtypes: vec![spec.dtype],
-                }
-                .into());
+                return Err(unsupported_dtype("allocate", vec![spec.dtype]));
             }
         }
         let (offsets, total) = carve(specs);
@@ -319,7 +321,7 @@ impl Backend for Cuda {
                 let v: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
                 self.copy_in(dst, &v)
             }
-            DType::E4M3 | DType::E5M2 => {
+            fp8 if fp8.is_fp8() => {
                 let v: Vec<u8> = src.iter().map(|&x| fp8::encode(x, dst.dtype)).collect();
                 self.copy_in(dst, &v)
             }
@@ -346,7 +348,7 @@ impl Backend for Cuda {
                 .into_iter()
                 .map(f32::from)
                 .collect(),
-            DType::E4M3 | DType::E5M2 => self
+            fp8 if fp8.is_fp8() => self
                 .copy_out::<u8>(src)?
                 .into_iter()
                 .map(|code| fp8::decode(code, src.dtype))
@@ -413,7 +415,7 @@ impl Backend for Cuda {
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         self.op("rmsnorm_forward", || {
-            self.rmsnorm_forward_impl(out, rstd, None, inp, None, weight, eps, amax)
+            self.rmsnorm_forward_impl(out, rstd, inp, None, weight, eps, amax)
         })
     }
 
@@ -432,9 +434,8 @@ impl Backend for Cuda {
             self.rmsnorm_forward_impl(
                 out,
                 rstd,
-                Some(residual_out),
                 residual,
-                Some(branch),
+                Some((residual_out, branch)),
                 weight,
                 eps,
                 amax,
@@ -466,15 +467,8 @@ impl Backend for Cuda {
         bias: Option<&Tensor<Self>>,
         spec: Matmul,
     ) -> Result<()> {
-        let k = || {
-            if spec.trans_a {
-                a.matrix_rows()
-            } else {
-                a.cols()
-            }
-        };
         self.op_named(
-            || matmul_name(out.matrix_rows(), out.cols(), k()),
+            || matmul_name(out.matrix_rows(), out.cols(), op_dims(a, spec.trans_a).1),
             || self.matmul_impl(out, a, b, bias, spec),
         )
     }

@@ -181,8 +181,9 @@ fn read_cache(dir: &Path, key: &str, count: usize) -> Option<Compiled> {
     (lowered.len() == count && !cubin.is_empty()).then_some(Compiled { cubin, lowered })
 }
 
-/// Writes the CUBIN, then the names file; the names file is read last, so a half-written
-/// entry is never taken.
+/// Writes the CUBIN, then the names file: `read_cache` takes an entry only when its names
+/// file exists, and the names file appears only after the CUBIN is complete (each is written
+/// whole by a rename), so a half-written entry is never taken.
 fn write_cache(dir: &Path, key: &str, compiled: &Compiled) -> Result<()> {
     disk_cache::write(dir, &format!("{key}.cubin"), &compiled.cubin)?;
     disk_cache::write(

@@ -1,11 +1,10 @@
 //! RMSNorm forward (plain or fused with the residual add) and backward (which also makes the
-//! weight gradient's column-sum partials); the bias gradient's deterministic column sum; and
-//! the check that picks the kernels' 16-byte access path.
+//! weight gradient's column-sum partials), and the bias gradient's deterministic column sum.
 
 use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
-use super::kernels::{Arg, HELD, Kernel};
+use super::kernels::{Arg, DEFAULT_SHARED_LIMIT, HELD, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16, width};
 use crate::tensor::{DType, Tensor};
 
@@ -21,9 +20,11 @@ const FORWARD_ROWS: usize = BLOCK as usize / 32;
 const BACKWARD_ROWS_PER_WARP: usize = 4;
 const BACKWARD_ROWS_PER_WARP_SMALL: usize = 1;
 
-/// Shared memory a backward block may take for its warps' weight-gradient sums: within the
-/// default 48 KB (no opt-in), which holds 8 warps' sums up to C = 1536.
-const BACKWARD_SMEM: usize = 48 * 1024;
+/// Shared memory a backward block may take for its warps' weight-gradient sums: the limit
+/// that needs no opt-in, which holds a full block's sums up to C = 1536. Where the sums fill
+/// it (at C = 1536, say), the static shared memory of `report_amax` comes on top, so
+/// `function_with_smem` opts in.
+const BACKWARD_SMEM: usize = DEFAULT_SHARED_LIMIT as usize;
 
 /// Shared memory one block may take on every GPU smelt compiles for (sm_80 allows 163 KB,
 /// sm_86 and sm_89 99 KB).
@@ -39,15 +40,15 @@ const COLSUM_ROWS: usize = 128;
 pub(super) const COLSUM_FINISH_THREADS: u32 = 1024;
 
 impl Cuda {
-    /// `residual_out = residual + branch` first when both are given.
+    /// `out = rmsnorm(inp) · weight`; with `residual_add = Some((residual_out, branch))`,
+    /// `residual_out = inp + branch` first, and `out` its norm.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rmsnorm_forward_impl(
         &self,
         out: &Tensor<Cuda>,
         rstd: &Tensor<Cuda>,
-        residual_out: Option<&Tensor<Cuda>>,
         inp: &Tensor<Cuda>,
-        branch: Option<&Tensor<Cuda>>,
+        residual_add: Option<(&Tensor<Cuda>, &Tensor<Cuda>)>,
         weight: &Tensor<Cuda>,
         eps: f32,
         amax: Option<&Tensor<Cuda>>,
@@ -64,22 +65,31 @@ impl Cuda {
             rstd.shape,
             weight.shape
         );
-        let fused = residual_out.zip(branch);
-        if let Some((r, b)) = fused {
+        if let Some((r, b)) = residual_add {
             ensure_same_dtype("residual_rmsnorm_forward", &[out, r, b])?;
-            ensure!(r.numel() == n * c && b.numel() == n * c, "residual shapes");
+            ensure!(
+                r.numel() == n * c && b.numel() == n * c,
+                "residual_rmsnorm_forward: residual_out {:?}, branch {:?}, inp {:?}",
+                r.shape,
+                b.shape,
+                inp.shape
+            );
         }
-        let (res_ptr, branch_ptr) = fused.map_or((0, 0), |(r, b)| (ptr(r), ptr(b)));
+        let (res_ptr, branch_ptr) = residual_add.map_or((0, 0), |(r, b)| (ptr(r), ptr(b)));
         let mut rows = vec![out, inp, weight];
-        rows.extend(fused.iter().flat_map(|(r, b)| [*r, *b]));
+        rows.extend(residual_add.iter().flat_map(|(r, b)| [*r, *b]));
         let vec = vec16(&rows, c);
-        // SAFETY: warp i reads row i of inp (and branch), writes row i of out (and
-        // residual_out) and rstd[i]; all are [n, c] (rstd [n]), 16-byte aligned with `vec`;
-        // amax is one f32 or null.
+        // SAFETY: warp i reads row i of inp (and branch) and all of weight [c], writes row i
+        // of out (and residual_out) and rstd[i]; the rows are [n, c] (rstd [n]), all 16-byte
+        // aligned with `vec`; amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::RmsnormForward,
-                &[float(out), Arg::Flag(fused.is_some()), Arg::Flag(vec)],
+                &[
+                    float(out),
+                    Arg::Flag(residual_add.is_some()),
+                    Arg::Flag(vec),
+                ],
                 (blocks(n, FORWARD_ROWS), 1, 1),
                 BLOCK,
                 &[
@@ -116,7 +126,12 @@ impl Cuda {
         let (n, c) = (inp.matrix_rows(), weight.numel());
         ensure!(
             inp.cols() == c && dinp.numel() == n * c && dout.numel() == n * c && rstd.numel() == n,
-            "rmsnorm_backward shapes"
+            "rmsnorm_backward: dinp {:?}, dout {:?}, inp {:?}, rstd {:?}, weight {:?}",
+            dinp.shape,
+            dout.shape,
+            inp.shape,
+            rstd.shape,
+            weight.shape
         );
         let vec = vec16(&[dinp, dout, inp, weight], c);
         // Each warp keeps its own column sums: as many warps as fit the shared memory.

@@ -56,7 +56,12 @@ impl Cuda {
         let rows = dout.numel() / f;
         ensure!(
             gate_up.numel() == 2 * rows * f && dgate_up.numel() == 2 * rows * f,
-            "swiglu_backward shapes"
+            "swiglu_backward: dout {:?} needs gate_up and dgate_up of {rows}×{} elements, got \
+             {:?} and {:?}",
+            dout.shape,
+            2 * f,
+            gate_up.shape,
+            dgate_up.shape
         );
         let vec = vec16(&[dgate_up, dout, gate_up], f);
         // SAFETY: one thread per `width` elements of dout [rows, f] (16-byte aligned runs with

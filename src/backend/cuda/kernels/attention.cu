@@ -1,15 +1,16 @@
 // Causal grouped-query attention, flash style: scores live in registers one tile at a time,
-// never as an S×S matrix. This first version runs on the CUDA cores (f32 math, any storage
-// type), which also makes it the simple reference a tensor-core version is tested against.
+// never as an S×S matrix. These kernels run on the CUDA cores (f32 math, any storage type),
+// which also makes them the simple reference the tensor-core kernels (attention_tc.cu) are
+// tested against.
 //
-// Layout: qkv is [B·T, W] with W = (Hq + 2·Hkv)·D: q heads, then k heads, then v heads.
-// out is [B·T, Hq·D]; lse and delta are [B, Hq, T] f32.
+// Layout: qkv is [B·T, stride] with stride = (Hq + 2·Hkv)·D: q heads, then k heads, then v
+// heads. out is [B·T, Hq·D]; lse and delta are [B, Hq, T] f32.
 //
-// Each query (or key) row is owned by a group of G = 8 adjacent lanes; lane t of the group
-// holds dimensions t, t + 8, t + 16, ... (D/8 of them) in registers. A dot product is the
-// lanes' partial sums reduced with three xor shuffles. A block holds TILE rows (32, with
-// THREADS = 256), and key/value (or query/dout) tiles of TILE rows are staged in shared
-// memory as f32.
+// Each query (or key) row is owned by a group of ROW_LANES = 8 adjacent lanes; lane t of the
+// group holds dimensions t, t + 8, t + 16, ... (D/8 of them) in registers. A dot product is
+// the lanes' partial sums reduced with three xor shuffles. A block holds TILE rows
+// (THREADS / ROW_LANES), and key/value (or query/dout) tiles of TILE rows are staged in
+// shared memory as f32.
 //
 // The backward is deterministic without atomics: one kernel writes dK and dV, one block per
 // (key tile, kv head), looping over the group's query heads and the query tiles at or after
@@ -17,11 +18,11 @@
 #include "common.cuh"
 
 // TILE (rows per block) and THREADS (per block) come from the host (attention.rs); a row's
-// group of G lanes is fixed by the three shuffles of `group_sum`.
-#define G 8
-static_assert(THREADS == TILE * G, "a block holds TILE rows of G lanes");
+// group of ROW_LANES lanes is fixed by the three shuffles of `group_sum`.
+constexpr int ROW_LANES = 8;
+static_assert(THREADS == TILE * ROW_LANES, "a block holds TILE rows of ROW_LANES lanes");
 
-// Sum over the G lanes of a row group; every lane of the warp must call it.
+// Sum over the ROW_LANES lanes of a row group; every lane of the warp must call it.
 __device__ __forceinline__ float group_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     x += __shfl_xor_sync(0xffffffffu, x, 2);
@@ -40,8 +41,8 @@ __device__ __forceinline__ void probs(const float (&x)[DPT], const float* xs, co
     float s_part = 0.0f, dp_part = 0.0f;
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
-        s_part += x[i] * xs[t + G * i];
-        dp_part += y[i] * ys[t + G * i];
+        s_part += x[i] * xs[t + ROW_LANES * i];
+        dp_part += y[i] * ys[t + ROW_LANES * i];
     }
     const float s = group_sum(s_part), dp = group_sum(dp_part);
     p = live ? expf(s * scale - lse) : 0.0f;
@@ -62,18 +63,18 @@ __device__ __forceinline__ void load_tile(float (*tile)[D], const T* src, int b,
 
 // A thread of the query-tile kernels (forward and dQ; grid (ceil(T / TILE), Hq, B), THREADS
 // threads): its tile, query head h and that head's KV head, lane t of its row's group, its
-// query row qi (a real one when `valid`), and W, the width of a qkv row.
+// query row qi (a real one when `valid`), and `stride`, the elements of a qkv row.
 struct QueryLane {
     int q_tile, h, b, kvh, t, qi;
     bool valid;
-    long long W;
+    long long stride;
 };
 
 template <int D>
 __device__ __forceinline__ QueryLane query_lane(int Tn, int Hq, int Hkv) {
-    const int q_tile = blockIdx.x, h = blockIdx.y, qi = q_tile * TILE + threadIdx.x / G;
-    return {q_tile, h, (int)blockIdx.z, h / (Hq / Hkv), (int)(threadIdx.x % G), qi, qi < Tn,
-            (long long)(Hq + 2 * Hkv) * D};
+    const int q_tile = blockIdx.x, h = blockIdx.y, qi = q_tile * TILE + threadIdx.x / ROW_LANES;
+    return {q_tile, h, (int)blockIdx.z, h / (Hq / Hkv), (int)(threadIdx.x % ROW_LANES), qi,
+            qi < Tn, (long long)(Hq + 2 * Hkv) * D};
 }
 
 // Grid: (ceil(T / TILE), Hq, B); block THREADS. With `amax`, also reports max |out| as stored.
@@ -81,23 +82,24 @@ template <typename T, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_forward(T* out, float* lse, const T* qkv, int Tn, int Hq, int Hkv, float scale,
                       float* amax) {
-    constexpr int DPT = D / G;
+    constexpr int DPT = D / ROW_LANES;
     __shared__ float ks[TILE][D];
     __shared__ float vs[TILE][D];
-    const auto [q_tile, h, b, kvh, t, qi, valid, W] = query_lane<D>(Tn, Hq, Hkv);
+    const auto [q_tile, h, b, kvh, t, qi, valid, stride] = query_lane<D>(Tn, Hq, Hkv);
 
     float q[DPT], o[DPT];
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
-        q[i] = valid ? to_f32(qkv[((long long)b * Tn + qi) * W + (long long)h * D + t + G * i]) : 0.0f;
+        q[i] = valid ? to_f32(qkv[((long long)b * Tn + qi) * stride + (long long)h * D + t + ROW_LANES * i])
+                     : 0.0f;
         o[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
     const int k_end = min(Tn, (q_tile + 1) * TILE);  // causal: no key after the tile's last query
     for (int k0 = 0; k0 < k_end; k0 += TILE) {
         __syncthreads();  // the previous tile is no longer read
-        load_tile<T, D>(ks, qkv, b, k0, Tn, W, (long long)(Hq + kvh) * D);
-        load_tile<T, D>(vs, qkv, b, k0, Tn, W, (long long)(Hq + Hkv + kvh) * D);
+        load_tile<T, D>(ks, qkv, b, k0, Tn, stride, (long long)(Hq + kvh) * D);
+        load_tile<T, D>(vs, qkv, b, k0, Tn, stride, (long long)(Hq + Hkv + kvh) * D);
         __syncthreads();
         float s[TILE];
         float tile_max = NEG_INF;
@@ -105,7 +107,7 @@ __global__ void __launch_bounds__(THREADS)
         for (int j = 0; j < TILE; j++) {
             float part = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DPT; i++) part += q[i] * ks[j][t + G * i];
+            for (int i = 0; i < DPT; i++) part += q[i] * ks[j][t + ROW_LANES * i];
             const float dot = group_sum(part);
             const int kj = k0 + j;
             s[j] = (valid && kj <= qi) ? dot * scale : NEG_INF;
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(THREADS)
             const float p = expf(s[j] - m_use);
             l += p;
 #pragma unroll
-            for (int i = 0; i < DPT; i++) o[i] += p * vs[j][t + G * i];
+            for (int i = 0; i < DPT; i++) o[i] += p * vs[j][t + ROW_LANES * i];
         }
         m = m_new;
     }
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
         for (int i = 0; i < DPT; i++) {
             const T y = from_f32<T>(o[i] * inv_l);
-            out[((long long)b * Tn + qi) * Hq * D + (long long)h * D + t + G * i] = y;
+            out[((long long)b * Tn + qi) * Hq * D + (long long)h * D + t + ROW_LANES * i] = y;
             largest = fmaxf(largest, fabsf(to_f32(y)));
         }
         if (t == 0) lse[((long long)b * Hq + h) * Tn + qi] = m + logf(l);
@@ -178,6 +180,18 @@ __global__ void attention_backward_delta(float* delta, const T* dout, const T* o
     }
 }
 
+// lses[i] and deltas[i] = lse[base + first + i] and delta[...] (0 past T), for i < n, by the
+// first n threads: the per-row statistics of one tile of attention rows.
+__device__ __forceinline__ void load_row_stats(float* lses, float* deltas, const float* lse,
+                                               const float* delta, long long base, int first,
+                                               int n, int Tn) {
+    if (threadIdx.x < n) {
+        const int t = first + threadIdx.x;
+        lses[threadIdx.x] = t < Tn ? lse[base + t] : 0.0f;
+        deltas[threadIdx.x] = t < Tn ? delta[base + t] : 0.0f;
+    }
+}
+
 // dK and dV of TILE keys of one kv head: Σ over the group's query heads and the queries at or
 // after each key of dv += p · dout, dk += ds · q with p = exp(q·k·scale − lse) and
 // ds = p · (dout·v − delta) · scale. Grid: (ceil(T / TILE), Hkv, B); block THREADS.
@@ -185,25 +199,25 @@ template <typename T, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_backward_dkdv(T* dqkv, const T* dout, const T* qkv, const float* lse,
                             const float* delta, int Tn, int Hq, int Hkv, float scale) {
-    constexpr int DPT = D / G;
+    constexpr int DPT = D / ROW_LANES;
     __shared__ float qs[TILE][D];
     __shared__ float dos[TILE][D];
     __shared__ float lses[TILE];
     __shared__ float deltas[TILE];
     const int k_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int group = Hq / Hkv;
-    const long long W = (long long)(Hq + 2 * Hkv) * D;
-    const int r = threadIdx.x / G, t = threadIdx.x % G;
+    const long long stride = (long long)(Hq + 2 * Hkv) * D;
+    const int r = threadIdx.x / ROW_LANES, t = threadIdx.x % ROW_LANES;
     const int kj = k_tile * TILE + r;
     const bool valid = kj < Tn;
-    const long long k_at = ((long long)b * Tn + kj) * W + (long long)(Hq + kvh) * D;
-    const long long v_at = ((long long)b * Tn + kj) * W + (long long)(Hq + Hkv + kvh) * D;
+    const long long k_at = ((long long)b * Tn + kj) * stride + (long long)(Hq + kvh) * D;
+    const long long v_at = ((long long)b * Tn + kj) * stride + (long long)(Hq + Hkv + kvh) * D;
 
     float k[DPT], v[DPT], dk[DPT], dv[DPT];
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
-        k[i] = valid ? to_f32(qkv[k_at + t + G * i]) : 0.0f;
-        v[i] = valid ? to_f32(qkv[v_at + t + G * i]) : 0.0f;
+        k[i] = valid ? to_f32(qkv[k_at + t + ROW_LANES * i]) : 0.0f;
+        v[i] = valid ? to_f32(qkv[v_at + t + ROW_LANES * i]) : 0.0f;
         dk[i] = 0.0f;
         dv[i] = 0.0f;
     }
@@ -211,7 +225,7 @@ __global__ void __launch_bounds__(THREADS)
         const int h = kvh * group + g;
         for (int q0 = k_tile * TILE; q0 < Tn; q0 += TILE) {
             __syncthreads();
-            load_tile<T, D>(qs, qkv, b, q0, Tn, W, (long long)h * D);
+            load_tile<T, D>(qs, qkv, b, q0, Tn, stride, (long long)h * D);
             load_tile<T, D>(dos, dout, b, q0, Tn, (long long)Hq * D, (long long)h * D);
             load_row_stats(lses, deltas, lse, delta, ((long long)b * Hq + h) * Tn, q0, TILE, Tn);
             __syncthreads();
@@ -222,8 +236,8 @@ __global__ void __launch_bounds__(THREADS)
                            scale, p, ds);
 #pragma unroll
                 for (int i = 0; i < DPT; i++) {
-                    dv[i] += p * dos[j][t + G * i];
-                    dk[i] += ds * qs[j][t + G * i];
+                    dv[i] += p * dos[j][t + ROW_LANES * i];
+                    dk[i] += ds * qs[j][t + ROW_LANES * i];
                 }
             }
         }
@@ -231,8 +245,8 @@ __global__ void __launch_bounds__(THREADS)
     if (valid) {
 #pragma unroll
         for (int i = 0; i < DPT; i++) {
-            dqkv[k_at + t + G * i] = from_f32<T>(dk[i]);
-            dqkv[v_at + t + G * i] = from_f32<T>(dv[i]);
+            dqkv[k_at + t + ROW_LANES * i] = from_f32<T>(dk[i]);
+            dqkv[v_at + t + ROW_LANES * i] = from_f32<T>(dv[i]);
         }
     }
 }
@@ -243,19 +257,19 @@ template <typename T, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_backward_dq(T* dqkv, const T* dout, const T* qkv, const float* lse,
                           const float* delta, int Tn, int Hq, int Hkv, float scale) {
-    constexpr int DPT = D / G;
+    constexpr int DPT = D / ROW_LANES;
     __shared__ float ks[TILE][D];
     __shared__ float vs[TILE][D];
-    const auto [q_tile, h, b, kvh, t, qi, valid, W] = query_lane<D>(Tn, Hq, Hkv);
-    const long long q_at = ((long long)b * Tn + qi) * W + (long long)h * D;
+    const auto [q_tile, h, b, kvh, t, qi, valid, stride] = query_lane<D>(Tn, Hq, Hkv);
+    const long long q_at = ((long long)b * Tn + qi) * stride + (long long)h * D;
     const long long do_at = ((long long)b * Tn + qi) * Hq * D + (long long)h * D;
     const long long stat_at = ((long long)b * Hq + h) * Tn + qi;
 
     float q[DPT], dO[DPT], dq[DPT];
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
-        q[i] = valid ? to_f32(qkv[q_at + t + G * i]) : 0.0f;
-        dO[i] = valid ? to_f32(dout[do_at + t + G * i]) : 0.0f;
+        q[i] = valid ? to_f32(qkv[q_at + t + ROW_LANES * i]) : 0.0f;
+        dO[i] = valid ? to_f32(dout[do_at + t + ROW_LANES * i]) : 0.0f;
         dq[i] = 0.0f;
     }
     const float row_lse = valid ? lse[stat_at] : 0.0f;
@@ -263,19 +277,19 @@ __global__ void __launch_bounds__(THREADS)
     const int k_end = min(Tn, (q_tile + 1) * TILE);
     for (int k0 = 0; k0 < k_end; k0 += TILE) {
         __syncthreads();
-        load_tile<T, D>(ks, qkv, b, k0, Tn, W, (long long)(Hq + kvh) * D);
-        load_tile<T, D>(vs, qkv, b, k0, Tn, W, (long long)(Hq + Hkv + kvh) * D);
+        load_tile<T, D>(ks, qkv, b, k0, Tn, stride, (long long)(Hq + kvh) * D);
+        load_tile<T, D>(vs, qkv, b, k0, Tn, stride, (long long)(Hq + Hkv + kvh) * D);
         __syncthreads();
         for (int j = 0; j < TILE; j++) {
             const int kj = k0 + j;
             float p, ds;
             probs<DPT>(q, ks[j], dO, vs[j], t, valid && kj <= qi, row_lse, row_delta, scale, p, ds);
 #pragma unroll
-            for (int i = 0; i < DPT; i++) dq[i] += ds * ks[j][t + G * i];
+            for (int i = 0; i < DPT; i++) dq[i] += ds * ks[j][t + ROW_LANES * i];
         }
     }
     if (valid) {
 #pragma unroll
-        for (int i = 0; i < DPT; i++) dqkv[q_at + t + G * i] = from_f32<T>(dq[i]);
+        for (int i = 0; i < DPT; i++) dqkv[q_at + t + ROW_LANES * i] = from_f32<T>(dq[i]);
     }
 }

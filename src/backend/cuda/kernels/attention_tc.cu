@@ -1,19 +1,20 @@
 // Causal grouped-query attention on the tensor cores (FlashAttention-2 style), for bf16 storage:
-// mma.sync m16n8k16 with bf16 operands and f32 accumulation. Same layouts and results as
-// attention.cu (the CUDA-core version, the reference this is tested against), within bf16
-// rounding.
+// bf16 operands and f32 accumulation, through mma.sync m16n8k16 (sm_80 on) or Hopper's wgmma
+// (sm_90a). Same layouts and results as attention.cu (the CUDA-core version, the reference
+// these are tested against), within bf16 rounding.
 //
 // Layouts (row-major): qkv [B, T, (Hq + 2 Hkv) * D] holding q heads, then k heads, then v heads;
 // out [B, T, Hq * D]; lse [B, Hq, T] (natural log-sum-exp of each scaled score row, f32);
-// dqkv like qkv. The head size D is a template parameter (64, 80, 96 or 128).
+// dqkv like qkv. The head size D is a template parameter (one of kernels.rs's HEAD_DIMS).
+// qkv, dout, out and dqkv start 16-byte aligned: attention.rs runs attention.cu otherwise.
 //
 // Forward: one block of 4 warps per (64 queries, q head, batch); each warp owns 16 query rows
 // and streams 64-key tiles of K and V through shared memory with an online softmax.
 // Backward, deterministic (no atomics), after attention.cu's `attention_backward_delta`
-// (delta = rowsum(dout * out)): `attention_backward_dkdv_tc` gives one block per (64 keys,
+// (delta = rowsum(dout * out)): `attention_backward_dkdv_*` gives one block per (64 keys,
 // kv head, batch) that loops over the group's q heads (or a share of them, when the launcher
 // splits the group: see `attention_dkdv_sum`) and the query tiles at or after the diagonal,
-// each warp owning 16 keys; `attention_backward_dq_tc` gives one block per (64 queries,
+// each warp owning 16 keys; `attention_backward_dq_*` gives one block per (64 queries,
 // q head, batch), each warp owning 16 queries. Both recompute the scores. Only
 // the diagonal tile and the one at the sequence's end apply the causal mask; the others, all
 // but one or two of a block's tiles, skip its index arithmetic (with `exp2_fast`, that took
@@ -31,7 +32,7 @@
 // The products come from one of two policies with the same interface: `SyncMma` (mma.sync
 // with ldmatrix from padded rows, sm_80 and later) and `Wgmma` (Hopper's warpgroup MMA, which
 // reads its shared operands directly from 128-byte-swizzled tiles; sm_90a, D a multiple of
-// 64). Each kernel body is written once over the policy; the `_tc` and `_wgmma` kernels are
+// 64). Each kernel body is written once over the policy; the `_mma` and `_wgmma` kernels are
 // its two instantiations. On an H100 the two gave the same bits: the 100-step e2e run and
 // the two 1,000-step convergence runs repeated their mma.sync losses exactly.
 //
@@ -396,12 +397,12 @@ __device__ __forceinline__ void scale_scores(float s[TILE / 8][4], float log2_sc
             s[nb][e] = visible<MASK>(k0, nb, e, rows, T, lane) ? s[nb][e] * log2_scale : NEG_INF;
 }
 
-// The dK/dV kernel's Pᵀ and dSᵀ over 16 keys x 64 queries from q0 (scores in place):
-// p = exp2(s·scale·log2e − lse·log2e) and ds = p (dp − delta), with each query's lse and
-// delta from shared memory. With MASK, keys after their query and queries past the
+// The dK/dV kernel's Pᵀ and dSᵀ over 16 keys x 64 queries from q0, in place of Sᵀ in `p` and
+// dPᵀ in `ds`: p = exp2(s·scale·log2e − lse·log2e) and ds = p (dp − delta), with each query's
+// lse and delta from shared memory. With MASK, keys after their query and queries past the
 // sequence get zeros.
 template <bool MASK>
-__device__ __forceinline__ void dkdv_probabilities(float p[TILE / 8][4], float dp[TILE / 8][4], float log2_scale,
+__device__ __forceinline__ void dkdv_probabilities(float p[TILE / 8][4], float ds[TILE / 8][4], float log2_scale,
                                                    const float* sL, const float* sD, int q0, const int keys[2],
                                                    int T, int lane) {
 #pragma unroll
@@ -414,7 +415,7 @@ __device__ __forceinline__ void dkdv_probabilities(float p[TILE / 8][4], float d
             const bool live = !MASK || (query >= keys[e / 2] && query < T);
             const float pe = live ? exp2_fast(fmaf(p[nb][e], log2_scale, -((e & 1) ? l.y : l.x) * LOG2E)) : 0.f;
             p[nb][e] = pe;
-            dp[nb][e] = pe * (dp[nb][e] - ((e & 1) ? d.y : d.x));
+            ds[nb][e] = pe * (ds[nb][e] - ((e & 1) ? d.y : d.x));
         }
     }
 }
@@ -583,19 +584,19 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
         const int q0 = query_tile(i);
         const bf16 *sQ = smem_tile<D, M>(2 + 2 * (i % 2)), *sO = smem_tile<D, M>(3 + 2 * (i % 2));
         const float *sL = stats + (i % 2) * 2 * TILE, *sD = sL + TILE;
-        float p[TILE / 8][4], dp[TILE / 8][4];
+        float p[TILE / 8][4], ds[TILE / 8][4];
         M::template scores<D>(p, sK, sQ, warp, lane);   // Sᵀ: keys x queries
-        M::template scores<D>(dp, sV, sO, warp, lane);  // dPᵀ = V doutᵀ
+        M::template scores<D>(ds, sV, sO, warp, lane);  // dPᵀ = V doutᵀ
         // The other buffers' readers finished before the last barrier.
         if (i + 1 < tiles) stage(i + 1);
         M::wait();
         // Off the diagonal tile and the sequence's end, every query sees every key.
         if (q0 == k0 || q0 + TILE > T)
-            dkdv_probabilities<true>(p, dp, log2_scale, sL, sD, q0, keys, T, lane);
+            dkdv_probabilities<true>(p, ds, log2_scale, sL, sD, q0, keys, T, lane);
         else
-            dkdv_probabilities<false>(p, dp, log2_scale, sL, sD, q0, keys, T, lane);
+            dkdv_probabilities<false>(p, ds, log2_scale, sL, sD, q0, keys, T, lane);
         M::template accumulate<D>(dv, p, sO, lane);   // dV += Pᵀ dout
-        M::template accumulate<D>(dk, dp, sQ, lane);  // dK += dSᵀ Q (scaled below)
+        M::template accumulate<D>(dk, ds, sQ, lane);  // dK += dSᵀ Q (scaled below)
         M::wait();
         M::staged();
         __syncthreads();
@@ -700,7 +701,7 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
 
 }  // namespace tc
 
-// The kernels: each body with mma.sync (`_tc`, sm_80 on) and with wgmma (`_wgmma`, sm_90a
+// The kernels: each body with mma.sync (`_mma`, sm_80 on) and with wgmma (`_wgmma`, sm_90a
 // only; elsewhere they trap). Registers: the forward is capped at 128 so that 4 blocks
 // (16 warps) share an SM with no spills at any D; dQ for 4 blocks per SM at D = 64 (a few
 // bytes spill) and 3 above (4 would spill hundreds of bytes at D = 128); dK/dV at D = 64 for
@@ -728,7 +729,7 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
         tc::backward_dq<D, tc::POLICY>(dqkv, dout, qkv, lse, delta, T, Hq, Hkv, scale);                            \
     }
 
-ATTENTION_KERNELS(tc, SyncMma)
+ATTENTION_KERNELS(mma, SyncMma)
 ATTENTION_KERNELS(wgmma, Wgmma)
 #undef ATTENTION_KERNELS
 

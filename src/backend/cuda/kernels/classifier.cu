@@ -8,6 +8,18 @@
 
 #define IGNORE_INDEX (-100)
 
+// Both kernels' loss of a row with a valid target, softmax factor and logit gradient (the
+// formulas of `cross_entropy`'s comment); p is a logit's softmax probability.
+__device__ __forceinline__ float row_loss(float lse, float target_logit, float z_loss) {
+    return lse - target_logit + z_loss * lse * lse;
+}
+__device__ __forceinline__ float softmax_scale(float grad_scale, float z_loss, float lse) {
+    return grad_scale * (1.0f + 2.0f * z_loss * lse);
+}
+__device__ __forceinline__ float logit_grad(float p, float scale, bool is_target, float grad_scale) {
+    return p * scale - (is_target ? grad_scale : 0.0f);
+}
+
 // loss = lse − x[target] + z · lse². With `train`, the row becomes
 // grad_scale · (softmax · (1 + 2 z lse) − onehot(target)); ignored rows get loss 0 (and a
 // zero gradient). A target outside [0, V) gives a NaN loss.
@@ -27,7 +39,9 @@ __global__ void cross_entropy(T* logits, float* losses, const int* targets, int 
         }
         return;
     }
-    // Online max and sum of exponentials per thread, then merged across the block.
+    // Online max and sum of exponentials per thread, then merged across the block. While a
+    // thread has seen only -inf, its sum stays 0 (exp(-inf - -inf) would be NaN), as the
+    // cluster kernel's and the CPU's do.
     float m = NEG_INF, s = 0.0f;
     for (int c = threadIdx.x * W; c < V; c += blockDim.x * W) {
         float x[W];
@@ -35,12 +49,13 @@ __global__ void cross_entropy(T* logits, float* losses, const int* targets, int 
         float local = x[0];
 #pragma unroll
         for (int k = 1; k < W; k++) local = fmaxf(local, x[k]);
-        if (local > m) {
-            s *= expf(m - local);
-            m = local;
-        }
+        const float m_new = fmaxf(m, local);
+        if (m_new != NEG_INF) {
+            if (m_new > m) s *= expf(m - m_new);
+            m = m_new;
 #pragma unroll
-        for (int k = 0; k < W; k++) s += expf(x[k] - m);
+            for (int k = 0; k < W; k++) s += expf(x[k] - m);
+        }
     }
     const float max = block_max(m);
     const float sum = block_sum(m == NEG_INF ? 0.0f : s * expf(m - max));
@@ -48,27 +63,27 @@ __global__ void cross_entropy(T* logits, float* losses, const int* targets, int 
     const bool valid = target >= 0 && target < V;
     if (threadIdx.x == 0) {
         losses[blockIdx.x] =
-            valid ? lse - to_f32(logits[row + target]) + z_loss * lse * lse : QUIET_NAN;
+            valid ? row_loss(lse, to_f32(logits[row + target]), z_loss) : QUIET_NAN;
     }
     if (!train) return;
     // Everyone has read the row (the max and sum above end with barriers) and thread 0 has
     // read the target logit; wait for it before overwriting.
     __syncthreads();
-    const float softmax_scale = grad_scale * (1.0f + 2.0f * z_loss * lse);
+    const float scale = softmax_scale(grad_scale, z_loss, lse);
     for (int c = threadIdx.x * W; c < V; c += blockDim.x * W) {
         float x[W];
         load_vec<T, W>(x, logits + row + c);
 #pragma unroll
-        for (int k = 0; k < W; k++) x[k] = expf(x[k] - lse) * softmax_scale - (c + k == target ? grad_scale : 0.0f);
+        for (int k = 0; k < W; k++) x[k] = logit_grad(expf(x[k] - lse), scale, c + k == target, grad_scale);
         store_vec<T, W>(logits + row + c, x);
     }
 }
 
 // `cross_entropy_cluster`'s shape, from the host (classifier.rs): CLUSTER_BLOCKS blocks per
-// row, one cluster, 8 being the largest size every cluster launch may use; CLUSTER_THREADS
+// row, one cluster, at most 8, the largest size every cluster launch may use; CLUSTER_THREADS
 // threads per block, each keeping up to CLUSTER_UNITS 16-byte units of its block's share of
-// the row in registers. With 8, 256 and 12, a row of up to 8 · 256 · 12 · 16 bytes (196,608
-// bf16 values) fits, at 3 blocks (24 warps) per SM.
+// the row in registers. A row of up to CLUSTER_BLOCKS · CLUSTER_THREADS · CLUSTER_UNITS · 16
+// bytes fits (the host's `cluster_fits`), at 3 blocks per SM.
 
 #if __CUDA_ARCH__ >= 900
 #define ROW_CLUSTER __cluster_dims__(CLUSTER_BLOCKS, 1, 1)
@@ -176,9 +191,9 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 3) ROW_CLUSTER
     // wait at the end, hold every block until all have read.
     cluster_arrive();
     const float lse = max + logf(sum);
-    if (reports) losses[n] = valid ? lse - target_logit + z_loss * lse * lse : QUIET_NAN;
+    if (reports) losses[n] = valid ? row_loss(lse, target_logit, z_loss) : QUIET_NAN;
     if (train) {
-        const float softmax_scale = grad_scale * (1.0f + 2.0f * z_loss * lse);
+        const float scale = softmax_scale(grad_scale, z_loss, lse);
         const float lse_log2 = lse * LOG2E;
 #pragma unroll
         for (int u = 0; u < CLUSTER_UNITS; u++) {
@@ -188,7 +203,7 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 3) ROW_CLUSTER
 #pragma unroll
             for (int k = 0; k < W; k++) {
                 const float p = exp2_fast(fmaf(x[u][k], LOG2E, -lse_log2));
-                y[k] = p * softmax_scale - (c + k == target ? grad_scale : 0.0f);
+                y[k] = logit_grad(p, scale, c + k == target, grad_scale);
             }
             store_vec<T, W>(logits + row + c, y);
         }

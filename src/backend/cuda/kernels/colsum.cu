@@ -4,14 +4,15 @@
 // the shapes alone, and there are no float atomics, so every run gives the same bits.
 #include "common.cuh"
 
-// Rows of a chunk in flight per warp and lane: independent 16-byte loads before the first add.
-#define UNROLL 4
+// Rows of a chunk in flight per warp and lane: independent loads before the first add.
+constexpr int ROWS_IN_FLIGHT = 4;
 
 // partials[chunk, c] = Σ_{n in chunk} dy[n, c]. Grid: (ceil(C / (32·W)), chunks),
-// PARTIAL_THREADS threads (the host's, 256). A block covers a strip of 32·W columns (each
-// lane W of them, one access with VEC, whose host checked dy's pointer and C·sizeof(T) are
-// multiples of 16): each warp reads whole 512-byte strip rows. Warp w adds rows w, w + WARPS, ... of the chunk, then the warps' sums
-// are added in warp order.
+// PARTIAL_THREADS threads (the host's block size). A block covers a strip of 32·W columns,
+// each lane W of them in one access: 16 bytes with VEC (the host checked that dy's pointer and
+// C·sizeof(T) are multiples of 16), so that each warp then reads whole 512-byte strip rows.
+// Warp w adds rows w, w + WARPS, ... of the chunk, then the warps' sums are added in warp
+// order.
 template <typename T, bool VEC>
 __global__ void colsum_partial(float* partials, const T* dy, int rows, int C,
                                int rows_per_chunk) {
@@ -26,15 +27,15 @@ __global__ void colsum_partial(float* partials, const T* dy, int rows, int C,
 #pragma unroll
     for (int k = 0; k < W; k++) acc[k] = 0.0f;
     if (c < C) {
-        for (int n0 = first + warp; n0 < last; n0 += WARPS * UNROLL) {
-            float v[UNROLL][W];
+        for (int n0 = first + warp; n0 < last; n0 += WARPS * ROWS_IN_FLIGHT) {
+            float v[ROWS_IN_FLIGHT][W];
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
+            for (int u = 0; u < ROWS_IN_FLIGHT; u++) {
                 const int n = n0 + u * WARPS;
                 if (n < last) load_vec<T, W>(v[u], dy + (long long)n * C + c);
             }
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) {
+            for (int u = 0; u < ROWS_IN_FLIGHT; u++) {
                 if (n0 + u * WARPS >= last) break;
 #pragma unroll
                 for (int k = 0; k < W; k++) acc[k] += v[u][k];
@@ -54,9 +55,9 @@ __global__ void colsum_partial(float* partials, const T* dy, int rows, int C,
     }
 }
 
-// out[c] (+)= Σ_chunk partials[chunk, c]. Grid: ceil(C / 32) blocks of 32 lanes (columns) ×
-// FINISH_THREADS / 32 warps (the host's, 32): warp w adds chunks w, w + WARPS, ..., then the
-// warps' sums are added in warp order.
+// out[c] (+)= Σ_chunk partials[chunk, c]. Grid: ceil(C / 32) blocks of FINISH_THREADS (the
+// host's COLSUM_FINISH_THREADS), 32 lanes (columns) × WARPS warps: warp w adds chunks w,
+// w + WARPS, ..., then the warps' sums are added in warp order.
 template <typename T>
 __global__ void colsum_finish(T* out, const float* partials, int chunks, int C, int accumulate) {
     constexpr int WARPS = FINISH_THREADS / 32;

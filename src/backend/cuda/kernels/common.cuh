@@ -1,5 +1,6 @@
 // Shared helpers for every smelt kernel: storage types, conversions and block reductions.
-// Storage is `float` or `bf16`; all arithmetic is in f32 (f64 in the optimizer).
+// Storage is `float` or `bf16`; arithmetic is in f32 (all but AdamW's clip factor, which
+// adamw.cu computes in f64 as the CPU does).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -8,7 +9,6 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 
 #define NEG_INF __int_as_float(0xff800000)
-#define POS_INF __int_as_float(0x7f800000)
 #define QUIET_NAN __int_as_float(0x7fffffff)
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
@@ -85,18 +85,6 @@ __device__ __forceinline__ void report_amax(float* amax, float x) {
     if (amax == nullptr) return;
     x = block_max(x);
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(x));
-}
-
-// lses[i] and deltas[i] = lse[base + first + i] and delta[...] (0 past T), for i < n, by the
-// first n threads: the per-row statistics of one tile of attention rows.
-__device__ __forceinline__ void load_row_stats(float* lses, float* deltas, const float* lse,
-                                               const float* delta, long long base, int first,
-                                               int n, int Tn) {
-    if (threadIdx.x < n) {
-        const int t = first + threadIdx.x;
-        lses[threadIdx.x] = t < Tn ? lse[base + t] : 0.0f;
-        deltas[threadIdx.x] = t < Tn ? delta[base + t] : 0.0f;
-    }
 }
 
 // W consecutive values at p as f32: 16-byte accesses when W values of T fill whole 16-byte

@@ -28,8 +28,9 @@ struct SquaresEntry {
 // partials[block] = Σ x² over a fixed grid-stride pattern within the tensor whose run of
 // blocks holds this one: 16-byte units from element `head`, the leftovers element-wise. The
 // runs depend only on each n, and head only on x's address, so with `sum_squares_finish` the
-// total is the same on every run. One launch covers a whole list of tensors (the gradients:
-// 170 at 0.5B), whose launches one by one cost more than their reads.
+// total is the same on every run. One launch covers a whole list of tensors (all of a
+// model's gradients, several per layer, most of them small), whose launches one by one
+// would cost more than their reads.
 template <typename T>
 __global__ void sum_squares_partial(float* partials, const SquaresEntry* list, int count) {
     const SquaresEntry e = list[entry_of_block(list, count)];

@@ -48,7 +48,8 @@ __device__ __forceinline__ void store_codes(fp8* p, const fp8 (&q)[W]) {
 }
 
 // amax[0] = max(amax[0], max |x|) over n elements: W-wide loads (16 bytes with VEC, x then
-// 16-byte aligned) grid-stride, the n % W tail element-wise, then one atomic per block.
+// 16-byte aligned) grid-stride, the n % W tail element-wise (fewer than W elements, so one
+// each for the first threads), then one atomic per block.
 template <typename T, bool VEC>
 __global__ void abs_max(float* amax, const T* x, long long n) {
     constexpr int W = access_width<T, VEC>();
@@ -61,8 +62,8 @@ __global__ void abs_max(float* amax, const T* x, long long n) {
 #pragma unroll
         for (int k = 0; k < W; k++) largest = fmaxf(largest, fabsf(v[k]));
     }
-    for (long long i = n / W * W + first; i < n; i += stride)
-        largest = fmaxf(largest, fabsf(to_f32(x[i])));
+    const long long i = leftover(first, 0, n / W * W, n);
+    if (i >= 0) largest = fmaxf(largest, fabsf(to_f32(x[i])));
     report_amax(amax, largest);
 }
 
@@ -83,8 +84,8 @@ __global__ void quantize(fp8* out, float* descale, const T* x, const float* amax
         for (int k = 0; k < W; k++) q[k] = to_fp8<F>(v[k], scale);
         store_codes<W>(out + u * W, q);
     }
-    const long long tail = n / W * W + u;
-    if (tail < n) out[tail] = to_fp8<F>(to_f32(x[tail]), scale);
+    const long long i = leftover(u, 0, n / W * W, n);
+    if (i >= 0) out[i] = to_fp8<F>(to_f32(x[i]), scale);
 }
 
 namespace qt {
@@ -97,16 +98,17 @@ static_assert(TILE % 16 == 0, "whole 16-byte loads along a tile row, whole words
 constexpr int PITCH = TILE + 4;
 }  // namespace qt
 
-// x [R, C] → out [C, R] = fp8(xᵀ · scale), and, when `rows` is not null, rows [R, C] =
-// fp8(x · scale) in the same pass. Grid (ceil(C / TILE), ceil(R / TILE)), THREADS threads. A
-// block reads its tile row by row (W-wide loads along C), quantizes into shared memory (and
-// rows), then writes the tile's columns as rows of out, four codes (one word) per thread
-// along R, so every global side is coalesced. With VEC: C·sizeof(T) is a multiple of 16, R of 4, x is
-// 16-byte, out 4-byte and rows W-byte aligned; otherwise every access is one element.
+// x [R, C] → out [C, R] = fp8(xᵀ · scale), and, when `rows_out` is not null, rows_out [R, C]
+// = fp8(x · scale) in the same pass. Grid (ceil(C / TILE), ceil(R / TILE)), THREADS threads.
+// A block reads its tile row by row (W-wide loads along C), quantizes into shared memory
+// (and rows_out), then writes the tile's columns as rows of out, four codes (one word) per
+// thread along R, so every global side is coalesced. With VEC: C·sizeof(T) is a multiple of
+// 16, R of 4, x is 16-byte, out 4-byte and rows_out W-byte aligned; otherwise every access
+// is one element.
 template <typename T, __nv_fp8_interpretation_t F, bool VEC>
 __global__ void __launch_bounds__(qt::THREADS)
-    quantize_transposed(fp8* out, fp8* rows, float* descale, const T* x, const float* amax, int R,
-                        int C) {
+    quantize_transposed(fp8* out, fp8* rows_out, float* descale, const T* x, const float* amax,
+                        int R, int C) {
     using namespace qt;
     constexpr int W = access_width<T, VEC>();
     __shared__ __align__(16) fp8 tile[TILE][PITCH];  // tile[r][c] = code of x[r0 + r, c0 + c]
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(qt::THREADS)
             load_vec<T, W>(v, x + (long long)gr * C + gc);
 #pragma unroll
             for (int k = 0; k < W; k++) q[k] = to_fp8<F>(v[k], scale);
-            if (rows) store_codes<W>(rows + (long long)gr * C + gc, q);
+            if (rows_out) store_codes<W>(rows_out + (long long)gr * C + gc, q);
         } else {
 #pragma unroll
             for (int k = 0; k < W; k++) q[k] = 0;

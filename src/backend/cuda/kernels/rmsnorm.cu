@@ -11,9 +11,9 @@
 // Each lane reads back in the second pass only what it wrote in the first, so no barrier is
 // needed.
 //
-// The plain and the fused forward are one kernel: the fused one first rounds `residual +
-// branch` to T and stores it, then both normalize the same values with the same per-lane
-// split and reduction tree, so their outputs and rstd agree bit for bit.
+// The plain and the fused forward are one kernel: the fused one first rounds `inp + branch`
+// to T and stores it in `residual_out`, then both normalize the same values with the same
+// per-lane split and reduction tree, so their outputs and rstd agree bit for bit.
 #include "common.cuh"
 
 // Accesses per lane and operand issued before the first is used: 4 in the forward (2 or 4
@@ -118,9 +118,11 @@ __device__ __forceinline__ int acc_len(int C) {
 // dout, x and dinp in registers from one round of loads, all issued together, so the
 // second pass reads nothing again and a row costs one trip to memory instead of two. HELD
 // = 0 streams the row twice in rounds of BACKWARD_UNROLL. Each lane visits its columns in
-// the same order either way, so the two give the same bits.
+// the same order either way, so the two give the same bits. A block has at most
+// BACKWARD_MAX_THREADS threads (the host's block size): fewer where shared memory holds the
+// sums of fewer warps.
 template <typename T, bool VEC, int HELD>
-__global__ void __launch_bounds__(256, HELD > 4 ? 2 : 3)
+__global__ void __launch_bounds__(BACKWARD_MAX_THREADS, HELD > 4 ? 2 : 3)
     rmsnorm_backward(T* dinp, float* partials, const T* dout, const T* inp, const T* weight,
                      const float* rstd, long long rows, int C, int rows_per_block, float* amax) {
     constexpr int W = access_width<T, VEC>(), U = HELD > 0 ? HELD : BACKWARD_UNROLL;

@@ -8,9 +8,9 @@
 // width and D/2 in bytes are multiples of 16).
 #include "common.cuh"
 
-// qkv: [rows, width]; the first `heads` (q and k) heads of each row are rotated, the value
-// heads are left alone. A block has `rows_per_block` rows of `units` = heads·D/(2W) threads'
-// work each (one row's work may take several passes of the block when it is wider).
+// qkv: [rows, width]; the q and k heads at the start of each row are rotated, the value
+// heads are left alone. A block has `rows_per_block` rows of `units` = (q and k heads)·D/(2W)
+// threads' work each (one row's work may take several passes of the block when it is wider).
 template <typename T, bool VEC>
 __global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int D, int width,
                      int units, int rows_per_block, int inverse) {
