@@ -107,6 +107,12 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
     return *reinterpret_cast<unsigned*>(&v);
 }
 
+// A pair of accumulator values in the type of the row they go to, stored as one access.
+__device__ __forceinline__ __nv_bfloat162 pair_for(const bf16*, float lo, float hi) {
+    return __floats2bfloat162_rn(lo, hi);
+}
+__device__ __forceinline__ float2 pair_for(const float*, float lo, float hi) { return make_float2(lo, hi); }
+
 // The A fragment of 16 rows x 16 columns kk*16.. of an accumulator tile, packed to bf16.
 __device__ __forceinline__ void a_fragment(unsigned a[4], const float p[TILE / 8][4], int kk) {
     a[0] = pack(p[2 * kk][0], p[2 * kk][1]);
@@ -534,6 +540,32 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
     report_amax(amax, largest);
 }
 
+// A key's dK and dV rows in memory, each at this lane's first column.
+template <class Out>
+struct DkDvRows {
+    Out* dk;
+    Out* dv;
+};
+
+// Stores this lane's part of a warp's 16 rows of dK (times `scale`) and dV, at `at(key)` (bf16
+// or f32), skipping keys past the sequence's end.
+template <int D, class At>
+__device__ __forceinline__ void store_dkdv(const float dk[D / 8][4], const float dv[D / 8][4], float scale,
+                                           const int keys[2], int T, At at) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (keys[r] >= T) continue;
+        const auto dst = at(keys[r]);
+        using Pair = decltype(pair_for(dst.dk, 0.f, 0.f));
+#pragma unroll
+        for (int db = 0; db < D / 8; ++db) {
+            *reinterpret_cast<Pair*>(dst.dk + db * 8) =
+                pair_for(dst.dk, dk[db][2 * r] * scale, dk[db][2 * r + 1] * scale);
+            *reinterpret_cast<Pair*>(dst.dv + db * 8) = pair_for(dst.dv, dv[db][2 * r], dv[db][2 * r + 1]);
+        }
+    }
+}
+
 // dK and dV for 64 keys of one kv head, summed over the group's q heads and the query tiles
 // that see them, in a fixed order. Each warp owns 16 keys and works with transposed scores
 // Sᵀ = K Qᵀ so that its accumulators are rows of dK and dV.
@@ -603,34 +635,18 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
     }
     if (splits > 1) {  // this share, in f32, for attention_dkdv_sum
         const size_t rows = static_cast<size_t>(gridDim.z) * T, part = (static_cast<size_t>(share) * 2) * rows;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (keys[r] >= T) continue;
-            const size_t row = (static_cast<size_t>(b) * T + keys[r]) * Hkv + g;
+        store_dkdv<D>(dk, dv, scale, keys, T, [&](int key) {
+            const size_t row = (static_cast<size_t>(b) * T + key) * Hkv + g;
             float* dk_row = shares + (part * Hkv + row) * D + (lane % 4) * 2;
-            float* dv_row = dk_row + rows * Hkv * D;
-#pragma unroll
-            for (int db = 0; db < D / 8; ++db) {
-                *reinterpret_cast<float2*>(dk_row + db * 8) =
-                    make_float2(dk[db][2 * r] * scale, dk[db][2 * r + 1] * scale);
-                *reinterpret_cast<float2*>(dv_row + db * 8) = make_float2(dv[db][2 * r], dv[db][2 * r + 1]);
-            }
-        }
+            return DkDvRows<float>{dk_row, dk_row + rows * Hkv * D};
+        });
         return;
     }
     bf16* base = dqkv + static_cast<size_t>(b) * T * kv.stride;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (keys[r] >= T) continue;
-        bf16* dk_row = base + keys[r] * kv.stride + (Hq + g) * D + (lane % 4) * 2;
-        bf16* dv_row = base + keys[r] * kv.stride + (Hq + Hkv + g) * D + (lane % 4) * 2;
-#pragma unroll
-        for (int db = 0; db < D / 8; ++db) {
-            *reinterpret_cast<__nv_bfloat162*>(dk_row + db * 8) =
-                __floats2bfloat162_rn(dk[db][2 * r] * scale, dk[db][2 * r + 1] * scale);
-            *reinterpret_cast<__nv_bfloat162*>(dv_row + db * 8) = __floats2bfloat162_rn(dv[db][2 * r], dv[db][2 * r + 1]);
-        }
-    }
+    store_dkdv<D>(dk, dv, scale, keys, T, [&](int key) {
+        return DkDvRows<bf16>{base + key * kv.stride + (Hq + g) * D + (lane % 4) * 2,
+                              base + key * kv.stride + (Hq + Hkv + g) * D + (lane % 4) * 2};
+    });
 }
 
 // dQ for 64 queries of one q head: each warp owns 16 queries and loops over the key tiles up
