@@ -207,7 +207,7 @@ fn unwritable_or_sharded_out_dir() {
     );
     c.check(
         &export(s(&c.model)),
-        &[into_model, "export into another directory"],
+        &[into_model, "write into another directory"],
     );
 }
 

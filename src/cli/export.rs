@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use crate::backend::cpu::Cpu;
-use crate::io::{hf, same_path};
+use crate::io::hf;
 use crate::model::{MatmulPrecision, ModelOptions, Recompute, Transformer};
 use crate::tensor::DType;
 
@@ -30,13 +30,7 @@ impl ExportArgs {
         else {
             bail!("--dtype {}: choose f32, bf16 or f16", self.dtype);
         };
-        if same_path(&self.model, &self.out_dir) {
-            bail!(
-                "--out-dir {} is the --model directory; export into another directory, so that the model read stays as it is",
-                self.out_dir.display()
-            );
-        }
-        hf::check_export_dir(&self.out_dir, "--out-dir")?;
+        hf::check_export_dir(&self.out_dir, Some(&self.model))?;
         let config = hf::read_config(&self.model)?;
         let cpu = Cpu::<f32>::new();
         // The smallest activation shape: export only touches the weights.

@@ -449,21 +449,22 @@ fn train_on<B: Backend>(b: &B, options: &Options, demo: bool) -> Result<()> {
 /// `--model` names a HF model directory, or one of the built-in architectures (see
 /// `model::presets`) to train from random weights.
 pub(super) fn model_source(model: &std::path::Path, from_scratch: bool) -> Result<ModelSource> {
-    let preset = model
-        .to_str()
-        .filter(|name| !model.exists() && presets::names().contains(name));
-    let Some(name) = preset else {
-        if !model.exists() {
-            bail!(
-                "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json) or one of {}",
-                model.display(),
-                presets::names().join(", ")
-            );
-        }
+    // A path that exists is a directory, even where it shares a preset's name.
+    if model.exists() {
         return Ok(ModelSource::Dir {
             path: model.to_path_buf(),
             from_scratch,
         });
+    }
+    let Some(name) = model
+        .to_str()
+        .filter(|name| presets::names().contains(name))
+    else {
+        bail!(
+            "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json) or one of {}",
+            model.display(),
+            presets::names().join(", ")
+        );
     };
     if !from_scratch {
         bail!(

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use super::atomic::write_bytes_atomically;
+use super::same_path;
 use super::tensors::{MappedFile, decode, encode, write_file};
 use crate::backend::Backend;
 use crate::model::{ModelConfig, Transformer};
@@ -153,13 +154,20 @@ pub fn import<B: Backend>(b: &B, model: &Transformer<B>, dir: &Path) -> Result<(
     Ok(())
 }
 
-/// Refuses an output directory (`flag` names it) that holds a sharded model: loaders read its
-/// index before a single `model.safetensors`, so an export there would be shadowed by the old
-/// shards. Checked before any work, so that a run does not find out at its end.
-pub fn check_export_dir(out_dir: &Path, flag: &str) -> Result<()> {
+/// Refuses an `--out-dir` that an export must not write into: the `--model` directory it
+/// reads (whose weights it would replace), or one that holds a sharded model (loaders read
+/// its index before a single `model.safetensors`, so the old shards would shadow the
+/// export). Checked before any work, so that a run does not find out at its end.
+pub fn check_export_dir(out_dir: &Path, model_dir: Option<&Path>) -> Result<()> {
+    if model_dir.is_some_and(|m| same_path(m, out_dir)) {
+        bail!(
+            "--out-dir {} is the --model directory; write into another directory, so that the model read stays as it is",
+            out_dir.display()
+        );
+    }
     if out_dir.join(INDEX).exists() {
         bail!(
-            "{flag} {}: holds a sharded model ({INDEX}), which loaders would read instead of the exported {WEIGHTS}; choose another {flag} or remove the old shards and their index",
+            "--out-dir {}: holds a sharded model ({INDEX}), which loaders would read instead of the exported {WEIGHTS}; choose another --out-dir or remove the old shards and their index",
             out_dir.display()
         );
     }

@@ -26,7 +26,7 @@ use super::schedule::Schedule;
 use super::step_losses::StepLosses;
 use crate::backend::Backend;
 use crate::hash::fnv1a;
-use crate::io::{self, hf};
+use crate::io::hf;
 use crate::model::{LossOptions, ModelConfig, ModelOptions, Transformer};
 use crate::rng::Rng;
 
@@ -225,21 +225,17 @@ fn check_out_dir(o: &Options) -> Result<()> {
     let Some(dir) = o.out_dir.as_deref() else {
         return Ok(());
     };
-    if let ModelSource::Dir { path, .. } = &o.model
-        && io::same_path(path, dir)
-    {
-        bail!(
-            "--out-dir {} is the --model directory; write the trained model elsewhere, so that the model read stays as it is",
-            dir.display()
-        );
-    }
     let fail = || {
         format!(
             "--out-dir {}: cannot write there; choose a directory this user can write to",
             dir.display()
         )
     };
-    hf::check_export_dir(dir, "--out-dir")?;
+    let model_dir = match &o.model {
+        ModelSource::Dir { path, .. } => Some(path.as_path()),
+        ModelSource::Config { .. } => None,
+    };
+    hf::check_export_dir(dir, model_dir)?;
     std::fs::create_dir_all(dir).with_context(fail)?;
     let probe = dir.join(".smelt-write-check.tmp");
     std::fs::write(&probe, b"")
