@@ -7,6 +7,7 @@ use common::gpu::*;
 use smelt::model::presets::preset;
 use smelt::model::{MatmulPrecision, Recompute};
 use smelt::train::bench::{self, BenchOptions};
+use smelt::train::optimizer::Offload;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -22,6 +23,7 @@ fn op_times_account_for_the_step() {
         warmup: 2,
         matmul: MatmulPrecision::Native,
         recompute: Recompute::default(),
+        offload: Offload::default(),
         lmhead_chunks: chunks,
         op_times: true,
     };

@@ -6,9 +6,9 @@
 mod common;
 
 use common::gpu::*;
-use common::{batch, options, trained_tokens};
+use common::options;
 use smelt::backend::Backend;
-use smelt::model::{LossOptions, MatmulPrecision, ModelConfig, Recompute, Transformer};
+use smelt::model::{MatmulPrecision, ModelConfig, Recompute, Transformer};
 use smelt::tensor::DType;
 
 const STEPS: u64 = 5;
@@ -20,26 +20,12 @@ fn train<B: Backend>(
     recompute: Recompute,
     matmul: MatmulPrecision,
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let (batch_size, seq) = (2, 256);
-    let mut o = options(batch_size, seq, DType::BF16, recompute, 2);
+    let mut o = options(2, 256, DType::BF16, recompute, 2);
     o.matmul = matmul;
     let mut model = Transformer::new(gpu, config.clone(), o).unwrap();
     upload_weights(gpu, &model, &host_weights(&model, 3, 0.05));
     let optimizer = bf16_adamw(gpu, &model);
-    let mut losses = vec![];
-    for step in 1..=STEPS {
-        let (tokens, targets) = batch(batch_size * seq, config.vocab_size, 100 + step);
-        let loss = LossOptions {
-            grad_scale: 1.0 / trained_tokens(&targets) as f32,
-            z_loss: 1e-4,
-            accumulate: false,
-        };
-        model
-            .forward_backward(gpu, &tokens, &targets, loss)
-            .unwrap();
-        losses.extend(gpu.download(model.losses()).unwrap());
-        optimizer.step(gpu, &model, 1e-3, step, 7).unwrap();
-    }
+    let losses = train_steps(gpu, &mut model, &optimizer, STEPS);
     let weights = model
         .params
         .iter()

@@ -258,7 +258,11 @@ fn flags_that_are_not_implemented_or_incomplete() {
         &c.args(s(&c.good), &["--gpus", "2"]),
         &["--gpus is not implemented yet"],
     );
-    let precision_errors: [(&[&str], &str); 4] = [
+    let precision_errors: [(&[&str], &str); 5] = [
+        (
+            &["--offload-master", "--model-dtype", "f32"],
+            "--offload-master: this run keeps no master copy of the weights",
+        ),
         (
             &["--matmul-dtype", "e5m2"],
             "--matmul-dtype e5m2: choose from bf16, e4m3",

@@ -194,6 +194,26 @@ fn fp8_resume_is_bitwise_exact() {
     );
 }
 
+/// Where the optimizer state lives changes no bit, so a run may continue with other
+/// `--offload-*` flags and end as the uninterrupted run did. (On the CPU the state is in host
+/// memory either way; `tests/cuda_offload.rs` checks the same where it moves off the GPU.)
+#[test]
+fn offload_may_change_on_continue() {
+    let s = setup();
+    let full = uninterrupted(&s, "full", &[]);
+    let offload = ["--offload-master", "--offload-opt-m", "--offload-opt-v"];
+    let resumed = resumed_at_step_2(&s, &full, "offloaded", &offload);
+    assert_same_run(&full, &resumed, 2);
+    let log = std::fs::read_to_string(resumed.join("log.jsonl")).unwrap();
+    for category in ["host adam_m", "host adam_v", "host master"] {
+        assert!(log.contains(category), "no {category} in the memory table");
+    }
+    assert!(
+        !log.contains("offload changed"),
+        "offload warned on continuing"
+    );
+}
+
 #[test]
 fn killed_while_writing_a_checkpoint_continues_from_the_previous_one() {
     let s = setup();

@@ -2,8 +2,9 @@
 # End to end on the GPU (run from the repo root with .gpu carried; see prepare.sh): Qwen2.5-0.5B's
 # architecture from scratch on Shakespeare tokenized with the Qwen2.5 tokenizer (.gpu/data),
 # 100 steps with periodic evals and checkpoints at 50 and 100, exported as a HF directory.
-# Then `--continue` from the step-50 checkpoint must reproduce steps 51..100 exactly, and
-# transformers, loading the export, must compute smelt's final eval loss within 1e-2.
+# Then `--continue` from the step-50 checkpoint must reproduce steps 51..100 exactly, with
+# the optimizer state on the GPU and offloaded to host memory, and transformers, loading the
+# export, must compute smelt's final eval loss within 1e-2.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/logs}
@@ -24,16 +25,23 @@ echo "=== e2e: --continue from step 50"
 printf step-00000050 > "$work/ckpt/latest"
 run --continue --log-file "$OUT/e2e/continued.jsonl" --out-dir "$work/model-continued"
 
-python3 - "$OUT/e2e/full.jsonl" "$OUT/e2e/continued.jsonl" <<'EOF'
+echo "=== e2e: --continue from step 50, optimizer state in host memory"
+printf step-00000050 > "$work/ckpt/latest"
+run --continue --offload-master --offload-opt-m --offload-opt-v \
+    --log-file "$OUT/e2e/offloaded.jsonl" --out-dir "$work/model-offloaded"
+
+python3 - "$OUT"/e2e/{full,continued,offloaded}.jsonl <<'EOF'
 import json, sys
 def losses(path):
     return {e["step"]: e["loss"] for e in map(json.loads, open(path)) if e.get("event") == "step"}
-full, cont = losses(sys.argv[1]), losses(sys.argv[2])
+full = losses(sys.argv[1])
 later = sorted(s for s in full if s > 50)
-same = bool(later) and all(cont.get(s) == full[s] for s in later)
-print("RESULT " + json.dumps({"continue_steps": len(later), "losses_identical": same,
-                              "step_100_loss": full.get(100)}))
-sys.exit(0 if same else 1)
+result = {"continue_steps": len(later), "step_100_loss": full.get(100)}
+for name, path in zip(["continued", "offloaded"], sys.argv[2:]):
+    cont = losses(path)
+    result[name + "_identical"] = bool(later) and all(cont.get(s) == full[s] for s in later)
+print("RESULT " + json.dumps(result))
+sys.exit(0 if result["continued_identical"] and result["offloaded_identical"] else 1)
 EOF
 
 echo "=== e2e: transformers on the export"

@@ -198,6 +198,17 @@ pub trait Backend: Sized {
     /// Allocates one category (weights, gradients, activations, ...) at once and returns its
     /// tensors in the order of `specs`. Contents are unspecified until written.
     fn allocate(&self, category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>>;
+    /// `allocate`, but in host memory that the device reads and writes over the bus, for
+    /// state touched once per step (the optimizer's): it frees device memory for the price of
+    /// moving those bytes over PCIe. Every op takes such tensors like any other. On a backend
+    /// whose memory is the host's, the same as `allocate`.
+    fn allocate_offloaded(
+        &self,
+        category: &str,
+        specs: &[TensorSpec],
+    ) -> Result<Vec<Tensor<Self>>> {
+        self.allocate(category, specs)
+    }
     /// Copies host values in, rounding each to the tensor's dtype.
     fn upload(&self, dst: &Tensor<Self>, src: &[f32]) -> Result<()>;
     fn upload_i32(&self, dst: &Tensor<Self>, src: &[i32]) -> Result<()>;

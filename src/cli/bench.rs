@@ -7,6 +7,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
+use super::offload::OffloadFlags;
 use super::recompute::RecomputeFlags;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
@@ -49,6 +50,8 @@ pub struct BenchArgs {
     gradient_dtype: Option<String>,
     #[command(flatten)]
     recompute: RecomputeFlags,
+    #[command(flatten)]
+    offload: OffloadFlags,
     /// Chunks of the LM head and loss (the logits buffer shrinks with it) [default: one per
     /// 4096 tokens of the batch, 8 at 32 × 1024].
     #[arg(long)]
@@ -78,6 +81,7 @@ impl BenchArgs {
             warmup: self.warmup,
             matmul,
             recompute: self.recompute.recompute(),
+            offload: self.offload.offload(None)?,
             // Chunks of 4096 tokens keep the LM head's matmuls large (at batch 1 and 8 chunks,
             // its weight gradient, re-read and rewritten per chunk, took 10% of the step)
             // while bounding the logits at 1.2 GB for a 152k vocabulary.
@@ -138,6 +142,7 @@ impl BenchArgs {
             "step_ms": ms(r.step_s),
             "peak_mem_gib": gib(r.memory_bytes),
             "memory": if r.memory_measured { "allocated" } else { "planned" },
+            "offloaded_gib": gib(r.offloaded_bytes),
             "phases_ms": phases,
             "split_step_ms": ms(r.split_step_s),
             "split_steps": SPLIT_STEPS,
@@ -161,11 +166,14 @@ impl BenchArgs {
             .map_or("n/a (no peak figure for this device)".into(), |m| {
                 format!("{:.1}%", 100.0 * m)
             });
-        let memory = if r.memory_measured {
-            "allocated on the device"
+        let mut memory = if r.memory_measured {
+            "allocated on the device".to_string()
         } else {
-            "planned tensors"
+            "planned tensors".to_string()
         };
+        if r.offloaded_bytes > 0 {
+            memory += &format!(", + {:.2} GiB in host memory", gib(r.offloaded_bytes));
+        }
         println!(
             "step {:.1} ms (median of {} after {} warmup) | {:.0} tok/s | MFU {mfu} | peak memory {:.2} GiB ({memory}) | loss {:.3}",
             r.step_s * 1e3,

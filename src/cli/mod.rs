@@ -2,6 +2,7 @@
 
 mod bench;
 mod export;
+mod offload;
 mod plot;
 mod recompute;
 mod sample;

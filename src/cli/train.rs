@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
+use super::offload::OffloadFlags;
 use super::recompute::RecomputeFlags;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -153,15 +154,8 @@ pub struct TrainArgs {
     /// batch × vocabulary logits never exist at once.
     #[arg(long, default_value_t = 1, help_heading = "Memory")]
     lmhead_chunks: usize,
-    /// Keep master weights in host memory (not implemented yet).
-    #[arg(long, help_heading = "Memory")]
-    offload_master: bool,
-    /// Keep Adam's first moment in host memory (not implemented yet).
-    #[arg(long, help_heading = "Memory")]
-    offload_opt_m: bool,
-    /// Keep Adam's second moment in host memory (not implemented yet).
-    #[arg(long, help_heading = "Memory")]
-    offload_opt_v: bool,
+    #[command(flatten)]
+    offload: OffloadFlags,
 
     // ----- devices -----
     /// Where to run: the GPU when the driver reports one, else the CPU.
@@ -373,6 +367,7 @@ impl TrainArgs {
                 opt_m_dtype: self.opt_m_dtype,
                 opt_v_dtype: self.opt_v_dtype,
                 master_dtype,
+                offload: self.offload.offload(master_dtype)?,
             },
             z_loss: self.z_loss,
             model_dtype,
@@ -403,21 +398,6 @@ impl TrainArgs {
                 "--use-cuda-graphs",
                 self.use_cuda_graphs,
                 "steps are not captured as CUDA graphs",
-            ),
-            (
-                "--offload-master",
-                self.offload_master,
-                "state stays on the device",
-            ),
-            (
-                "--offload-opt-m",
-                self.offload_opt_m,
-                "state stays on the device",
-            ),
-            (
-                "--offload-opt-v",
-                self.offload_opt_v,
-                "state stays on the device",
             ),
         ];
         match refused.iter().find(|r| r.1) {

@@ -18,7 +18,7 @@ use anyhow::{Result, bail};
 
 use super::console::memory_table;
 use super::metrics;
-use super::optimizer::{AdamWState, OptimizerOptions};
+use super::optimizer::{AdamWState, Offload, OptimizerOptions};
 use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
 use crate::model::{
@@ -45,6 +45,7 @@ pub struct BenchOptions {
     pub warmup: usize,
     pub matmul: MatmulPrecision,
     pub recompute: Recompute,
+    pub offload: Offload,
     pub lmhead_chunks: usize,
     /// Also time each op (`BenchReport::ops`).
     pub op_times: bool,
@@ -71,6 +72,8 @@ pub struct BenchReport {
     pub memory_bytes: u64,
     /// Whether `memory_bytes` was measured on the device (else it is the plan).
     pub memory_measured: bool,
+    /// The optimizer state offloaded to host memory, in bytes (not in `memory_bytes`).
+    pub offloaded_bytes: u64,
     /// The mean per-token loss of the last step.
     pub loss: f64,
     /// With `op_times`, each op's calls and device seconds per step (the mean over
@@ -91,6 +94,7 @@ pub fn bf16_adamw_options() -> OptimizerOptions {
         opt_m_dtype: DType::BF16,
         opt_v_dtype: DType::BF16,
         master_dtype: None,
+        offload: Offload::default(),
     }
 }
 
@@ -119,7 +123,11 @@ pub fn run<B: Backend>(
         },
     )?;
     model.init_weights(b, SEED)?;
-    let opt = AdamWState::new(b, &model, bf16_adamw_options())?;
+    let optimizer = OptimizerOptions {
+        offload: o.offload,
+        ..bf16_adamw_options()
+    };
+    let opt = AdamWState::new(b, &model, optimizer)?;
     let mut bench = Bench {
         b,
         batches: (0..2).map(|i| random_batch(&model, i)).collect(),
@@ -167,6 +175,10 @@ pub fn run<B: Backend>(
         .expect("a total row")
         .1;
     let measured = device_bytes(b)?;
+    let offloaded_bytes = memory_table(&[&bench.opt.offloaded])
+        .last()
+        .expect("a total row")
+        .1;
 
     let tokens_per_step = bench.model.tokens_per_step();
     let step_s = median(&mut totals);
@@ -180,6 +192,7 @@ pub fn run<B: Backend>(
         split_step_s: median(&mut split_totals),
         memory_bytes: measured.unwrap_or(planned),
         memory_measured: measured.is_some(),
+        offloaded_bytes,
         loss,
         ops,
     })

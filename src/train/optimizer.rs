@@ -2,7 +2,8 @@
 //!
 //! The first and second moments (and, when the weights are narrower than the master dtype,
 //! a master copy of the weights) are one allocation per category, laid out like the
-//! parameters. A step sums the squared gradients into a device scalar and hands it to every
+//! parameters, on the device or, offloaded, in host memory that the update reaches over the
+//! bus. A step sums the squared gradients into a device scalar and hands it to every
 //! update, which clips on the device: nothing is read back unless the caller asks for the
 //! norm to log it. Weight decay applies only where `ParamKind::decays()` says so.
 
@@ -27,6 +28,17 @@ pub struct OptimizerOptions {
     pub opt_v_dtype: DType,
     /// The dtype of a master copy of the weights; `None` updates the weights in place.
     pub master_dtype: Option<DType>,
+    pub offload: Offload,
+}
+
+/// Which optimizer state lives in host memory (llm.q's `--offload-*`). The update reads and
+/// writes it over the bus once per step, which costs that traffic at PCIe speed and saves
+/// its size in device memory. Where the state lives changes no result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offload {
+    pub master: bool,
+    pub opt_m: bool,
+    pub opt_v: bool,
 }
 
 pub struct AdamWState<B: Backend> {
@@ -36,16 +48,20 @@ pub struct AdamWState<B: Backend> {
     pub master: Option<Params<Tensor<B>>>,
     /// `[1]` f32: Σ g² over every gradient, summed on the device each step.
     norm_sq: Tensor<B>,
-    /// What each allocation holds, for the memory table.
+    /// What each device allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
+    /// The same for the offloaded categories.
+    pub offloaded: Vec<(&'static str, Vec<TensorSpec>)>,
 }
 
-/// One allocation laid out like the parameters, each tensor named `prefix.name`.
+/// One allocation laid out like the parameters, each tensor named `prefix.name`, in host
+/// memory if `offload`.
 fn allocate_like<B: Backend>(
     b: &B,
     layout: &Params<ParamSpec>,
     category: &'static str,
     dtype: DType,
+    offload: bool,
 ) -> Result<(Params<Tensor<B>>, Vec<TensorSpec>)> {
     let specs: Vec<TensorSpec> = layout
         .try_map(|p| {
@@ -58,7 +74,10 @@ fn allocate_like<B: Backend>(
         .iter()
         .cloned()
         .collect();
-    let tensors = b.allocate(category, &specs)?;
+    let tensors = match offload {
+        true => b.allocate_offloaded(category, &specs)?,
+        false => b.allocate(category, &specs)?,
+    };
     Ok((from_list(layout, tensors), specs))
 }
 
@@ -67,15 +86,20 @@ impl<B: Backend> AdamWState<B> {
     /// (if any) equal to the current weights.
     pub fn new(b: &B, model: &Transformer<B>, options: OptimizerOptions) -> Result<Self> {
         let layout = &model.layout;
-        let (m, m_specs) = allocate_like(b, layout, "adam_m", options.opt_m_dtype)?;
-        let (v, v_specs) = allocate_like(b, layout, "adam_v", options.opt_v_dtype)?;
-        let mut memory = vec![("adam_m", m_specs), ("adam_v", v_specs)];
-        let master = match options.master_dtype {
-            Some(dtype) => {
-                let (master, specs) = allocate_like(b, layout, "master", dtype)?;
-                memory.push(("master", specs));
-                Some(master)
+        let offload = options.offload;
+        let (mut memory, mut offloaded) = (vec![], vec![]);
+        let mut allocate = |category, dtype, offload| {
+            let (tensors, specs) = allocate_like(b, layout, category, dtype, offload)?;
+            match offload {
+                true => offloaded.push((category, specs)),
+                false => memory.push((category, specs)),
             }
+            anyhow::Ok(tensors)
+        };
+        let m = allocate("adam_m", options.opt_m_dtype, offload.opt_m)?;
+        let v = allocate("adam_v", options.opt_v_dtype, offload.opt_v)?;
+        let master = match options.master_dtype {
+            Some(dtype) => Some(allocate("master", dtype, offload.master)?),
             None => None,
         };
         let norm_spec = TensorSpec::new("grad_norm_sq", &[1], DType::F32);
@@ -91,6 +115,7 @@ impl<B: Backend> AdamWState<B> {
             master,
             norm_sq: norm_sq.into_iter().next().expect("one tensor"),
             memory,
+            offloaded,
         };
         state.sync_master(b, model)?;
         Ok(state)

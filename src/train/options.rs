@@ -72,8 +72,8 @@ impl Options {
 
     /// Options that may differ between a run and the run it continues, since they do not
     /// change what has already been computed (later ones may change with a warning).
-    /// `recompute` is among them because recomputing gives bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 10] = [
+    /// `recompute` and `offload` are among them because they give bitwise the same results.
+    pub const FREE_ON_CONTINUE: [&str; 11] = [
         "resume",
         "out_dir",
         "log_file",
@@ -83,6 +83,7 @@ impl Options {
         "eval_every_n_steps",
         "eval_num_steps",
         "recompute",
+        "offload",
         "debug_log_abs_max",
     ];
 }

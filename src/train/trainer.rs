@@ -337,7 +337,8 @@ impl<B: Backend> Run<'_, B> {
         Ok(())
     }
 
-    /// Prints and logs the memory table: the model's allocations and the optimizer's.
+    /// Prints and logs the memory table: the model's allocations and the optimizer's, and
+    /// the optimizer state offloaded to host memory.
     fn announce_memory(&mut self) -> Result<()> {
         let table = console::memory_table(&[
             &self.model.memory,
@@ -350,6 +351,18 @@ impl<B: Backend> Run<'_, B> {
             .collect();
         for (category, bytes) in table {
             self.log.write(Event::Memory { category, bytes })?;
+        }
+        let offloaded = console::memory_table(&[&self.opt().offloaded]);
+        if offloaded.len() > 1 {
+            let listed: Vec<String> = offloaded
+                .iter()
+                .map(|(name, bytes)| format!("{name} {}", console::mib(*bytes)))
+                .collect();
+            cells.push(format!("in host memory: {}", listed.join(", ")));
+            for (name, bytes) in offloaded {
+                let category = format!("host {name}");
+                self.log.write(Event::Memory { category, bytes })?;
+            }
         }
         if let Some((free, total)) = self.b.free_memory() {
             let (free, total) = (free as u64, total as u64);

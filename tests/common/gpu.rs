@@ -4,11 +4,13 @@
 
 use smelt::backend::Backend;
 use smelt::backend::cuda::Cuda;
-use smelt::model::{ParamKind, Transformer};
+use smelt::model::{LossOptions, ParamKind, Transformer};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor, TensorSpec};
 use smelt::train::bench;
 use smelt::train::optimizer::AdamWState;
+
+use super::{batch, trained_tokens};
 
 pub fn cuda() -> Cuda {
     Cuda::new(0).expect("these tests need a CUDA GPU")
@@ -181,6 +183,29 @@ pub fn small_configs() -> Vec<(&'static str, smelt::model::ModelConfig)> {
             small_config("LlamaForCausalLM", true, 384, 6, 2, 96),
         ),
     ]
+}
+
+/// `steps` optimizer steps of `model` on random batches seeded by the step (z-loss 1e-4,
+/// lr 1e-3, rounding seed 7): every step's per-token losses, in order.
+pub fn train_steps<B: Backend>(
+    b: &B,
+    model: &mut Transformer<B>,
+    optimizer: &AdamWState<B>,
+    steps: u64,
+) -> Vec<f32> {
+    let mut losses = vec![];
+    for step in 1..=steps {
+        let (tokens, targets) = batch(model.tokens_per_step(), model.config.vocab_size, 100 + step);
+        let loss = LossOptions {
+            grad_scale: 1.0 / trained_tokens(&targets) as f32,
+            z_loss: 1e-4,
+            accumulate: false,
+        };
+        model.forward_backward(b, &tokens, &targets, loss).unwrap();
+        losses.extend(b.download(model.losses()).unwrap());
+        optimizer.step(b, model, 1e-3, step, 7).unwrap();
+    }
+    losses
 }
 
 /// The trainer's AdamW as the benchmark rows define it: bf16 weights and bf16 Adam states.

@@ -16,7 +16,7 @@ use cudarc::driver::CudaStream;
 use cudarc::driver::sys::CUevent_flags;
 
 use super::matmul_algos::AlgoChooser;
-use super::memory::Arena;
+use super::memory::{Arena, Place};
 use crate::tensor::DType;
 
 /// The workspace cuBLASLt may use; 32 MiB is what NVIDIA recommends for Hopper.
@@ -340,6 +340,7 @@ impl Blas {
         let scratch = Arena::new(
             self.stream.context(),
             key.m * key.n * key.dtypes[2].size_bytes(),
+            Place::Device,
         )
         .ok()?;
         let count = plan.candidates.len();

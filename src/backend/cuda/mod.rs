@@ -43,7 +43,7 @@ use half::bf16;
 use self::cublaslt::Blas;
 use self::kernels::{Arg, KArg, Kernel, Kernels};
 use self::matmul::op_dims;
-use self::memory::{CudaStorage, Memory, MemoryReport, carve};
+use self::memory::{CudaStorage, Memory, MemoryReport, Place, carve};
 use self::op_timer::OpTimer;
 use super::op_times::{OpTime, matmul_name};
 use super::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
@@ -180,7 +180,7 @@ impl Cuda {
         let multiprocessors =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let memory = Memory::new(ctx.clone());
-        let workspace = memory.allocate("workspace", cublaslt::WORKSPACE_BYTES)?;
+        let workspace = memory.allocate("workspace", cublaslt::WORKSPACE_BYTES, Place::Device)?;
         let blas = Blas::new(stream.clone(), workspace)?;
         Ok(Cuda {
             kernels: Kernels::new(ctx.clone(), arch),
@@ -199,6 +199,36 @@ impl Cuda {
     /// Bytes per allocation category (plus scratch), and the device's free and total bytes.
     pub fn memory_report(&self) -> Result<MemoryReport> {
         self.memory.report()
+    }
+
+    /// One arena in `place` for `category`, carved into a view per spec.
+    fn allocate_in(
+        &self,
+        category: &str,
+        specs: &[TensorSpec],
+        place: Place,
+    ) -> Result<Vec<Tensor<Self>>> {
+        for spec in specs {
+            if !matches!(
+                spec.dtype,
+                DType::F32 | DType::BF16 | DType::E4M3 | DType::E5M2 | DType::I32
+            ) {
+                return Err(unsupported_dtype("allocate", vec![spec.dtype]));
+            }
+        }
+        let (offsets, total) = carve(specs);
+        let arena = self.memory.allocate(category, total, place)?;
+        Ok(specs
+            .iter()
+            .zip(offsets)
+            .map(|(spec, base)| {
+                let storage = CudaStorage {
+                    arena: arena.clone(),
+                    base,
+                };
+                Tensor::new(storage, spec.shape.clone(), spec.dtype)
+            })
+            .collect())
     }
 
     /// # Safety
@@ -285,27 +315,15 @@ impl Backend for Cuda {
     }
 
     fn allocate(&self, category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>> {
-        for spec in specs {
-            if !matches!(
-                spec.dtype,
-                DType::F32 | DType::BF16 | DType::E4M3 | DType::E5M2 | DType::I32
-            ) {
-                return Err(unsupported_dtype("allocate", vec![spec.dtype]));
-            }
-        }
-        let (offsets, total) = carve(specs);
-        let arena = self.memory.allocate(category, total)?;
-        Ok(specs
-            .iter()
-            .zip(offsets)
-            .map(|(spec, base)| {
-                let storage = CudaStorage {
-                    arena: arena.clone(),
-                    base,
-                };
-                Tensor::new(storage, spec.shape.clone(), spec.dtype)
-            })
-            .collect())
+        self.allocate_in(category, specs, Place::Device)
+    }
+
+    fn allocate_offloaded(
+        &self,
+        category: &str,
+        specs: &[TensorSpec],
+    ) -> Result<Vec<Tensor<Self>>> {
+        self.allocate_in(category, specs, Place::PinnedHost)
     }
 
     fn upload(&self, dst: &Tensor<Self>, src: &[f32]) -> Result<()> {
