@@ -10,9 +10,17 @@ use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
 use crate::backend::{AdamW, AdamWTensor};
 use crate::tensor::{DType, Tensor};
 
-/// Elements per vector unit (adamw.cu compiles with it): 16 bytes of bf16, two 16-byte
-/// accesses of f32.
-pub(super) const VECTOR: usize = 8;
+/// Elements a thread updates at once when every tensor is 16-byte aligned at `head`: as
+/// many as fill 16 bytes of the widest one (adamw.cu says why); else 1.
+fn unit_width(t: &AdamWTensor<'_, Cuda>, aligned: bool) -> usize {
+    let widest = [t.param, t.grad, t.m, t.v]
+        .iter()
+        .chain(&t.master)
+        .map(|x| x.dtype.size_bytes())
+        .max()
+        .expect("four tensors at least");
+    if aligned { 16 / widest } else { 1 }
+}
 
 /// The most blocks of one tensor: some 16 waves of the ~500 blocks an H100 holds at once (so
 /// the last, partial wave costs little), while the largest tensors (embeddings) loop over
@@ -23,8 +31,8 @@ const MAX_BLOCKS: u32 = 8192;
 const ENTRY_WORDS: usize = 11;
 
 /// What selects one instantiation of the kernel: the dtypes of param, grad, m and v, whether
-/// there is a master copy, and whether the 16-byte path applies.
-type Variant = (DType, DType, DType, DType, bool, bool);
+/// there is a master copy, and the unit width.
+type Variant = (DType, DType, DType, DType, bool, usize);
 
 impl Cuda {
     pub(super) fn adamw_impl(
@@ -67,15 +75,16 @@ impl Cuda {
             let mut all = vec![t.param, t.grad, t.m, t.v];
             all.extend(t.master);
             let head = aligned_head(&all).filter(|&h| h <= n);
+            let width = unit_width(t, head.is_some());
             let variant = (
                 t.param.dtype,
                 t.grad.dtype,
                 t.m.dtype,
                 t.v.dtype,
                 t.master.is_some(),
-                head.is_some(),
+                width,
             );
-            let units = head.map_or(n, |h| (n - h) / VECTOR);
+            let units = head.map_or(n, |h| (n - h) / width);
             let grid = blocks(units, BLOCK as usize).min(MAX_BLOCKS);
             let first_block = runs.push(variant, grid);
             let weight_decay = hp.weight_decay_for(t.decays).to_bits() as u64;
@@ -96,13 +105,13 @@ impl Cuda {
         let (_, list) = self.scratch_with_table(0, &table)?;
         let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
         for run in &runs.0 {
-            let (.., master, vec) = run.variant;
+            let (.., master, width) = run.variant;
             let t = &tensors[run.first];
             // SAFETY: block b of the launch finds the entry whose run holds it and updates
-            // elements of that entry's param, master, grad, m and v (all n long), with 16-byte
+            // elements of that entry's param, master, grad, m and v (all n long), with wide
             // accesses only from `head` on, where every one of them is 16-byte aligned (the
-            // variant says so for every entry of the run); norm_sq is one f32, each amax one
-            // f32 or null.
+            // variant's width says so for every entry of the run); norm_sq is one f32, each
+            // amax one f32 or null.
             unsafe {
                 self.launch(
                     Kernel::AdamW,
@@ -112,7 +121,7 @@ impl Cuda {
                         float(t.m),
                         float(t.v),
                         Arg::Flag(master),
-                        Arg::Flag(vec),
+                        Arg::Width(width),
                     ],
                     (run.blocks, 1, 1),
                     BLOCK,

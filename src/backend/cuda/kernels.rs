@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, Source};
-use super::{BLOCK, adamw, attention, classifier, embedding, fp8, rmsnorm};
+use super::{BLOCK, attention, classifier, embedding, fp8, rmsnorm};
 use crate::backend::UnsupportedDtype;
 use crate::tensor::DType;
 
@@ -89,7 +89,7 @@ pub static ADAMW: Source = Source {
     name: "adamw.cu",
     text: include_str!("kernels/adamw.cu"),
     options: &["--fmad=false"],
-    defines: &[("ADAMW_VECTOR", adamw::VECTOR)],
+    defines: &[],
 };
 
 pub static FP8: Source = Source {
@@ -131,12 +131,17 @@ pub enum Param {
     /// Accesses per lane that a row kernel holds in registers for a whole row (0: it
     /// streams the row).
     Held,
+    /// Consecutive elements a thread updates at once (1: one at a time).
+    Width,
 }
 
 pub const HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
 
 /// The values of `Param::Held`.
 pub const HELD: [usize; 3] = [0, 4, 8];
+
+/// The values of `Param::Width`.
+pub const WIDTHS: [usize; 3] = [1, 4, 8];
 
 /// Whether the wgmma attention kernels take head size `d`: they multiply in blocks of 64
 /// columns.
@@ -152,6 +157,7 @@ pub enum Arg {
     Fp8(DType),
     Flag(bool),
     Held(usize),
+    Width(usize),
 }
 
 impl Arg {
@@ -163,7 +169,7 @@ impl Arg {
             Arg::Fp8(DType::E5M2) => "__NV_E5M2".into(),
             Arg::Fp8(_) => "__NV_E4M3".into(),
             Arg::Flag(f) => f.to_string(),
-            Arg::Held(n) => n.to_string(),
+            Arg::Held(n) | Arg::Width(n) => n.to_string(),
         }
     }
 
@@ -175,6 +181,7 @@ impl Arg {
             (Arg::Fp8(d), Param::Fp8) => d.is_fp8(),
             (Arg::Flag(_), Param::Flag) => true,
             (Arg::Held(n), Param::Held) => HELD.contains(&n),
+            (Arg::Width(n), Param::Width) => WIDTHS.contains(&n),
             _ => false,
         }
     }
@@ -193,6 +200,7 @@ impl Param {
             Param::Fp8 => vec![Arg::Fp8(DType::E4M3), Arg::Fp8(DType::E5M2)],
             Param::Flag => vec![Arg::Flag(false), Arg::Flag(true)],
             Param::Held => HELD.map(Arg::Held).to_vec(),
+            Param::Width => WIDTHS.map(Arg::Width).to_vec(),
         }
     }
 }
@@ -250,7 +258,7 @@ kernel_table! {
     AttentionDkDvSum => ATTENTION_TC, "attention_dkdv_sum", [];
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
     CrossEntropyCluster => CLASSIFIER, "cross_entropy_cluster", [Float];
-    AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Flag];
+    AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Width];
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];
     QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag];

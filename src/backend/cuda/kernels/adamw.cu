@@ -8,9 +8,14 @@
 //
 // The update moves 14 to 30 bytes per parameter for about 90 instructions (one division,
 // one square root and two hashes among them), so memory bandwidth and instruction issue
-// both bound it: each thread takes 8 consecutive elements of every tensor at once, in
-// 16-byte accesses, grid-stride, whenever the tensors can be aligned together. Each element
-// still hashes its own index, so the vector path and the element-wise one write the same bits.
+// both bound it: each thread takes W consecutive elements of every tensor at once, grid-
+// stride, whenever the tensors can be aligned together. W fills 16 bytes of the widest
+// tensor (8 for bf16 alone, 4 with an f32 one, whose bf16 tensors then take 8 bytes), so
+// that each access instruction of a warp covers one contiguous span: with 8 f32 values a
+// thread, its two 16-byte halves would each touch every other 16 bytes of twice the span,
+// which costs nothing from device memory (the caches merge them) but twice the requests
+// over PCIe when the state is offloaded to host memory. Each element still hashes its own
+// index, so every width writes the same bits.
 #include "common.cuh"
 
 // The CPU's `hash_u32` (rounding.rs): the seed folded to 32 bits, index·φ, then the
@@ -107,16 +112,15 @@ struct AdamWEntry {
 // Param P, gradient Gr, moments M and V, for every tensor of `list`; with MASTER an f32
 // master copy is updated and P receives it rounded to nearest. `norm_sq` is Σ g² over all
 // gradients (f32, on the device). Where an entry has `amax`, also reports max |param| as
-// stored, for the weights' FP8 copy (common.cuh). With VEC every tensor of an entry is
-// 16-byte aligned at element `head` (< 8): elements from there on go 8 at a time, the `head`
-// before and the tail after one at a time; without, head is 0 and every element goes alone.
+// stored, for the weights' FP8 copy (common.cuh). With W > 1 every tensor of an entry is
+// 16-byte aligned at element `head` (< 8): elements from there on go W at a time, the `head`
+// before and the tail after one at a time; with W = 1, head is 0 and every element goes alone.
 // Each entry's run of blocks covers its n elements whatever its length. One launch per list
 // rather than per tensor: a model has hundreds, most of them small.
-template <typename P, typename Gr, typename M, typename V, bool MASTER, bool VEC>
+template <typename P, typename Gr, typename M, typename V, bool MASTER, int W>
 __global__ void adamw(const AdamWEntry* list, int count, const float* norm_sq, float lr,
                       float beta1, float beta2, float eps, float inv_bias1, float inv_sqrt_bias2,
                       float grad_clip) {
-    constexpr int W = VEC ? ADAMW_VECTOR : 1;
     // The CPU's `clip_scale`, in f64 then rounded to f32: once per block rather than an f64
     // square root and division in every thread.
     __shared__ float clip;
@@ -136,7 +140,7 @@ __global__ void adamw(const AdamWEntry* list, int count, const float* norm_sq, f
     for (long long u = share.first; u < share.units; u += share.stride)
         largest = fmaxf(largest, update<W, P, Gr, M, V, MASTER>(param, e.master, grad, m, v,
                                                                e.head + u * W, h));
-    if constexpr (VEC) {
+    if constexpr (W > 1) {
         const long long i = leftover(share.first, e.head, share.end, e.n);
         if (i >= 0)
             largest = fmaxf(largest,

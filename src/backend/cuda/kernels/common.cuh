@@ -87,15 +87,29 @@ __device__ __forceinline__ void report_amax(float* amax, float x) {
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(x));
 }
 
+// The raw word that W values of T fill, for accesses of 16 or 8 bytes.
+template <int BYTES> struct raw_word;
+template <> struct raw_word<16> { using type = uint4; };
+template <> struct raw_word<8> { using type = uint2; };
+
+// Bytes per access of W values of T: whole 16-byte units, or 8 bytes when that is all W
+// values fill, else one element (0: element by element).
+template <typename T, int W> __device__ constexpr int vec_bytes() {
+    return W * (int)sizeof(T) % 16 == 0 ? 16 : W * (int)sizeof(T) == 8 ? 8 : 0;
+}
+
 // W consecutive values at p as f32: 16-byte accesses when W values of T fill whole 16-byte
-// units (p must then be 16-byte aligned), else element by element.
+// units, one 8-byte access when they fill 8 bytes (p must then be aligned to that size),
+// else element by element.
 template <typename T, int W>
 __device__ __forceinline__ void load_vec(float (&v)[W], const T* p) {
-    constexpr int PER = 16 / (int)sizeof(T);  // values per 16-byte unit
-    if constexpr (W % PER == 0) {
+    constexpr int BYTES = vec_bytes<T, W>();
+    if constexpr (BYTES > 0) {
+        using Word = typename raw_word<BYTES>::type;
+        constexpr int PER = BYTES / (int)sizeof(T);  // values per access
 #pragma unroll
         for (int u = 0; u < W / PER; u++) {
-            const uint4 raw = reinterpret_cast<const uint4*>(p)[u];
+            const Word raw = reinterpret_cast<const Word*>(p)[u];
             const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
             for (int i = 0; i < PER; i++) v[u * PER + i] = to_f32(e[i]);
@@ -109,15 +123,17 @@ __device__ __forceinline__ void load_vec(float (&v)[W], const T* p) {
 // Stores W values rounded to T at p, as `load_vec` reads them.
 template <typename T, int W>
 __device__ __forceinline__ void store_vec(T* p, const float (&v)[W]) {
-    constexpr int PER = 16 / (int)sizeof(T);
-    if constexpr (W % PER == 0) {
+    constexpr int BYTES = vec_bytes<T, W>();
+    if constexpr (BYTES > 0) {
+        using Word = typename raw_word<BYTES>::type;
+        constexpr int PER = BYTES / (int)sizeof(T);
 #pragma unroll
         for (int u = 0; u < W / PER; u++) {
-            uint4 raw;
+            Word raw;
             T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
             for (int i = 0; i < PER; i++) e[i] = from_f32<T>(v[u * PER + i]);
-            reinterpret_cast<uint4*>(p)[u] = raw;
+            reinterpret_cast<Word*>(p)[u] = raw;
         }
     } else {
 #pragma unroll
