@@ -81,7 +81,7 @@ impl BenchArgs {
             warmup: self.warmup,
             matmul,
             recompute: self.recompute.recompute(),
-            offload: self.offload.offload(None)?,
+            offload: self.offload.offload(false),
             // Chunks of 4096 tokens keep the LM head's matmuls large (at batch 1 and 8 chunks,
             // its weight gradient, re-read and rewritten per chunk, took 10% of the step)
             // while bounding the logits at 1.2 GB for a 152k vocabulary.

@@ -154,6 +154,10 @@ pub struct TrainArgs {
     /// batch × vocabulary logits never exist at once.
     #[arg(long, default_value_t = 1, help_heading = "Memory")]
     lmhead_chunks: usize,
+    /// Keep the f32 master weights in pinned host memory; the optimizer updates them over
+    /// the bus.
+    #[arg(long, help_heading = "Memory")]
+    offload_master: bool,
     #[command(flatten)]
     offload: OffloadFlags,
 
@@ -280,6 +284,12 @@ impl TrainArgs {
                 "--master-dtype {m}: the master weights must be f32, or the same as --model-dtype ({model_dtype})"
             ),
         };
+        if self.offload_master && master_dtype.is_none() {
+            bail!(
+                "--offload-master: this run keeps no master copy of the weights (--model-dtype \
+                 {model_dtype} is updated in place); leave it out"
+            );
+        }
         let positive = [
             ("--batch-size", self.batch_size.unwrap_or(d.batch_size)),
             ("--seq-len", self.seq_len.unwrap_or(d.seq_len)),
@@ -367,7 +377,7 @@ impl TrainArgs {
                 opt_m_dtype: self.opt_m_dtype,
                 opt_v_dtype: self.opt_v_dtype,
                 master_dtype,
-                offload: self.offload.offload(master_dtype)?,
+                offload: self.offload.offload(self.offload_master),
             },
             z_loss: self.z_loss,
             model_dtype,
