@@ -28,6 +28,7 @@ pub struct OptimizerOptions {
     pub opt_v_dtype: DType,
     /// The dtype of a master copy of the weights; `None` updates the weights in place.
     pub master_dtype: Option<DType>,
+    /// Which of the state lives in host memory.
     pub offload: Offload,
 }
 
@@ -88,9 +89,9 @@ impl<B: Backend> AdamWState<B> {
         let layout = &model.layout;
         let offload = options.offload;
         let (mut memory, mut offloaded) = (vec![], vec![]);
-        let mut allocate = |category, dtype, offload| {
-            let (tensors, specs) = allocate_like(b, layout, category, dtype, offload)?;
-            match offload {
+        let mut allocate = |category, dtype, in_host| {
+            let (tensors, specs) = allocate_like(b, layout, category, dtype, in_host)?;
+            match in_host {
                 true => offloaded.push((category, specs)),
                 false => memory.push((category, specs)),
             }

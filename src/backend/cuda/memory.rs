@@ -253,7 +253,7 @@ impl Memory {
              To fit, lower --batch-size (activations scale with it), turn on recompute \
              (--recompute-block, or -ffn/-att/-qkv/-norm/-swiglu), raise --lmhead-chunks \
              (the logits buffer shrinks with it), or keep the optimizer state in host memory \
-             (--offload-opt-m, --offload-opt-v, --offload-master).",
+             (the --offload-* flags).",
             mib(bytes)
         )
     }

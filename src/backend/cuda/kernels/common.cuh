@@ -92,8 +92,8 @@ template <int BYTES> struct raw_word;
 template <> struct raw_word<16> { using type = uint4; };
 template <> struct raw_word<8> { using type = uint2; };
 
-// Bytes per access of W values of T: whole 16-byte units, or 8 bytes when that is all W
-// values fill, else one element (0: element by element).
+// Bytes per access of W values of T: 16 when they fill whole 16-byte units, 8 when they fill
+// exactly 8 bytes, else 0 (element by element).
 template <typename T, int W> __device__ constexpr int vec_bytes() {
     return W * (int)sizeof(T) % 16 == 0 ? 16 : W * (int)sizeof(T) == 8 ? 8 : 0;
 }
