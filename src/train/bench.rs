@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 
-use super::console::memory_table;
+use super::console::memory_total;
 use super::metrics;
 use super::optimizer::{AdamWState, Offload, OptimizerOptions};
 use crate::backend::Backend;
@@ -170,15 +170,9 @@ pub fn run<B: Backend>(
         bail!("the loss became {loss}: the benchmark diverged and its timings mean nothing");
     }
 
-    let planned = memory_table(&[&bench.model.memory, &bench.opt.memory])
-        .last()
-        .expect("a total row")
-        .1;
+    let planned = memory_total(&[&bench.model.memory, &bench.opt.memory]);
     let measured = device_bytes(b)?;
-    let offloaded_bytes = memory_table(&[&bench.opt.offloaded])
-        .last()
-        .expect("a total row")
-        .1;
+    let offloaded_bytes = memory_total(&[&bench.opt.offloaded]);
 
     let tokens_per_step = bench.model.tokens_per_step();
     let step_s = median(&mut totals);

@@ -121,16 +121,23 @@ pub fn memory_table(lists: &[&Categories]) -> Vec<(String, u64)> {
     let mut rows: Vec<(String, u64)> = lists
         .iter()
         .flat_map(|list| list.iter())
-        .map(|(name, specs)| {
-            (
-                name.to_string(),
-                specs.iter().map(|s| s.bytes() as u64).sum(),
-            )
-        })
+        .map(|(name, specs)| (name.to_string(), category_bytes(specs)))
         .collect();
-    let total = rows.iter().map(|r| r.1).sum();
-    rows.push(("total".into(), total));
+    rows.push(("total".into(), memory_total(lists)));
     rows
+}
+
+/// The bytes of every category of every list: the memory table's last row.
+pub fn memory_total(lists: &[&Categories]) -> u64 {
+    lists
+        .iter()
+        .flat_map(|list| list.iter())
+        .map(|(_, specs)| category_bytes(specs))
+        .sum()
+}
+
+fn category_bytes(specs: &[TensorSpec]) -> u64 {
+    specs.iter().map(|s| s.bytes() as u64).sum()
 }
 
 /// `1234567` as `1.23M`.

@@ -352,8 +352,8 @@ impl<B: Backend> Run<'_, B> {
         for (category, bytes) in table {
             self.log.write(Event::Memory { category, bytes })?;
         }
-        let offloaded = console::memory_table(&[&self.opt().offloaded]);
-        if offloaded.len() > 1 {
+        if !self.opt().offloaded.is_empty() {
+            let offloaded = console::memory_table(&[&self.opt().offloaded]);
             let listed: Vec<String> = offloaded
                 .iter()
                 .map(|(name, bytes)| format!("{name} {}", console::mib(*bytes)))
