@@ -4,15 +4,18 @@
 //! reference); `model` (the transformer written once over any backend); `io` (HF model
 //! directories, safetensors), `data` (token files) and `tokenize` (text to token files);
 //! `train` (the loop, checkpoints, logs, the benchmark); and `cli`, one module per `smelt`
-//! subcommand, which `main.rs` runs. `hash` and `rng` are the small deterministic helpers
-//! every layer shares.
+//! subcommand, which `main.rs` runs. `comm` is how the ranks of a multi-device run exchange
+//! gradients. `hash` and `rng` are the small deterministic helpers every layer shares, and
+//! `panic` turns caught panics into error text.
 
 pub mod backend;
 pub mod cli;
+pub mod comm;
 pub mod data;
 pub mod hash;
 pub mod io;
 pub mod model;
+pub mod panic;
 pub mod rng;
 pub mod tensor;
 pub mod tokenize;

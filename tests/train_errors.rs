@@ -255,8 +255,8 @@ fn continue_refuses_an_incompatible_or_missing_checkpoint() {
 fn flags_that_are_not_implemented_or_incomplete() {
     let c = Case::new();
     c.check(
-        &c.args(s(&c.good), &["--gpus", "2"]),
-        &["--gpus is not implemented yet"],
+        &c.args(s(&c.good), &["--use-cuda-graphs"]),
+        &["--use-cuda-graphs is not implemented yet"],
     );
     let precision_errors: [(&[&str], &str); 5] = [
         (

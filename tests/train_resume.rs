@@ -83,26 +83,6 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-struct Setup {
-    _tmp: tempfile::TempDir,
-    root: PathBuf,
-    model: PathBuf,
-    data: PathBuf,
-}
-
-fn setup() -> Setup {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().to_path_buf();
-    let model = tiny_model_dir(&root);
-    let data = corpus_file(&root.join("train.bin"), 3000, true);
-    Setup {
-        _tmp: tmp,
-        root,
-        model,
-        data,
-    }
-}
-
 /// The uninterrupted 6-step run of `args` with `extra` flags, in `name`.
 fn uninterrupted(s: &Setup, name: &str, extra: &[&str]) -> PathBuf {
     let dir = s.root.join(name);
@@ -114,16 +94,7 @@ fn uninterrupted(s: &Setup, name: &str, extra: &[&str]) -> PathBuf {
 /// a run that stopped after step 3 leaves that checkpoint as the latest, so take it.
 fn resumed_at_step_2(s: &Setup, full: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let resumed = s.root.join(name);
-    let ckpt = resumed.join("ckpt");
-    std::fs::create_dir_all(&ckpt).unwrap();
-    let step2 = checkpoint::step_dir(&full.join("ckpt"), 2);
-    let copy = checkpoint::step_dir(&ckpt, 2);
-    std::fs::create_dir(&copy).unwrap();
-    for entry in std::fs::read_dir(&step2).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
-    }
-    std::fs::write(ckpt.join(checkpoint::LATEST), "step-00000002").unwrap();
+    copy_checkpoint(&full.join("ckpt"), 2, &resumed.join("ckpt"));
     let mut flags = extra.to_vec();
     flags.push("--continue");
     run(&args(&resumed, &s.model, &s.data), &flags);

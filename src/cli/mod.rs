@@ -4,6 +4,7 @@ mod bench;
 mod export;
 mod offload;
 mod plot;
+mod ranks;
 mod recompute;
 mod sample;
 mod tokenize;

@@ -7,9 +7,11 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use super::offload::OffloadFlags;
+use super::ranks::{RankMain, on_ranks};
 use super::recompute::RecomputeFlags;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
+use crate::comm::Comm;
 use crate::io::hf;
 use crate::model::{MatmulPrecision, presets};
 use crate::tensor::DType;
@@ -17,7 +19,7 @@ use crate::train::optimizer::OptimizerOptions;
 use crate::train::options::Defaults;
 use crate::train::sample::{Generator, SampleOptions};
 use crate::train::schedule::Decay;
-use crate::train::{ModelSource, Options, demo};
+use crate::train::{ModelSource, Options, Summary, demo};
 
 /// Defaults of an ordinary run (the demo has its own, in `train::demo::DEFAULTS`).
 const DEFAULTS: Defaults = Defaults {
@@ -165,7 +167,9 @@ pub struct TrainArgs {
     /// Where to run: the GPU when the driver reports one, else the CPU.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto, help_heading = "Devices")]
     device: DeviceChoice,
-    /// GPUs to train on (not implemented yet: runs use one device).
+    /// GPUs to train on, data parallel: each takes --batch-size sequences of every step, and
+    /// NCCL sums the gradients. With --device cpu, this many CPU ranks in one process,
+    /// exchanging through host memory (how the multi-GPU logic is tested without GPUs).
     #[arg(long, default_value_t = 1, help_heading = "Devices")]
     gpus: usize,
     /// ZeRO sharding level across GPUs (not implemented yet).
@@ -214,10 +218,7 @@ impl TrainArgs {
         let device = select(self.device)?;
         let options = self.options(matches!(device, Device::Cuda(_)))?;
         let demo = self.train_file.is_none();
-        match &device {
-            Device::Cpu(b) => train_on(b, &options, demo),
-            Device::Cuda(b) => train_on(b, &options, demo),
-        }
+        on_ranks(device, self.gpus, &TrainRank { options, demo })
     }
 
     /// Resolves the command line into the run's options.
@@ -402,7 +403,6 @@ impl TrainArgs {
 
     fn refuse_unimplemented(&self) -> Result<()> {
         let refused = [
-            ("--gpus", self.gpus != 1, "runs use one device"),
             ("--zero-level", self.zero_level != 0, "there is no sharding"),
             (
                 "--use-cuda-graphs",
@@ -417,23 +417,37 @@ impl TrainArgs {
     }
 }
 
-/// Trains on backend `b`; the demo then reports its loss and shows a sample.
-fn train_on<B: Backend>(b: &B, options: &Options, demo: bool) -> Result<()> {
-    let summary = crate::train::train(b, options)?;
-    if demo {
-        if let (Some(first), Some(eval)) = (summary.losses.first(), summary.final_eval) {
-            println!(
-                "demo: loss {first:.3} at the first step, eval loss {eval:.3} at the end ({:+.0}%)",
-                100.0 * (eval - first) / first
-            );
+/// Trains on one rank; after the demo, rank 0 reports its loss and shows a sample.
+struct TrainRank {
+    options: Options,
+    demo: bool,
+}
+
+impl RankMain for TrainRank {
+    type Output = ();
+
+    fn run<B: Backend>(&self, b: &B, comm: &dyn Comm<B>) -> Result<()> {
+        let summary = crate::train::train(b, comm, &self.options)?;
+        if self.demo && comm.rank() == 0 {
+            demo_report(b, &summary, &self.options)?;
         }
-        let out = options
-            .out_dir
-            .as_ref()
-            .expect("the demo always writes a model");
-        demo_sample(b, out, options.seed)?;
+        Ok(())
     }
-    Ok(())
+}
+
+/// The demo's closing lines: how far the loss fell, and a sample from the exported model.
+fn demo_report<B: Backend>(b: &B, summary: &Summary, options: &Options) -> Result<()> {
+    if let (Some(first), Some(eval)) = (summary.losses.first(), summary.final_eval) {
+        println!(
+            "demo: loss {first:.3} at the first step, eval loss {eval:.3} at the end ({:+.0}%)",
+            100.0 * (eval - first) / first
+        );
+    }
+    let out = options
+        .out_dir
+        .as_ref()
+        .expect("the demo always writes a model");
+    demo_sample(b, out, options.seed)
 }
 
 /// `--model` names a HF model directory, or one of the built-in architectures (see

@@ -21,6 +21,8 @@ pub struct StepReport {
 }
 
 pub struct Console {
+    /// Prints nothing: the console of a rank other than 0, which speaks for the run.
+    silent: bool,
     terminal: bool,
     /// When the bar started and at which step, for the ETA.
     start: Option<(Instant, u64)>,
@@ -36,14 +38,26 @@ impl Default for Console {
 impl Console {
     pub fn new() -> Console {
         Console {
+            silent: false,
             terminal: std::io::stdout().is_terminal(),
             start: None,
             bar_drawn: false,
         }
     }
 
+    /// A console that prints nothing.
+    pub fn silent() -> Console {
+        Console {
+            silent: true,
+            ..Console::new()
+        }
+    }
+
     /// Prints one line above the progress bar.
     pub fn line(&mut self, text: &str) {
+        if self.silent {
+            return;
+        }
         let mut out = std::io::stdout().lock();
         if self.bar_drawn {
             // Carriage return, then clear the line the bar was on.
@@ -81,7 +95,7 @@ impl Console {
 
     /// Redraws the progress bar after `done` of `total` steps, on a terminal only.
     fn progress(&mut self, done: u64, total: u64) {
-        if !self.terminal || total == 0 {
+        if self.silent || !self.terminal || total == 0 {
             return;
         }
         let (start, first) = *self.start.get_or_insert((Instant::now(), done));

@@ -3,6 +3,12 @@
 //! not depend on how a batch is split), one AdamW update, a `[T]` line and a log event; eval
 //! every `--eval-every-n-steps` and in full at the end; checkpoints; the model exported.
 //!
+//! With several ranks (data parallel, `--gpus N`) every rank runs this same loop on its own
+//! replica and its own share of each batch: the ranks meet to count the step's trained
+//! targets (which scale every gradient), sum the gradients before the optimizer (whose
+//! update is then the same on every rank) and sum the losses. Rank 0 speaks for the run: it
+//! alone prints, logs, writes checkpoints and exports.
+//!
 //! Every check of the user's input that needs no tensor read (options, model config, data
 //! files, checkpoint settings, output folder) runs before anything is written, so a run
 //! refused for those changes nothing. Weights that do not fit the config are found as they
@@ -25,6 +31,7 @@ use super::options::{ModelSource, Options};
 use super::schedule::Schedule;
 use super::step_losses::StepLosses;
 use crate::backend::Backend;
+use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::hf;
 use crate::model::{LossOptions, ModelConfig, ModelOptions, Transformer};
@@ -39,8 +46,9 @@ pub struct Summary {
     pub final_eval: Option<f64>,
 }
 
-/// Trains as `o` says, on backend `b`.
-pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
+/// Trains as `o` says, on backend `b`, as rank `comm.rank()` of `comm.world()`.
+pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summary> {
+    let root = comm.rank() == 0;
     // 1) Everything that reads the user's input, before anything is written.
     let (config, model_dir) = model_config(o)?;
     let data = DataSet::open(&o.train_file, "--train-file", config.vocab_size, o.seq_len)?;
@@ -48,7 +56,7 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
         .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
         .transpose()?;
     let fixed = fixed_settings(o, &data);
-    let loader = Loader::new(data, o.seed, 0, 1)?;
+    let loader = Loader::new(data, o.seed, comm.rank(), comm.world())?;
     let steps = o.steps.unwrap_or_else(|| {
         (loader.per_epoch() / (o.batch_size * o.grad_accumulation)).max(1) as u64
     });
@@ -56,7 +64,7 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
     let state = State {
         version: VERSION,
         step: 0,
-        world_size: 1,
+        world_size: comm.world(),
         config_hash: State::hash(&model_json, &fixed),
         model_config: model_json,
         fixed,
@@ -75,7 +83,8 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
         model_dir: model_dir.clone(),
     };
     let resume = check_checkpoint_dir(o, &state)?;
-    if let Some(path) = &o.log_file {
+    let log_file = o.log_file.as_deref().filter(|_| root);
+    if let Some(path) = log_file {
         log::check_appendable(path)?;
     }
 
@@ -93,17 +102,24 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
         },
     )?;
     // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
-    check_out_dir(o)?;
+    if root {
+        check_out_dir(o)?;
+    }
     let mut run = Run {
         b,
+        comm,
         o,
-        log: Log::open(o.log_file.as_deref())?,
-        console: Console::new(),
+        log: Log::open(log_file)?,
+        console: if root {
+            Console::new()
+        } else {
+            Console::silent()
+        },
         step_losses: StepLosses::new(b, &model, o.grad_accumulation)?,
         model,
         opt: None,
         loader,
-        eval: eval.map(|d| EvalSet::new(d, o.batch_size, 0, 1)),
+        eval: eval.map(|d| EvalSet::new(d, o.batch_size, comm.rank(), comm.world())),
         flops_per_token: config.training_flops_per_token(o.seq_len),
         state,
         saved_step: None,
@@ -127,6 +143,10 @@ pub fn train<B: Backend>(b: &B, o: &Options) -> Result<Summary> {
             } => hf::import(b, &run.model, path)?,
             _ => run.model.init_weights(b, o.seed)?,
         }
+        // Every rank made the same weights; taking rank 0's makes that a certainty.
+        let params: Vec<_> = run.model.params.iter().map(|t| (t, 0)).collect();
+        comm.broadcast(b, &params)?;
+        run.model.weights_changed();
     }
     run.opt = Some(AdamWState::new(b, &run.model, o.optimizer.clone())?);
     run.announce_memory()?;
@@ -245,6 +265,7 @@ fn check_out_dir(o: &Options) -> Result<()> {
 
 struct Run<'a, B: Backend> {
     b: &'a B,
+    comm: &'a dyn Comm<B>,
     o: &'a Options,
     log: Log,
     console: Console,
@@ -325,7 +346,10 @@ impl<B: Backend> Run<'_, B> {
             line.push_str(&item);
         }
         self.console.line(&line);
-        let device = self.b.describe();
+        let device = match self.comm.world() {
+            1 => self.b.describe(),
+            world => format!("{} (rank 0 of {world})", self.b.describe()),
+        };
         self.console.line(&format!("device: {device}"));
         self.log.write(Event::Device { name: device })?;
         if o.seq_len > c.max_position_embeddings {
@@ -428,7 +452,8 @@ impl<B: Backend> Run<'_, B> {
         for batch in batches.iter_mut() {
             self.loader.next_batch(batch);
         }
-        let trained: usize = batches.iter().map(Batch::trained).sum();
+        let mine = batches.iter().map(Batch::trained).sum::<usize>();
+        let trained = self.comm.sum(&[mine as f64])?[0] as usize;
         for (k, batch) in batches.iter().enumerate() {
             let loss = LossOptions {
                 grad_scale: 1.0 / trained.max(1) as f32,
@@ -439,6 +464,8 @@ impl<B: Backend> Run<'_, B> {
                 .forward_backward(b, &batch.tokens, &batch.targets, loss)?;
             self.step_losses.keep(b, &self.model, k)?;
         }
+        let grads: Vec<_> = self.model.grads.iter().collect();
+        self.comm.all_reduce_sum(b, &grads)?;
         let step = self.state.step + 1;
         if o.debug_log_abs_max > 0 && step.is_multiple_of(o.debug_log_abs_max) {
             self.log_abs_max(step)?;
@@ -447,13 +474,13 @@ impl<B: Backend> Run<'_, B> {
         self.opt()
             .step(b, &self.model, lr as f32, self.state.step + 1, seed)?;
         // The step's one wait for the device.
-        let loss_sum = self.step_losses.sum(b)?;
+        let loss_sum = self.comm.sum(&[self.step_losses.sum(b)?])?[0];
         let norm = self.opt().grad_norm(b)?;
         let seconds = start.elapsed().as_secs_f64();
 
         self.state.step += 1;
         self.state.loader = self.loader.state();
-        let tokens = (batches.len() * o.batch_size * o.seq_len) as u64;
+        let tokens = (self.comm.world() * batches.len() * o.batch_size * o.seq_len) as u64;
         self.state.tokens_seen += tokens;
         let loss = loss_sum / trained.max(1) as f64;
         if trained == 0 {
@@ -479,6 +506,7 @@ impl<B: Backend> Run<'_, B> {
             tokens_per_second,
             mfu: metrics::mfu(self.flops_per_token, tokens_per_second, b.peak_flops()),
         };
+        // Rank 0's share of the step's data.
         let data: Vec<u8> = batches
             .iter()
             .flat_map(|batch| batch.tokens.iter().flat_map(|t| t.to_le_bytes()))
@@ -533,6 +561,8 @@ impl<B: Backend> Run<'_, B> {
             sum += self.model.loss_sum(b)?;
             trained += batch.trained() as u64;
         }
+        let totals = self.comm.sum(&[sum, trained as f64])?;
+        let (sum, trained) = (totals[0], totals[1] as u64);
         let loss = sum / trained.max(1) as f64;
         let (step, full) = (self.state.step, batches.is_none());
         self.console.eval(step, loss, trained, full);
@@ -545,10 +575,14 @@ impl<B: Backend> Run<'_, B> {
         Ok(Some(loss))
     }
 
+    /// Rank 0 writes the checkpoint: every rank holds the same weights and optimizer state.
     fn checkpoint(&mut self) -> Result<()> {
+        self.saved_step = Some(self.state.step);
+        if self.comm.rank() != 0 {
+            return Ok(());
+        }
         let dir = &self.o.checkpoint_dir;
         let path = checkpoint::save(self.b, dir, &self.state, &self.model, self.opt())?;
-        self.saved_step = Some(self.state.step);
         self.console
             .line(&format!("checkpoint: {}", path.display()));
         self.log.write(Event::Checkpoint {
@@ -566,7 +600,7 @@ impl<B: Backend> Run<'_, B> {
             self.checkpoint()?;
         }
         self.summary.final_eval = self.evaluate(None)?;
-        if let Some(out) = &o.out_dir {
+        if let Some(out) = o.out_dir.as_ref().filter(|_| self.comm.rank() == 0) {
             hf::export(self.b, &self.model, out, o.model_dtype)?;
             if let Some(dir) = model_dir {
                 hf::copy_tokenizer_files(dir, out)?;

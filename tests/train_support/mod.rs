@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 use serde_json::json;
 use smelt::data::tokfile::TokenWriter;
+use smelt::train::checkpoint;
 use smelt::train::demo::CORPUS;
 use smelt::train::log::{self, Event};
 
@@ -86,4 +87,38 @@ pub fn events(log_path: &Path) -> Vec<Event> {
 
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// A temporary folder holding the tiny model and a 3000-token corpus with masked targets.
+pub struct Setup {
+    _tmp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub model: PathBuf,
+    pub data: PathBuf,
+}
+
+pub fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let model = tiny_model_dir(&root);
+    let data = corpus_file(&root.join("train.bin"), 3000, true);
+    Setup {
+        _tmp: tmp,
+        root,
+        model,
+        data,
+    }
+}
+
+/// Copies the step-`step` checkpoint of checkpoint folder `from` into `to` (created), as
+/// its latest: where a run that stopped after that checkpoint would have left it.
+pub fn copy_checkpoint(from: &Path, step: u64, to: &Path) {
+    let copy = checkpoint::step_dir(to, step);
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(checkpoint::step_dir(from, step)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let name = copy.file_name().unwrap();
+    std::fs::write(to.join(checkpoint::LATEST), name.as_encoded_bytes()).unwrap();
 }

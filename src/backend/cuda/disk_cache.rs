@@ -3,6 +3,7 @@
 //! that a reader never sees half an entry.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Result;
 
@@ -27,10 +28,14 @@ pub fn key(parts: &[&str]) -> String {
     format!("{h:016x}")
 }
 
-/// Writes `dir/file` through a temporary name and a rename, creating `dir` if needed.
+/// Writes `dir/file` through a temporary name and a rename, creating `dir` if needed. The
+/// temporary name is unique to the write, since the ranks of a multi-GPU run are threads of
+/// one process that may write the same entry at once.
 pub fn write(dir: &Path, file: &str, bytes: &[u8]) -> Result<()> {
+    static WRITES: AtomicU64 = AtomicU64::new(0);
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{file}.{}.tmp", std::process::id()));
+    let write = WRITES.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!("{file}.{}-{write}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, dir.join(file))?;
     Ok(())

@@ -26,6 +26,7 @@ mod matmul;
 mod matmul_algos;
 pub mod memory;
 mod multi_tensor;
+pub mod nccl;
 pub mod nvrtc;
 mod op_timer;
 mod rmsnorm;
@@ -146,14 +147,10 @@ impl Cuda {
         // cudarc panics when a loaded library lacks a symbol it wants (a driver older than
         // CUDA 13): turn that into an error too.
         std::panic::catch_unwind(|| Self::open(ordinal)).unwrap_or_else(|panic| {
-            let why = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
             Err(anyhow::anyhow!(
-                "the CUDA libraries failed to start ({why}); smelt needs a driver and \
-                 libraries for CUDA 13"
+                "the CUDA libraries failed to start ({}); smelt needs a driver and libraries \
+                 for CUDA 13",
+                crate::panic::message(&*panic)
             ))
         })
     }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Data parallelism on a machine with two GPUs (run from the repo root with .gpu carried; see
+# prepare.sh; the data as for e2e.sh). Qwen2.5-0.5B from scratch on .gpu/data, 20 steps each:
+#   1. one GPU, batch 16;
+#   2. two GPUs, batch 8 each: the same 16 sequences per step, so the losses must match
+#      run 1's to within bf16's rounding of the summed gradients (1e-2 relative);
+#   3. two GPUs, batch 16 each: the throughput against run 1 (ideal: 2x).
+# Then PyTorch's baseline on one GPU at batch 16, for scale. Ends with a short table.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-.gpu/logs}
+mkdir -p "$OUT/multi_gpu"
+run() {
+    local name=$1
+    shift
+    echo "=== multi-GPU: $name"
+    ./.gpu/smelt train --model qwen2.5-0.5b --from-scratch --device cuda \
+        --train-file '.gpu/data/train-*.bin' --seq-len 1024 --steps 20 --lr 6e-4 --warmup 5 \
+        --log-file "$OUT/multi_gpu/$name.jsonl" "$@" | grep -v '^\[T\]' || return 1
+}
+run one-b16 --gpus 1 --batch-size 16
+run two-b8 --gpus 2 --batch-size 8
+run two-b16 --gpus 2 --batch-size 16
+
+echo "=== PyTorch baseline, one GPU, batch 16"
+(cd .gpu/bench && python3 torch_baseline.py qwen2.5-0.5b 16 1024 --compile) 2>&1 |
+    tee "$OUT/multi_gpu/torch.txt" | tail -3
+
+python3 - "$OUT/multi_gpu" <<'PY'
+import json, re, statistics, sys
+d = sys.argv[1]
+def steps(name):
+    return [e for e in map(json.loads, open(f"{d}/{name}.jsonl")) if e.get("event") == "step"]
+def tok_s(name):  # the median of the last 10 steps, past startup
+    return statistics.median(e["tokens_per_second"] for e in steps(name)[-10:])
+one, two = steps("one-b16"), steps("two-b8")
+worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, two))
+torch = [json.loads(l[7:]) for l in open(f"{d}/torch.txt") if l.startswith("RESULT ")]
+rows = [("one GPU, b16", tok_s("one-b16")), ("two GPUs, b8 each", tok_s("two-b8")),
+        ("two GPUs, b16 each", tok_s("two-b16"))]
+print("\n==================== multi-GPU summary ====================")
+for name, t in rows:
+    print(f"  smelt {name:<20} {t:>10,.0f} tok/s")
+print(f"  two GPUs b16 / one GPU b16: {rows[2][1] / rows[0][1]:.2f}x")
+if torch:
+    t = torch[-1]["tok_s"]
+    print(f"  PyTorch one GPU b16: {t:,.0f} tok/s; smelt two GPUs / PyTorch: {rows[2][1] / t:.2f}")
+print(f"  losses, two GPUs b8 vs one GPU b16: worst relative difference {worst:.2e} over {len(one)} steps")
+print(f"  step-20 loss: one GPU {one[-1]['loss']:.6f}, two GPUs {two[-1]['loss']:.6f}")
+sys.exit(0 if len(one) == len(two) == 20 and worst < 1e-2 else 1)
+PY

@@ -1,0 +1,72 @@
+//! Collectives on any backend through host memory: each rank downloads its tensors, the
+//! values meet in the `Group`, and each rank uploads the result. Slow (every value crosses
+//! the bus twice and waits for every rank), and meant for what it makes possible: running
+//! and testing the multi-rank trainer on the CPU, and checking NCCL's results on GPUs.
+//!
+//! Values travel as f64 and are summed in rank order, then rounded once to the tensor's
+//! dtype on upload. For two ranks and dtypes up to f32 that is exactly what NCCL computes:
+//! one rounding of the exact sum.
+
+use anyhow::{Result, ensure};
+
+use super::{Comm, Member};
+use crate::backend::Backend;
+use crate::tensor::Tensor;
+
+pub struct InProcess {
+    pub member: Member,
+}
+
+impl<B: Backend> Comm<B> for InProcess {
+    fn rank(&self) -> usize {
+        self.member.rank
+    }
+
+    fn world(&self) -> usize {
+        self.member.world()
+    }
+
+    fn all_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()> {
+        let mut mine = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
+        for t in tensors {
+            mine.extend(b.download_f64(t)?);
+        }
+        let sums = self.member.sum(&mine)?;
+        let mut at = 0;
+        for t in tensors {
+            let part: Vec<f32> = sums[at..at + t.numel()].iter().map(|&x| x as f32).collect();
+            b.upload(t, &part)?;
+            at += t.numel();
+        }
+        Ok(())
+    }
+
+    fn broadcast(&self, b: &B, tensors: &[(&Tensor<B>, usize)]) -> Result<()> {
+        let rank = self.member.rank;
+        let mut mine = vec![];
+        for (t, _) in tensors.iter().filter(|(_, owner)| *owner == rank) {
+            mine.extend(b.download_f64(t)?);
+        }
+        let all = self.member.group.exchange(rank, mine)?;
+        // Where the next tensor of each owner starts in that owner's list.
+        let mut at = vec![0; all.len()];
+        for &(t, owner) in tensors {
+            ensure!(
+                owner < all.len(),
+                "broadcast from rank {owner} of {}",
+                all.len()
+            );
+            let values = &all[owner][at[owner]..at[owner] + t.numel()];
+            at[owner] += t.numel();
+            if owner != rank {
+                let values: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+                b.upload(t, &values)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn sum(&self, values: &[f64]) -> Result<Vec<f64>> {
+        self.member.sum(values)
+    }
+}

@@ -1,0 +1,75 @@
+//! Collectives between the ranks of a data-parallel run: one rank per device, each a thread
+//! of this process with its own backend and its own replica of the model.
+//!
+//! `Comm` is what the trainer asks of them. Three implementations: `Solo` (one rank, nothing
+//! to exchange), `InProcess` (any backend: tensors pass through host memory, so that the
+//! multi-rank logic runs and is tested on the CPU) and, on GPUs, NCCL
+//! (`backend::cuda::nccl`). Host values (losses, token counts) always meet in a `Group`, since
+//! every rank is a thread of this process.
+
+pub mod group;
+pub mod in_process;
+pub mod ranks;
+
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use self::group::Group;
+use crate::backend::Backend;
+use crate::tensor::Tensor;
+
+pub use self::in_process::InProcess;
+
+pub trait Comm<B: Backend> {
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// Replaces each tensor, on every rank, by its sum over the ranks. Enqueued like any op.
+    fn all_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()>;
+    /// Copies each tensor from the rank given with it to every other rank.
+    fn broadcast(&self, b: &B, tensors: &[(&Tensor<B>, usize)]) -> Result<()>;
+    /// `values` summed over the ranks, element by element, in rank order (so every rank gets
+    /// the same bits). Waits for every rank, and fails if one has failed.
+    fn sum(&self, values: &[f64]) -> Result<Vec<f64>>;
+}
+
+/// The one rank of a single-device run.
+pub struct Solo;
+
+impl<B: Backend> Comm<B> for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, _: &B, _: &[&Tensor<B>]) -> Result<()> {
+        Ok(())
+    }
+    fn broadcast(&self, _: &B, _: &[(&Tensor<B>, usize)]) -> Result<()> {
+        Ok(())
+    }
+    fn sum(&self, values: &[f64]) -> Result<Vec<f64>> {
+        Ok(values.to_vec())
+    }
+}
+
+/// One rank's place in its group: what every multi-rank `Comm` shares for host values.
+pub struct Member {
+    pub rank: usize,
+    pub group: Arc<Group>,
+}
+
+impl Member {
+    pub fn world(&self) -> usize {
+        self.group.world()
+    }
+
+    /// `Comm::sum`.
+    pub fn sum(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let all = self.group.exchange(self.rank, values.to_vec())?;
+        Ok((0..values.len())
+            .map(|i| all.iter().map(|rank| rank[i]).sum())
+            .collect())
+    }
+}

@@ -1,0 +1,97 @@
+//! Runs one thread per rank and reports how the run ended: rank 0's result, or the error of
+//! the rank that failed first (not the "another rank failed" of those it released).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use anyhow::{Result, anyhow};
+
+use super::group::{Group, PEER_FAILED};
+
+/// Runs `rank_main(rank, group)` for ranks `0..world` on threads of their own, sharing one
+/// `Group`, and returns rank 0's result once every rank has ended.
+pub fn run<T: Send>(
+    world: usize,
+    rank_main: impl Fn(usize, &Arc<Group>) -> Result<T> + Sync,
+) -> Result<T> {
+    let group = Group::new(world);
+    let mut results: Vec<Result<T>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..world)
+            .map(|rank| {
+                let (group, rank_main) = (&group, &rank_main);
+                s.spawn(move || {
+                    let result = catch_unwind(AssertUnwindSafe(|| rank_main(rank, group)))
+                        .unwrap_or_else(|panic| {
+                            Err(anyhow!(
+                                "rank {rank} panicked: {}",
+                                crate::panic::message(&*panic)
+                            ))
+                        });
+                    if result.is_err() {
+                        group.fail();
+                    }
+                    result
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("panics are caught in the thread"))
+            .collect()
+    });
+    let first_cause = results
+        .iter()
+        .position(|r| r.as_ref().is_err_and(|e| e.to_string() != PEER_FAILED));
+    match first_cause {
+        Some(rank) if rank > 0 => {
+            let err = results.swap_remove(rank).err().expect("an error");
+            Err(err.context(format!("rank {rank} (of {world}) failed")))
+        }
+        _ => results.swap_remove(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::bail;
+
+    #[test]
+    fn returns_rank_0s_result_after_every_rank_has_met() {
+        let got = run(3, |rank, group| {
+            let all = group.exchange(rank, vec![rank as f64])?;
+            Ok(all.iter().map(|v| v[0]).sum::<f64>() + rank as f64)
+        });
+        assert_eq!(got.unwrap(), 3.0);
+    }
+
+    #[test]
+    fn reports_the_failed_ranks_error_not_the_others() {
+        let err = run(2, |rank, group| {
+            if rank == 1 {
+                bail!("out of memory on GPU 1");
+            }
+            group.exchange(rank, vec![])?;
+            Ok(())
+        })
+        .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("rank 1 (of 2) failed") && text.contains("out of memory on GPU 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_panic_is_an_error_that_releases_the_others() {
+        let err = run(2, |rank, group| {
+            if rank == 0 {
+                panic!("bug");
+            }
+            group.exchange(rank, vec![])?;
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("rank 0 panicked: bug"));
+    }
+}
