@@ -9,6 +9,7 @@ use common::gpu::*;
 use common::options;
 use smelt::backend::Backend;
 use smelt::backend::cuda::Cuda;
+use smelt::comm::Solo;
 use smelt::model::{Recompute, Transformer};
 use smelt::tensor::{DType, Tensor};
 use smelt::train::bench;
@@ -36,7 +37,7 @@ fn train(gpu: &Cuda, offload: Offload) -> Vec<(String, Vec<f32>)> {
     let o = options(2, 256, DType::BF16, Recompute::default(), 2);
     let mut model = Transformer::new(gpu, config, o).unwrap();
     upload_weights(gpu, &model, &host_weights(&model, 3, 0.05));
-    let opt = AdamWState::new(gpu, &model, optimizer_options(offload)).unwrap();
+    let opt = AdamWState::new(gpu, &Solo, &model, optimizer_options(offload)).unwrap();
     // Each offloaded category is in pinned host memory, and only those.
     let pinned = gpu.memory_report().unwrap().pinned_host;
     let planned: Vec<(&str, usize)> = opt
@@ -56,24 +57,25 @@ fn train(gpu: &Cuda, offload: Offload) -> Vec<(String, Vec<f32>)> {
         ("losses".to_string(), losses),
         ("weights".to_string(), values(gpu, model.params.iter())),
     ];
-    for (name, tensors) in opt.categories() {
-        out.push((name.to_string(), values(gpu, tensors.iter())));
+    for (name, tensors) in opt.categories(&model) {
+        out.push((
+            name.to_string(),
+            values(gpu, tensors.iter().map(|(_, t)| *t)),
+        ));
     }
     // Through a file and back into the same (possibly host) tensors, as a checkpoint goes.
     let dir = tempfile::tempdir().unwrap();
-    for (name, tensors) in opt.categories() {
+    for (name, named) in opt.categories(&model) {
         let path = dir.path().join(format!("{name}.safetensors"));
-        let named: Vec<(String, &Tensor<Cuda>)> = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (format!("{name}.{i}"), t))
-            .collect();
         smelt::io::tensors::save(gpu, &path, &named).unwrap();
-        for t in tensors.iter() {
+        for (_, t) in &named {
             gpu.fill(t, 0.0).unwrap();
         }
         smelt::io::tensors::load(gpu, &path, &named).unwrap();
-        out.push((format!("{name} reloaded"), values(gpu, tensors.iter())));
+        out.push((
+            format!("{name} reloaded"),
+            values(gpu, named.iter().map(|(_, t)| *t)),
+        ));
     }
     out
 }

@@ -8,6 +8,7 @@ use common::gpu::{bf16_adamw, cosine};
 use common::*;
 use smelt::backend::Backend;
 use smelt::backend::cpu::Cpu;
+use smelt::comm::Solo;
 use smelt::model::{LossOptions, MatmulPrecision, ModelConfig, Recompute, Transformer};
 use smelt::tensor::DType;
 
@@ -93,7 +94,7 @@ fn fp8_weight_copies_follow_the_optimizer() {
     trained
         .forward_backward(&cpu, &tokens, &targets, loss_options())
         .unwrap();
-    optimizer.step(&cpu, &trained, 1e-2, 1, 7).unwrap();
+    optimizer.step(&cpu, &Solo, &trained, 1e-2, 1, 7).unwrap();
     let after = loss(&mut trained);
     assert_ne!(before, after, "the step changed nothing");
 

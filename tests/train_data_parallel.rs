@@ -51,7 +51,7 @@ fn args(dir: &Path, model: &Path, data: &Path, ranks: usize, batch: usize) -> Ve
 }
 
 fn run(args: &[String], extra: &[&str]) -> String {
-    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut all = strs(args);
     all.extend(extra);
     smelt_ok(&all)
 }
@@ -130,60 +130,133 @@ fn two_ranks_train_like_one_rank_with_both_batches() {
     }
 }
 
-/// Two ranks continue from a checkpoint bitwise like the uninterrupted two-rank run: rank 0
-/// saved the state every rank holds, and every rank loads it. The bf16 weights with
-/// stochastic rounding and an f32 master copy make any difference between replicas show.
-#[test]
-fn two_ranks_continue_exactly_and_refuse_another_world_size() {
-    let set = setup();
-    let bf16 = [
-        "--model-dtype",
-        "bf16",
-        "--opt-m-dtype",
-        "bf16",
-        "--ckpt-interval",
-        "2",
-    ];
-    let with_ckpt = |dir: &Path| {
-        let mut flags: Vec<String> = bf16.iter().map(|f| f.to_string()).collect();
-        flags.extend(["--checkpoint-dir".into(), s(&dir.join("ckpt")).to_string()]);
-        flags
-    };
-    let full = set.root.join("full");
-    let flags = with_ckpt(&full);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    run(&args(&full, &set.model, &set.data, 2, 2), &flags);
+/// bf16 weights rounded stochastically from an f32 master copy, and bf16 moments: any
+/// difference between the ranks' replicas, or between a sharded and an unsharded update,
+/// shows in the bits.
+const EXACT: [&str; 4] = ["--model-dtype", "bf16", "--opt-m-dtype", "bf16"];
 
-    // Continue the run from its step-4 checkpoint.
-    let resumed = set.root.join("resumed");
-    copy_checkpoint(&full.join("ckpt"), 4, &resumed.join("ckpt"));
-    let flags = with_ckpt(&resumed);
-    let mut flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    flags.push("--continue");
-
-    let err = smelt_err(
-        &args(&resumed, &set.model, &set.data, 1, 2)
+/// The command line of an `EXACT` run on `ranks` ranks of batch 2 in `dir`, with checkpoints
+/// every 2 steps, and `extra` flags.
+fn command(set: &Setup, dir: &Path, ranks: usize, extra: &[&str]) -> Vec<String> {
+    let ckpt = dir.join("ckpt");
+    let checkpoints = ["--ckpt-interval", "2", "--checkpoint-dir", s(&ckpt)];
+    let mut all = args(dir, &set.model, &set.data, ranks, 2);
+    all.extend(
+        EXACT
             .iter()
-            .map(String::as_str)
-            .chain(flags.iter().copied())
-            .collect::<Vec<_>>(),
+            .chain(&checkpoints)
+            .chain(extra)
+            .map(|f| f.to_string()),
     );
-    assert!(
-        err.contains("world size: checkpoint 2, this run 1"),
-        "{err}"
-    );
+    all
+}
 
-    run(&args(&resumed, &set.model, &set.data, 2, 2), &flags);
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// A copy of `full`'s step-4 checkpoint in a fresh folder `name`, as its latest.
+fn from_step_4(set: &Setup, full: &Path, name: &str) -> std::path::PathBuf {
+    let dir = set.root.join(name);
+    copy_checkpoint(&full.join("ckpt"), 4, &dir.join("ckpt"));
+    dir
+}
+
+/// Steps 5 and 6 of the run in `resumed` are those of `full`, and so is the exported model.
+fn assert_continues(full: &Path, resumed: &Path) {
     let (a, b) = (
         steps(&full.join("log.jsonl")),
         steps(&resumed.join("log.jsonl")),
     );
     assert_eq!(a[4..], b[..], "steps 5 and 6 of the continued run");
-    assert_eq!(
-        std::fs::read(full.join("out/model.safetensors")).unwrap(),
-        std::fs::read(resumed.join("out/model.safetensors")).unwrap(),
-        "the exported weights"
+    assert_same_model(full, resumed);
+}
+
+fn assert_same_model(a: &Path, b: &Path) {
+    assert!(
+        std::fs::read(a.join("out/model.safetensors")).unwrap()
+            == std::fs::read(b.join("out/model.safetensors")).unwrap(),
+        "the exported weights of {} and {} differ",
+        a.display(),
+        b.display()
     );
+}
+
+/// Two ranks continue from a checkpoint bitwise like the uninterrupted two-rank run: rank 0
+/// saved the state every rank holds, and every rank loads it.
+#[test]
+fn two_ranks_continue_exactly_and_refuse_another_world_size() {
+    let set = setup();
+    let full = set.root.join("full");
+    smelt_ok(&strs(&command(&set, &full, 2, &[])));
+
+    let resumed = from_step_4(&set, &full, "resumed");
+    let err = smelt_err(&strs(&command(&set, &resumed, 1, &["--continue"])));
+    assert!(
+        err.contains("world size: checkpoint 2, this run 1"),
+        "{err}"
+    );
+    smelt_ok(&strs(&command(&set, &resumed, 2, &["--continue"])));
+    assert_continues(&full, &resumed);
+}
+
+/// ZeRO-1 gives the unsharded run's bits: each rank updates whole tensors with their own
+/// seeds, then sends them. Its checkpoint holds each rank's share of the optimizer state in
+/// a file of its own, and continues exactly, with the same sharding only.
+#[test]
+fn zero_1_gives_the_same_bits_and_continues_exactly() {
+    let set = setup();
+    let (plain, sharded) = (set.root.join("plain"), set.root.join("sharded"));
+    smelt_ok(&strs(&command(&set, &plain, 2, &[])));
+    smelt_ok(&strs(&command(&set, &sharded, 2, &["--zero-level", "1"])));
+    assert_eq!(
+        steps(&plain.join("log.jsonl")),
+        steps(&sharded.join("log.jsonl"))
+    );
+    assert_same_model(&plain, &sharded);
+
+    let step4 = smelt::train::checkpoint::step_dir(&sharded.join("ckpt"), 4);
+    let mut files: Vec<String> = std::fs::read_dir(&step4)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let want = [
+        "adam_m.rank0",
+        "adam_m.rank1",
+        "adam_v.rank0",
+        "adam_v.rank1",
+        "master.rank0",
+        "master.rank1",
+        "model",
+    ];
+    let mut want: Vec<String> = want.iter().map(|f| format!("{f}.safetensors")).collect();
+    want.push("state.json".into());
+    assert_eq!(files, want);
+
+    let resumed = from_step_4(&set, &sharded, "resumed");
+    let err = smelt_err(&strs(&command(&set, &resumed, 2, &["--continue"])));
+    assert!(err.contains("--zero-level: checkpoint 1"), "{err}");
+    let flags = ["--zero-level", "1", "--continue"];
+    smelt_ok(&strs(&command(&set, &resumed, 2, &flags)));
+    assert_continues(&sharded, &resumed);
+}
+
+/// Under FP8, the abs-max that scales each weight's FP8 copy comes from the rank that
+/// updated the weight, along with it: ZeRO-1 still gives the unsharded run's bits.
+#[test]
+fn zero_1_sends_the_fp8_weight_scales() {
+    let set = setup();
+    let (plain, sharded) = (set.root.join("plain"), set.root.join("sharded"));
+    let fp8 = ["--matmul-dtype", "e4m3"];
+    smelt_ok(&strs(&command(&set, &plain, 2, &fp8)));
+    let flags = [fp8[0], fp8[1], "--zero-level", "1"];
+    smelt_ok(&strs(&command(&set, &sharded, 2, &flags)));
+    assert_eq!(
+        steps(&plain.join("log.jsonl")),
+        steps(&sharded.join("log.jsonl"))
+    );
+    assert_same_model(&plain, &sharded);
 }
 
 #[test]

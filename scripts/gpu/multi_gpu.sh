@@ -4,7 +4,9 @@
 #   1. one GPU, batch 16;
 #   2. two GPUs, batch 8 each: the same 16 sequences per step, so the losses must match
 #      run 1's to within bf16's rounding of the summed gradients (1e-2 relative);
-#   3. two GPUs, batch 16 each: the throughput against run 1 (ideal: 2x).
+#   3. two GPUs, batch 16 each: the throughput against run 1 (ideal: 2x);
+#   4. run 3 with --zero-level 1 (the optimizer state sharded): run 3's losses bit for bit,
+#      with less memory per GPU.
 # Then PyTorch's baseline on one GPU at batch 16, for scale. Ends with a short table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,6 +23,7 @@ run() {
 run one-b16 --gpus 1 --batch-size 16
 run two-b8 --gpus 2 --batch-size 8
 run two-b16 --gpus 2 --batch-size 16
+run two-b16-zero1 --gpus 2 --batch-size 16 --zero-level 1
 
 echo "=== PyTorch baseline, one GPU, batch 16"
 (cd .gpu/bench && python3 torch_baseline.py qwen2.5-0.5b 16 1024 --compile) 2>&1 |
@@ -36,8 +39,13 @@ def tok_s(name):  # the median of the last 10 steps, past startup
 one, two = steps("one-b16"), steps("two-b8")
 worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, two))
 torch = [json.loads(l[7:]) for l in open(f"{d}/torch.txt") if l.startswith("RESULT ")]
+def planned_mib(name):  # rank 0's planned device memory, from the log's memory table
+    table = {e["category"]: e["bytes"] for e in map(json.loads, open(f"{d}/{name}.jsonl"))
+             if e.get("event") == "memory"}
+    return table["total"] / 2**20
 rows = [("one GPU, b16", tok_s("one-b16")), ("two GPUs, b8 each", tok_s("two-b8")),
-        ("two GPUs, b16 each", tok_s("two-b16"))]
+        ("two GPUs, b16 each", tok_s("two-b16")), ("two GPUs, b16, ZeRO-1", tok_s("two-b16-zero1"))]
+zero_same = [e["loss"] for e in steps("two-b16")] == [e["loss"] for e in steps("two-b16-zero1")]
 print("\n==================== multi-GPU summary ====================")
 for name, t in rows:
     print(f"  smelt {name:<20} {t:>10,.0f} tok/s")
@@ -47,5 +55,7 @@ if torch:
     print(f"  PyTorch one GPU b16: {t:,.0f} tok/s; smelt two GPUs / PyTorch: {rows[2][1] / t:.2f}")
 print(f"  losses, two GPUs b8 vs one GPU b16: worst relative difference {worst:.2e} over {len(one)} steps")
 print(f"  step-20 loss: one GPU {one[-1]['loss']:.6f}, two GPUs {two[-1]['loss']:.6f}")
-sys.exit(0 if len(one) == len(two) == 20 and worst < 1e-2 else 1)
+print(f"  ZeRO-1: losses bitwise those of ZeRO-0: {zero_same}; planned memory on GPU 0: "
+      f"{planned_mib('two-b16'):,.0f} MiB -> {planned_mib('two-b16-zero1'):,.0f} MiB")
+sys.exit(0 if len(one) == len(two) == 20 and worst < 1e-2 and zero_same else 1)
 PY

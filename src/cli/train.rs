@@ -172,7 +172,9 @@ pub struct TrainArgs {
     /// exchanging through host memory (how the multi-GPU logic is tested without GPUs).
     #[arg(long, default_value_t = 1, help_heading = "Devices")]
     gpus: usize,
-    /// ZeRO sharding level across GPUs (not implemented yet).
+    /// ZeRO sharding over the --gpus: 1 shares the optimizer state (Adam's moments and the
+    /// master weights) out between them, each GPU updating its share of the weights and
+    /// sending them to the others; 0 keeps all of it on every GPU. Same results either way.
     #[arg(long, default_value_t = 0, help_heading = "Devices")]
     zero_level: u8,
     /// Capture each step as a CUDA graph (not implemented yet).
@@ -379,6 +381,7 @@ impl TrainArgs {
                 opt_v_dtype: self.opt_v_dtype,
                 master_dtype,
                 offload: self.offload.offload(self.offload_master),
+                zero_level: self.zero_level,
             },
             z_loss: self.z_loss,
             model_dtype,
@@ -403,7 +406,11 @@ impl TrainArgs {
 
     fn refuse_unimplemented(&self) -> Result<()> {
         let refused = [
-            ("--zero-level", self.zero_level != 0, "there is no sharding"),
+            (
+                "--zero-level",
+                self.zero_level > 1,
+                "level 1 shards the optimizer state; the gradients and weights are not sharded",
+            ),
             (
                 "--use-cuda-graphs",
                 self.use_cuda_graphs,

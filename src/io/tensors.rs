@@ -101,6 +101,9 @@ pub fn write_file(path: &Path, entries: &[(String, Dtype, Vec<usize>, Vec<u8>)])
     })
 }
 
+/// Tensors with the names they are saved under.
+pub type Named<'a, B> = Vec<(String, &'a Tensor<B>)>;
+
 /// Saves tensors exactly, each at its own dtype.
 pub fn save<B: Backend>(b: &B, path: &Path, tensors: &[(String, &Tensor<B>)]) -> Result<()> {
     let entries = tensors

@@ -21,6 +21,7 @@ use super::metrics;
 use super::optimizer::{AdamWState, Offload, OptimizerOptions};
 use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
+use crate::comm::Solo;
 use crate::model::{
     LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
 };
@@ -95,6 +96,7 @@ pub fn bf16_adamw_options() -> OptimizerOptions {
         opt_v_dtype: DType::BF16,
         master_dtype: None,
         offload: Offload::default(),
+        zero_level: 0,
     }
 }
 
@@ -127,7 +129,7 @@ pub fn run<B: Backend>(
         offload: o.offload,
         ..bf16_adamw_options()
     };
-    let opt = AdamWState::new(b, &model, optimizer)?;
+    let opt = AdamWState::new(b, &Solo, &model, optimizer)?;
     let mut bench = Bench {
         b,
         batches: (0..2).map(|i| random_batch(&model, i)).collect(),
@@ -230,7 +232,7 @@ impl<B: Backend> Bench<'_, B> {
         lap(0)?;
         self.model.backward(b, targets, loss)?;
         lap(1)?;
-        self.opt.step(b, &self.model, LR, self.step, SEED)?;
+        self.opt.step(b, &Solo, &self.model, LR, self.step, SEED)?;
         lap(2)?;
         self.model.loss_sum(b)?;
         lap(3)?;

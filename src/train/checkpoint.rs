@@ -6,6 +6,11 @@
 //! A checkpoint is written under a temporary name, synced, and renamed into place; only then
 //! is the `latest` pointer replaced, itself by a synced rename. A process killed at any
 //! point leaves `latest` naming a complete checkpoint.
+//!
+//! With several ranks, rank 0 writes what every rank holds alike (the weights, and the
+//! optimizer state unless it is sharded), each rank writes its own share of a sharded
+//! optimizer state (`adam_m.rank1.safetensors`, ...), and rank 0 completes the checkpoint
+//! once every rank has written.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,9 +23,10 @@ use super::loader::LoaderState;
 use super::optimizer::AdamWState;
 use super::schedule::Schedule;
 use crate::backend::Backend;
+use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::atomic::{sync_dir, temporary_name, write_bytes_atomically};
-use crate::io::tensors;
+use crate::io::tensors::{self, Named};
 use crate::model::Transformer;
 use crate::model::params::{ParamSpec, Params};
 use crate::rng::Rng;
@@ -135,9 +141,6 @@ fn differences(saved: &Value, now: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Tensors with the names they are saved under.
-type Named<'a, B> = Vec<(String, &'a Tensor<B>)>;
-
 /// Each tensor of `set` under its parameter name.
 fn named<'a, B: Backend>(
     layout: &'a Params<ParamSpec>,
@@ -149,18 +152,34 @@ fn named<'a, B: Backend>(
         .collect()
 }
 
-/// Every tensor file of a checkpoint: (file stem, tensors).
-fn files<'a, B: Backend>(
-    model: &'a Transformer<B>,
-    opt: &'a AdamWState<B>,
-) -> Vec<(&'static str, Named<'a, B>)> {
-    let mut out = vec![(WEIGHTS, named(&model.layout, &model.params))];
-    out.extend(
-        opt.categories()
-            .into_iter()
-            .map(|(stem, set)| (stem, named(&model.layout, set))),
-    );
-    out
+/// A tensor file of a checkpoint: its stem, its tensors, and whether every rank holds the
+/// same values (so that rank 0 alone writes it).
+struct File<'a, B: Backend> {
+    stem: String,
+    tensors: Named<'a, B>,
+    shared: bool,
+}
+
+/// This rank's tensor files of a checkpoint: the weights, and the optimizer state or this
+/// rank's share of it.
+fn files<'a, B: Backend>(model: &'a Transformer<B>, opt: &'a AdamWState<B>) -> Vec<File<'a, B>> {
+    let weights = File {
+        stem: WEIGHTS.to_string(),
+        tensors: named(&model.layout, &model.params),
+        shared: true,
+    };
+    let state = opt
+        .categories(model)
+        .into_iter()
+        .map(|(category, tensors)| File {
+            stem: match opt.shard {
+                Some(rank) => format!("{category}.rank{rank}"),
+                None => category.to_string(),
+            },
+            tensors,
+            shared: opt.shard.is_none(),
+        });
+    std::iter::once(weights).chain(state).collect()
 }
 
 /// The directory of the checkpoint after `step` steps.
@@ -168,9 +187,11 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step-{step:08}"))
 }
 
-/// Writes a checkpoint of `state.step` into `dir` and points `latest` at it.
+/// Writes a checkpoint of `state.step` into `dir` and points `latest` at it. Every rank
+/// calls it.
 pub fn save<B: Backend>(
     b: &B,
+    comm: &dyn Comm<B>,
     dir: &Path,
     state: &State,
     model: &Transformer<B>,
@@ -179,17 +200,27 @@ pub fn save<B: Backend>(
     let last = step_dir(dir, state.step);
     let tmp = temporary_name(&last);
     let io = |what: &str, p: &Path| format!("writing checkpoint: {what} {}", p.display());
-    if tmp.exists() {
-        // Left by a run killed while writing; it was never complete.
-        std::fs::remove_dir_all(&tmp).with_context(|| io("removing", &tmp))?;
+    let root = comm.rank() == 0;
+    if root {
+        if tmp.exists() {
+            // Left by a run killed while writing; it was never complete.
+            std::fs::remove_dir_all(&tmp).with_context(|| io("removing", &tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).with_context(|| io("creating", &tmp))?;
     }
-    std::fs::create_dir_all(&tmp).with_context(|| io("creating", &tmp))?;
+    // The ranks meet once the folder exists, and again once each has written its files.
+    comm.sum(&[])?;
     let delay = std::env::var(DELAY_ENV).ok().and_then(|v| v.parse().ok());
-    for (stem, tensors) in files(model, opt) {
-        tensors::save(b, &tmp.join(format!("{stem}.safetensors")), &tensors)?;
+    for file in files(model, opt).iter().filter(|f| root || !f.shared) {
+        let path = tmp.join(format!("{}.safetensors", file.stem));
+        tensors::save(b, &path, &file.tensors)?;
         if let Some(ms) = delay {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
+    }
+    comm.sum(&[])?;
+    if !root {
+        return Ok(last);
     }
     write_bytes_atomically(&tmp.join(STATE), &serde_json::to_vec_pretty(state)?)?;
     if last.exists() {
@@ -251,8 +282,9 @@ pub fn load<B: Backend>(
     model: &Transformer<B>,
     opt: &AdamWState<B>,
 ) -> Result<()> {
-    for (stem, tensors) in files(model, opt) {
-        tensors::load(b, &checkpoint.join(format!("{stem}.safetensors")), &tensors)?;
+    for file in files(model, opt) {
+        let path = checkpoint.join(format!("{}.safetensors", file.stem));
+        tensors::load(b, &path, &file.tensors)?;
     }
     model.weights_changed();
     Ok(())

@@ -15,6 +15,7 @@ pub mod sample;
 pub mod schedule;
 pub mod step_losses;
 pub mod trainer;
+pub mod zero;
 
 pub use options::{ModelSource, Options};
 pub use trainer::{Summary, train};

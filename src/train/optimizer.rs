@@ -6,13 +6,19 @@
 //! bus. A step sums the squared gradients into a device scalar and hands it to every
 //! update, which clips on the device: nothing is read back unless the caller asks for the
 //! norm to log it. Weight decay applies only where `ParamKind::decays()` says so.
+//!
+//! With `--zero-level 1` a rank keeps the state of only its share of the tensors (`zero`),
+//! updates those, and broadcasts them; the gradients and the norm stay whole on every rank.
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
+use super::zero;
 use crate::backend::{AdamW, AdamWTensor, Backend};
+use crate::comm::Comm;
+use crate::io::tensors::Named;
 use crate::model::Transformer;
-use crate::model::params::{ParamSpec, Params, from_list};
+use crate::model::params::ParamSpec;
 use crate::rng::Rng;
 use crate::tensor::{DType, Tensor, TensorSpec};
 
@@ -30,6 +36,8 @@ pub struct OptimizerOptions {
     pub master_dtype: Option<DType>,
     /// Which of the state lives in host memory.
     pub offload: Offload,
+    /// 1: the state is sharded over the ranks (ZeRO-1); 0: every rank keeps all of it.
+    pub zero_level: u8,
 }
 
 /// Which optimizer state lives in host memory (llm.q's `--offload-*`). The update reads and
@@ -44,9 +52,16 @@ pub struct Offload {
 
 pub struct AdamWState<B: Backend> {
     pub options: OptimizerOptions,
-    pub m: Params<Tensor<B>>,
-    pub v: Params<Tensor<B>>,
-    pub master: Option<Params<Tensor<B>>>,
+    /// The rank that updates each parameter tensor, in `Params` order.
+    owners: Vec<usize>,
+    /// Which rank this is, when it keeps only its share of the state.
+    pub shard: Option<usize>,
+    /// The parameters (as `Params` indices) whose state this rank keeps, in order; the
+    /// state tensors below follow it.
+    kept: Vec<usize>,
+    pub m: Vec<Tensor<B>>,
+    pub v: Vec<Tensor<B>>,
+    pub master: Option<Vec<Tensor<B>>>,
     /// `[1]` f32: Σ g² over every gradient, summed on the device each step.
     norm_sq: Tensor<B>,
     /// What each device allocation holds, for the memory table.
@@ -55,42 +70,57 @@ pub struct AdamWState<B: Backend> {
     pub offloaded: Vec<(&'static str, Vec<TensorSpec>)>,
 }
 
-/// One allocation laid out like the parameters, each tensor named `prefix.name`, in host
-/// memory if `offload`.
+/// One allocation shaped like the parameters `kept`, each tensor named `category.name`, in
+/// host memory if `offload`.
 fn allocate_like<B: Backend>(
     b: &B,
-    layout: &Params<ParamSpec>,
+    kept: &[&ParamSpec],
     category: &'static str,
     dtype: DType,
     offload: bool,
-) -> Result<(Params<Tensor<B>>, Vec<TensorSpec>)> {
-    let specs: Vec<TensorSpec> = layout
-        .try_map(|p| {
-            Ok(TensorSpec::new(
+) -> Result<(Vec<Tensor<B>>, Vec<TensorSpec>)> {
+    let specs: Vec<TensorSpec> = kept
+        .iter()
+        .map(|p| {
+            TensorSpec::new(
                 format!("{category}.{}", p.tensor.name),
                 &p.tensor.shape,
                 dtype,
-            ))
-        })?
-        .iter()
-        .cloned()
+            )
+        })
         .collect();
     let tensors = match offload {
         true => b.allocate_offloaded(category, &specs)?,
         false => b.allocate(category, &specs)?,
     };
-    Ok((from_list(layout, tensors), specs))
+    Ok((tensors, specs))
 }
 
 impl<B: Backend> AdamWState<B> {
-    /// Allocates the state for `model` and initialises it: zero moments, and the master copy
-    /// (if any) equal to the current weights.
-    pub fn new(b: &B, model: &Transformer<B>, options: OptimizerOptions) -> Result<Self> {
-        let layout = &model.layout;
+    /// Allocates this rank's state for `model` and initialises it: zero moments, and the
+    /// master copy (if any) equal to the current weights.
+    pub fn new(
+        b: &B,
+        comm: &dyn Comm<B>,
+        model: &Transformer<B>,
+        options: OptimizerOptions,
+    ) -> Result<Self> {
+        let (rank, world) = (comm.rank(), comm.world());
+        let specs: Vec<&ParamSpec> = model.layout.iter().collect();
+        let sharded = options.zero_level > 0 && world > 1;
+        let owners = match sharded {
+            true => zero::owners(
+                &specs.iter().map(|p| p.tensor.numel()).collect::<Vec<_>>(),
+                world,
+            ),
+            false => vec![rank; specs.len()],
+        };
+        let kept: Vec<usize> = (0..specs.len()).filter(|&i| owners[i] == rank).collect();
+        let kept_specs: Vec<&ParamSpec> = kept.iter().map(|&i| specs[i]).collect();
         let offload = options.offload;
         let (mut memory, mut offloaded) = (vec![], vec![]);
         let mut allocate = |category, dtype, in_host| {
-            let (tensors, specs) = allocate_like(b, layout, category, dtype, in_host)?;
+            let (tensors, specs) = allocate_like(b, &kept_specs, category, dtype, in_host)?;
             match in_host {
                 true => offloaded.push((category, specs)),
                 false => memory.push((category, specs)),
@@ -111,6 +141,9 @@ impl<B: Backend> AdamWState<B> {
         }
         let state = AdamWState {
             options,
+            owners,
+            shard: sharded.then_some(rank),
+            kept,
             m,
             v,
             master,
@@ -126,24 +159,41 @@ impl<B: Backend> AdamWState<B> {
     /// with its own, when the run continues).
     fn sync_master(&self, b: &B, model: &Transformer<B>) -> Result<()> {
         if let Some(master) = &self.master {
-            for (dst, src) in master.zip(&model.params) {
-                b.copy(dst, src)?;
+            let params: Vec<&Tensor<B>> = model.params.iter().collect();
+            for (dst, &i) in master.iter().zip(&self.kept) {
+                b.copy(dst, params[i])?;
             }
         }
         Ok(())
     }
 
-    /// Each state category with its tensors, for checkpoints.
-    pub fn categories(&self) -> Vec<(&'static str, &Params<Tensor<B>>)> {
-        let mut out = vec![("adam_m", &self.m), ("adam_v", &self.v)];
-        out.extend(self.master.as_ref().map(|m| ("master", m)));
+    /// Each state category with its tensors, named like the parameters they belong to,
+    /// for checkpoints.
+    pub fn categories<'a>(&'a self, model: &Transformer<B>) -> Vec<(&'static str, Named<'a, B>)> {
+        let names: Vec<&String> = model.layout.iter().map(|p| &p.tensor.name).collect();
+        let named = |set: &'a Vec<Tensor<B>>| {
+            (self.kept.iter().zip(set))
+                .map(|(&i, t)| (names[i].clone(), t))
+                .collect()
+        };
+        let mut out = vec![("adam_m", named(&self.m)), ("adam_v", named(&self.v))];
+        out.extend(self.master.as_ref().map(|m| ("master", named(m))));
         out
     }
 
     /// One update of every parameter of `model` from its gradients. `step` counts from 1
     /// (bias correction); `seed` drives stochastic rounding and must be the same on a resumed
-    /// run for the result to be bitwise the same.
-    pub fn step(&self, b: &B, model: &Transformer<B>, lr: f32, step: u64, seed: u64) -> Result<()> {
+    /// run for the result to be bitwise the same. Sharded, this rank updates its share and
+    /// `comm` brings every rank the others'.
+    pub fn step(
+        &self,
+        b: &B,
+        comm: &dyn Comm<B>,
+        model: &Transformer<B>,
+        lr: f32,
+        step: u64,
+        seed: u64,
+    ) -> Result<()> {
         let grads: Vec<&Tensor<B>> = model.grads.iter().collect();
         b.sum_squares(&self.norm_sq, &grads)?;
         let o = &self.options;
@@ -157,32 +207,33 @@ impl<B: Backend> AdamWState<B> {
             grad_clip: o.grad_clip as f32,
         };
         let amax_slots = model.weight_amax_slots(b)?;
-        let masters: Vec<Option<&Tensor<B>>> = match &self.master {
-            Some(m) => m.iter().map(Some).collect(),
-            None => vec![None; model.layout.iter().count()],
-        };
-        let tensors = model
-            .layout
-            .iter()
-            .zip(model.params.iter())
-            .zip(model.grads.iter())
-            .zip(self.m.iter().zip(self.v.iter()))
-            .zip(masters)
-            .enumerate()
-            .map(
-                |(i, ((((spec, param), grad), (m, v)), master))| AdamWTensor {
-                    param,
-                    master,
-                    grad,
-                    m,
-                    v,
-                    decays: spec.kind.decays(),
-                    seed: Rng::derived(seed, i as u64).next_u64(),
-                    amax: amax_slots.as_ref().map(|slots| &slots[i]),
-                },
-            )
+        let specs: Vec<&ParamSpec> = model.layout.iter().collect();
+        let params: Vec<&Tensor<B>> = model.params.iter().collect();
+        let tensors = (self.kept.iter().enumerate())
+            .map(|(j, &i)| AdamWTensor {
+                param: params[i],
+                master: self.master.as_ref().map(|m| &m[j]),
+                grad: grads[i],
+                m: &self.m[j],
+                v: &self.v[j],
+                decays: specs[i].kind.decays(),
+                seed: Rng::derived(seed, i as u64).next_u64(),
+                amax: amax_slots.as_ref().map(|slots| &slots[i]),
+            })
             .collect::<Vec<_>>();
-        b.adamw(&tensors, &self.norm_sq, &hp)
+        b.adamw(&tensors, &self.norm_sq, &hp)?;
+        if self.shard.is_none() {
+            return Ok(());
+        }
+        // Each weight from the rank that updated it, with the abs-max its FP8 copy scales by.
+        let mut updated: Vec<(&Tensor<B>, usize)> = params
+            .into_iter()
+            .zip(self.owners.iter().copied())
+            .collect();
+        if let Some(slots) = &amax_slots {
+            updated.extend(slots.iter().zip(self.owners.iter().copied()));
+        }
+        comm.broadcast(b, &updated)
     }
 
     /// The global gradient norm of the last step, before clipping. Waits for the device.

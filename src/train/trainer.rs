@@ -55,7 +55,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     let eval = (o.eval_file.as_deref())
         .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
         .transpose()?;
-    let fixed = fixed_settings(o, &data);
+    let fixed = fixed_settings(o, &data, comm.world());
     let loader = Loader::new(data, o.seed, comm.rank(), comm.world())?;
     let steps = o.steps.unwrap_or_else(|| {
         (loader.per_epoch() / (o.batch_size * o.grad_accumulation)).max(1) as u64
@@ -148,7 +148,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         comm.broadcast(b, &params)?;
         run.model.weights_changed();
     }
-    run.opt = Some(AdamWState::new(b, &run.model, o.optimizer.clone())?);
+    run.opt = Some(AdamWState::new(b, comm, &run.model, o.optimizer.clone())?);
     run.announce_memory()?;
     if let Some((path, saved, warnings)) = resume {
         run.resume(&path, saved, warnings)?;
@@ -187,7 +187,7 @@ fn model_config(o: &Options) -> Result<(ModelConfig, Option<PathBuf>)> {
 }
 
 /// What must not change for a run to continue from a checkpoint, by flag.
-fn fixed_settings(o: &Options, data: &DataSet) -> BTreeMap<String, Value> {
+fn fixed_settings(o: &Options, data: &DataSet, world: usize) -> BTreeMap<String, Value> {
     let files: Vec<Value> = data
         .files()
         .iter()
@@ -209,6 +209,9 @@ fn fixed_settings(o: &Options, data: &DataSet) -> BTreeMap<String, Value> {
         ("--train-file (name, tokens)", Value::Array(files)),
     ]
     .into_iter()
+    // Listed only where it shards (and so changes the checkpoint's files), which keeps the
+    // checkpoints of runs from before the flag existed continuable.
+    .chain((opt.zero_level > 0 && world > 1).then(|| ("--zero-level", json!(opt.zero_level))))
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
@@ -471,8 +474,14 @@ impl<B: Backend> Run<'_, B> {
             self.log_abs_max(step)?;
         }
         let seed = self.state.rng.next_u64();
-        self.opt()
-            .step(b, &self.model, lr as f32, self.state.step + 1, seed)?;
+        self.opt().step(
+            b,
+            self.comm,
+            &self.model,
+            lr as f32,
+            self.state.step + 1,
+            seed,
+        )?;
         // The step's one wait for the device.
         let loss_sum = self.comm.sum(&[self.step_losses.sum(b)?])?[0];
         let norm = self.opt().grad_norm(b)?;
@@ -575,14 +584,10 @@ impl<B: Backend> Run<'_, B> {
         Ok(Some(loss))
     }
 
-    /// Rank 0 writes the checkpoint: every rank holds the same weights and optimizer state.
     fn checkpoint(&mut self) -> Result<()> {
+        let (b, comm, dir) = (self.b, self.comm, &self.o.checkpoint_dir);
+        let path = checkpoint::save(b, comm, dir, &self.state, &self.model, self.opt())?;
         self.saved_step = Some(self.state.step);
-        if self.comm.rank() != 0 {
-            return Ok(());
-        }
-        let dir = &self.o.checkpoint_dir;
-        let path = checkpoint::save(self.b, dir, &self.state, &self.model, self.opt())?;
         self.console
             .line(&format!("checkpoint: {}", path.display()));
         self.log.write(Event::Checkpoint {

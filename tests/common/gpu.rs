@@ -4,6 +4,7 @@
 
 use smelt::backend::Backend;
 use smelt::backend::cuda::Cuda;
+use smelt::comm::Solo;
 use smelt::model::{LossOptions, ParamKind, Transformer};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor, TensorSpec};
@@ -203,12 +204,12 @@ pub fn train_steps<B: Backend>(
         };
         model.forward_backward(b, &tokens, &targets, loss).unwrap();
         losses.extend(b.download(model.losses()).unwrap());
-        optimizer.step(b, model, 1e-3, step, 7).unwrap();
+        optimizer.step(b, &Solo, model, 1e-3, step, 7).unwrap();
     }
     losses
 }
 
 /// The trainer's AdamW as the benchmark rows define it: bf16 weights and bf16 Adam states.
 pub fn bf16_adamw<B: Backend>(b: &B, model: &Transformer<B>) -> AdamWState<B> {
-    AdamWState::new(b, model, bench::bf16_adamw_options()).unwrap()
+    AdamWState::new(b, &Solo, model, bench::bf16_adamw_options()).unwrap()
 }
