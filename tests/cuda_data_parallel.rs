@@ -10,7 +10,7 @@ use half::bf16;
 use smelt::backend::Backend;
 use smelt::backend::cuda::nccl::{Nccl, UniqueId};
 use smelt::backend::cuda::{Cuda, device};
-use smelt::comm::{Comm, Member, ranks};
+use smelt::comm::{Comm, ranks};
 use smelt::tensor::DType;
 
 const N: usize = 100_003;
@@ -34,12 +34,9 @@ fn nccl_sums_and_broadcasts_like_the_host() {
     );
     let id = UniqueId::new().unwrap();
     let dtypes = [DType::BF16, DType::F32];
-    let result = ranks::run(2, |rank, group| {
+    let result = ranks::run(2, |member| {
+        let rank = member.rank;
         let b = Cuda::new(rank)?;
-        let member = Member {
-            rank,
-            group: group.clone(),
-        };
         let comm = Nccl::new(&b, id, member)?;
         assert_eq!((comm.rank(), comm.world()), (rank, 2));
         let summed: Vec<_> = (0..2)

@@ -9,7 +9,7 @@ use crate::backend::cpu::Cpu;
 use crate::backend::cuda::nccl::{Nccl, UniqueId};
 use crate::backend::cuda::{Cuda, device};
 use crate::backend::select::Device;
-use crate::comm::{Comm, InProcess, Member, Solo, ranks};
+use crate::comm::{Comm, InProcess, Solo, ranks};
 
 /// What each rank runs: the same code on every backend.
 pub trait RankMain: Sync {
@@ -26,11 +26,7 @@ pub fn on_ranks<M: RankMain>(device: Device, gpus: usize, main: &M) -> Result<M:
     match device {
         Device::Cpu(b) if gpus == 1 => main.run(&b, &Solo),
         Device::Cuda(b) if gpus == 1 => main.run(&b, &Solo),
-        Device::Cpu(_) => ranks::run(gpus, |rank, group| {
-            let member = Member {
-                rank,
-                group: group.clone(),
-            };
+        Device::Cpu(_) => ranks::run(gpus, |member| {
             main.run(&Cpu::<f32>::new(), &InProcess { member })
         }),
         Device::Cuda(first) => {
@@ -43,12 +39,8 @@ pub fn on_ranks<M: RankMain>(device: Device, gpus: usize, main: &M) -> Result<M:
             // Each rank opens its own GPU on its own thread.
             drop(first);
             let id = UniqueId::new()?;
-            ranks::run(gpus, |rank, group| {
-                let b = Cuda::new(rank)?;
-                let member = Member {
-                    rank,
-                    group: group.clone(),
-                };
+            ranks::run(gpus, |member| {
+                let b = Cuda::new(member.rank)?;
                 let comm = Nccl::new(&b, id, member)?;
                 main.run(&b, &comm)
             })

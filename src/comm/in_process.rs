@@ -13,6 +13,12 @@ use super::{Comm, Member};
 use crate::backend::Backend;
 use crate::tensor::Tensor;
 
+/// Uploads values that travelled as f64 (`Backend::upload` rounds them to `t`'s dtype).
+fn upload<B: Backend>(b: &B, t: &Tensor<B>, values: &[f64]) -> Result<()> {
+    let values: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+    b.upload(t, &values)
+}
+
 pub struct InProcess {
     pub member: Member,
 }
@@ -34,8 +40,7 @@ impl<B: Backend> Comm<B> for InProcess {
         let sums = self.member.sum(&mine)?;
         let mut at = 0;
         for t in tensors {
-            let part: Vec<f32> = sums[at..at + t.numel()].iter().map(|&x| x as f32).collect();
-            b.upload(t, &part)?;
+            upload(b, t, &sums[at..at + t.numel()])?;
             at += t.numel();
         }
         Ok(())
@@ -59,8 +64,7 @@ impl<B: Backend> Comm<B> for InProcess {
             let values = &all[owner][at[owner]..at[owner] + t.numel()];
             at[owner] += t.numel();
             if owner != rank {
-                let values: Vec<f32> = values.iter().map(|&x| x as f32).collect();
-                b.upload(t, &values)?;
+                upload(b, t, values)?;
             }
         }
         Ok(())

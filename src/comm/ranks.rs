@@ -2,25 +2,26 @@
 //! the rank that failed first (not the "another rank failed" of those it released).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 
 use anyhow::{Result, anyhow};
 
+use super::Member;
 use super::group::{Group, PEER_FAILED};
 
-/// Runs `rank_main(rank, group)` for ranks `0..world` on threads of their own, sharing one
-/// `Group`, and returns rank 0's result once every rank has ended.
-pub fn run<T: Send>(
-    world: usize,
-    rank_main: impl Fn(usize, &Arc<Group>) -> Result<T> + Sync,
-) -> Result<T> {
+/// Runs `rank_main` for ranks `0..world` on threads of their own, each given its `Member` of
+/// one shared `Group`, and returns rank 0's result once every rank has ended.
+pub fn run<T: Send>(world: usize, rank_main: impl Fn(Member) -> Result<T> + Sync) -> Result<T> {
     let group = Group::new(world);
     let mut results: Vec<Result<T>> = std::thread::scope(|s| {
         let threads: Vec<_> = (0..world)
             .map(|rank| {
                 let (group, rank_main) = (&group, &rank_main);
                 s.spawn(move || {
-                    let result = catch_unwind(AssertUnwindSafe(|| rank_main(rank, group)))
+                    let member = Member {
+                        rank,
+                        group: group.clone(),
+                    };
+                    let result = catch_unwind(AssertUnwindSafe(|| rank_main(member)))
                         .unwrap_or_else(|panic| {
                             Err(anyhow!(
                                 "rank {rank} panicked: {}",
@@ -58,20 +59,20 @@ mod tests {
 
     #[test]
     fn returns_rank_0s_result_after_every_rank_has_met() {
-        let got = run(3, |rank, group| {
-            let all = group.exchange(rank, vec![rank as f64])?;
-            Ok(all.iter().map(|v| v[0]).sum::<f64>() + rank as f64)
+        let got = run(3, |member| {
+            let sum = member.sum(&[member.rank as f64])?;
+            Ok(sum[0] + member.rank as f64)
         });
         assert_eq!(got.unwrap(), 3.0);
     }
 
     #[test]
     fn reports_the_failed_ranks_error_not_the_others() {
-        let err = run(2, |rank, group| {
-            if rank == 1 {
+        let err = run(2, |member| {
+            if member.rank == 1 {
                 bail!("out of memory on GPU 1");
             }
-            group.exchange(rank, vec![])?;
+            member.sum(&[])?;
             Ok(())
         })
         .unwrap_err();
@@ -84,11 +85,11 @@ mod tests {
 
     #[test]
     fn a_panic_is_an_error_that_releases_the_others() {
-        let err = run(2, |rank, group| {
-            if rank == 0 {
+        let err = run(2, |member| {
+            if member.rank == 0 {
                 panic!("bug");
             }
-            group.exchange(rank, vec![])?;
+            member.sum(&[])?;
             Ok(())
         })
         .unwrap_err();
