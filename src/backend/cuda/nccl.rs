@@ -39,7 +39,7 @@ impl Nccl {
     /// Joins rank `member.rank`'s communicator; returns once every rank has joined.
     pub fn new(cuda: &Cuda, id: UniqueId, member: Member) -> Result<Nccl> {
         // A rank whose GPU failed to open never joins, and NCCL would wait for it for ever.
-        member.group.exchange(member.rank, vec![])?;
+        member.sum(&[])?;
         cuda.ctx.bind_to_thread()?;
         let mut comm = std::ptr::null_mut();
         // SAFETY: `comm` receives the communicator; the id is the one every rank was given.
@@ -64,7 +64,7 @@ impl Nccl {
         what: &str,
         mut launches: impl Iterator<Item = Result<sys::ncclResult_t>>,
     ) -> Result<()> {
-        self.member.group.exchange(self.member.rank, vec![])?;
+        self.member.sum(&[])?;
         result::group_start().map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let launched = launches.try_for_each(|status| {
             let status = status?;
