@@ -42,7 +42,11 @@ fn nccl_sums_and_broadcasts_like_the_host() {
         let summed: Vec<_> = (0..2)
             .map(|i| tensor(&b, &[N], dtypes[i], &values(rank, i as u64, dtypes[i])))
             .collect();
-        comm.all_reduce_sum(&b, &summed.iter().collect::<Vec<_>>())?;
+        // Two sums in flight at once, as the trainer starts one per block.
+        for t in &summed {
+            comm.start_all_reduce_sum(&b, &[t])?;
+        }
+        comm.join_all_reduce_sums(&b)?;
         // Tensor i comes from rank i.
         let sent: Vec<_> = (0..2)
             .map(|i| tensor(&b, &[N], dtypes[i], &values(rank, 10 + i as u64, dtypes[i])))

@@ -259,6 +259,39 @@ fn zero_1_sends_the_fp8_weight_scales() {
     assert_same_model(&plain, &sharded);
 }
 
+/// Each block's gradient sum starts as soon as the last micro-batch's backward has finished
+/// the block, and gives the bits of sums after the whole backward. CPU ranks sum when the sum
+/// starts, so a block handed over before its last write, or during an earlier micro-batch,
+/// would show. Tied embeddings too: the head writes their gradient first and the embedding's
+/// backward completes it last.
+#[test]
+fn gradient_sums_during_the_backward_give_the_bits_of_sums_after_it() {
+    let set = setup();
+    let tied = set.root.join("tied-model");
+    std::fs::create_dir_all(&tied).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(set.model.join("config.json")).unwrap()).unwrap();
+    config["tie_word_embeddings"] = true.into();
+    std::fs::write(tied.join("config.json"), config.to_string()).unwrap();
+
+    for (name, model) in [("untied", &set.model), ("tied", &tied)] {
+        let (during, after) = (set.root.join(name), set.root.join(format!("{name}-after")));
+        let flags: Vec<&str> = EXACT
+            .into_iter()
+            .chain(["--grad-accumulation", "2"])
+            .collect();
+        run(&args(&during, model, &set.data, 2, 2), &flags);
+        let flags = [flags, vec!["--grad-sum-after-backward"]].concat();
+        run(&args(&after, model, &set.data, 2, 2), &flags);
+        assert_eq!(
+            steps(&during.join("log.jsonl")),
+            steps(&after.join("log.jsonl")),
+            "{name}"
+        );
+        assert_same_model(&during, &after);
+    }
+}
+
 #[test]
 fn zero_gpus_is_refused() {
     let set = setup();

@@ -5,8 +5,11 @@
 #   2. two GPUs, batch 8 each: the same 16 sequences per step, so the losses must match
 #      run 1's to within bf16's rounding of the summed gradients (1e-2 relative);
 #   3. two GPUs, batch 16 each: the throughput against run 1 (ideal: 2x);
-#   4. run 3 with --zero-level 1 (the optimizer state sharded): run 3's losses bit for bit,
-#      with less memory per GPU.
+#   4. run 3 with --grad-sum-after-backward (the gradients summed after the backward instead
+#      of during it): run 3's losses bit for bit, and what the overlap saves;
+#   5. run 3 with --zero-level 1 (the optimizer state sharded): run 3's losses bit for bit,
+#      with less memory per GPU;
+#   6. runs 3 and 4 for Qwen2.5-1.5B at batch 8, whose gradients are three times larger.
 # Then PyTorch's baseline on one GPU at batch 16, for scale. Ends with a short table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,14 +19,17 @@ run() {
     local name=$1
     shift
     echo "=== multi-GPU: $name"
-    ./.gpu/smelt train --model qwen2.5-0.5b --from-scratch --device cuda \
+    ./.gpu/smelt train --model "${MODEL:-qwen2.5-0.5b}" --from-scratch --device cuda \
         --train-file '.gpu/data/train-*.bin' --seq-len 1024 --steps 20 --lr 6e-4 --warmup 5 \
         --log-file "$OUT/multi_gpu/$name.jsonl" "$@" | grep -v '^\[T\]' || return 1
 }
 run one-b16 --gpus 1 --batch-size 16
 run two-b8 --gpus 2 --batch-size 8
 run two-b16 --gpus 2 --batch-size 16
+run two-b16-after --gpus 2 --batch-size 16 --grad-sum-after-backward
 run two-b16-zero1 --gpus 2 --batch-size 16 --zero-level 1
+MODEL=qwen2.5-1.5b run 1.5b-two-b8 --gpus 2 --batch-size 8
+MODEL=qwen2.5-1.5b run 1.5b-two-b8-after --gpus 2 --batch-size 8 --grad-sum-after-backward
 
 echo "=== PyTorch baseline, one GPU, batch 16"
 (cd .gpu/bench && python3 torch_baseline.py qwen2.5-0.5b 16 1024 --compile) 2>&1 |
@@ -44,8 +50,15 @@ def planned_mib(name):  # rank 0's planned device memory, from the log's memory 
              if e.get("event") == "memory"}
     return table["total"] / 2**20
 rows = [("one GPU, b16", tok_s("one-b16")), ("two GPUs, b8 each", tok_s("two-b8")),
-        ("two GPUs, b16 each", tok_s("two-b16")), ("two GPUs, b16, ZeRO-1", tok_s("two-b16-zero1"))]
-zero_same = [e["loss"] for e in steps("two-b16")] == [e["loss"] for e in steps("two-b16-zero1")]
+        ("two GPUs, b16 each", tok_s("two-b16")),
+        ("two GPUs, b16, sum after", tok_s("two-b16-after")),
+        ("two GPUs, b16, ZeRO-1", tok_s("two-b16-zero1")),
+        ("1.5B two GPUs, b8 each", tok_s("1.5b-two-b8")),
+        ("1.5B two, b8, sum after", tok_s("1.5b-two-b8-after"))]
+def same_losses(a, b):
+    return [e["loss"] for e in steps(a)] == [e["loss"] for e in steps(b)]
+zero_same = same_losses("two-b16", "two-b16-zero1")
+after_same = same_losses("two-b16", "two-b16-after") and same_losses("1.5b-two-b8", "1.5b-two-b8-after")
 print("\n==================== multi-GPU summary ====================")
 for name, t in rows:
     print(f"  smelt {name:<20} {t:>10,.0f} tok/s")
@@ -57,5 +70,7 @@ print(f"  losses, two GPUs b8 vs one GPU b16: worst relative difference {worst:.
 print(f"  step-20 loss: one GPU {one[-1]['loss']:.6f}, two GPUs {two[-1]['loss']:.6f}")
 print(f"  ZeRO-1: losses bitwise those of ZeRO-0: {zero_same}; planned memory on GPU 0: "
       f"{planned_mib('two-b16'):,.0f} MiB -> {planned_mib('two-b16-zero1'):,.0f} MiB")
-sys.exit(0 if len(one) == len(two) == 20 and worst < 1e-2 and zero_same else 1)
+print(f"  gradient sums during the backward / after it: 0.5B {rows[2][1] / rows[3][1]:.3f}x, "
+      f"1.5B {rows[5][1] / rows[6][1]:.3f}x; losses bitwise the same: {after_same}")
+sys.exit(0 if len(one) == len(two) == 20 and worst < 1e-2 and zero_same and after_same else 1)
 PY

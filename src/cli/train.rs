@@ -177,6 +177,11 @@ pub struct TrainArgs {
     /// sending them to the others; 0 keeps all of it on every GPU. Same results either way.
     #[arg(long, default_value_t = 0, help_heading = "Devices")]
     zero_level: u8,
+    /// Sum the gradients over the --gpus after the whole backward, instead of each block's
+    /// as soon as the backward has finished it, beside the rest. The same results; faster
+    /// only where the sums are short, as over NVLink for small models.
+    #[arg(long, help_heading = "Devices")]
+    grad_sum_after_backward: bool,
     /// Capture each step as a CUDA graph (not implemented yet).
     #[arg(long, help_heading = "Devices")]
     use_cuda_graphs: bool,
@@ -401,6 +406,7 @@ impl TrainArgs {
             eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
             eval_num_steps: positive[4].1,
             debug_log_abs_max: self.debug_log_abs_max,
+            grad_sum_after_backward: self.grad_sum_after_backward,
         })
     }
 

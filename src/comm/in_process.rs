@@ -32,7 +32,9 @@ impl<B: Backend> Comm<B> for InProcess {
         self.member.world()
     }
 
-    fn all_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()> {
+    /// Sums at once: downloading waits for the ops that wrote the tensors, and nothing is
+    /// left running to finish.
+    fn start_all_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()> {
         let mut mine = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
         for t in tensors {
             mine.extend(b.download_f64(t)?);
@@ -43,6 +45,10 @@ impl<B: Backend> Comm<B> for InProcess {
             upload(b, t, &sums[at..at + t.numel()])?;
             at += t.numel();
         }
+        Ok(())
+    }
+
+    fn join_all_reduce_sums(&self, _: &B) -> Result<()> {
         Ok(())
     }
 

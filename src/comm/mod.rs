@@ -24,8 +24,12 @@ pub use self::in_process::InProcess;
 pub trait Comm<B: Backend> {
     fn rank(&self) -> usize;
     fn world(&self) -> usize;
-    /// Replaces each tensor, on every rank, by its sum over the ranks. Enqueued like any op.
-    fn all_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()>;
+    /// Starts replacing each tensor, on every rank, by its sum over the ranks, once the ops
+    /// enqueued so far are done. Later ops may run while it does, and must leave the tensors
+    /// alone until `join_all_reduce_sums`: this is how the gradient sums overlap the backward.
+    fn start_all_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()>;
+    /// Makes the ops enqueued from now on wait for every sum started so far.
+    fn join_all_reduce_sums(&self, b: &B) -> Result<()>;
     /// Copies each tensor from the rank given with it to every other rank.
     fn broadcast(&self, b: &B, tensors: &[(&Tensor<B>, usize)]) -> Result<()>;
     /// `values` summed over the ranks, element by element, in rank order (so every rank gets
@@ -43,7 +47,10 @@ impl<B: Backend> Comm<B> for Solo {
     fn world(&self) -> usize {
         1
     }
-    fn all_reduce_sum(&self, _: &B, _: &[&Tensor<B>]) -> Result<()> {
+    fn start_all_reduce_sum(&self, _: &B, _: &[&Tensor<B>]) -> Result<()> {
+        Ok(())
+    }
+    fn join_all_reduce_sums(&self, _: &B) -> Result<()> {
         Ok(())
     }
     fn broadcast(&self, _: &B, _: &[(&Tensor<B>, usize)]) -> Result<()> {

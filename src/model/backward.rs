@@ -11,6 +11,13 @@ use super::fp8::Linear;
 use super::head::LossOptions;
 use super::transformer::Transformer;
 use crate::backend::Backend;
+use crate::tensor::Tensor;
+
+/// What the backward tells of parameter gradients as soon as they hold their final value for
+/// the micro-batch, so that they can be summed over the ranks while the rest of the backward
+/// runs: the final norm's and an untied head's first, then each block's from the last, then
+/// the embedding's.
+pub type GradsDone<'a, B> = dyn FnMut(&[&Tensor<B>]) -> Result<()> + 'a;
 
 impl<B: Backend> Transformer<B> {
     /// Forward and backward of one micro-batch. `tokens` and `targets` are `[B·T]`; the
@@ -23,12 +30,18 @@ impl<B: Backend> Transformer<B> {
         loss: LossOptions,
     ) -> Result<()> {
         self.forward_hidden(b, tokens)?;
-        self.backward(b, targets, loss)
+        self.backward(b, targets, loss, &mut |_| Ok(()))
     }
 
     /// The second half of `forward_backward`, after `forward_hidden`: the LM head and its
-    /// loss, then every block's backward. Apart for benchmarks that time the two.
-    pub fn backward(&mut self, b: &B, targets: &[i32], loss: LossOptions) -> Result<()> {
+    /// loss, then every block's backward, calling `done` as gradients become final.
+    pub fn backward(
+        &mut self,
+        b: &B,
+        targets: &[i32],
+        loss: LossOptions,
+        done: &mut GradsDone<B>,
+    ) -> Result<()> {
         self.head(b, targets, loss.z_loss, Some(loss))?;
         if let Some(fp8) = &self.fp8 {
             fp8.begin_backward(b)?;
@@ -46,14 +59,22 @@ impl<B: Backend> Transformer<B> {
             acc,
             self.grad_amax(last - 1, Linear::Down).as_ref(),
         )?;
+        done(
+            &[&g.final_norm]
+                .into_iter()
+                .chain(&g.lm_head)
+                .collect::<Vec<_>>(),
+        )?;
         for l in (0..last).rev() {
             self.block_forward(b, l, Pass::Recompute)?;
             self.block_backward(b, l, acc)?;
+            done(&self.grads.layers[l].iter().collect::<Vec<_>>())?;
         }
         let (a, g) = (&self.acts, &self.grads);
         // With tied embeddings the head has already written this gradient.
         let tied = self.params.lm_head.is_none();
-        b.embedding_backward(&g.embed, &a.tokens, &a.dresidual, acc || tied)
+        b.embedding_backward(&g.embed, &a.tokens, &a.dresidual, acc || tied)?;
+        done(&[&g.embed])
     }
 
     /// Block `l`, given `dresidual` = ∂loss/∂(block output); leaves ∂loss/∂(block input) there.

@@ -15,6 +15,7 @@ pub mod presets;
 mod transformer;
 
 pub use activations::Recompute;
+pub use backward::GradsDone;
 pub use config::{Architecture, ModelConfig};
 pub use fp8::MatmulPrecision;
 pub use head::LossOptions;

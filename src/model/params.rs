@@ -97,7 +97,8 @@ impl<T> LayerParams<T> {
         })
     }
 
-    fn iter(&self) -> impl Iterator<Item = &T> {
+    /// Every element, in a fixed order.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
         [
             Some(&self.ln1),
             Some(&self.qkv),

@@ -59,6 +59,9 @@ pub struct Options {
     pub eval_num_steps: usize,
     /// Steps between logs of the FP8 abs-max statistics; 0 for none.
     pub debug_log_abs_max: u64,
+    /// With several ranks, sum the gradients once the backward has ended, instead of each
+    /// block's while the backward goes on.
+    pub grad_sum_after_backward: bool,
 }
 
 impl Options {
@@ -72,8 +75,9 @@ impl Options {
 
     /// Options that may differ between a run and the run it continues, since they do not
     /// change what has already been computed (later ones may change with a warning).
-    /// `recompute` and `offload` are among them because they give bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 11] = [
+    /// `recompute`, `offload` and `grad_sum_after_backward` are among them because they give
+    /// bitwise the same results.
+    pub const FREE_ON_CONTINUE: [&str; 12] = [
         "resume",
         "out_dir",
         "log_file",
@@ -85,6 +89,7 @@ impl Options {
         "recompute",
         "offload",
         "debug_log_abs_max",
+        "grad_sum_after_backward",
     ];
 }
 

@@ -36,6 +36,7 @@ use crate::hash::fnv1a;
 use crate::io::hf;
 use crate::model::{LossOptions, ModelConfig, ModelOptions, Transformer};
 use crate::rng::Rng;
+use crate::tensor::Tensor;
 
 /// What a finished run reports to its caller.
 #[derive(Clone, Debug)]
@@ -456,19 +457,33 @@ impl<B: Backend> Run<'_, B> {
             self.loader.next_batch(batch);
         }
         let mine = batches.iter().map(Batch::trained).sum::<usize>();
-        let trained = self.comm.sum(&[mine as f64])?[0] as usize;
+        let comm = self.comm;
+        let trained = comm.sum(&[mine as f64])?[0] as usize;
+        // The last micro-batch's backward hands each block's gradients to be summed over the
+        // ranks as soon as it has finished them, and goes on with the blocks below.
+        let overlap = !o.grad_sum_after_backward;
+        let last = batches.len() - 1;
         for (k, batch) in batches.iter().enumerate() {
             let loss = LossOptions {
                 grad_scale: 1.0 / trained.max(1) as f32,
                 z_loss: o.z_loss as f32,
                 accumulate: k > 0,
             };
-            self.model
-                .forward_backward(b, &batch.tokens, &batch.targets, loss)?;
+            self.model.forward_hidden(b, &batch.tokens)?;
+            let sum_now = overlap && k == last;
+            let mut done = |grads: &[&Tensor<B>]| {
+                if sum_now {
+                    comm.start_all_reduce_sum(b, grads)?;
+                }
+                Ok(())
+            };
+            self.model.backward(b, &batch.targets, loss, &mut done)?;
             self.step_losses.keep(b, &self.model, k)?;
         }
-        let grads: Vec<_> = self.model.grads.iter().collect();
-        self.comm.all_reduce_sum(b, &grads)?;
+        if !overlap {
+            comm.start_all_reduce_sum(b, &self.model.grads.iter().collect::<Vec<_>>())?;
+        }
+        comm.join_all_reduce_sums(b)?;
         let step = self.state.step + 1;
         if o.debug_log_abs_max > 0 && step.is_multiple_of(o.debug_log_abs_max) {
             self.log_abs_max(step)?;
