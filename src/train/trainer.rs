@@ -460,8 +460,11 @@ impl<B: Backend> Run<'_, B> {
         let comm = self.comm;
         let trained = comm.sum(&[mine as f64])?[0] as usize;
         // The last micro-batch's backward hands each block's gradients to be summed over the
-        // ranks as soon as it has finished them, and goes on with the blocks below.
-        let overlap = !o.grad_sum_after_backward;
+        // ranks as soon as it has finished them, and goes on with the blocks below. Not in
+        // the first step this process runs, where cuBLASLt's algorithms for each new shape
+        // are chosen by timing them (and the choice is kept on disk): sums running beside
+        // them would skew the timings.
+        let overlap = !o.grad_sum_after_backward && !self.summary.losses.is_empty();
         let last = batches.len() - 1;
         for (k, batch) in batches.iter().enumerate() {
             let loss = LossOptions {
