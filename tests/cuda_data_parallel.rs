@@ -1,5 +1,6 @@
 //! NCCL between two GPUs (`--gpus 2`): the gradient sum and the broadcast of weights give
-//! what the host computes from the same values, bit for bit. (The trainer's use of them is
+//! what the host computes from the same values, bit for bit, and a rank that fails does not
+//! leave the other waiting inside a collective. (The trainer's use of them is
 //! tested on CPU ranks in `train_data_parallel.rs`, and end to end on two GPUs by
 //! `scripts/gpu/multi_gpu.sh`.)
 
@@ -85,4 +86,46 @@ fn nccl_sums_and_broadcasts_like_the_host() {
         Ok(())
     });
     result.unwrap();
+}
+
+/// A rank that fails after the host meeting of a collective, without enqueueing its part,
+/// leaves its peer's sum waiting for it on the device, where no meeting reaches. The peer's
+/// watcher aborts the communicator once the group has failed, which ends that wait, and the
+/// run reports the failure instead of hanging. (Without the watcher this test times out.)
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn a_rank_failing_after_the_meeting_does_not_leave_its_peer_waiting() {
+    let id = UniqueId::new().unwrap();
+    let (report, reported) = std::sync::mpsc::channel();
+    // Detached, so that a hang fails the test below instead of blocking it.
+    std::thread::spawn(move || {
+        let result = ranks::run(2, |member| {
+            let rank = member.rank;
+            let b = Cuda::new(rank)?;
+            let t = tensor(&b, &[N], DType::F32, &values(rank, 0, DType::F32));
+            let comm = Nccl::new(&b, id, member)?;
+            // A first sum that both join: NCCL connects the ranks during a communicator's
+            // first collective, which blocks while holding it (out of the watcher's reach).
+            comm.start_all_reduce_sum(&b, &[&t])?;
+            comm.join_all_reduce_sums(&b)?;
+            b.download(&t)?;
+            if rank == 1 {
+                comm.sum(&[])?; // the meeting that rank 0's sum starts with
+                anyhow::bail!("rank 1 gave up after the meeting");
+            }
+            comm.start_all_reduce_sum(&b, &[&t])?;
+            comm.join_all_reduce_sums(&b)?;
+            b.download(&t)?; // waits for the sum, which rank 1 never joins
+            comm.sum(&[])?;
+            Ok(())
+        });
+        let _ = report.send(result.map_err(|e| format!("{e:#}")));
+    });
+    let wait = std::time::Duration::from_secs(120);
+    let result = reported
+        .recv_timeout(wait)
+        .expect("rank 0 still waits for rank 1's part of the sum after 120 s");
+    let err = result.expect_err("the run should fail");
+    figure("nccl", format!("a rank failing after the meeting: {err}"));
+    assert!(err.contains("gave up after the meeting"), "{err}");
 }

@@ -7,6 +7,7 @@
 //! then gets an error instead of waiting for ever on a rank that will not come.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 
@@ -29,7 +30,8 @@ struct Round {
     /// hand in again, and an exchange completes only once every rank has handed in, so no
     /// reader ever finds the next exchange's values here.
     completed: Arc<Vec<Vec<f64>>>,
-    failed: bool,
+    /// The rank that failed first, once one has.
+    failed: Option<usize>,
 }
 
 impl Group {
@@ -40,7 +42,7 @@ impl Group {
                 generation: 0,
                 handed_in: vec![None; world],
                 completed: Arc::new(vec![]),
-                failed: false,
+                failed: None,
             }),
             changed: Condvar::new(),
         })
@@ -54,7 +56,7 @@ impl Group {
     /// order.
     pub fn exchange(&self, rank: usize, values: Vec<f64>) -> Result<Arc<Vec<Vec<f64>>>> {
         let mut round = self.lock();
-        if round.failed {
+        if round.failed.is_some() {
             bail!(PEER_FAILED);
         }
         assert!(
@@ -69,7 +71,7 @@ impl Group {
             round.generation += 1;
             self.changed.notify_all();
         }
-        while round.generation == generation && !round.failed {
+        while round.generation == generation && round.failed.is_none() {
             round = self
                 .changed
                 .wait(round)
@@ -81,10 +83,26 @@ impl Group {
         Ok(round.completed.clone())
     }
 
-    /// Marks the group failed and wakes every waiting rank.
-    pub fn fail(&self) {
-        self.lock().failed = true;
+    /// Whether a rank has failed, or fails within `wait` (returning as soon as one does).
+    pub fn fails_within(&self, wait: Duration) -> bool {
+        let round = self.lock();
+        let (round, _) = self
+            .changed
+            .wait_timeout_while(round, wait, |round| round.failed.is_none())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        round.failed.is_some()
+    }
+
+    /// Marks the group failed by `rank` (unless another rank failed first) and wakes every
+    /// waiting rank.
+    pub fn fail(&self, rank: usize) {
+        self.lock().failed.get_or_insert(rank);
         self.changed.notify_all();
+    }
+
+    /// The rank that failed first: the cause, where the others' errors are consequences.
+    pub fn first_failed(&self) -> Option<usize> {
+        self.lock().failed
     }
 
     fn lock(&self) -> MutexGuard<'_, Round> {
@@ -126,10 +144,26 @@ mod tests {
         std::thread::scope(|s| {
             let waiting = s.spawn(|| group.exchange(0, vec![1.0]));
             std::thread::sleep(std::time::Duration::from_millis(20));
-            group.fail();
+            group.fail(1);
             let err = waiting.join().unwrap().unwrap_err();
             assert_eq!(err.to_string(), PEER_FAILED);
         });
         assert!(group.exchange(1, vec![]).is_err());
+        group.fail(0);
+        assert_eq!(group.first_failed(), Some(1));
+    }
+
+    #[test]
+    fn a_watcher_learns_of_a_failure_as_it_happens() {
+        let group = Group::new(2);
+        assert!(!group.fails_within(Duration::from_millis(1)));
+        std::thread::scope(|s| {
+            let watching = s.spawn(|| group.fails_within(Duration::from_secs(60)));
+            std::thread::sleep(Duration::from_millis(20));
+            let start = std::time::Instant::now();
+            group.fail(0);
+            assert!(watching.join().unwrap());
+            assert!(start.elapsed() < Duration::from_secs(10));
+        });
     }
 }

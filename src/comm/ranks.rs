@@ -1,12 +1,13 @@
 //! Runs one thread per rank and reports how the run ended: rank 0's result, or the error of
-//! the rank that failed first (not the "another rank failed" of those it released).
+//! the rank that failed first (not what its failure caused in the others, such as the
+//! "another rank failed" of those it released).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use anyhow::{Result, anyhow};
 
 use super::Member;
-use super::group::{Group, PEER_FAILED};
+use super::group::Group;
 
 /// Runs `rank_main` for ranks `0..world` on threads of their own, each given its `Member` of
 /// one shared `Group`, and returns rank 0's result once every rank has ended.
@@ -29,7 +30,7 @@ pub fn run<T: Send>(world: usize, rank_main: impl Fn(Member) -> Result<T> + Sync
                             ))
                         });
                     if result.is_err() {
-                        group.fail();
+                        group.fail(rank);
                     }
                     result
                 })
@@ -40,10 +41,7 @@ pub fn run<T: Send>(world: usize, rank_main: impl Fn(Member) -> Result<T> + Sync
             .map(|t| t.join().expect("panics are caught in the thread"))
             .collect()
     });
-    let first_cause = results
-        .iter()
-        .position(|r| r.as_ref().is_err_and(|e| e.to_string() != PEER_FAILED));
-    match first_cause {
+    match group.first_failed() {
         Some(rank) if rank > 0 => {
             let err = results.swap_remove(rank).err().expect("an error");
             Err(err.context(format!("rank {rank} (of {world}) failed")))
@@ -55,7 +53,7 @@ pub fn run<T: Send>(world: usize, rank_main: impl Fn(Member) -> Result<T> + Sync
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anyhow::bail;
+    use anyhow::{Context, bail};
 
     #[test]
     fn returns_rank_0s_result_after_every_rank_has_met() {
@@ -81,6 +79,21 @@ mod tests {
             text.contains("rank 1 (of 2) failed") && text.contains("out of memory on GPU 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_first_failure_is_the_cause_whatever_the_others_report() {
+        let err = run(2, |member| {
+            if member.rank == 1 {
+                bail!("out of memory on GPU 1");
+            }
+            // What rank 0 then reports is a consequence, in words of its own.
+            member.sum(&[]).context("rank 0 could not sum its loss")?;
+            Ok(())
+        })
+        .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("out of memory on GPU 1"), "{text}");
     }
 
     #[test]

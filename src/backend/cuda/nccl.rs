@@ -3,23 +3,73 @@
 //! of the highest priority, so that the backward goes on while the gradients of the blocks
 //! it has finished are summed. Tensors are reduced in their own dtype (bf16 gradients as
 //! bf16, NCCL summing in f32 and rounding the result).
+//!
+//! Ranks meet on the host before each collective, so a rank that failed since the last
+//! meeting releases the others there. One that fails after it (its device faulted, or its
+//! host code erred before enqueueing its part) would leave the others' collectives waiting
+//! for it on the device for ever: a watcher thread per rank aborts the communicator as soon
+//! as the group has failed, which ends those kernels. (Still out of reach: a rank that fails
+//! during the first collective of a kind, where NCCL connects the ranks and blocks while
+//! holding the communicator; measured to hang in `tests/cuda_data_parallel.rs` before that
+//! test's first sum.)
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use cudarc::driver::{CudaStream, result::stream};
 use cudarc::nccl::{result, sys};
 
 use super::{Cuda, ptr};
+use crate::comm::group::Group;
 use crate::comm::{Comm, Member};
 use crate::tensor::{DType, Tensor};
 
 pub struct Nccl {
-    comm: sys::ncclComm_t,
+    /// `None` once the watcher has aborted it.
+    comm: Arc<Mutex<Option<Handle>>>,
     compute: Arc<CudaStream>,
     /// Where the sums run, behind the compute stream's ops enqueued before each.
     sums: Arc<CudaStream>,
     member: Member,
+    stop_watching: Arc<AtomicBool>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+/// A communicator, which NCCL lets any one thread at a time use.
+struct Handle(sys::ncclComm_t);
+
+// SAFETY: see `Handle`; the mutex around it keeps the uses apart.
+unsafe impl Send for Handle {}
+
+/// How often the watcher looks whether it should stop (the rank's end waits that long).
+const WATCH_PERIOD: Duration = Duration::from_millis(100);
+
+/// Aborts `comm` once any rank of `group` has failed, unless `stop` is set first.
+fn watch(group: Arc<Group>, comm: Arc<Mutex<Option<Handle>>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        if group.fails_within(WATCH_PERIOD) {
+            abort(&comm);
+            return;
+        }
+    }
+}
+
+/// Takes the communicator out and aborts it: frees it without waiting for any peer, ending
+/// whatever of its work is still running.
+fn abort(comm: &Mutex<Option<Handle>>) {
+    if let Some(handle) = lock(comm).take() {
+        // SAFETY: the communicator is taken out, so no other use follows.
+        let _ = unsafe { result::comm_abort(handle.0) };
+    }
+}
+
+fn lock(comm: &Mutex<Option<Handle>>) -> MutexGuard<'_, Option<Handle>> {
+    // Every update is a single assignment, so a panic while holding the lock left no half
+    // state.
+    comm.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What every rank's communicator is created from: made once, before the ranks start.
@@ -45,6 +95,11 @@ impl UniqueId {
 impl Nccl {
     /// Joins rank `member.rank`'s communicator; returns once every rank has joined.
     pub fn new(cuda: &Cuda, id: UniqueId, member: Member) -> Result<Nccl> {
+        // Lower numbers are higher priorities: a sum's blocks start as soon as an SM frees up,
+        // instead of queueing behind the rest of the backward's. (Over NVLink the default
+        // priority measured the same.)
+        let (_, highest) = stream::get_priority_range()?;
+        let sums = cuda.ctx.new_stream_with_priority(highest)?;
         // A rank whose GPU failed to open never joins, and NCCL would wait for it for ever.
         member.sum(&[])?;
         cuda.ctx.bind_to_thread()?;
@@ -55,31 +110,40 @@ impl Nccl {
         }
         .map_err(|e| anyhow::anyhow!("{e:?}"))
         .with_context(|| format!("NCCL: creating rank {}'s communicator", member.rank))?;
-        // Lower numbers are higher priorities: a sum's blocks start as soon as an SM frees up,
-        // instead of queueing behind the rest of the backward's. (Over NVLink the default
-        // priority measured the same.)
-        let (_, highest) = stream::get_priority_range()?;
+        let comm = Arc::new(Mutex::new(Some(Handle(comm))));
+        let stop_watching = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (group, comm, stop) = (member.group.clone(), comm.clone(), stop_watching.clone());
+            std::thread::spawn(move || watch(group, comm, stop))
+        };
         Ok(Nccl {
             comm,
             compute: cuda.stream.clone(),
-            sums: cuda.ctx.new_stream_with_priority(highest)?,
+            sums,
             member,
+            stop_watching,
+            watcher: Some(watcher),
         })
     }
 
-    /// Enqueues one collective per tensor (`launches`) inside one NCCL group, so that they
-    /// run as one operation. First meets the other ranks on the host: a rank that has failed
+    /// Enqueues one collective per item (`launch`) inside one NCCL group, so that they run
+    /// as one operation. First meets the other ranks on the host: a rank that has failed
     /// since the last meeting then releases them with an error, where NCCL would wait for it
     /// for ever.
-    fn grouped(
+    fn grouped<T>(
         &self,
         what: &str,
-        mut launches: impl Iterator<Item = Result<sys::ncclResult_t>>,
+        items: &[T],
+        launch: impl Fn(&T, sys::ncclComm_t) -> Result<sys::ncclResult_t>,
     ) -> Result<()> {
         self.member.sum(&[])?;
+        let comm = lock(&self.comm);
+        let Some(Handle(comm)) = *comm else {
+            bail!("NCCL {what}: the communicator was aborted after another rank failed");
+        };
         result::group_start().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let launched = launches.try_for_each(|status| {
-            let status = status?;
+        let launched = items.iter().try_for_each(|item| {
+            let status = launch(item, comm)?;
             ensure!(
                 status == sys::ncclResult_t::ncclSuccess,
                 "NCCL {what}: {status:?}"
@@ -93,8 +157,14 @@ impl Nccl {
 
 impl Drop for Nccl {
     fn drop(&mut self) {
-        // SAFETY: the communicator is ours and no longer used.
-        let _ = unsafe { result::comm_destroy(self.comm) };
+        self.stop_watching.store(true, Ordering::Relaxed);
+        if let Some(watcher) = self.watcher.take() {
+            let _ = watcher.join();
+        }
+        // Not ncclCommDestroy, which may wait for the peers: a rank that failed ends here
+        // too, before its group learns of it, and a rank that ends cleanly has nothing left
+        // running (its last download waited for it).
+        abort(&self.comm);
     }
 }
 
@@ -119,24 +189,21 @@ impl Comm<Cuda> for Nccl {
 
     fn start_all_reduce_sum(&self, _: &Cuda, tensors: &[&Tensor<Cuda>]) -> Result<()> {
         self.sums.join(&self.compute)?;
-        self.grouped(
-            "all-reduce",
-            tensors.iter().map(|t| {
-                let p = ptr(t) as *mut std::ffi::c_void;
-                // SAFETY: in place over the tensor's own elements, on this rank's stream.
-                Ok(unsafe {
-                    sys::ncclAllReduce(
-                        p,
-                        p,
-                        t.numel(),
-                        summed_dtype(t)?,
-                        sys::ncclRedOp_t::ncclSum,
-                        self.comm,
-                        self.sums.cu_stream() as sys::cudaStream_t,
-                    )
-                })
-            }),
-        )
+        self.grouped("all-reduce", tensors, |t, comm| {
+            let p = ptr(t) as *mut std::ffi::c_void;
+            // SAFETY: in place over the tensor's own elements, on this rank's stream.
+            Ok(unsafe {
+                sys::ncclAllReduce(
+                    p,
+                    p,
+                    t.numel(),
+                    summed_dtype(t)?,
+                    sys::ncclRedOp_t::ncclSum,
+                    comm,
+                    self.sums.cu_stream() as sys::cudaStream_t,
+                )
+            })
+        })
     }
 
     fn join_all_reduce_sums(&self, _: &Cuda) -> Result<()> {
@@ -144,24 +211,21 @@ impl Comm<Cuda> for Nccl {
     }
 
     fn broadcast(&self, _: &Cuda, tensors: &[(&Tensor<Cuda>, usize)]) -> Result<()> {
-        self.grouped(
-            "broadcast",
-            tensors.iter().map(|&(t, owner)| {
-                let p = ptr(t) as *mut std::ffi::c_void;
-                // SAFETY: in place over the tensor's bytes, on this rank's stream.
-                Ok(unsafe {
-                    sys::ncclBroadcast(
-                        p,
-                        p,
-                        t.bytes(),
-                        sys::ncclDataType_t::ncclUint8,
-                        owner as i32,
-                        self.comm,
-                        self.compute.cu_stream() as sys::cudaStream_t,
-                    )
-                })
-            }),
-        )
+        self.grouped("broadcast", tensors, |&(t, owner), comm| {
+            let p = ptr(t) as *mut std::ffi::c_void;
+            // SAFETY: in place over the tensor's bytes, on this rank's stream.
+            Ok(unsafe {
+                sys::ncclBroadcast(
+                    p,
+                    p,
+                    t.bytes(),
+                    sys::ncclDataType_t::ncclUint8,
+                    owner as i32,
+                    comm,
+                    self.compute.cu_stream() as sys::cudaStream_t,
+                )
+            })
+        })
     }
 
     fn sum(&self, values: &[f64]) -> Result<Vec<f64>> {
