@@ -8,10 +8,10 @@
 //! meeting releases the others there. One that fails after it (its device faulted, or its
 //! host code erred before enqueueing its part) would leave the others' collectives waiting
 //! for it on the device for ever: a watcher thread per rank aborts the communicator as soon
-//! as the group has failed, which ends those kernels. (Still out of reach: a rank that fails
-//! during the first collective of a kind, where NCCL connects the ranks and blocks while
-//! holding the communicator; measured to hang in `tests/cuda_data_parallel.rs` before that
-//! test's first sum.)
+//! as the group has failed, which ends those kernels. (Still out of reach by default: a rank
+//! that fails during the first collective of a kind, where NCCL connects the ranks and
+//! blocks while holding the communicator. That test hung without its first sum, and passed
+//! without it under `NCCL_RUNTIME_CONNECT=0`, which makes NCCL connect them all at creation.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
