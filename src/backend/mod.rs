@@ -18,6 +18,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod datasheet;
 pub mod op_times;
 pub mod select;
 

@@ -1,8 +1,6 @@
 //! `smelt bench`: training throughput of a model on random weights and tokens (see
 //! `train::bench`), as a table or, with `--json`, one JSON line for scripts.
 
-use std::path::Path;
-
 use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
@@ -10,9 +8,7 @@ use serde_json::json;
 use super::offload::OffloadFlags;
 use super::recompute::RecomputeFlags;
 use crate::backend::select::{Device, DeviceChoice, select};
-use crate::io::hf;
-use crate::model::{MatmulPrecision, ModelConfig};
-use crate::train::ModelSource;
+use crate::model::MatmulPrecision;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 
 #[derive(Args, Debug)]
@@ -69,7 +65,7 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     pub fn run(self) -> Result<()> {
-        let config = self.config()?;
+        let config = super::train::model_config(&self.model)?;
         if self.batch_size == 0 || self.seq_len == 0 {
             bail!("--batch-size and --seq-len must be at least 1");
         }
@@ -112,16 +108,6 @@ impl BenchArgs {
         Ok(())
     }
 
-    /// `--model` resolved as `smelt train --from-scratch` resolves it.
-    fn config(&self) -> Result<ModelConfig> {
-        match super::train::model_source(Path::new(&self.model), true)? {
-            ModelSource::Config { name, config } => {
-                ModelConfig::from_json(&config, &format!("the config of {name}"))
-            }
-            ModelSource::Dir { path, .. } => hf::read_config(&path),
-        }
-    }
-
     fn json_line(&self, r: &BenchReport, dtype: &str, device: &str) -> String {
         let ms = |s: f64| s * 1e3;
         let phases: serde_json::Map<String, serde_json::Value> = PHASES
@@ -143,6 +129,7 @@ impl BenchArgs {
             "peak_mem_gib": gib(r.memory_bytes),
             "memory": if r.memory_measured { "allocated" } else { "planned" },
             "offloaded_gib": gib(r.offloaded_bytes),
+            "device_in_use_gib": r.device_in_use.map(gib),
             "phases_ms": phases,
             "split_step_ms": ms(r.split_step_s),
             "split_steps": SPLIT_STEPS,
@@ -171,6 +158,9 @@ impl BenchArgs {
         } else {
             "planned tensors".to_string()
         };
+        if let Some(used) = r.device_in_use {
+            memory += &format!("; {:.2} GiB in use on the device in all", gib(used));
+        }
         if r.offloaded_bytes > 0 {
             memory += &format!(", + {:.2} GiB in host memory", gib(r.offloaded_bytes));
         }

@@ -3,7 +3,9 @@
 mod bench;
 mod export;
 mod offload;
+mod plan;
 mod plot;
+mod precision;
 mod ranks;
 mod recompute;
 mod sample;
@@ -30,6 +32,7 @@ enum Command {
     /// Write a model as a HF directory (config.json + model.safetensors).
     Export(export::ExportArgs),
     Train(Box<train::TrainArgs>),
+    Plan(plan::PlanArgs),
     Plot(plot::PlotArgs),
     Sample(sample::SampleArgs),
     /// Turn text, JSONL or Parquet files into token files with a HF tokenizer.json
@@ -42,6 +45,7 @@ impl Cli {
             Command::Bench(args) => args.run(),
             Command::Export(args) => args.run(),
             Command::Train(args) => args.run(),
+            Command::Plan(args) => args.run(),
             Command::Plot(args) => args.run(),
             Command::Sample(args) => args.run(),
             Command::Tokenize(args) => tokenize::run(args),

@@ -7,13 +7,14 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use super::offload::OffloadFlags;
+use super::precision::{Precision, PrecisionFlags};
 use super::ranks::{RankMain, on_ranks};
 use super::recompute::RecomputeFlags;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::comm::Comm;
 use crate::io::hf;
-use crate::model::{MatmulPrecision, presets};
+use crate::model::{MatmulPrecision, ModelConfig, presets};
 use crate::tensor::DType;
 use crate::train::optimizer::OptimizerOptions;
 use crate::train::options::Defaults;
@@ -33,10 +34,6 @@ const DEFAULTS: Defaults = Defaults {
     eval_every_n_steps: 100,
     eval_num_steps: 20,
 };
-
-fn dtype(name: &str) -> Result<DType, String> {
-    DType::parse(name).ok_or_else(|| format!("unknown dtype `{name}`; use f32 or bf16"))
-}
 
 #[derive(Args, Debug)]
 #[command(
@@ -126,28 +123,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.0, help_heading = "Optimizer")]
     z_loss: f64,
 
-    // ----- precision -----
-    /// Dtype of weights and activations: f32 or bf16 [default: bf16; the demo on the CPU: f32].
-    #[arg(long, value_parser = dtype, help_heading = "Precision")]
-    model_dtype: Option<DType>,
-    /// Dtype the blocks' linear layers multiply in: bf16, or e4m3 (FP8 with per-tensor
-    /// scaling; needs --model-dtype bf16). The embeddings and the LM head stay bf16.
-    #[arg(long, default_value = "bf16", help_heading = "Precision")]
-    matmul_dtype: String,
-    /// Dtype of the output gradients those matmuls take in the backward, with
-    /// --matmul-dtype e4m3: e4m3 or e5m2 [default: e5m2].
-    #[arg(long, help_heading = "Precision")]
-    gradient_dtype: Option<String>,
-    /// Dtype of the optimizer's master weights; a master copy is kept when it is wider than
-    /// --model-dtype [default: f32].
-    #[arg(long, value_parser = dtype, help_heading = "Precision")]
-    master_dtype: Option<DType>,
-    /// Dtype of Adam's first moment: f32, or bf16 (updated with stochastic rounding).
-    #[arg(long, value_parser = dtype, default_value = "f32", help_heading = "Precision")]
-    opt_m_dtype: DType,
-    /// Dtype of Adam's second moment: f32, or bf16 (updated with stochastic rounding).
-    #[arg(long, value_parser = dtype, default_value = "f32", help_heading = "Precision")]
-    opt_v_dtype: DType,
+    #[command(flatten)]
+    precision: PrecisionFlags,
 
     // ----- memory -----
     #[command(flatten)]
@@ -263,35 +240,16 @@ impl TrainArgs {
                 self.eval_file.clone(),
             ),
         };
-        let model_dtype = self.model_dtype.unwrap_or(d.model_dtype);
-        if !matches!(model_dtype, DType::F32 | DType::BF16) {
-            bail!("--model-dtype {model_dtype}: choose f32 or bf16");
-        }
-        let matmul = MatmulPrecision::parse(&self.matmul_dtype, self.gradient_dtype.as_deref())?;
-        if matmul != MatmulPrecision::Native && model_dtype != DType::BF16 {
-            bail!(
-                "--matmul-dtype {}: FP8 matmuls write bf16, so they need --model-dtype bf16 (not {model_dtype})",
-                self.matmul_dtype
-            );
-        }
+        let Precision {
+            model_dtype,
+            matmul,
+            master_dtype,
+            opt_m_dtype,
+            opt_v_dtype,
+        } = self.precision.resolve(d.model_dtype)?;
         if self.debug_log_abs_max > 0 && matmul == MatmulPrecision::Native {
             bail!("--debug-log-abs-max logs FP8 statistics; it needs --matmul-dtype e4m3");
         }
-        for (flag, v) in [
-            ("--opt-m-dtype", self.opt_m_dtype),
-            ("--opt-v-dtype", self.opt_v_dtype),
-        ] {
-            if !matches!(v, DType::F32 | DType::BF16) {
-                bail!("{flag} {v}: choose f32 or bf16");
-            }
-        }
-        let master_dtype = match self.master_dtype.unwrap_or(DType::F32) {
-            m if m == model_dtype => None,
-            DType::F32 => Some(DType::F32),
-            m => bail!(
-                "--master-dtype {m}: the master weights must be f32, or the same as --model-dtype ({model_dtype})"
-            ),
-        };
         if self.offload_master && master_dtype.is_none() {
             bail!(
                 "--offload-master: this run keeps no master copy of the weights (--model-dtype \
@@ -382,8 +340,8 @@ impl TrainArgs {
                 adam_eps: self.adam_eps,
                 weight_decay: self.weight_decay,
                 grad_clip: self.grad_clip,
-                opt_m_dtype: self.opt_m_dtype,
-                opt_v_dtype: self.opt_v_dtype,
+                opt_m_dtype,
+                opt_v_dtype,
                 master_dtype,
                 offload: self.offload.offload(self.offload_master),
                 zero_level: self.zero_level,
@@ -492,6 +450,17 @@ pub(super) fn model_source(model: &std::path::Path, from_scratch: bool) -> Resul
         name: name.to_string(),
         config: presets::preset(name)?.to_hf_json(),
     })
+}
+
+/// The config of `--model` (a directory, of which only config.json is read, or a built-in
+/// architecture), resolved as `smelt train --from-scratch` resolves it.
+pub(super) fn model_config(model: &str) -> Result<ModelConfig> {
+    match model_source(std::path::Path::new(model), true)? {
+        ModelSource::Config { name, config } => {
+            ModelConfig::from_json(&config, &format!("the config of {name}"))
+        }
+        ModelSource::Dir { path, .. } => hf::read_config(&path),
+    }
 }
 
 /// The demo's closing sample, from the model it just exported.

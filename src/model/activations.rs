@@ -161,98 +161,128 @@ pub struct Activations<B: Backend> {
     pub dswiglu: Tensor<B>,       // [N, F]
 }
 
-impl<B: Backend> Activations<B> {
-    /// The specs of every buffer, then a constructor that takes them back once allocated.
-    pub fn plan(
-        s: &ActivationShape,
-        recompute: Recompute,
-        dtype: DType,
-        stat_dtype: DType,
-    ) -> (
-        Vec<TensorSpec>,
-        impl FnOnce(Vec<Tensor<B>>) -> Activations<B>,
-    ) {
+/// Where each activation's tensors sit among the planned specs, so that the allocated
+/// tensors can be handed back in the same order.
+pub struct ActivationPlan {
+    pub specs: Vec<TensorSpec>,
+    tokens: Range<usize>,
+    targets: Range<usize>,
+    residual: Range<usize>,
+    ln1: Range<usize>,
+    rstd1: Range<usize>,
+    qkv: Range<usize>,
+    att: Range<usize>,
+    lse: Range<usize>,
+    residual_mid: Range<usize>,
+    ln2: Range<usize>,
+    rstd2: Range<usize>,
+    gate_up: Range<usize>,
+    swiglu: Range<usize>,
+    lnf: Range<usize>,
+    rstdf: Range<usize>,
+    branch: Range<usize>,
+    logits: Range<usize>,
+    losses: Range<usize>,
+    dresidual: Range<usize>,
+    dln: Range<usize>,
+    datt: Range<usize>,
+    dqkv: Range<usize>,
+    dgate_up: Range<usize>,
+    dswiglu: Range<usize>,
+}
+
+impl ActivationPlan {
+    /// The specs of every buffer, kept per layer or shared as `recompute` says.
+    pub fn new(s: &ActivationShape, recompute: Recompute, dtype: DType, stat_dtype: DType) -> Self {
         let mut p = Plan { specs: vec![] };
         let (n, l) = (s.tokens, s.layers);
         let copies = |recomputed: bool| if recomputed { 1 } else { l };
-        let tokens = p.add("tokens", &[n], DType::I32, 1);
-        let targets = p.add("targets", &[n], DType::I32, 1);
-        let residual = p.add("residual", &[n, s.hidden], dtype, l + 1);
-        let ln1 = p.add("ln1", &[n, s.hidden], dtype, copies(recompute.norms()));
-        let rstd1 = p.add("rstd1", &[n], stat_dtype, l);
-        let qkv = p.add("qkv", &[n, s.qkv_dim], dtype, copies(recompute.qkv()));
-        let att = p.add("att", &[n, s.q_dim], dtype, copies(recompute.attention()));
-        let lse = p.add(
-            "lse",
-            &[s.batch, s.heads, s.seq],
-            stat_dtype,
-            copies(recompute.attention()),
-        );
-        let residual_mid = p.add(
-            "residual_mid",
-            &[n, s.hidden],
-            dtype,
-            copies(recompute.residual_mid()),
-        );
-        let ln2 = p.add("ln2", &[n, s.hidden], dtype, copies(recompute.norms()));
-        let rstd2 = p.add("rstd2", &[n], stat_dtype, l);
-        let gate_up = p.add(
-            "gate_up",
-            &[n, 2 * s.intermediate],
-            dtype,
-            copies(recompute.gate_up()),
-        );
-        let swiglu = p.add(
-            "swiglu",
-            &[n, s.intermediate],
-            dtype,
-            copies(recompute.swiglu_out()),
-        );
-        let lnf = p.add("lnf", &[n, s.hidden], dtype, 1);
-        let rstdf = p.add("rstdf", &[n], stat_dtype, 1);
-        let branch = p.add("branch", &[n, s.hidden], dtype, 1);
-        let logits = p.add("logits", &[s.head_rows, s.vocab], dtype, 1);
-        let losses = p.add("losses", &[n], stat_dtype, 1);
-        let dresidual = p.add("dresidual", &[n, s.hidden], dtype, 1);
-        let dln = p.add("dln", &[n, s.hidden], dtype, 1);
-        let datt = p.add("datt", &[n, s.q_dim], dtype, 1);
-        let dqkv = p.add("dqkv", &[n, s.qkv_dim], dtype, 1);
-        let dgate_up = p.add("dgate_up", &[n, 2 * s.intermediate], dtype, 1);
-        let dswiglu = p.add("dswiglu", &[n, s.intermediate], dtype, 1);
+        ActivationPlan {
+            tokens: p.add("tokens", &[n], DType::I32, 1),
+            targets: p.add("targets", &[n], DType::I32, 1),
+            residual: p.add("residual", &[n, s.hidden], dtype, l + 1),
+            ln1: p.add("ln1", &[n, s.hidden], dtype, copies(recompute.norms())),
+            rstd1: p.add("rstd1", &[n], stat_dtype, l),
+            qkv: p.add("qkv", &[n, s.qkv_dim], dtype, copies(recompute.qkv())),
+            att: p.add("att", &[n, s.q_dim], dtype, copies(recompute.attention())),
+            lse: p.add(
+                "lse",
+                &[s.batch, s.heads, s.seq],
+                stat_dtype,
+                copies(recompute.attention()),
+            ),
+            residual_mid: p.add(
+                "residual_mid",
+                &[n, s.hidden],
+                dtype,
+                copies(recompute.residual_mid()),
+            ),
+            ln2: p.add("ln2", &[n, s.hidden], dtype, copies(recompute.norms())),
+            rstd2: p.add("rstd2", &[n], stat_dtype, l),
+            gate_up: p.add(
+                "gate_up",
+                &[n, 2 * s.intermediate],
+                dtype,
+                copies(recompute.gate_up()),
+            ),
+            swiglu: p.add(
+                "swiglu",
+                &[n, s.intermediate],
+                dtype,
+                copies(recompute.swiglu_out()),
+            ),
+            lnf: p.add("lnf", &[n, s.hidden], dtype, 1),
+            rstdf: p.add("rstdf", &[n], stat_dtype, 1),
+            branch: p.add("branch", &[n, s.hidden], dtype, 1),
+            logits: p.add("logits", &[s.head_rows, s.vocab], dtype, 1),
+            losses: p.add("losses", &[n], stat_dtype, 1),
+            dresidual: p.add("dresidual", &[n, s.hidden], dtype, 1),
+            dln: p.add("dln", &[n, s.hidden], dtype, 1),
+            datt: p.add("datt", &[n, s.q_dim], dtype, 1),
+            dqkv: p.add("dqkv", &[n, s.qkv_dim], dtype, 1),
+            dgate_up: p.add("dgate_up", &[n, 2 * s.intermediate], dtype, 1),
+            dswiglu: p.add("dswiglu", &[n, s.intermediate], dtype, 1),
+            specs: p.specs,
+        }
+    }
 
-        let build = move |t: Vec<Tensor<B>>| {
-            let many = |r: Range<usize>| t[r].to_vec();
-            let stash = |r: Range<usize>| Stash {
-                tensors: t[r].to_vec(),
-            };
-            let one = |r: Range<usize>| t[r.start].clone();
-            Activations {
-                tokens: one(tokens),
-                targets: one(targets),
-                residual: many(residual),
-                ln1: stash(ln1),
-                rstd1: stash(rstd1),
-                qkv: stash(qkv),
-                att: stash(att),
-                lse: stash(lse),
-                residual_mid: stash(residual_mid),
-                ln2: stash(ln2),
-                rstd2: stash(rstd2),
-                gate_up: stash(gate_up),
-                swiglu: stash(swiglu),
-                lnf: one(lnf),
-                rstdf: one(rstdf),
-                branch: one(branch),
-                logits: one(logits),
-                losses: one(losses),
-                dresidual: one(dresidual),
-                dln: one(dln),
-                datt: one(datt),
-                dqkv: one(dqkv),
-                dgate_up: one(dgate_up),
-                dswiglu: one(dswiglu),
-            }
+    /// The per-token losses of a pass.
+    pub fn losses(&self) -> &TensorSpec {
+        &self.specs[self.losses.start]
+    }
+
+    /// The activations, from tensors allocated for `specs` in their order.
+    pub fn build<B: Backend>(&self, t: Vec<Tensor<B>>) -> Activations<B> {
+        let many = |r: &Range<usize>| t[r.clone()].to_vec();
+        let stash = |r: &Range<usize>| Stash {
+            tensors: t[r.clone()].to_vec(),
         };
-        (p.specs, build)
+        let one = |r: &Range<usize>| t[r.start].clone();
+        Activations {
+            tokens: one(&self.tokens),
+            targets: one(&self.targets),
+            residual: many(&self.residual),
+            ln1: stash(&self.ln1),
+            rstd1: stash(&self.rstd1),
+            qkv: stash(&self.qkv),
+            att: stash(&self.att),
+            lse: stash(&self.lse),
+            residual_mid: stash(&self.residual_mid),
+            ln2: stash(&self.ln2),
+            rstd2: stash(&self.rstd2),
+            gate_up: stash(&self.gate_up),
+            swiglu: stash(&self.swiglu),
+            lnf: one(&self.lnf),
+            rstdf: one(&self.rstdf),
+            branch: one(&self.branch),
+            logits: one(&self.logits),
+            losses: one(&self.losses),
+            dresidual: one(&self.dresidual),
+            dln: one(&self.dln),
+            datt: one(&self.datt),
+            dqkv: one(&self.dqkv),
+            dgate_up: one(&self.dgate_up),
+            dswiglu: one(&self.dswiglu),
+        }
     }
 }

@@ -170,18 +170,19 @@ pub(crate) struct Fp8Shape {
     pub max_out: usize,
 }
 
-impl<B: Backend> Fp8State<B> {
-    /// The specs of every buffer for `precision`, then a constructor that takes them back
-    /// once allocated; `None` when the matmuls are not FP8.
-    #[allow(clippy::type_complexity)]
-    pub fn plan(
+/// The FP8 buffers' specs, and which abs-max slot each layer's weights report into.
+pub(crate) struct Fp8Plan {
+    pub specs: Vec<TensorSpec>,
+    weight_slot: Vec<[usize; 4]>,
+}
+
+impl Fp8Plan {
+    /// The specs of every buffer for `precision`; `None` when the matmuls are not FP8.
+    pub fn new(
         precision: MatmulPrecision,
         shape: &Fp8Shape,
         layout: &Params<ParamSpec>,
-    ) -> Option<(
-        Vec<TensorSpec>,
-        Box<dyn FnOnce(Vec<Tensor<B>>) -> Fp8State<B>>,
-    )> {
+    ) -> Option<Self> {
         let MatmulPrecision::Fp8 { forward, gradient } = precision else {
             return None;
         };
@@ -224,41 +225,43 @@ impl<B: Backend> Fp8State<B> {
                 specs.push(stat(&format!("{input}.descale"), 1));
             }
         }
-        let build = move |t: Vec<Tensor<B>>| {
-            let mut t = t.into_iter();
-            let mut take = || t.next().expect("one tensor per planned spec");
-            let (weight_amax, input_amax, grad_amax) = (take(), take(), take());
-            let (input_q, grad_q, grad_qt) = (take(), take(), take());
-            let grad_descale = take();
-            let linears = (0..weight_slot.len())
-                .map(|_| {
-                    [(); 4].map(|_| LinearCopies {
-                        weight: WeightCopy {
-                            rows: take(),
-                            cols: take(),
-                            descale: take(),
-                        },
-                        input: InputStash {
-                            cols: take(),
-                            descale: take(),
-                        },
-                    })
+        Some(Fp8Plan { specs, weight_slot })
+    }
+
+    /// The state, from tensors allocated for `specs` in their order.
+    pub fn build<B: Backend>(&self, t: Vec<Tensor<B>>) -> Fp8State<B> {
+        let mut t = t.into_iter();
+        let mut take = || t.next().expect("one tensor per planned spec");
+        let (weight_amax, input_amax, grad_amax) = (take(), take(), take());
+        let (input_q, grad_q, grad_qt) = (take(), take(), take());
+        let grad_descale = take();
+        let linears = (0..self.weight_slot.len())
+            .map(|_| {
+                [(); 4].map(|_| LinearCopies {
+                    weight: WeightCopy {
+                        rows: take(),
+                        cols: take(),
+                        descale: take(),
+                    },
+                    input: InputStash {
+                        cols: take(),
+                        descale: take(),
+                    },
                 })
-                .collect();
-            Fp8State {
-                linears,
-                state: Cell::new(WeightCopies::Stale),
-                weight_amax,
-                weight_slot,
-                input_amax,
-                grad_amax,
-                input_q,
-                grad_q,
-                grad_qt,
-                grad_descale,
-            }
-        };
-        Some((specs, Box::new(build)))
+            })
+            .collect();
+        Fp8State {
+            linears,
+            state: Cell::new(WeightCopies::Stale),
+            weight_amax,
+            weight_slot: self.weight_slot.clone(),
+            input_amax,
+            grad_amax,
+            input_q,
+            grad_q,
+            grad_qt,
+            grad_descale,
+        }
     }
 }
 

@@ -20,4 +20,4 @@ pub use config::{Architecture, ModelConfig};
 pub use fp8::MatmulPrecision;
 pub use head::LossOptions;
 pub use params::{ParamKind, Params};
-pub use transformer::{ModelOptions, Transformer};
+pub use transformer::{ModelOptions, ModelPlan, Transformer};

@@ -3,9 +3,9 @@
 
 use anyhow::{Result, ensure};
 
-use super::activations::{ActivationShape, Activations, Recompute};
+use super::activations::{ActivationPlan, ActivationShape, Activations, Recompute};
 use super::config::ModelConfig;
-use super::fp8::{Fp8Shape, Fp8State, MatmulPrecision};
+use super::fp8::{Fp8Plan, Fp8Shape, Fp8State, MatmulPrecision};
 use super::params::{ParamSpec, Params, from_list};
 use crate::backend::{AttnShape, Backend};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -40,8 +40,19 @@ pub struct Transformer<B: Backend> {
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
 }
 
-impl<B: Backend> Transformer<B> {
-    pub fn new(backend: &B, config: ModelConfig, options: ModelOptions) -> Result<Self> {
+/// Every tensor a model of one config and shape holds, by allocation category, before
+/// anything is allocated: what `Transformer::new` allocates, and what `smelt plan` counts.
+pub struct ModelPlan {
+    layout: Params<ParamSpec>,
+    param_specs: Vec<TensorSpec>,
+    grad_specs: Vec<TensorSpec>,
+    activations: ActivationPlan,
+    rope: TensorSpec,
+    fp8: Option<Fp8Plan>,
+}
+
+impl ModelPlan {
+    pub fn new(config: &ModelConfig, options: &ModelOptions) -> Result<Self> {
         ensure!(
             options.batch > 0 && options.seq > 0,
             "batch size and sequence length must be positive"
@@ -55,12 +66,19 @@ impl<B: Backend> Transformer<B> {
             "--lmhead-chunks must be between 1 and batch·seq = {}",
             options.batch * options.seq
         );
+        if options.matmul != MatmulPrecision::Native {
+            ensure!(
+                options.dtype == DType::BF16,
+                "FP8 matmuls write bf16 outputs; the model dtype must be bf16, not {}",
+                options.dtype
+            );
+        }
         let stat_dtype = if options.dtype == DType::F64 {
             DType::F64
         } else {
             DType::F32
         };
-        let layout = Params::layout(&config, options.dtype);
+        let layout = Params::layout(config, options.dtype);
         let param_specs = layout.tensor_specs();
         let grad_specs: Vec<TensorSpec> = param_specs
             .iter()
@@ -80,29 +98,8 @@ impl<B: Backend> Transformer<B> {
             vocab: config.vocab_size,
             head_rows: n.div_ceil(options.lmhead_chunks),
         };
-        let (mut act_specs, build_acts) =
-            Activations::plan(&shape, options.recompute, options.dtype, stat_dtype);
-        let rope_spec = TensorSpec::new("rope", &[options.seq, config.head_dim / 2, 2], stat_dtype);
-        act_specs.push(rope_spec.clone());
-
-        let params = from_list(&layout, backend.allocate("weights", &param_specs)?);
-        let grads = from_list(&layout, backend.allocate("gradients", &grad_specs)?);
-        let mut act_tensors = backend.allocate("activations", &act_specs)?;
-        let rope = act_tensors.pop().expect("the rope table was planned last");
-        backend.upload(&rope, &rope_table(&config, options.seq))?;
-        let mut memory = vec![
-            ("weights", param_specs),
-            ("gradients", grad_specs),
-            ("activations", act_specs),
-        ];
-
-        if options.matmul != MatmulPrecision::Native {
-            ensure!(
-                options.dtype == DType::BF16,
-                "FP8 matmuls write bf16 outputs; the model dtype must be bf16, not {}",
-                options.dtype
-            );
-        }
+        let activations = ActivationPlan::new(&shape, options.recompute, options.dtype, stat_dtype);
+        let rope = TensorSpec::new("rope", &[options.seq, config.head_dim / 2, 2], stat_dtype);
         let fp8_shape = Fp8Shape {
             tokens: n,
             layers: config.num_layers,
@@ -115,22 +112,61 @@ impl<B: Backend> Transformer<B> {
                 .max(config.hidden_size)
                 .max(2 * config.intermediate_size),
         };
-        let fp8 = match Fp8State::plan(options.matmul, &fp8_shape, &layout) {
-            Some((specs, build)) => {
-                let tensors = backend.allocate("fp8", &specs)?;
-                memory.push(("fp8", specs));
-                Some(build(tensors))
-            }
+        let fp8 = Fp8Plan::new(options.matmul, &fp8_shape, &layout);
+        Ok(ModelPlan {
+            layout,
+            param_specs,
+            grad_specs,
+            activations,
+            rope,
+            fp8,
+        })
+    }
+
+    /// The per-token losses of a pass (`Transformer::losses`).
+    pub fn losses(&self) -> &TensorSpec {
+        self.activations.losses()
+    }
+
+    /// The allocations, in the order `Transformer::new` makes them: each category's name
+    /// and tensors (the RoPE table is carved from the activations' allocation).
+    pub fn memory(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
+        let mut activations = self.activations.specs.clone();
+        activations.push(self.rope.clone());
+        let mut memory = vec![
+            ("weights", self.param_specs.clone()),
+            ("gradients", self.grad_specs.clone()),
+            ("activations", activations),
+        ];
+        memory.extend(self.fp8.as_ref().map(|f| ("fp8", f.specs.clone())));
+        memory
+    }
+}
+
+impl<B: Backend> Transformer<B> {
+    pub fn new(backend: &B, config: ModelConfig, options: ModelOptions) -> Result<Self> {
+        let plan = ModelPlan::new(&config, &options)?;
+        let memory = plan.memory();
+        let mut take = memory
+            .iter()
+            .map(|(category, specs)| backend.allocate(category, specs));
+        let mut next = || take.next().expect("one allocation per planned category");
+        let params = from_list(&plan.layout, next()?);
+        let grads = from_list(&plan.layout, next()?);
+        let mut act_tensors = next()?;
+        let rope = act_tensors.pop().expect("the rope table was planned last");
+        backend.upload(&rope, &rope_table(&config, options.seq))?;
+        let fp8 = match &plan.fp8 {
+            Some(f) => Some(f.build(next()?)),
             None => None,
         };
-
         Ok(Transformer {
+            acts: plan.activations.build(act_tensors),
             memory,
             fp8,
-            acts: build_acts(act_tensors),
             config,
             options,
-            layout,
+            layout: plan.layout,
             params,
             grads,
             rope,

@@ -73,6 +73,9 @@ pub struct BenchReport {
     pub memory_bytes: u64,
     /// Whether `memory_bytes` was measured on the device (else it is the plan).
     pub memory_measured: bool,
+    /// All the device's memory in use after the last step, as the driver counts it (with the
+    /// CUDA context and the libraries' own), where the backend can tell.
+    pub device_in_use: Option<u64>,
     /// The optimizer state offloaded to host memory, in bytes (not in `memory_bytes`).
     pub offloaded_bytes: u64,
     /// The mean per-token loss of the last step.
@@ -174,6 +177,7 @@ pub fn run<B: Backend>(
 
     let planned = memory_total(&[&bench.model.memory, &bench.opt.memory]);
     let measured = device_bytes(b)?;
+    let device_in_use = b.free_memory().map(|(free, total)| (total - free) as u64);
     let offloaded_bytes = memory_total(&[&bench.opt.offloaded]);
 
     let tokens_per_step = bench.model.tokens_per_step();
@@ -188,6 +192,7 @@ pub fn run<B: Backend>(
         split_step_s: median(&mut split_totals),
         memory_bytes: measured.unwrap_or(planned),
         memory_measured: measured.is_some(),
+        device_in_use,
         offloaded_bytes,
         loss,
         ops,

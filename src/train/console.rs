@@ -150,7 +150,7 @@ pub fn memory_total(lists: &[&Categories]) -> u64 {
         .sum()
 }
 
-fn category_bytes(specs: &[TensorSpec]) -> u64 {
+pub fn category_bytes(specs: &[TensorSpec]) -> u64 {
     specs.iter().map(|s| s.bytes() as u64).sum()
 }
 

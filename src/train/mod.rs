@@ -11,6 +11,7 @@ pub mod log;
 pub mod metrics;
 pub mod optimizer;
 pub mod options;
+pub mod plan;
 pub mod sample;
 pub mod schedule;
 pub mod step_losses;

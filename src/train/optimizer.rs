@@ -17,8 +17,8 @@ use super::zero;
 use crate::backend::{AdamW, AdamWTensor, Backend};
 use crate::comm::Comm;
 use crate::io::tensors::Named;
-use crate::model::Transformer;
 use crate::model::params::ParamSpec;
+use crate::model::{Params, Transformer};
 use crate::rng::Rng;
 use crate::tensor::{DType, Tensor, TensorSpec};
 
@@ -70,30 +70,88 @@ pub struct AdamWState<B: Backend> {
     pub offloaded: Vec<(&'static str, Vec<TensorSpec>)>,
 }
 
-/// One allocation shaped like the parameters `kept`, each tensor named `category.name`, in
-/// host memory if `offload`.
-fn allocate_like<B: Backend>(
-    b: &B,
-    kept: &[&ParamSpec],
-    category: &'static str,
-    dtype: DType,
-    offload: bool,
-) -> Result<(Vec<Tensor<B>>, Vec<TensorSpec>)> {
-    let specs: Vec<TensorSpec> = kept
-        .iter()
-        .map(|p| {
-            TensorSpec::new(
-                format!("{category}.{}", p.tensor.name),
-                &p.tensor.shape,
-                dtype,
-            )
-        })
-        .collect();
-    let tensors = match offload {
-        true => b.allocate_offloaded(category, &specs)?,
-        false => b.allocate(category, &specs)?,
-    };
-    Ok((tensors, specs))
+/// This rank's share of the optimizer state, planned before anything is allocated: what
+/// `AdamWState::new` allocates, and what `smelt plan` counts.
+pub struct StatePlan {
+    owners: Vec<usize>,
+    /// Which rank this is, when it keeps only its share of the state.
+    shard: Option<usize>,
+    kept: Vec<usize>,
+    /// Each category of state: its name, its tensors (shaped like the parameters kept,
+    /// named `category.parameter`), and whether it lives in host memory.
+    categories: Vec<(&'static str, Vec<TensorSpec>, bool)>,
+    /// The device scalar that sums the squared gradients.
+    norm: TensorSpec,
+}
+
+impl StatePlan {
+    pub fn new(
+        layout: &Params<ParamSpec>,
+        rank: usize,
+        world: usize,
+        options: &OptimizerOptions,
+    ) -> Self {
+        let specs: Vec<&ParamSpec> = layout.iter().collect();
+        let shard = (options.zero_level > 0 && world > 1).then_some(rank);
+        let owners = match shard {
+            Some(_) => zero::owners(
+                &specs.iter().map(|p| p.tensor.numel()).collect::<Vec<_>>(),
+                world,
+            ),
+            None => vec![rank; specs.len()],
+        };
+        let kept: Vec<usize> = (0..specs.len()).filter(|&i| owners[i] == rank).collect();
+        let like_kept = |category: &str, dtype| -> Vec<TensorSpec> {
+            kept.iter()
+                .map(|&i| {
+                    let t = &specs[i].tensor;
+                    TensorSpec::new(format!("{category}.{}", t.name), &t.shape, dtype)
+                })
+                .collect()
+        };
+        let offload = options.offload;
+        let mut categories = vec![
+            (
+                "adam_m",
+                like_kept("adam_m", options.opt_m_dtype),
+                offload.opt_m,
+            ),
+            (
+                "adam_v",
+                like_kept("adam_v", options.opt_v_dtype),
+                offload.opt_v,
+            ),
+        ];
+        if let Some(dtype) = options.master_dtype {
+            categories.push(("master", like_kept("master", dtype), offload.master));
+        }
+        StatePlan {
+            owners,
+            shard,
+            kept,
+            categories,
+            norm: TensorSpec::new("grad_norm_sq", &[1], DType::F32),
+        }
+    }
+
+    /// The device allocations, by category.
+    pub fn memory(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
+        let mut memory = self.placed(false);
+        memory.push(("optimizer", vec![self.norm.clone()]));
+        memory
+    }
+
+    /// The allocations in host memory, by category.
+    pub fn offloaded(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
+        self.placed(true)
+    }
+
+    fn placed(&self, in_host: bool) -> Vec<(&'static str, Vec<TensorSpec>)> {
+        (self.categories.iter())
+            .filter(|c| c.2 == in_host)
+            .map(|(name, specs, _)| (*name, specs.clone()))
+            .collect()
+    }
 }
 
 impl<B: Backend> AdamWState<B> {
@@ -106,50 +164,38 @@ impl<B: Backend> AdamWState<B> {
         options: OptimizerOptions,
     ) -> Result<Self> {
         let (rank, world) = (comm.rank(), comm.world());
-        let specs: Vec<&ParamSpec> = model.layout.iter().collect();
-        let sharded = options.zero_level > 0 && world > 1;
-        let owners = match sharded {
-            true => zero::owners(
-                &specs.iter().map(|p| p.tensor.numel()).collect::<Vec<_>>(),
-                world,
-            ),
-            false => vec![rank; specs.len()],
+        let plan = StatePlan::new(&model.layout, rank, world, &options);
+        let mut allocations =
+            (plan.categories.iter()).map(|(category, specs, in_host)| match in_host {
+                true => b.allocate_offloaded(category, specs),
+                false => b.allocate(category, specs),
+            });
+        let mut next = || {
+            allocations
+                .next()
+                .expect("one allocation per planned category")
         };
-        let kept: Vec<usize> = (0..specs.len()).filter(|&i| owners[i] == rank).collect();
-        let kept_specs: Vec<&ParamSpec> = kept.iter().map(|&i| specs[i]).collect();
-        let offload = options.offload;
-        let (mut memory, mut offloaded) = (vec![], vec![]);
-        let mut allocate = |category, dtype, in_host| {
-            let (tensors, specs) = allocate_like(b, &kept_specs, category, dtype, in_host)?;
-            match in_host {
-                true => offloaded.push((category, specs)),
-                false => memory.push((category, specs)),
-            }
-            anyhow::Ok(tensors)
-        };
-        let m = allocate("adam_m", options.opt_m_dtype, offload.opt_m)?;
-        let v = allocate("adam_v", options.opt_v_dtype, offload.opt_v)?;
+        let m = next()?;
+        let v = next()?;
         let master = match options.master_dtype {
-            Some(dtype) => Some(allocate("master", dtype, offload.master)?),
+            Some(_) => Some(next()?),
             None => None,
         };
-        let norm_spec = TensorSpec::new("grad_norm_sq", &[1], DType::F32);
-        let norm_sq = b.allocate("optimizer", std::slice::from_ref(&norm_spec))?;
-        memory.push(("optimizer", vec![norm_spec]));
+        let norm_sq = b.allocate("optimizer", std::slice::from_ref(&plan.norm))?;
         for t in m.iter().chain(v.iter()) {
             b.fill(t, 0.0)?;
         }
         let state = AdamWState {
+            shard: plan.shard,
             options,
-            owners,
-            shard: sharded.then_some(rank),
-            kept,
+            memory: plan.memory(),
+            offloaded: plan.offloaded(),
+            owners: plan.owners,
+            kept: plan.kept,
             m,
             v,
             master,
             norm_sq: norm_sq.into_iter().next().expect("one tensor"),
-            memory,
-            offloaded,
         };
         state.sync_master(b, model)?;
         Ok(state)

@@ -6,7 +6,12 @@ use anyhow::Result;
 
 use crate::backend::Backend;
 use crate::model::Transformer;
-use crate::tensor::{Tensor, TensorSpec};
+use crate::tensor::{DType, Tensor, TensorSpec};
+
+/// The rows of `micro_steps` passes of `tokens` losses each.
+pub fn rows_spec(micro_steps: usize, tokens: usize, dtype: DType) -> TensorSpec {
+    TensorSpec::new("step_losses", &[micro_steps, tokens], dtype)
+}
 
 pub struct StepLosses<B: Backend> {
     /// `[micro-steps, tokens]`, in the dtype of the model's losses.
@@ -18,7 +23,7 @@ pub struct StepLosses<B: Backend> {
 impl<B: Backend> StepLosses<B> {
     pub fn new(b: &B, model: &Transformer<B>, micro_steps: usize) -> Result<Self> {
         let losses = model.losses();
-        let spec = TensorSpec::new("step_losses", &[micro_steps, losses.numel()], losses.dtype);
+        let spec = rows_spec(micro_steps, losses.numel(), losses.dtype);
         let rows = b.allocate("losses", std::slice::from_ref(&spec))?;
         Ok(StepLosses {
             rows: rows.into_iter().next().expect("one tensor"),

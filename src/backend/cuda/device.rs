@@ -45,36 +45,3 @@ pub fn gpu_count() -> Result<usize> {
         ),
     }
 }
-
-/// The datasheet dense (not sparse) bf16 tensor-core peak of a GPU, by the name the driver
-/// gives it, in FLOP/s; `None` for GPUs not listed here, whose MFU is then not reported.
-pub fn peak_bf16_flops(name: &str) -> Option<f64> {
-    const PEAKS: [(&str, f64); 8] = [
-        ("B200", 2250e12),
-        ("GH200", 989.4e12),
-        ("H200 NVL", 835e12),
-        ("H200", 989.4e12),
-        ("H100 PCIe", 756e12),
-        ("H100 NVL", 835e12),
-        ("H100", 989.4e12), // SXM: "NVIDIA H100 80GB HBM3"
-        ("A100", 312e12),
-    ];
-    PEAKS
-        .iter()
-        .find(|(key, _)| name.contains(key))
-        .map(|&(_, peak)| peak)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::peak_bf16_flops;
-
-    #[test]
-    fn peaks_match_the_most_specific_name() {
-        assert_eq!(peak_bf16_flops("NVIDIA H100 80GB HBM3"), Some(989.4e12));
-        assert_eq!(peak_bf16_flops("NVIDIA H100 PCIe"), Some(756e12));
-        assert_eq!(peak_bf16_flops("NVIDIA H200 NVL"), Some(835e12));
-        assert_eq!(peak_bf16_flops("NVIDIA A100-SXM4-80GB"), Some(312e12));
-        assert_eq!(peak_bf16_flops("NVIDIA GeForce GTX 1080"), None);
-    }
-}

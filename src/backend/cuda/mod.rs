@@ -46,6 +46,7 @@ use self::kernels::{Arg, KArg, Kernel, Kernels};
 use self::matmul::op_dims;
 use self::memory::{CudaStorage, Memory, MemoryReport, Place, carve};
 use self::op_timer::OpTimer;
+use super::datasheet::datasheet;
 use super::op_times::{OpTime, matmul_name};
 use super::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -140,6 +141,11 @@ fn unsupported_dtype(op: &'static str, dtypes: Vec<DType>) -> anyhow::Error {
 }
 
 impl Cuda {
+    /// The GPU's name, as the driver gives it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Opens GPU `ordinal`. Fails with a message naming what is missing when libcuda,
     /// libnvrtc or libcublasLt cannot be loaded, or when there is no such GPU.
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -304,7 +310,7 @@ impl Backend for Cuda {
     }
 
     fn peak_flops(&self) -> Option<f64> {
-        device::peak_bf16_flops(&self.name)
+        datasheet(&self.name).map(|g| g.bf16_flops)
     }
 
     fn free_memory(&self) -> Option<(usize, usize)> {

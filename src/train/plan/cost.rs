@@ -1,0 +1,171 @@
+//! The step-time estimate behind `smelt plan`'s ranking: what the step costs without
+//! recompute or offload, plus what each adds. Each rate is a share of the GPU's datasheet
+//! figure, as smelt measured it on an H100 (docs/performance.md); the estimate is for
+//! comparing choices, not a promise of throughput.
+
+use crate::backend::datasheet::Datasheet;
+use crate::model::{ModelConfig, Recompute};
+
+/// The whole step, as a share of the bf16 peak (MFU): 0.49–0.55 on the bench rows.
+const STEP_MFU: f64 = 0.52;
+/// The recomputed matmuls: cuBLASLt's bf16 forward products ran at 630–756 of 989 TFLOP/s.
+const MATMUL_SHARE: f64 = 0.7;
+/// The recomputed attention forward: 245–308 of 989 TFLOP/s.
+const ATTENTION_SHARE: f64 = 0.25;
+/// The recomputed memory-bound kernels (norms, RoPE, SwiGLU): 2.5–3.0 of 3.35 TB/s.
+const BANDWIDTH_SHARE: f64 = 0.85;
+/// Offloaded optimizer state crosses the bus once each way per optimizer step, both
+/// directions at once: 44–45 GB/s each way was measured over PCIe Gen5 ×16.
+pub const BUS_BYTES_PER_S: f64 = 45e9;
+
+/// The seconds of one optimizer step's parts.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepCost {
+    /// Forward, backward and update, with nothing recomputed.
+    pub base: f64,
+    /// The forward work that recompute repeats in the backward.
+    pub recompute: f64,
+    /// Each LM-head chunk after the first re-reads and rewrites the head's weight gradient.
+    pub chunks: f64,
+    /// The offloaded state's round trip over the bus.
+    pub bus: f64,
+}
+
+impl StepCost {
+    pub fn total(&self) -> f64 {
+        self.base + self.recompute + self.chunks + self.bus
+    }
+}
+
+/// What one optimizer step of a run costs on `gpu`.
+pub struct Workload<'a> {
+    pub config: &'a ModelConfig,
+    pub seq: usize,
+    /// Tokens of one micro-batch.
+    pub tokens: usize,
+    pub micro_steps: usize,
+    /// Bytes of an activation element (the model dtype).
+    pub element_bytes: usize,
+}
+
+impl Workload<'_> {
+    pub fn cost(
+        &self,
+        gpu: &Datasheet,
+        recompute: Recompute,
+        lmhead_chunks: usize,
+        offloaded_bytes: u64,
+    ) -> StepCost {
+        let c = self.config;
+        let passes = (self.tokens * self.micro_steps) as f64;
+        let base = passes * c.training_flops_per_token(self.seq) / (STEP_MFU * gpu.bf16_flops);
+        let per_token = self.recompute_seconds_per_token(gpu, recompute);
+        let head_grad_bytes = (2 * c.vocab_size * c.hidden_size * self.element_bytes) as f64;
+        let chunks = (self.micro_steps * (lmhead_chunks - 1)) as f64 * head_grad_bytes
+            / (BANDWIDTH_SHARE * gpu.memory_bandwidth);
+        StepCost {
+            base,
+            recompute: passes * per_token,
+            chunks,
+            bus: offloaded_bytes as f64 / BUS_BYTES_PER_S,
+        }
+    }
+
+    /// The recompute pass of one token through every block: the steps of `block_forward`
+    /// that `recompute` runs again.
+    fn recompute_seconds_per_token(&self, gpu: &Datasheet, r: Recompute) -> f64 {
+        let c = self.config;
+        let (hidden, q, kv, f) = (
+            c.hidden_size as f64,
+            c.q_dim() as f64,
+            c.kv_dim() as f64,
+            c.intermediate_size as f64,
+        );
+        let mut matmul_flops = 0.0;
+        let mut attention_flops = 0.0;
+        // Elements read and written by the memory-bound kernels.
+        let mut elements = 0.0;
+        if r.norms() {
+            elements += 2.0 * hidden; // the input norm
+        }
+        if r.qkv() {
+            matmul_flops += 2.0 * hidden * c.qkv_dim() as f64;
+            elements += 2.0 * (q + kv); // RoPE on q and k, in place
+        }
+        if r.attention() {
+            // Causal: on average half the sequence's keys per query, QKᵀ and PV.
+            attention_flops += 2.0 * self.seq as f64 * q;
+        }
+        if r.residual_mid() {
+            matmul_flops += 2.0 * q * hidden;
+            elements += 4.0 * hidden; // residual add and norm: two in, two out
+        } else if r.norms() {
+            elements += 2.0 * hidden;
+        }
+        if r.gate_up() {
+            matmul_flops += 2.0 * hidden * 2.0 * f;
+        }
+        if r.swiglu_out() {
+            elements += 3.0 * f;
+        }
+        c.num_layers as f64
+            * (matmul_flops / (MATMUL_SHARE * gpu.bf16_flops)
+                + attention_flops / (ATTENTION_SHARE * gpu.bf16_flops)
+                + elements * self.element_bytes as f64 / (BANDWIDTH_SHARE * gpu.memory_bandwidth))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Workload;
+    use crate::backend::datasheet::datasheet;
+    use crate::model::{ModelConfig, Recompute, presets};
+
+    /// `smelt bench` on an H100 (docs/performance.md's current table), seq 1024, bf16 with
+    /// bf16 moments: (model, batch, median step in ms = tokens / tok/s).
+    const MEASURED_STEPS: [(&str, usize, f64); 3] = [
+        ("qwen2.5-0.5b", 32, 210.4),
+        ("qwen2.5-1.5b", 16, 286.4),
+        ("qwen2.5-3b", 8, 289.0),
+    ];
+
+    fn workload(config: &ModelConfig, batch: usize) -> Workload<'_> {
+        Workload {
+            config,
+            seq: 1024,
+            tokens: batch * 1024,
+            micro_steps: 1,
+            element_bytes: 2,
+        }
+    }
+
+    fn within(estimate: f64, measured: f64, tolerance: f64) -> bool {
+        (estimate / measured - 1.0).abs() <= tolerance
+    }
+
+    #[test]
+    fn the_estimate_is_near_what_an_h100_measured() {
+        let h100 = datasheet("H100").unwrap();
+        for (name, batch, ms) in MEASURED_STEPS {
+            let config = presets::preset(name).unwrap();
+            let cost = workload(&config, batch).cost(h100, Recompute::default(), 1, 0);
+            assert!(
+                within(cost.total() * 1e3, ms, 0.1),
+                "{name}: {cost:?} against {ms} ms"
+            );
+        }
+        let half_b = presets::preset("qwen2.5-0.5b").unwrap();
+        let w = workload(&half_b, 32);
+        // --recompute-block: 142,996 → 119,272 tok/s in one call, +45.5 ms a step.
+        let block = Recompute {
+            block: true,
+            ..Recompute::default()
+        };
+        let extra = w.cost(h100, block, 1, 0).recompute * 1e3;
+        assert!(within(extra, 45.5, 0.2), "block recompute: {extra} ms");
+        // bf16 m and v offloaded (1.98 GB): the optimizer phase went 3.5 → 47.7 ms.
+        let moments = 2 * 2 * half_b.num_parameters() as u64;
+        let extra = w.cost(h100, Recompute::default(), 1, moments).bus * 1e3;
+        assert!(within(extra, 44.2, 0.15), "offloaded moments: {extra} ms");
+    }
+}

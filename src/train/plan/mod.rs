@@ -1,0 +1,300 @@
+//! `smelt plan`: which recompute, offload, ZeRO and LM-head choices fit a run into a memory
+//! budget, and which of those is fastest.
+//!
+//! Memory is counted from the same plans that `Transformer::new` and `AdamWState::new`
+//! allocate (`ModelPlan`, `StatePlan`), so it is exact for what smelt allocates up front;
+//! what it does not plan (the CUDA context, library workspaces, the kernels' scratch and
+//! NCCL's buffers) is a fixed reserve. Speed is the estimate of `cost`. When nothing fits
+//! at the asked batch size, smaller micro-batches with more of them per step (the same
+//! tokens per optimizer step) are tried.
+
+pub mod cost;
+
+use anyhow::Result;
+
+use self::cost::{StepCost, Workload};
+use super::console::{Categories, category_bytes};
+use super::optimizer::{Offload, OptimizerOptions, StatePlan};
+use super::step_losses::rows_spec;
+use crate::backend::datasheet::Datasheet;
+use crate::model::{MatmulPrecision, ModelConfig, ModelOptions, ModelPlan, Params, Recompute};
+use crate::tensor::DType;
+
+/// Device memory a run needs beyond its planned tensors: the CUDA context, cuBLASLt's
+/// workspace, the kernels' scratch and, with several GPUs, NCCL's buffers.
+pub const DEVICE_RESERVE: u64 = 3 << 29; // 1.5 GiB
+
+/// The run being planned, less what the plan chooses.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub config: ModelConfig,
+    pub batch: usize,
+    pub seq: usize,
+    pub micro_steps: usize,
+    pub model_dtype: DType,
+    pub matmul: MatmulPrecision,
+    /// The optimizer; its `offload` and `zero_level` are the plan's to choose.
+    pub optimizer: OptimizerOptions,
+    pub gpus: usize,
+    /// Fixed by the caller, or `None` for the plan to choose.
+    pub lmhead_chunks: Option<usize>,
+}
+
+/// Bytes available on each GPU (after `DEVICE_RESERVE`) and in host memory (for all ranks).
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub device: u64,
+    pub host: u64,
+}
+
+/// What the plan chooses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Choice {
+    pub recompute: Recompute,
+    pub offload: Offload,
+    pub zero_level: u8,
+    pub lmhead_chunks: usize,
+}
+
+impl Choice {
+    /// The `smelt train` flags that make this choice.
+    pub fn flags(&self) -> Vec<String> {
+        let r = self.recompute;
+        let o = self.offload;
+        let mut flags: Vec<String> = [
+            (r.block, "--recompute-block"),
+            (!r.block && r.ffn, "--recompute-ffn"),
+            (!r.block && r.swiglu, "--recompute-swiglu"),
+            (!r.block && r.norm, "--recompute-norm"),
+            (!r.block && r.qkv, "--recompute-qkv"),
+            (!r.block && r.att, "--recompute-att"),
+            (o.opt_m, "--offload-opt-m"),
+            (o.opt_v, "--offload-opt-v"),
+            (o.master, "--offload-master"),
+        ]
+        .into_iter()
+        .filter(|f| f.0)
+        .map(|f| f.1.to_string())
+        .collect();
+        flags.push(format!("--lmhead-chunks {}", self.lmhead_chunks));
+        if self.zero_level > 0 {
+            flags.push(format!("--zero-level {}", self.zero_level));
+        }
+        flags
+    }
+}
+
+/// Bytes per allocation category, in allocation order.
+pub type ByCategory = Vec<(&'static str, u64)>;
+
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub choice: Choice,
+    /// Planned bytes on the GPU that needs the most (ZeRO shares differ by up to a tensor).
+    pub device: ByCategory,
+    /// Planned bytes of host memory, all ranks together.
+    pub host: ByCategory,
+    /// One optimizer step.
+    pub cost: StepCost,
+}
+
+impl Candidate {
+    pub fn device_bytes(&self) -> u64 {
+        self.device.iter().map(|c| c.1).sum()
+    }
+
+    pub fn host_bytes(&self) -> u64 {
+        self.host.iter().map(|c| c.1).sum()
+    }
+
+    pub fn fits(&self, budget: &Budget) -> bool {
+        self.device_bytes() <= budget.device && self.host_bytes() <= budget.host
+    }
+}
+
+/// The plan for one micro-batch size.
+#[derive(Debug)]
+pub struct Plan {
+    pub batch: usize,
+    pub micro_steps: usize,
+    /// The choices worth considering, fastest first, each needing less device memory than
+    /// every faster one (only those that fit the host budget).
+    pub rows: Vec<Candidate>,
+    /// The fastest row that fits, if any.
+    pub pick: Option<usize>,
+}
+
+/// The plan at `request`'s micro-batch, then, while nothing fits, at each smaller divisor
+/// of it with more micro-steps: every plan made, the last one's pick being the answer.
+pub fn plan(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Vec<Plan>> {
+    let sequences = request.batch * request.micro_steps;
+    let mut plans = vec![];
+    for batch in (1..=request.batch)
+        .rev()
+        .filter(|b| request.batch.is_multiple_of(*b))
+    {
+        let request = Request {
+            batch,
+            micro_steps: sequences / batch,
+            ..request.clone()
+        };
+        let plan = plan_at(&request, gpu, budget)?;
+        let found = plan.pick.is_some();
+        plans.push(plan);
+        if found {
+            break;
+        }
+    }
+    Ok(plans)
+}
+
+fn plan_at(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Plan> {
+    let mut all = candidates(request, gpu)?;
+    all.retain(|c| c.host_bytes() <= budget.host);
+    all.sort_by(|a, b| {
+        (a.cost.total().total_cmp(&b.cost.total())).then(a.device_bytes().cmp(&b.device_bytes()))
+    });
+    let mut rows: Vec<Candidate> = vec![];
+    for c in all {
+        if rows
+            .last()
+            .is_none_or(|r| c.device_bytes() < r.device_bytes())
+        {
+            rows.push(c);
+        }
+    }
+    let pick = rows.iter().position(|c| c.fits(budget));
+    Ok(Plan {
+        batch: request.batch,
+        micro_steps: request.micro_steps,
+        rows,
+        pick,
+    })
+}
+
+/// Every choice, with its memory and cost. The model's memory depends only on recompute
+/// and the LM-head chunks, the optimizer's only on offload and ZeRO, so each is planned
+/// once per value and the two are combined.
+pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> {
+    let r = request;
+    let tokens = r.batch * r.seq;
+    let chunks = match r.lmhead_chunks {
+        Some(n) => vec![n],
+        // Powers of two down to chunks of 1024 tokens: fewer rows than that leave the
+        // head's matmuls small, for little memory.
+        None => std::iter::successors(Some(1), |c| Some(c * 2))
+            .take_while(|&c| c == 1 || tokens / c >= 1024)
+            .collect(),
+    };
+    let mut models = vec![];
+    for recompute in recompute_choices() {
+        for &lmhead_chunks in &chunks {
+            let options = ModelOptions {
+                batch: r.batch,
+                seq: r.seq,
+                dtype: r.model_dtype,
+                recompute,
+                lmhead_chunks,
+                matmul: r.matmul,
+            };
+            let model = ModelPlan::new(&r.config, &options)?;
+            let losses = model.losses();
+            let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
+            let mut memory = model.memory();
+            memory.push(("losses", vec![losses]));
+            models.push((recompute, lmhead_chunks, bytes(&memory)));
+        }
+    }
+    let layout = Params::layout(&r.config, r.model_dtype);
+    let mut states = vec![];
+    for offload in offload_choices(r.optimizer.master_dtype.is_some()) {
+        for zero_level in if r.gpus > 1 { vec![0, 1] } else { vec![0] } {
+            let options = OptimizerOptions {
+                offload,
+                zero_level,
+                ..r.optimizer.clone()
+            };
+            let ranks: Vec<StatePlan> = (0..r.gpus)
+                .map(|rank| StatePlan::new(&layout, rank, r.gpus, &options))
+                .collect();
+            let device = (ranks.iter().map(|s| bytes(&s.memory())))
+                .max_by_key(total)
+                .expect("at least one rank");
+            let per_rank: Vec<ByCategory> = ranks.iter().map(|s| bytes(&s.offloaded())).collect();
+            let busiest_bus = per_rank.iter().map(total).max().unwrap_or(0);
+            let mut host = per_rank[0].clone();
+            for rank in &per_rank[1..] {
+                for (all, one) in host.iter_mut().zip(rank) {
+                    all.1 += one.1;
+                }
+            }
+            states.push((offload, zero_level, device, host, busiest_bus));
+        }
+    }
+    let workload = Workload {
+        config: &r.config,
+        seq: r.seq,
+        tokens,
+        micro_steps: r.micro_steps,
+        element_bytes: r.model_dtype.size_bytes(),
+    };
+    let mut out = Vec::with_capacity(models.len() * states.len());
+    for (recompute, lmhead_chunks, model) in &models {
+        for (offload, zero_level, device, host, bus) in &states {
+            out.push(Candidate {
+                choice: Choice {
+                    recompute: *recompute,
+                    offload: *offload,
+                    zero_level: *zero_level,
+                    lmhead_chunks: *lmhead_chunks,
+                },
+                device: model.iter().chain(device).cloned().collect(),
+                host: host.clone(),
+                cost: workload.cost(gpu, *recompute, *lmhead_chunks, *bus),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The bytes of each category of planned tensors.
+fn bytes(memory: &Categories) -> ByCategory {
+    (memory.iter())
+        .map(|(name, specs)| (*name, category_bytes(specs)))
+        .collect()
+}
+
+fn total(categories: &ByCategory) -> u64 {
+    categories.iter().map(|c| c.1).sum()
+}
+
+fn recompute_choices() -> Vec<Recompute> {
+    let mut out: Vec<Recompute> = (0..32u32)
+        .map(|bits| Recompute {
+            swiglu: bits & 1 != 0,
+            norm: bits & 2 != 0,
+            qkv: bits & 4 != 0,
+            att: bits & 8 != 0,
+            ffn: bits & 16 != 0,
+            block: false,
+        })
+        .filter(|r| !(r.ffn && r.swiglu))
+        .collect();
+    out.push(Recompute {
+        block: true,
+        ..Recompute::default()
+    });
+    out
+}
+
+/// Every combination of the offload flags (`--offload-master` only with a master copy).
+fn offload_choices(master: bool) -> Vec<Offload> {
+    (0..8u32)
+        .map(|bits| Offload {
+            opt_m: bits & 1 != 0,
+            opt_v: bits & 2 != 0,
+            master: bits & 4 != 0,
+        })
+        .filter(|o| master || !o.master)
+        .collect()
+}

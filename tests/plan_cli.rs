@@ -1,0 +1,331 @@
+//! `smelt plan` on the CPU: its memory is what `smelt train` allocates for the same flags,
+//! its activation figures match the sizes written out by hand, its table is ordered and
+//! picks the fastest row that fits, it falls back to smaller micro-batches, and bad input
+//! gets one clear error.
+
+mod train_support;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use smelt::backend::datasheet::datasheet;
+use smelt::io::hf;
+use smelt::model::{MatmulPrecision, ModelConfig, Recompute};
+use smelt::tensor::DType;
+use smelt::train::bench::bf16_adamw_options;
+use smelt::train::log::Event;
+use smelt::train::optimizer::{Offload, OptimizerOptions};
+use smelt::train::plan::{Candidate, Choice, Request, candidates};
+use train_support::*;
+
+/// The plan's figures for `choice`, for the tiny model at batch 2 × 16.
+fn planned(config: &ModelConfig, micro_steps: usize, fp8: bool, choice: Choice) -> Candidate {
+    let request = Request {
+        config: config.clone(),
+        batch: 2,
+        seq: 16,
+        micro_steps,
+        model_dtype: DType::BF16,
+        matmul: match fp8 {
+            true => MatmulPrecision::parse("e4m3", None).unwrap(),
+            false => MatmulPrecision::Native,
+        },
+        optimizer: OptimizerOptions {
+            opt_m_dtype: DType::F32,
+            opt_v_dtype: DType::F32,
+            master_dtype: Some(DType::F32),
+            ..bf16_adamw_options()
+        },
+        gpus: 1,
+        lmhead_chunks: Some(choice.lmhead_chunks),
+    };
+    let gpu = datasheet("H100").unwrap();
+    candidates(&request, gpu)
+        .unwrap()
+        .into_iter()
+        .find(|c| c.choice == choice)
+        .expect("every choice is a candidate")
+}
+
+/// The memory events of a training run's log: device categories, then host ones.
+fn logged(log: &std::path::Path) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    let (mut device, mut host) = (BTreeMap::new(), BTreeMap::new());
+    for e in events(log) {
+        if let Event::Memory { category, bytes } = e {
+            match category.strip_prefix("host ") {
+                Some(name) => host.insert(name.to_string(), bytes),
+                None => device.insert(category, bytes),
+            };
+        }
+    }
+    device.remove("total");
+    host.remove("total");
+    (device, host)
+}
+
+fn by_name(categories: &[(&'static str, u64)]) -> BTreeMap<String, u64> {
+    categories
+        .iter()
+        .map(|(n, b)| (n.to_string(), *b))
+        .collect()
+}
+
+#[test]
+fn the_plan_counts_what_training_allocates() {
+    let setup = setup();
+    let config = hf::read_config(&setup.model).unwrap();
+    let none = Recompute::default();
+    let cases: [(&[&str], usize, bool, Choice); 3] = [
+        (
+            &[
+                "--recompute-ffn",
+                "--offload-opt-m",
+                "--lmhead-chunks",
+                "2",
+                "--grad-accumulation",
+                "2",
+            ],
+            2,
+            false,
+            Choice {
+                recompute: Recompute { ffn: true, ..none },
+                offload: Offload {
+                    opt_m: true,
+                    ..Offload::default()
+                },
+                zero_level: 0,
+                lmhead_chunks: 2,
+            },
+        ),
+        (
+            &["--recompute-block", "--offload-master", "--offload-opt-v"],
+            1,
+            false,
+            Choice {
+                recompute: Recompute {
+                    block: true,
+                    ..none
+                },
+                offload: Offload {
+                    master: true,
+                    opt_v: true,
+                    ..Offload::default()
+                },
+                zero_level: 0,
+                lmhead_chunks: 1,
+            },
+        ),
+        (
+            &["--matmul-dtype", "e4m3", "--recompute-norm"],
+            1,
+            true,
+            Choice {
+                recompute: Recompute { norm: true, ..none },
+                offload: Offload::default(),
+                zero_level: 0,
+                lmhead_chunks: 1,
+            },
+        ),
+    ];
+    for (i, (flags, micro_steps, fp8, choice)) in cases.into_iter().enumerate() {
+        let log = setup.root.join(format!("log{i}.jsonl"));
+        let mut args = vec![
+            "train",
+            "--device",
+            "cpu",
+            "--model",
+            s(&setup.model),
+            "--from-scratch",
+            "--train-file",
+            s(&setup.data),
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--steps",
+            "1",
+            "--eval-every-n-steps",
+            "0",
+            "--log-file",
+            s(&log),
+        ];
+        args.extend(flags);
+        smelt_ok(&args);
+        let plan = planned(&config, micro_steps, fp8, choice);
+        let (device, host) = logged(&log);
+        assert_eq!(
+            by_name(&plan.device),
+            device,
+            "device memory with {flags:?}"
+        );
+        assert_eq!(by_name(&plan.host), host, "host memory with {flags:?}");
+    }
+}
+
+#[test]
+fn recompute_saves_the_activations_written_out_by_hand() {
+    let setup = setup();
+    let config = hf::read_config(&setup.model).unwrap();
+    let activations = |recompute| {
+        let choice = Choice {
+            recompute,
+            offload: Offload::default(),
+            zero_level: 0,
+            lmhead_chunks: 1,
+        };
+        let plan = planned(&config, 1, false, choice);
+        by_name(&plan.device)["activations"]
+    };
+    // The tiny model: 2 layers, hidden 32, 4 heads of 8 (2 kv heads), intermediate 64;
+    // 2 × 16 tokens, bf16 activations and f32 statistics.
+    let (layers, n, c, q, w, f) = (2u64, 32u64, 32u64, 32u64, 64u64, 64u64);
+    let lse = 2 * 4 * 16 * 4;
+    // What one layer's copy of each recomputable activation takes.
+    let ln = n * c * 2;
+    let qkv = n * w * 2;
+    let att = n * q * 2 + lse;
+    let mid = n * c * 2;
+    let gate_up = n * 2 * f * 2;
+    let swiglu = n * f * 2;
+    let none = activations(Recompute::default());
+    let saved = |r: Recompute| none - activations(r);
+    let shared = layers - 1; // recomputed activations keep one buffer for all layers
+    let r = Recompute::default();
+    assert_eq!(saved(Recompute { swiglu: true, ..r }), shared * swiglu);
+    assert_eq!(saved(Recompute { norm: true, ..r }), shared * 2 * ln);
+    assert_eq!(saved(Recompute { qkv: true, ..r }), shared * qkv);
+    assert_eq!(saved(Recompute { att: true, ..r }), shared * att);
+    assert_eq!(
+        saved(Recompute { ffn: true, ..r }),
+        shared * (gate_up + swiglu)
+    );
+    assert_eq!(
+        saved(Recompute { block: true, ..r }),
+        shared * (2 * ln + qkv + att + mid + gate_up + swiglu)
+    );
+}
+
+fn plan_json(extra: &[&str]) -> Value {
+    let mut args = vec!["plan", "--device", "cpu", "--host-memory", "64", "--json"];
+    args.extend(extra);
+    let stdout = smelt_ok(&args);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+fn device_bytes(row: &Value) -> u64 {
+    row["device"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn rows_run_fastest_first_each_smaller_and_the_pick_is_the_first_that_fits() {
+    let budget: f64 = 24.0;
+    let v = plan_json(&[
+        "--model",
+        "qwen2.5-0.5b",
+        "--batch-size",
+        "32",
+        "--device-memory",
+        &budget.to_string(),
+    ]);
+    let plan = &v["plans"][0];
+    let rows = plan["rows"].as_array().unwrap();
+    assert!(rows.len() > 3, "{plan}");
+    for pair in rows.windows(2) {
+        assert!(
+            pair[0]["step_ms"].as_f64() <= pair[1]["step_ms"].as_f64(),
+            "{pair:?}"
+        );
+        assert!(device_bytes(&pair[0]) > device_bytes(&pair[1]), "{pair:?}");
+    }
+    let pick = plan["pick"].as_u64().expect("a row fits in 24 GiB") as usize;
+    let budget_bytes = v["device_budget_bytes"].as_u64().unwrap();
+    assert!(
+        budget_bytes < (budget * (1u64 << 30) as f64) as u64,
+        "the reserve comes off"
+    );
+    for (i, row) in rows.iter().enumerate() {
+        let fits = device_bytes(row) <= budget_bytes;
+        assert_eq!(row["fits"], fits, "{row}");
+        if i < pick {
+            assert!(!fits, "row {i} fits but comes before the pick {pick}");
+        }
+    }
+    assert_eq!(rows[pick]["fits"], true);
+    // The fastest row of all recomputes nothing and offloads nothing.
+    assert_eq!(rows[0]["flags"], serde_json::json!(["--lmhead-chunks 1"]));
+
+    // With room for everything, that row is the pick.
+    let roomy = plan_json(&[
+        "--model",
+        "qwen2.5-0.5b",
+        "--batch-size",
+        "32",
+        "--device-memory",
+        "1000",
+    ]);
+    assert_eq!(roomy["plans"][0]["pick"], 0);
+}
+
+#[test]
+fn when_nothing_fits_smaller_micro_batches_keep_the_sequences_per_step() {
+    let v = plan_json(&[
+        "--model",
+        "qwen2.5-1.5b",
+        "--batch-size",
+        "16",
+        "--seq-len",
+        "4096",
+        "--device-memory",
+        "20",
+    ]);
+    let plans = v["plans"].as_array().unwrap();
+    let picks: Vec<_> = plans
+        .iter()
+        .map(|p| (&p["batch_size"], &p["pick"]))
+        .collect();
+    assert!(
+        plans.len() > 1,
+        "batch 16 × 4096 should not fit in 20 GiB: {picks:?}"
+    );
+    for p in &plans[..plans.len() - 1] {
+        assert!(p["pick"].is_null(), "{picks:?}");
+    }
+    let last = plans.last().unwrap();
+    assert!(last["pick"].is_u64(), "{picks:?}");
+    let (batch, accumulation) = (
+        last["batch_size"].as_u64().unwrap(),
+        last["grad_accumulation"].as_u64().unwrap(),
+    );
+    assert!(batch < 16);
+    assert_eq!(batch * accumulation, 16);
+}
+
+#[test]
+fn bad_input_gets_one_clear_error() {
+    let model = ["--model", "qwen2.5-0.5b"];
+    let cases: [(&[&str], &str); 4] = [
+        (&[], "--device-memory"),
+        (&["--device-memory", "0"], "--device-memory 0"),
+        (
+            &["--device-memory", "80", "--gpu", "abacus"],
+            "--gpu abacus",
+        ),
+        (
+            &["--device-memory", "2", "--seq-len", "65536"],
+            "nothing fits in 0.5 GiB",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["plan", "--device", "cpu"];
+        args.extend(model);
+        args.extend(extra);
+        let err = smelt_err(&args);
+        assert!(err.contains(expected), "{extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{extra:?}: {err}");
+    }
+}
