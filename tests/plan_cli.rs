@@ -70,6 +70,32 @@ fn by_name(categories: &[(&'static str, u64)]) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// One step of the tiny model on the CPU at batch 2 × 16, logged to `log`; its stdout.
+fn train(setup: &Setup, log: &std::path::Path, flags: &[&str]) -> String {
+    let mut args = vec![
+        "train",
+        "--device",
+        "cpu",
+        "--model",
+        s(&setup.model),
+        "--from-scratch",
+        "--train-file",
+        s(&setup.data),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--steps",
+        "1",
+        "--eval-every-n-steps",
+        "0",
+        "--log-file",
+        s(log),
+    ];
+    args.extend(flags);
+    smelt_ok(&args)
+}
+
 #[test]
 fn the_plan_counts_what_training_allocates() {
     let setup = setup();
@@ -129,28 +155,7 @@ fn the_plan_counts_what_training_allocates() {
     ];
     for (i, (flags, micro_steps, fp8, choice)) in cases.into_iter().enumerate() {
         let log = setup.root.join(format!("log{i}.jsonl"));
-        let mut args = vec![
-            "train",
-            "--device",
-            "cpu",
-            "--model",
-            s(&setup.model),
-            "--from-scratch",
-            "--train-file",
-            s(&setup.data),
-            "--batch-size",
-            "2",
-            "--seq-len",
-            "16",
-            "--steps",
-            "1",
-            "--eval-every-n-steps",
-            "0",
-            "--log-file",
-            s(&log),
-        ];
-        args.extend(flags);
-        smelt_ok(&args);
+        train(&setup, &log, flags);
         let plan = planned(&config, micro_steps, fp8, choice);
         let (device, host) = logged(&log);
         assert_eq!(
@@ -328,4 +333,62 @@ fn bad_input_gets_one_clear_error() {
         assert!(err.contains(expected), "{extra:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{extra:?}: {err}");
     }
+}
+
+#[test]
+fn fit_memory_trains_with_the_plans_pick_within_the_budget() {
+    let setup = setup();
+    let config = hf::read_config(&setup.model).unwrap();
+    let keep_all = Choice {
+        recompute: Recompute::default(),
+        offload: Offload::default(),
+        zero_level: 0,
+        lmhead_chunks: 1,
+    };
+    // A KiB less than keeping every activation needs, so that something must give.
+    let needed: u64 = planned(&config, 1, false, keep_all)
+        .device
+        .iter()
+        .map(|c| c.1)
+        .sum();
+    let gib = format!("{:.12}", (needed - 1024) as f64 / (1u64 << 30) as f64);
+    let budget = (gib.parse::<f64>().unwrap() * (1u64 << 30) as f64) as u64;
+
+    let log = setup.root.join("log.jsonl");
+    let stdout = train(&setup, &log, &["--fit-memory", &gib]);
+    let (device, _) = logged(&log);
+    let total: u64 = device.values().sum();
+    assert!(
+        total <= budget,
+        "{total} bytes allocated in a budget of {budget}"
+    );
+    assert!(total < needed, "{total}");
+    let chosen = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("--fit-memory: "))
+        .unwrap_or_else(|| panic!("no --fit-memory line in:\n{stdout}"));
+    let logged_option = |name: &str| {
+        events(&log).into_iter().find_map(|e| match e {
+            Event::Option { name: n, value } if n == name => Some(value),
+            _ => None,
+        })
+    };
+    let chunks = logged_option("lmhead_chunks").unwrap();
+    assert!(
+        chosen.contains(&format!("--lmhead-chunks {chunks}")),
+        "{chosen}"
+    );
+
+    // Flags it would choose are refused beside it, and the CPU needs a figure.
+    let err = smelt_err(&[
+        "train",
+        "--device",
+        "cpu",
+        "--fit-memory",
+        "1",
+        "--recompute-block",
+    ]);
+    assert!(err.contains("--fit-memory chooses"), "{err}");
+    let err = smelt_err(&["train", "--device", "cpu", "--fit-memory"]);
+    assert!(err.contains("on the CPU give the memory"), "{err}");
 }

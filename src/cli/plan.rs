@@ -108,7 +108,7 @@ impl PlanArgs {
             device: device.saturating_sub(DEVICE_RESERVE),
             host: match self.host_memory {
                 Some(gib) => gib_bytes(gib, "--host-memory")?,
-                None => available_host_memory()?,
+                None => available_host_memory().context("pass --host-memory")?,
             },
         };
         let plans = plan::plan(&request, gpu, &budget)?;
@@ -286,7 +286,7 @@ fn by_name(categories: &ByCategory) -> serde_json::Value {
         .into()
 }
 
-fn gib_bytes(gib: f64, flag: &str) -> Result<u64> {
+pub(super) fn gib_bytes(gib: f64, flag: &str) -> Result<u64> {
     if !(gib > 0.0 && gib.is_finite()) {
         bail!("{flag} {gib}: give a positive number of GiB");
     }
@@ -294,14 +294,14 @@ fn gib_bytes(gib: f64, flag: &str) -> Result<u64> {
 }
 
 /// The kernel's estimate of the memory that new allocations can take without swapping.
-fn available_host_memory() -> Result<u64> {
+pub(super) fn available_host_memory() -> Result<u64> {
     let path = "/proc/meminfo";
     let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {path} for the host memory; pass --host-memory"))?;
+        .with_context(|| format!("reading {path} for the host memory"))?;
     let kib = text
         .lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-        .with_context(|| format!("{path} has no MemAvailable line; pass --host-memory"))?;
+        .with_context(|| format!("{path} has no MemAvailable line"))?;
     Ok(kib * 1024)
 }

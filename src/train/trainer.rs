@@ -162,7 +162,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
 }
 
 /// The model's config, and the directory it came from (whose tokenizer files belong to it).
-fn model_config(o: &Options) -> Result<(ModelConfig, Option<PathBuf>)> {
+pub fn model_config(o: &Options) -> Result<(ModelConfig, Option<PathBuf>)> {
     match &o.model {
         ModelSource::Config { name, config } => Ok((
             ModelConfig::from_json(config, &format!("the config of {name}"))?,

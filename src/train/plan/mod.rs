@@ -10,7 +10,7 @@
 
 pub mod cost;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 use self::cost::{StepCost, Workload};
 use super::console::{Categories, category_bytes};
@@ -146,6 +146,31 @@ pub fn plan(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Vec<P
         }
     }
     Ok(plans)
+}
+
+/// The fastest choice that fits at `request`'s own micro-batch (what `smelt train
+/// --fit-memory` applies), or an error that names the smaller micro-batch that would fit.
+pub fn fit(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Choice> {
+    let plans = plan(request, gpu, budget)?;
+    let last = plans
+        .last()
+        .expect("at least the asked micro-batch is planned");
+    match last.pick {
+        Some(i) if last.batch == request.batch => Ok(last.rows[i].choice),
+        Some(_) => bail!(
+            "--fit-memory: nothing fits at --batch-size {} in {:.2} GiB; --batch-size {} \
+             --grad-accumulation {} would (smelt plan lists the choices)",
+            request.batch,
+            budget.device as f64 / (1u64 << 30) as f64,
+            last.batch,
+            last.micro_steps
+        ),
+        None => bail!(
+            "--fit-memory: nothing fits in {:.2} GiB, even one sequence per micro-batch with \
+             everything recomputed and offloaded (smelt plan lists what each choice needs)",
+            budget.device as f64 / (1u64 << 30) as f64
+        ),
+    }
 }
 
 fn plan_at(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Plan> {
