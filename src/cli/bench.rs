@@ -10,6 +10,7 @@ use super::recompute::RecomputeFlags;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::model::MatmulPrecision;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
+use crate::train::console::gib;
 
 #[derive(Args, Debug)]
 #[command(
@@ -225,8 +226,4 @@ fn print_op_times(r: &BenchReport) {
         sum * 1e3,
         100.0 * sum / r.step_s
     );
-}
-
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / (1u64 << 30) as f64
 }

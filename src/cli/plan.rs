@@ -10,6 +10,7 @@ use crate::backend::datasheet::{self, Datasheet};
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::tensor::DType;
 use crate::train::bench::bf16_adamw_options;
+use crate::train::console::gib;
 use crate::train::optimizer::OptimizerOptions;
 use crate::train::plan::{self, Budget, ByCategory, Candidate, DEVICE_RESERVE, Plan, Request};
 
@@ -122,7 +123,7 @@ impl PlanArgs {
                 "nothing fits in {:.1} GiB per GPU, even one sequence per micro-batch with \
                  everything recomputed and offloaded: use more GPUs (--gpus with --zero-level 1), \
                  shorter sequences or a smaller model",
-                budget.device as f64 / GIB
+                gib(budget.device)
             );
         }
         Ok(())
@@ -138,15 +139,9 @@ impl PlanArgs {
                 )
             })
         };
-        let present = match (self.device, &self.gpu) {
-            (DeviceChoice::Cpu, _) => None,
-            _ => match select(self.device)? {
-                Device::Cuda(b) => {
-                    let free = b.memory_report()?.free as u64;
-                    Some((b.name().to_string(), free))
-                }
-                Device::Cpu(_) => None,
-            },
+        let present = match select(self.device)? {
+            Device::Cuda(b) => Some((b.name().to_string(), b.memory_report()?.free as u64)),
+            Device::Cpu(_) => None,
         };
         let free = present.as_ref().map(|p| p.1);
         let sheet = match (&self.gpu, &present) {
@@ -158,7 +153,6 @@ impl PlanArgs {
     }
 
     fn print(&self, gpu: &Datasheet, device: u64, budget: &Budget, plans: &[Plan]) {
-        let gib = |b: u64| b as f64 / GIB;
         println!(
             "smelt plan: {}, {} × {} tokens per micro-batch on {} GPU(s), {} micro-batch(es) per step",
             self.model, self.batch_size, self.seq_len, self.gpus, self.grad_accumulation

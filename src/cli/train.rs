@@ -18,6 +18,7 @@ use crate::comm::Comm;
 use crate::io::hf;
 use crate::model::{MatmulPrecision, ModelConfig, Recompute, presets};
 use crate::tensor::DType;
+use crate::train::console::gib;
 use crate::train::optimizer::{Offload, OptimizerOptions};
 use crate::train::options::Defaults;
 use crate::train::plan;
@@ -407,22 +408,22 @@ impl TrainArgs {
         Ok(())
     }
 
-    /// Applies `smelt plan`'s pick for this run within `gib` per device (on a GPU, by default,
-    /// its free memory less the reserve for what smelt does not plan; on the CPU, `gib` of
-    /// host memory for the run's tensors).
-    fn fit_memory(&self, options: &mut Options, device: &Device, gib: Option<f64>) -> Result<()> {
-        let (gpu, budget) = match (device, gib) {
-            (Device::Cuda(b), gib) => {
-                let bytes = match gib {
-                    Some(gib) => gib_bytes(gib, "--fit-memory")?,
+    /// Applies `smelt plan`'s pick for this run within `asked` GiB per device (on a GPU, by
+    /// default, its free memory less the reserve for what smelt does not plan; on the CPU,
+    /// `asked` GiB of host memory for the run's tensors).
+    fn fit_memory(&self, options: &mut Options, device: &Device, asked: Option<f64>) -> Result<()> {
+        let (gpu, budget) = match (device, asked) {
+            (Device::Cuda(b), asked) => {
+                let bytes = match asked {
+                    Some(asked) => gib_bytes(asked, "--fit-memory")?,
                     None => b.memory_report()?.free as u64,
                 };
                 let gpu = datasheet(b.name()).or(datasheet("H100")).expect("listed");
                 (gpu, bytes.saturating_sub(plan::DEVICE_RESERVE))
             }
-            (Device::Cpu(_), Some(gib)) => (
+            (Device::Cpu(_), Some(asked)) => (
                 datasheet("H100").expect("listed"),
-                gib_bytes(gib, "--fit-memory")?,
+                gib_bytes(asked, "--fit-memory")?,
             ),
             (Device::Cpu(_), None) => unreachable!("refused before the options"),
         };
@@ -454,7 +455,7 @@ impl TrainArgs {
         println!(
             "--fit-memory: {} (in {:.2} GiB per device)",
             choice.flags().join(" "),
-            budget as f64 / (1u64 << 30) as f64
+            gib(budget)
         );
         Ok(())
     }

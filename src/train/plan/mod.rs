@@ -13,7 +13,7 @@ pub mod cost;
 use anyhow::{Result, bail};
 
 use self::cost::{StepCost, Workload};
-use super::console::{Categories, category_bytes};
+use super::console::{Categories, category_bytes, gib};
 use super::optimizer::{Offload, OptimizerOptions, StatePlan};
 use super::step_losses::rows_spec;
 use crate::backend::datasheet::Datasheet;
@@ -152,6 +152,7 @@ pub fn plan(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Vec<P
 /// --fit-memory` applies), or an error that names the smaller micro-batch that would fit.
 pub fn fit(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Choice> {
     let plans = plan(request, gpu, budget)?;
+    let budget_gib = gib(budget.device);
     let last = plans
         .last()
         .expect("at least the asked micro-batch is planned");
@@ -161,14 +162,14 @@ pub fn fit(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Choice
             "--fit-memory: nothing fits at --batch-size {} in {:.2} GiB; --batch-size {} \
              --grad-accumulation {} would (smelt plan lists the choices)",
             request.batch,
-            budget.device as f64 / (1u64 << 30) as f64,
+            budget_gib,
             last.batch,
             last.micro_steps
         ),
         None => bail!(
             "--fit-memory: nothing fits in {:.2} GiB, even one sequence per micro-batch with \
              everything recomputed and offloaded (smelt plan lists what each choice needs)",
-            budget.device as f64 / (1u64 << 30) as f64
+            budget_gib
         ),
     }
 }
