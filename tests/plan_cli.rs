@@ -1,7 +1,8 @@
 //! `smelt plan` on the CPU: its memory is what `smelt train` allocates for the same flags,
 //! its activation figures match the sizes written out by hand, its table is ordered and
 //! picks the fastest row that fits, it falls back to smaller micro-batches, and bad input
-//! gets one clear error.
+//! gets one clear error. `smelt train --fit-memory` trains within its budget, and chooses
+//! alike when the run continues.
 
 mod train_support;
 
@@ -72,6 +73,11 @@ fn by_name(categories: &[(&'static str, u64)]) -> BTreeMap<String, u64> {
 
 /// One step of the tiny model on the CPU at batch 2 × 16, logged to `log`; its stdout.
 fn train(setup: &Setup, log: &std::path::Path, flags: &[&str]) -> String {
+    train_steps(setup, log, "1", flags)
+}
+
+/// `steps` steps of `train`'s run.
+fn train_steps(setup: &Setup, log: &std::path::Path, steps: &str, flags: &[&str]) -> String {
     let mut args = vec![
         "train",
         "--device",
@@ -86,7 +92,7 @@ fn train(setup: &Setup, log: &std::path::Path, flags: &[&str]) -> String {
         "--seq-len",
         "16",
         "--steps",
-        "1",
+        steps,
         "--eval-every-n-steps",
         "0",
         "--log-file",
@@ -335,9 +341,9 @@ fn bad_input_gets_one_clear_error() {
     }
 }
 
-#[test]
-fn fit_memory_trains_with_the_plans_pick_within_the_budget() {
-    let setup = setup();
+/// A `--fit-memory` figure a KiB short of what keeping every activation of the tiny model
+/// needs, so that something must give; with the bytes it needs, and the bytes it allows.
+fn tight_budget(setup: &Setup) -> (String, u64, u64) {
     let config = hf::read_config(&setup.model).unwrap();
     let keep_all = Choice {
         recompute: Recompute::default(),
@@ -345,7 +351,6 @@ fn fit_memory_trains_with_the_plans_pick_within_the_budget() {
         zero_level: 0,
         lmhead_chunks: 1,
     };
-    // A KiB less than keeping every activation needs, so that something must give.
     let needed: u64 = planned(&config, 1, false, keep_all)
         .device
         .iter()
@@ -353,7 +358,13 @@ fn fit_memory_trains_with_the_plans_pick_within_the_budget() {
         .sum();
     let gib = format!("{:.12}", (needed - 1024) as f64 / (1u64 << 30) as f64);
     let budget = (gib.parse::<f64>().unwrap() * (1u64 << 30) as f64) as u64;
+    (gib, needed, budget)
+}
 
+#[test]
+fn fit_memory_trains_with_the_plans_pick_within_the_budget() {
+    let setup = setup();
+    let (gib, needed, budget) = tight_budget(&setup);
     let log = setup.root.join("log.jsonl");
     let stdout = train(&setup, &log, &["--fit-memory", &gib]);
     let (device, _) = logged(&log);
@@ -391,4 +402,41 @@ fn fit_memory_trains_with_the_plans_pick_within_the_budget() {
     assert!(err.contains("--fit-memory chooses"), "{err}");
     let err = smelt_err(&["train", "--device", "cpu", "--fit-memory"]);
     assert!(err.contains("on the CPU give the memory"), "{err}");
+}
+
+/// `--fit-memory` chooses from the flags and the budget alone, so a run continued with the
+/// same budget makes the same choice and goes on as if it had not stopped.
+#[test]
+fn fit_memory_continues_bit_for_bit() {
+    let setup = setup();
+    let (gib, _, _) = tight_budget(&setup);
+    let run = |name: &str, extra: &[&str]| {
+        let dir = setup.root.join(name);
+        let log = dir.join("log.jsonl");
+        let ckpt = dir.join("ckpt");
+        if extra.contains(&"--continue") {
+            copy_checkpoint(&setup.root.join("full/ckpt"), 2, &ckpt);
+        }
+        let mut flags = vec!["--ckpt-interval", "2", "--fit-memory", &gib];
+        flags.extend(["--checkpoint-dir", s(&ckpt)]);
+        flags.extend(extra);
+        let stdout = train_steps(&setup, &log, "4", &flags);
+        let chosen = (stdout.lines())
+            .find(|l| l.starts_with("--fit-memory: "))
+            .unwrap_or_else(|| panic!("no --fit-memory line in:\n{stdout}"))
+            .to_string();
+        (chosen, steps(&log))
+    };
+    let (chosen, full) = run("full", &[]);
+    let (chosen_again, continued) = run("continued", &["--continue"]);
+    assert_eq!(chosen_again, chosen);
+    assert_eq!(full.len(), 4);
+    let bits = |v: &[(u64, f64, String)]| -> Vec<(u64, u64)> {
+        v.iter()
+            .filter(|x| x.0 > 2)
+            .map(|x| (x.0, x.1.to_bits()))
+            .collect()
+    };
+    assert_eq!(bits(&continued), bits(&full));
+    assert_eq!(continued.len(), 2);
 }

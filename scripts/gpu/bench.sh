@@ -5,9 +5,10 @@
 # figure), and one closing table with the ratio and the target.
 #
 # Environment: OUT (logs, default .gpu/logs); SKIP_TORCH=1 skips the baseline; BENCH_ROWS
-# replaces the rows ("model dtype batch target" separated by ';', dtype bf16 or fp8); SMELT,
-# DEVICE and SEQ (default .gpu/smelt, cuda, 1024) let the script run elsewhere, e.g. on the CPU
-# with a tiny model to check it.
+# replaces the rows ("model dtype batch target [smelt bench flags...]" separated by ';', dtype
+# bf16 or fp8, target "-" for none); TORCH_BATCH and TORCH_FLAGS replace the baseline's batch
+# and add to its flags (e.g. --ckpt); SMELT, DEVICE and SEQ (default .gpu/smelt, cuda, 1024)
+# let the script run elsewhere, e.g. on the CPU with a tiny model to check it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/logs}
@@ -21,6 +22,7 @@ IFS=';' read -r -a rows <<< "${BENCH_ROWS:-qwen2.5-0.5b bf16 32 172000;qwen2.5-1
 # The baseline's batch: 8 for the larger models, the largest PyTorch fits at 1.5B (as in the
 # issue's table).
 torch_batch() {
+    [ -n "${TORCH_BATCH:-}" ] && { echo "$TORCH_BATCH"; return; }
     case $1 in
     *0.5b) echo 32 ;;
     *) echo 8 ;;
@@ -33,10 +35,10 @@ slug() { printf %s "$1" | tr -c 'A-Za-z0-9._-' '_'; }
 rm -f "$OUT"/torch-*.txt # a skipped baseline must not leave an earlier call's figure
 models=()
 for row in "${rows[@]}"; do
-    read -r model dtype batch target <<< "$row"
-    flags=()
-    [ "$dtype" = fp8 ] && flags=(--matmul-dtype e4m3 --gradient-dtype e5m2)
-    name="smelt-$(slug "$model")-$dtype-b$batch"
+    read -r model dtype batch target extra <<< "$row"
+    read -r -a flags <<< "${extra:-}"
+    [ "$dtype" = fp8 ] && flags+=(--matmul-dtype e4m3 --gradient-dtype e5m2)
+    name="smelt-$(slug "$model")-$dtype-b$batch$(slug "${extra:+ $extra}")"
     echo "=== $name"
     # Each row takes well under a minute (16 steps and the startup); a hang must not eat the call.
     timeout "${ROW_TIMEOUT:-180}" "$SMELT" bench --model "$model" --batch-size "$batch" \
@@ -44,7 +46,7 @@ for row in "${rows[@]}"; do
         > "$OUT/$name.json" 2> "$OUT/$name.err"
     echo "rc $?" >> "$OUT/$name.err"
     cat "$OUT/$name.json" "$OUT/$name.err"
-    echo "$model $dtype $batch $target $name" >> "$OUT/bench-rows.txt"
+    echo "$model $dtype $batch $target $name ${extra:-}" >> "$OUT/bench-rows.txt"
     [[ " ${models[*]} " == *" $model "* ]] || models+=("$model")
 done
 
@@ -53,7 +55,8 @@ if [ -z "${SKIP_TORCH:-}" ] && [ -f .gpu/bench/torch_baseline.py ] &&
     for model in "${models[@]}"; do
         echo "=== torch $model"
         timeout "${TORCH_TIMEOUT:-300}" python3 .gpu/bench/torch_baseline.py "$model" \
-            "$(torch_batch "$model")" "$SEQ" --compile > "$OUT/torch-$(slug "$model").txt" 2>&1
+            "$(torch_batch "$model")" "$SEQ" --compile ${TORCH_FLAGS:-} \
+            > "$OUT/torch-$(slug "$model").txt" 2>&1
         tail -3 "$OUT/torch-$(slug "$model").txt"
     done
 else
@@ -79,11 +82,12 @@ head = ("model", "dtype", "batch", "tok/s", "MFU", "peak GiB", "fwd ms", "bwd ms
         "other ms", "torch tok/s", "ratio", "target")
 rows, notes = [], []
 for line in open(os.path.join(out, "bench-rows.txt")):
-    model, dtype, batch, target, name = line.split()
+    model, dtype, batch, target, name, *extra = line.split()
+    dtype = " ".join([dtype] + extra)
     text = open(os.path.join(out, name + ".json")).read().strip()
     torch = torch_result(model)
     tt = f"{torch['tok_s']} (b{torch['batch']})" if torch else "-"
-    goal = f"{int(target) // 1000}k"
+    goal = "-" if target == "-" else f"{int(target) // 1000}k"
     if not text:
         err = [l.strip() for l in open(os.path.join(out, name + ".err")) if l.strip()]
         why = [l for l in err if l.startswith("error")] or err[-2:]
@@ -94,7 +98,7 @@ for line in open(os.path.join(out, "bench-rows.txt")):
     p = r["phases_ms"]
     mfu = f"{r['mfu']:.3f}" if r["mfu"] is not None else "-"
     ratio = f"{r['tok_s'] / torch['tok_s']:.2f}" if torch else "-"
-    met = "" if r["tok_s"] >= int(target) else " (short)"
+    met = "" if target == "-" or r["tok_s"] >= int(target) else " (short)"
     rows.append((model, dtype, batch, f"{r['tok_s']:.0f}", mfu, f"{r['peak_mem_gib']:.1f}",
                  f"{p['forward']:.1f}", f"{p['backward']:.1f}", f"{p['optimizer']:.1f}",
                  f"{p['other']:.1f}", tt, ratio, goal + met))

@@ -60,6 +60,13 @@ def main():
     smelt_loss = full[-1]["loss"]
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.seq > 4096:
+        # f32 attention would otherwise take the math path, which holds every head's T × T
+        # scores (56 GiB at 32k); the memory-efficient kernel computes the same in f32, for
+        # key and value heads repeated to the query heads (it takes no grouped heads).
+        torch.backends.cuda.enable_math_sdp(False)
+        import transformers.integrations.sdpa_attention as sdpa
+        sdpa.use_gqa_in_sdpa = lambda *args, **kwargs: False
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32).to(device).eval()
     paths = sorted(glob.glob(a.eval_glob))
     seqs = list(sequences(paths, a.seq))

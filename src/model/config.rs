@@ -414,9 +414,16 @@ impl ModelConfig {
     pub fn training_flops_per_token(&self, seq: usize) -> f64 {
         let (c, f) = (self.hidden_size as f64, self.intermediate_size as f64);
         let linear = 2.0 * c * (self.qkv_dim() as f64 + self.q_dim() as f64 + 3.0 * f);
-        let attention = 0.5 * 2.0 * 2.0 * seq as f64 * self.q_dim() as f64;
         let head = 2.0 * c * self.vocab_size as f64;
-        3.0 * (self.num_layers as f64 * (linear + attention) + head)
+        3.0 * (self.num_layers as f64 * linear + head)
+            + self.training_attention_flops_per_token(seq)
+    }
+
+    /// The part of `training_flops_per_token` in attention's score and value products, which
+    /// grows with the sequence and runs in the attention kernels rather than in matmuls.
+    pub fn training_attention_flops_per_token(&self, seq: usize) -> f64 {
+        let forward = 0.5 * 2.0 * 2.0 * seq as f64 * self.q_dim() as f64;
+        3.0 * self.num_layers as f64 * forward
     }
 
     /// The RoPE inverse frequencies, one per rotated pair, with llama3 scaling applied.
