@@ -1,6 +1,6 @@
 //! `smelt bench` on the CPU: the JSON line that scripts/gpu/bench.sh parses has every field,
-//! and its figures agree with each other and with the model's size; bad input gets one
-//! clear error.
+//! and its figures agree with each other and with the model's size; `--fit-memory` runs
+//! within its budget; bad input gets one clear error.
 
 mod train_support;
 
@@ -154,6 +154,42 @@ fn op_times_on_the_cpu_say_they_are_not_measured() {
         stdout.contains("op times: not measured (only the CUDA backend times ops)"),
         "{stdout}"
     );
+}
+
+/// `--fit-memory` benches `smelt plan`'s pick: in a budget a KiB short of the plain run's
+/// tensors, the run's tensors fit, and the choice is printed before the JSON line.
+#[test]
+fn fit_memory_benches_the_plans_pick_within_the_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_model_dir(tmp.path());
+    let base = [
+        "bench",
+        "--device",
+        "cpu",
+        "--model",
+        s(&dir),
+        "--batch-size",
+        "8",
+    ];
+    let run = |extra: &[&str]| -> (Vec<String>, f64) {
+        let mut args = base.to_vec();
+        args.extend(["--seq-len", "64", "--steps", "1", "--warmup", "0", "--json"]);
+        args.extend(extra);
+        let lines: Vec<String> = smelt_ok(&args).lines().map(String::from).collect();
+        let v: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+        (lines, number(&v, "peak_mem_gib"))
+    };
+    let (_, plain) = run(&[]);
+    let budget = plain - 1024.0 / (1u64 << 30) as f64;
+    let (lines, fitted) = run(&["--fit-memory", &format!("{budget:.12}")]);
+    assert!(fitted <= budget, "{fitted} GiB in a budget of {budget}");
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with("--fit-memory: --"), "{lines:?}");
+
+    let mut args = base.to_vec();
+    args.extend(["--fit-memory", "1", "--lmhead-chunks", "2"]);
+    let err = smelt_err(&args);
+    assert!(err.contains("--fit-memory chooses"), "{err}");
 }
 
 #[test]

@@ -5,12 +5,16 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
+use super::fit_memory::FitMemoryFlag;
 use super::offload::OffloadFlags;
 use super::recompute::RecomputeFlags;
 use crate::backend::select::{Device, DeviceChoice, select};
-use crate::model::MatmulPrecision;
+use crate::model::{MatmulPrecision, Recompute};
+use crate::tensor::DType;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 use crate::train::console::gib;
+use crate::train::optimizer::Offload;
+use crate::train::plan;
 
 #[derive(Args, Debug)]
 #[command(
@@ -53,6 +57,8 @@ pub struct BenchArgs {
     /// 4096 tokens of the batch, 8 at 32 × 1024].
     #[arg(long)]
     lmhead_chunks: Option<usize>,
+    #[command(flatten)]
+    fit_memory: FitMemoryFlag,
     /// Where to run: the GPU when the driver reports one, else the CPU.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     device: DeviceChoice,
@@ -71,14 +77,32 @@ impl BenchArgs {
             bail!("--batch-size and --seq-len must be at least 1");
         }
         let matmul = MatmulPrecision::parse(&self.matmul_dtype, self.gradient_dtype.as_deref())?;
-        let options = BenchOptions {
+        let device = select(self.device)?;
+        let recompute = self.recompute.recompute();
+        let offload = self.offload.offload(false);
+        let chosen_by_hand = recompute != Recompute::default()
+            || offload != Offload::default()
+            || self.lmhead_chunks.is_some();
+        self.fit_memory.check(&device, chosen_by_hand)?;
+        let request = plan::Request {
+            config: config.clone(),
+            batch: self.batch_size,
+            seq: self.seq_len,
+            micro_steps: 1,
+            model_dtype: DType::BF16,
+            matmul,
+            optimizer: bench::bf16_adamw_options(),
+            gpus: 1,
+            lmhead_chunks: None,
+        };
+        let mut options = BenchOptions {
             batch: self.batch_size,
             seq: self.seq_len,
             steps: self.steps,
             warmup: self.warmup,
             matmul,
-            recompute: self.recompute.recompute(),
-            offload: self.offload.offload(false),
+            recompute,
+            offload,
             // Chunks of 4096 tokens keep the LM head's matmuls large (at batch 1 and 8 chunks,
             // its weight gradient, re-read and rewritten per chunk, took 10% of the step)
             // while bounding the logits at 1.2 GB for a 152k vocabulary.
@@ -87,7 +111,11 @@ impl BenchArgs {
                 .unwrap_or((self.batch_size * self.seq_len).div_ceil(4096)),
             op_times: self.op_times,
         };
-        let device = select(self.device)?;
+        if let Some(choice) = self.fit_memory.choose(&device, &request)? {
+            options.recompute = choice.recompute;
+            options.offload = choice.offload;
+            options.lmhead_chunks = choice.lmhead_chunks;
+        }
         let report = match &device {
             Device::Cpu(b) => bench::run(b, config, &options, |_| Ok(None)),
             // What smelt holds on the device (every category and the kernels' scratch): the

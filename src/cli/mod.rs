@@ -2,6 +2,7 @@
 
 mod bench;
 mod export;
+mod fit_memory;
 mod offload;
 mod plan;
 mod plot;

@@ -3,22 +3,20 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Args;
 
+use super::fit_memory::FitMemoryFlag;
 use super::offload::OffloadFlags;
-use super::plan::{available_host_memory, gib_bytes};
 use super::precision::{Precision, PrecisionFlags};
 use super::ranks::{RankMain, on_ranks};
 use super::recompute::RecomputeFlags;
 use crate::backend::Backend;
-use crate::backend::datasheet::datasheet;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::comm::Comm;
 use crate::io::hf;
 use crate::model::{MatmulPrecision, ModelConfig, Recompute, presets};
 use crate::tensor::DType;
-use crate::train::console::gib;
 use crate::train::optimizer::{Offload, OptimizerOptions};
 use crate::train::options::Defaults;
 use crate::train::plan;
@@ -163,11 +161,8 @@ pub struct TrainArgs {
     /// only where the sums are short, as over NVLink for small models.
     #[arg(long, help_heading = "Devices")]
     grad_sum_after_backward: bool,
-    /// Choose --recompute-*, --offload-*, --lmhead-chunks (and, with --gpus, --zero-level)
-    /// as `smelt plan` would: the fastest that fits in GIB per device [default on a GPU:
-    /// what GPU 0 has free, less smelt plan's reserve].
-    #[arg(long, value_name = "GIB", num_args = 0..=1, help_heading = "Memory")]
-    fit_memory: Option<Option<f64>>,
+    #[command(flatten, next_help_heading = "Memory")]
+    fit_memory: FitMemoryFlag,
     /// Capture each step as a CUDA graph (not implemented yet).
     #[arg(long, help_heading = "Devices")]
     use_cuda_graphs: bool,
@@ -209,12 +204,23 @@ impl TrainArgs {
     pub fn run(self) -> Result<()> {
         self.refuse_unimplemented()?;
         let device = select(self.device)?;
-        if self.fit_memory.is_some() {
-            self.refuse_beside_fit_memory(&device)?;
-        }
+        let chosen_by_hand = [
+            self.recompute.recompute() != Recompute::default(),
+            self.offload.offload(self.offload_master) != Offload::default(),
+            self.lmhead_chunks != 1,
+            self.zero_level != 0,
+        ];
+        self.fit_memory
+            .check(&device, chosen_by_hand.contains(&true))?;
         let mut options = self.options(matches!(device, Device::Cuda(_)))?;
-        if let Some(gib) = self.fit_memory {
-            self.fit_memory(&mut options, &device, gib)?;
+        if let Some(choice) = self
+            .fit_memory
+            .choose(&device, &self.plan_request(&options)?)?
+        {
+            options.recompute = choice.recompute;
+            options.optimizer.offload = choice.offload;
+            options.optimizer.zero_level = choice.zero_level;
+            options.lmhead_chunks = choice.lmhead_chunks;
         }
         let demo = self.train_file.is_none();
         on_ranks(device, self.gpus, &TrainRank { options, demo })
@@ -383,52 +389,10 @@ impl TrainArgs {
         })
     }
 
-    /// What `--fit-memory` refuses, checked before anything is written.
-    fn refuse_beside_fit_memory(&self, device: &Device) -> Result<()> {
-        let chosen_by_hand = [
-            self.recompute.recompute() != Recompute::default(),
-            self.offload.offload(self.offload_master) != Offload::default(),
-            self.lmhead_chunks != 1,
-            self.zero_level != 0,
-        ];
-        if chosen_by_hand.contains(&true) {
-            bail!(
-                "--fit-memory chooses the --recompute-*, --offload-*, --lmhead-chunks and \
-                 --zero-level flags itself; leave them out, or leave out --fit-memory"
-            );
-        }
-        if let Some(Some(gib)) = self.fit_memory {
-            gib_bytes(gib, "--fit-memory")?;
-        }
-        if matches!(device, Device::Cpu(_)) && self.fit_memory == Some(None) {
-            bail!(
-                "--fit-memory: on the CPU give the memory the run may take, in GiB (--fit-memory 8)"
-            );
-        }
-        Ok(())
-    }
-
-    /// Applies `smelt plan`'s pick for this run within `asked` GiB per device (on a GPU, by
-    /// default, its free memory less the reserve for what smelt does not plan; on the CPU,
-    /// `asked` GiB of host memory for the run's tensors).
-    fn fit_memory(&self, options: &mut Options, device: &Device, asked: Option<f64>) -> Result<()> {
-        let (gpu, budget) = match (device, asked) {
-            (Device::Cuda(b), asked) => {
-                let bytes = match asked {
-                    Some(asked) => gib_bytes(asked, "--fit-memory")?,
-                    None => b.memory_report()?.free as u64,
-                };
-                let gpu = datasheet(b.name()).or(datasheet("H100")).expect("listed");
-                (gpu, bytes.saturating_sub(plan::DEVICE_RESERVE))
-            }
-            (Device::Cpu(_), Some(asked)) => (
-                datasheet("H100").expect("listed"),
-                gib_bytes(asked, "--fit-memory")?,
-            ),
-            (Device::Cpu(_), None) => unreachable!("refused before the options"),
-        };
+    /// What `smelt plan` is asked for `--fit-memory`: this run, its memory flags to choose.
+    fn plan_request(&self, options: &Options) -> Result<plan::Request> {
         let (config, _) = crate::train::trainer::model_config(options)?;
-        let request = plan::Request {
+        Ok(plan::Request {
             config,
             batch: options.batch_size,
             seq: options.seq_len,
@@ -438,26 +402,7 @@ impl TrainArgs {
             optimizer: options.optimizer.clone(),
             gpus: self.gpus,
             lmhead_chunks: None,
-        };
-        let host = available_host_memory().context("--fit-memory")?;
-        let choice = plan::fit(
-            &request,
-            gpu,
-            &plan::Budget {
-                device: budget,
-                host,
-            },
-        )?;
-        options.recompute = choice.recompute;
-        options.optimizer.offload = choice.offload;
-        options.optimizer.zero_level = choice.zero_level;
-        options.lmhead_chunks = choice.lmhead_chunks;
-        println!(
-            "--fit-memory: {} (in {:.2} GiB per device)",
-            choice.flags().join(" "),
-            gib(budget)
-        );
-        Ok(())
+        })
     }
 
     fn refuse_unimplemented(&self) -> Result<()> {
