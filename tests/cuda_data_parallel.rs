@@ -13,8 +13,11 @@ use smelt::backend::cuda::nccl::{Nccl, UniqueId};
 use smelt::backend::cuda::{Cuda, device};
 use smelt::comm::{Comm, ranks};
 use smelt::tensor::DType;
+use std::time::{Duration, Instant};
 
 const N: usize = 100_003;
+/// The ranks' timeout where it is not what a test tests (`--comm-timeout`'s default).
+const LONG: Duration = Duration::from_secs(600);
 
 /// Rank `rank`'s values of tensor `which`, as its upload rounds them to `dtype`.
 fn values(rank: usize, which: u64, dtype: DType) -> Vec<f32> {
@@ -35,7 +38,7 @@ fn nccl_sums_and_broadcasts_like_the_host() {
     );
     let id = UniqueId::new().unwrap();
     let dtypes = [DType::BF16, DType::F32];
-    let result = ranks::run(2, |member| {
+    let result = ranks::run(2, LONG, move |member| {
         let rank = member.rank;
         let b = Cuda::new(rank)?;
         let comm = Nccl::new(&b, id, member)?;
@@ -88,6 +91,45 @@ fn nccl_sums_and_broadcasts_like_the_host() {
     result.unwrap();
 }
 
+/// Two ranks join a first sum (in which NCCL connects them, blocking while it holds the
+/// communicator, out of the watcher's reach); then rank 1 meets rank 0 for the next sum
+/// and, instead of enqueueing its part, does `rank_1_then`, while rank 0 waits for that sum
+/// on its device and then meets again. Runs detached, so that a hang fails the test
+/// instead of blocking it. The run's error, and how long it took.
+fn rank_1_leaves_a_sum_unjoined(
+    timeout: Duration,
+    rank_1_then: fn() -> anyhow::Result<()>,
+) -> (String, Duration) {
+    let id = UniqueId::new().unwrap();
+    let (report, reported) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        let result = ranks::run(2, timeout, move |member| {
+            let rank = member.rank;
+            let b = Cuda::new(rank)?;
+            let t = tensor(&b, &[N], DType::F32, &values(rank, 0, DType::F32));
+            let comm = Nccl::new(&b, id, member)?;
+            comm.start_all_reduce_sum(&b, &[&t])?;
+            comm.join_all_reduce_sums(&b)?;
+            b.download(&t)?;
+            if rank == 1 {
+                comm.sum(&[])?; // the meeting that rank 0's sum starts with
+                return rank_1_then();
+            }
+            comm.start_all_reduce_sum(&b, &[&t])?;
+            comm.join_all_reduce_sums(&b)?;
+            b.download(&t)?; // waits for the sum that rank 1 never joins
+            comm.sum(&[])?;
+            Ok(())
+        });
+        let _ = report.send(result.map_err(|e| format!("{e:#}")));
+    });
+    let result = reported
+        .recv_timeout(Duration::from_secs(120))
+        .expect("rank 0 still waits for rank 1's part of the sum after 120 s");
+    (result.expect_err("the run should fail"), start.elapsed())
+}
+
 /// A rank that fails after the host meeting of a collective, without enqueueing its part,
 /// leaves its peer's sum waiting for it on the device, where no meeting reaches. The peer's
 /// watcher aborts the communicator once the group has failed, which ends that wait, and the
@@ -95,37 +137,31 @@ fn nccl_sums_and_broadcasts_like_the_host() {
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn a_rank_failing_after_the_meeting_does_not_leave_its_peer_waiting() {
-    let id = UniqueId::new().unwrap();
-    let (report, reported) = std::sync::mpsc::channel();
-    // Detached, so that a hang fails the test below instead of blocking it.
-    std::thread::spawn(move || {
-        let result = ranks::run(2, |member| {
-            let rank = member.rank;
-            let b = Cuda::new(rank)?;
-            let t = tensor(&b, &[N], DType::F32, &values(rank, 0, DType::F32));
-            let comm = Nccl::new(&b, id, member)?;
-            // A first sum that both join: NCCL connects the ranks during a communicator's
-            // first collective, which blocks while holding it (out of the watcher's reach).
-            comm.start_all_reduce_sum(&b, &[&t])?;
-            comm.join_all_reduce_sums(&b)?;
-            b.download(&t)?;
-            if rank == 1 {
-                comm.sum(&[])?; // the meeting that rank 0's sum starts with
-                anyhow::bail!("rank 1 gave up after the meeting");
-            }
-            comm.start_all_reduce_sum(&b, &[&t])?;
-            comm.join_all_reduce_sums(&b)?;
-            b.download(&t)?; // waits for the sum, which rank 1 never joins
-            comm.sum(&[])?;
-            Ok(())
-        });
-        let _ = report.send(result.map_err(|e| format!("{e:#}")));
-    });
-    let wait = std::time::Duration::from_secs(120);
-    let result = reported
-        .recv_timeout(wait)
-        .expect("rank 0 still waits for rank 1's part of the sum after 120 s");
-    let err = result.expect_err("the run should fail");
+    let (err, _) =
+        rank_1_leaves_a_sum_unjoined(LONG, || anyhow::bail!("rank 1 gave up after the meeting"));
     figure("nccl", format!("a rank failing after the meeting: {err}"));
     assert!(err.contains("gave up after the meeting"), "{err}");
+}
+
+/// A rank held up after a meeting, neither failing nor coming back (as in a kernel that does
+/// not end), leaves its peer waiting on the device for a sum it never joins, where no
+/// meeting times out. Once neither has met nor waited at a meeting for the timeout, the
+/// peer's watcher counts the group stalled and aborts its communicator; the run then ends
+/// with that error, leaving the held rank behind.
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn ranks_held_on_their_devices_past_the_timeout_end_the_run() {
+    let (err, took) = rank_1_leaves_a_sum_unjoined(Duration::from_secs(5), || {
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    figure(
+        "nccl",
+        format!("ranks held on their devices: {err} (after {took:?})"),
+    );
+    assert!(
+        err.contains("neither met nor waited") && err.contains("--comm-timeout"),
+        "{err}"
+    );
 }

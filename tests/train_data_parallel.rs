@@ -293,11 +293,18 @@ fn gradient_sums_during_the_backward_give_the_bits_of_sums_after_it() {
 }
 
 #[test]
-fn zero_gpus_is_refused() {
+fn zero_gpus_or_a_zero_timeout_is_refused() {
     let set = setup();
     let dir = set.root.join("zero");
-    let all = args(&dir, &set.model, &set.data, 0, 2);
-    let err = smelt_err(&all.iter().map(String::as_str).collect::<Vec<_>>());
+    let refused = |gpus: usize, extra: &[&str]| {
+        let mut all = args(&dir, &set.model, &set.data, gpus, 2);
+        all.extend(extra.iter().map(|a| a.to_string()));
+        let err = smelt_err(&all.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(!dir.exists(), "a refused run wrote {}", dir.display());
+        err
+    };
+    let err = refused(0, &[]);
     assert!(err.contains("--gpus 0"), "{err}");
-    assert!(!dir.exists(), "a refused run wrote {}", dir.display());
+    let err = refused(2, &["--comm-timeout", "0"]);
+    assert!(err.contains("--comm-timeout 0"), "{err}");
 }

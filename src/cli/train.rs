@@ -2,6 +2,7 @@
 //! built-in demo (see `train::demo`).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::Args;
@@ -156,6 +157,16 @@ pub struct TrainArgs {
     /// sending them to the others; 0 keeps all of it on every GPU. Same results either way.
     #[arg(long, default_value_t = 0, help_heading = "Devices")]
     zero_level: u8,
+    /// With --gpus, how long a rank waits for the others to meet it, and how long the GPUs
+    /// may all wait on their devices, before the run stops as stuck (a rank, kernel or
+    /// collective that does not end) with an error naming what it waited for.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 600,
+        help_heading = "Devices"
+    )]
+    comm_timeout: u64,
     /// Sum the gradients over the --gpus after the whole backward, instead of each block's
     /// as soon as the backward has finished it, beside the rest. The same results; faster
     /// only where the sums are short, as over NVLink for small models.
@@ -203,6 +214,9 @@ pub struct TrainArgs {
 impl TrainArgs {
     pub fn run(self) -> Result<()> {
         self.refuse_unimplemented()?;
+        if self.comm_timeout == 0 {
+            bail!("--comm-timeout 0: give the seconds a rank may wait for the others, 1 or more");
+        }
         let device = select(self.device)?;
         let chosen_by_hand = [
             self.recompute.recompute() != Recompute::default(),
@@ -223,7 +237,8 @@ impl TrainArgs {
             options.lmhead_chunks = choice.lmhead_chunks;
         }
         let demo = self.train_file.is_none();
-        on_ranks(device, self.gpus, &TrainRank { options, demo })
+        let timeout = Duration::from_secs(self.comm_timeout);
+        on_ranks(device, self.gpus, timeout, TrainRank { options, demo })
     }
 
     /// Resolves the command line into the run's options.

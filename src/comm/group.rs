@@ -4,10 +4,14 @@
 //! the in-process collectives' tensors).
 //!
 //! A rank that fails marks the group failed; every rank waiting here, or arriving later,
-//! then gets an error instead of waiting for ever on a rank that will not come.
+//! then gets an error instead of waiting for ever on a rank that will not come. A rank that
+//! is stuck rather than failed (in a kernel or a device wait that does not end, or in host
+//! code) is caught by the timeout: a rank that waits here longer than that for the others
+//! fails, naming them, and when no rank waits here and none has met for that long, the
+//! group counts as stalled (`fails_within`, which NCCL's watchers poll).
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
@@ -17,8 +21,21 @@ pub const PEER_FAILED: &str = "another rank of this run failed";
 
 pub struct Group {
     world: usize,
+    /// How long a rank waits at a meeting for the others, and how long the ranks may go
+    /// without meeting while none waits at one, before the run counts as stuck.
+    timeout: Duration,
     state: Mutex<Round>,
     changed: Condvar,
+}
+
+/// How a group failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// This rank failed first, with an error of its own.
+    Rank(usize),
+    /// No rank failed, but none met or waited at a meeting for the timeout: each was held
+    /// where no meeting reaches, on its device.
+    Stalled,
 }
 
 /// The exchange in progress, and the last one completed.
@@ -30,18 +47,26 @@ struct Round {
     /// hand in again, and an exchange completes only once every rank has handed in, so no
     /// reader ever finds the next exchange's values here.
     completed: Arc<Vec<Vec<f64>>>,
-    /// The rank that failed first, once one has.
-    failed: Option<usize>,
+    /// When the last exchange completed, or the group was made.
+    last_met: Instant,
+    /// Whether a rank has ended: the others then meet no more, and may work alone for as
+    /// long as they need (rank 0 exporting the model, say).
+    one_ended: bool,
+    /// How the group failed, once it has.
+    failed: Option<Failure>,
 }
 
 impl Group {
-    pub fn new(world: usize) -> Arc<Group> {
+    pub fn new(world: usize, timeout: Duration) -> Arc<Group> {
         Arc::new(Group {
             world,
+            timeout,
             state: Mutex::new(Round {
                 generation: 0,
                 handed_in: vec![None; world],
                 completed: Arc::new(vec![]),
+                last_met: Instant::now(),
+                one_ended: false,
                 failed: None,
             }),
             changed: Condvar::new(),
@@ -52,8 +77,13 @@ impl Group {
         self.world
     }
 
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Hands in `values` as rank `rank` and waits for every rank's, which it returns in rank
-    /// order.
+    /// order. Fails if a rank has failed, or if the others have not all come within the
+    /// timeout.
     pub fn exchange(&self, rank: usize, values: Vec<f64>) -> Result<Arc<Vec<Vec<f64>>>> {
         let mut round = self.lock();
         if round.failed.is_some() {
@@ -69,39 +99,66 @@ impl Group {
             let all = round.handed_in.iter_mut().map(|v| v.take().unwrap());
             round.completed = Arc::new(all.collect());
             round.generation += 1;
+            round.last_met = Instant::now();
             self.changed.notify_all();
         }
-        while round.generation == generation && round.failed.is_none() {
-            round = self
-                .changed
-                .wait(round)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (round, waited) = self
+            .changed
+            .wait_timeout_while(round, self.timeout, |round| {
+                round.generation == generation && round.failed.is_none()
+            })
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if round.generation != generation {
+            return Ok(round.completed.clone());
         }
-        if round.generation == generation {
+        if round.failed.is_some() {
             bail!(PEER_FAILED);
         }
-        Ok(round.completed.clone())
+        debug_assert!(waited.timed_out());
+        let missing: Vec<String> = (round.handed_in.iter().enumerate())
+            .filter(|(_, v)| v.is_none())
+            .map(|(r, _)| r.to_string())
+            .collect();
+        bail!(
+            "rank {rank} waited {} s for rank(s) {} to meet it; they are stuck, or slower \
+             than --comm-timeout allows (raise it if a step or a checkpoint takes that long)",
+            self.timeout.as_secs_f64(),
+            missing.join(", ")
+        )
     }
 
-    /// Whether a rank has failed, or fails within `wait` (returning as soon as one does).
+    /// Whether the group has failed, or fails within `wait` (returning as soon as it does);
+    /// past the wait, a group that has stalled (see `Failure::Stalled`) is marked so here.
     pub fn fails_within(&self, wait: Duration) -> bool {
         let round = self.lock();
-        let (round, _) = self
+        let (mut round, _) = self
             .changed
             .wait_timeout_while(round, wait, |round| round.failed.is_none())
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // A rank waiting at a meeting times out there, naming whom it waits for.
+        let none_waits = round.handed_in.iter().all(Option::is_none);
+        let meeting_due = !round.one_ended && round.last_met.elapsed() > self.timeout;
+        if round.failed.is_none() && none_waits && meeting_due {
+            round.failed = Some(Failure::Stalled);
+            self.changed.notify_all();
+        }
         round.failed.is_some()
     }
 
-    /// Marks the group failed by `rank` (unless another rank failed first) and wakes every
-    /// waiting rank.
+    /// Records that a rank has ended (its work done, or failed).
+    pub fn end(&self) {
+        self.lock().one_ended = true;
+    }
+
+    /// Marks the group failed by `rank` (unless it failed before) and wakes every waiting
+    /// rank.
     pub fn fail(&self, rank: usize) {
-        self.lock().failed.get_or_insert(rank);
+        self.lock().failed.get_or_insert(Failure::Rank(rank));
         self.changed.notify_all();
     }
 
-    /// The rank that failed first: the cause, where the others' errors are consequences.
-    pub fn first_failed(&self) -> Option<usize> {
+    /// How the group failed, if it has: the cause, where the ranks' errors are consequences.
+    pub fn failure(&self) -> Option<Failure> {
         self.lock().failed
     }
 
@@ -118,9 +175,12 @@ impl Group {
 mod tests {
     use super::*;
 
+    /// Longer than any of these tests waits, where the timeout is not what they test.
+    const LONG: Duration = Duration::from_secs(600);
+
     #[test]
     fn every_rank_gets_every_list_in_rank_order_round_after_round() {
-        let group = Group::new(3);
+        let group = Group::new(3, LONG);
         std::thread::scope(|s| {
             for rank in 0..3 {
                 let group = &group;
@@ -140,30 +200,67 @@ mod tests {
 
     #[test]
     fn a_failed_rank_releases_the_waiting_ones() {
-        let group = Group::new(2);
+        let group = Group::new(2, LONG);
         std::thread::scope(|s| {
             let waiting = s.spawn(|| group.exchange(0, vec![1.0]));
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(20));
             group.fail(1);
             let err = waiting.join().unwrap().unwrap_err();
             assert_eq!(err.to_string(), PEER_FAILED);
         });
         assert!(group.exchange(1, vec![]).is_err());
         group.fail(0);
-        assert_eq!(group.first_failed(), Some(1));
+        assert_eq!(group.failure(), Some(Failure::Rank(1)));
     }
 
     #[test]
     fn a_watcher_learns_of_a_failure_as_it_happens() {
-        let group = Group::new(2);
+        let group = Group::new(2, LONG);
         assert!(!group.fails_within(Duration::from_millis(1)));
         std::thread::scope(|s| {
             let watching = s.spawn(|| group.fails_within(Duration::from_secs(60)));
             std::thread::sleep(Duration::from_millis(20));
-            let start = std::time::Instant::now();
+            let start = Instant::now();
             group.fail(0);
             assert!(watching.join().unwrap());
             assert!(start.elapsed() < Duration::from_secs(10));
         });
+    }
+
+    #[test]
+    fn a_rank_waiting_past_the_timeout_names_the_ranks_that_did_not_come() {
+        let timeout = Duration::from_millis(200);
+        let group = Group::new(3, timeout);
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| group.exchange(1, vec![]));
+            let start = Instant::now();
+            let err = waiting.join().unwrap().unwrap_err().to_string();
+            assert!(start.elapsed() >= timeout, "{:?}", start.elapsed());
+            assert!(
+                err.contains("rank 1 waited 0.2 s for rank(s) 0, 2"),
+                "{err}"
+            );
+            assert!(err.contains("--comm-timeout"), "{err}");
+        });
+        // Waiting there was no stall: the waiter reports what it waited for.
+        assert!(!group.fails_within(Duration::ZERO));
+    }
+
+    #[test]
+    fn ranks_that_neither_meet_nor_wait_for_the_timeout_have_stalled() {
+        let group = Group::new(2, Duration::from_millis(100));
+        assert!(!group.fails_within(Duration::ZERO));
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(group.fails_within(Duration::ZERO));
+        assert_eq!(group.failure(), Some(Failure::Stalled));
+        // A rank that fails afterwards is not taken for the cause.
+        group.fail(1);
+        assert_eq!(group.failure(), Some(Failure::Stalled));
+
+        // Once a rank has ended, the others meet no more, and working alone is no stall.
+        let group = Group::new(2, Duration::from_millis(100));
+        group.end();
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(!group.fails_within(Duration::ZERO));
     }
 }

@@ -8,7 +8,8 @@
 //! meeting releases the others there. One that fails after it (its device faulted, or its
 //! host code erred before enqueueing its part) would leave the others' collectives waiting
 //! for it on the device for ever: a watcher thread per rank aborts the communicator as soon
-//! as the group has failed, which ends those kernels. (Still out of reach by default: a rank
+//! as the group has failed, which ends those kernels, and so too once the ranks have stalled
+//! (none met or waited to meet for `--comm-timeout`). (Still out of reach by default: a rank
 //! that fails during the first collective of a kind, where NCCL connects the ranks and
 //! blocks while holding the communicator. That test hung without its first sum, and passed
 //! without it under `NCCL_RUNTIME_CONNECT=0`, which makes NCCL connect them all at creation.)
@@ -47,7 +48,8 @@ unsafe impl Send for Handle {}
 /// How often the watcher looks whether it should stop (the rank's end waits that long).
 const WATCH_PERIOD: Duration = Duration::from_millis(100);
 
-/// Aborts `comm` once any rank of `group` has failed, unless `stop` is set first.
+/// Aborts `comm` once any rank of `group` has failed, or the ranks have stalled, unless
+/// `stop` is set first.
 fn watch(group: Arc<Group>, comm: Arc<Mutex<Option<Handle>>>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
         if group.fails_within(WATCH_PERIOD) {
