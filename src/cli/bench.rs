@@ -84,17 +84,6 @@ impl BenchArgs {
             || offload != Offload::default()
             || self.lmhead_chunks.is_some();
         self.fit_memory.check(&device, chosen_by_hand)?;
-        let request = plan::Request {
-            config: config.clone(),
-            batch: self.batch_size,
-            seq: self.seq_len,
-            micro_steps: 1,
-            model_dtype: DType::BF16,
-            matmul,
-            optimizer: bench::bf16_adamw_options(),
-            gpus: 1,
-            lmhead_chunks: None,
-        };
         let mut options = BenchOptions {
             batch: self.batch_size,
             seq: self.seq_len,
@@ -111,7 +100,21 @@ impl BenchArgs {
                 .unwrap_or((self.batch_size * self.seq_len).div_ceil(4096)),
             op_times: self.op_times,
         };
-        if let Some(choice) = self.fit_memory.choose(&device, &request)? {
+        // The run `bench::run` makes: bf16 weights and the benchmark's optimizer.
+        let request = || {
+            Ok(plan::Request {
+                config: config.clone(),
+                batch: self.batch_size,
+                seq: self.seq_len,
+                micro_steps: 1,
+                model_dtype: DType::BF16,
+                matmul,
+                optimizer: bench::bf16_adamw_options(),
+                gpus: 1,
+                lmhead_chunks: None,
+            })
+        };
+        if let Some(choice) = self.fit_memory.choose(&device, request)? {
             options.recompute = choice.recompute;
             options.offload = choice.offload;
             options.lmhead_chunks = choice.lmhead_chunks;

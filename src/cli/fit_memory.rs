@@ -20,14 +20,10 @@ pub struct FitMemoryFlag {
 }
 
 impl FitMemoryFlag {
-    pub fn given(&self) -> bool {
-        self.fit_memory.is_some()
-    }
-
     /// What the flag refuses, checked before anything is written: memory flags chosen by
     /// hand beside it, a figure that is no size, and the CPU without a figure.
     pub fn check(&self, device: &Device, chosen_by_hand: bool) -> Result<()> {
-        if !self.given() {
+        if self.fit_memory.is_none() {
             return Ok(());
         }
         if chosen_by_hand {
@@ -45,10 +41,15 @@ impl FitMemoryFlag {
         }
     }
 
-    /// `smelt plan`'s pick for `request` (printed), or `None` without the flag. The budget
-    /// is the figure given, or on a GPU its free memory, less the reserve for what smelt
-    /// does not plan; on the CPU, the figure is the host memory the run's tensors may take.
-    pub fn choose(&self, device: &Device, request: &Request) -> Result<Option<Choice>> {
+    /// `smelt plan`'s pick for the run that `request` describes (printed), or `None` without
+    /// the flag. The budget is the figure given, or on a GPU its free memory, less the
+    /// reserve for what smelt does not plan; on the CPU, the figure is the host memory the
+    /// run's tensors may take.
+    pub fn choose(
+        &self,
+        device: &Device,
+        request: impl FnOnce() -> Result<Request>,
+    ) -> Result<Option<Choice>> {
         let Some(asked) = self.fit_memory else {
             return Ok(None);
         };
@@ -71,7 +72,7 @@ impl FitMemoryFlag {
         };
         let host = available_host_memory().context("--fit-memory")?;
         let choice = plan::fit(
-            request,
+            &request()?,
             gpu,
             &plan::Budget {
                 device: budget,

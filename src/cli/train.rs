@@ -229,7 +229,7 @@ impl TrainArgs {
         let mut options = self.options(matches!(device, Device::Cuda(_)))?;
         if let Some(choice) = self
             .fit_memory
-            .choose(&device, &self.plan_request(&options)?)?
+            .choose(&device, || self.plan_request(&options))?
         {
             options.recompute = choice.recompute;
             options.optimizer.offload = choice.offload;

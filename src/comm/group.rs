@@ -77,10 +77,6 @@ impl Group {
         self.world
     }
 
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// Hands in `values` as rank `rank` and waits for every rank's, which it returns in rank
     /// order. Fails if a rank has failed, or if the others have not all come within the
     /// timeout.
