@@ -232,6 +232,11 @@ pub trait Backend: Sized {
     fn take_op_times(&self) -> Result<Vec<OpTime>> {
         Ok(Vec::new())
     }
+    /// Opens a range named `name` on this thread's timeline for profilers (NVTX, which
+    /// Nsight Systems shows and `ncu --nvtx` filters by), until the matching `end_range`;
+    /// see `Range`. Nothing where the backend has no profiler (the CPU).
+    fn begin_range(&self, _name: std::fmt::Arguments<'_>) {}
+    fn end_range(&self) {}
 
     // ----- the transformer's operations -----
     //
@@ -425,4 +430,21 @@ pub trait Backend: Sized {
         sum: Fp8Sum,
         accumulate: bool,
     ) -> Result<()>;
+}
+
+/// A profiler range (`Backend::begin_range`) that ends when dropped: the model marks each
+/// layer's forward and backward with one, the trainer each step and the optimizer.
+pub struct Range<'a, B: Backend>(&'a B);
+
+impl<'a, B: Backend> Range<'a, B> {
+    pub fn begin(b: &'a B, name: std::fmt::Arguments<'_>) -> Self {
+        b.begin_range(name);
+        Range(b)
+    }
+}
+
+impl<B: Backend> Drop for Range<'_, B> {
+    fn drop(&mut self) {
+        self.0.end_range();
+    }
 }

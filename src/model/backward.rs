@@ -10,7 +10,7 @@ use super::forward::Pass;
 use super::fp8::Linear;
 use super::head::LossOptions;
 use super::transformer::Transformer;
-use crate::backend::Backend;
+use crate::backend::{Backend, Range};
 use crate::tensor::Tensor;
 
 /// What the backward tells of parameter gradients as soon as they hold their final value for
@@ -42,7 +42,11 @@ impl<B: Backend> Transformer<B> {
         loss: LossOptions,
         done: &mut GradsDone<B>,
     ) -> Result<()> {
-        self.head(b, targets, loss.z_loss, Some(loss))?;
+        let _backward = Range::begin(b, format_args!("backward"));
+        {
+            let _head = Range::begin(b, format_args!("LM head and loss"));
+            self.head(b, targets, loss.z_loss, Some(loss))?;
+        }
         if let Some(fp8) = &self.fp8 {
             fp8.begin_backward(b)?;
         }
@@ -66,6 +70,7 @@ impl<B: Backend> Transformer<B> {
                 .collect::<Vec<_>>(),
         )?;
         for l in (0..last).rev() {
+            let _layer = Range::begin(b, format_args!("layer {l} backward"));
             self.block_forward(b, l, Pass::Recompute)?;
             self.block_backward(b, l, acc)?;
             done(&self.grads.layers[l].iter().collect::<Vec<_>>())?;

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::fp8::Linear;
 use super::transformer::Transformer;
-use crate::backend::Backend;
+use crate::backend::{Backend, Range};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
@@ -20,6 +20,7 @@ impl<B: Backend> Transformer<B> {
     /// Embeds `tokens` (`[B·T]`) and runs every block and the final norm, leaving the
     /// normalized hidden states in `lnf` for the LM head.
     pub fn forward_hidden(&mut self, b: &B, tokens: &[i32]) -> Result<()> {
+        let _forward = Range::begin(b, format_args!("forward"));
         let (a, p) = (&self.acts, &self.params);
         if let Some(fp8) = &self.fp8 {
             fp8.begin_forward(b, p)?;
@@ -27,6 +28,7 @@ impl<B: Backend> Transformer<B> {
         b.upload_i32(&a.tokens, tokens)?;
         b.embedding_forward(&a.residual[0], &a.tokens, &p.embed)?;
         for l in 0..self.config.num_layers {
+            let _layer = Range::begin(b, format_args!("layer {l} forward"));
             self.block_forward(b, l, Pass::Forward)?;
         }
         // The last block's residual sum is fused into the final norm (a config has at least

@@ -14,7 +14,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::zero;
-use crate::backend::{AdamW, AdamWTensor, Backend};
+use crate::backend::{AdamW, AdamWTensor, Backend, Range};
 use crate::comm::Comm;
 use crate::io::tensors::Named;
 use crate::model::params::ParamSpec;
@@ -240,6 +240,7 @@ impl<B: Backend> AdamWState<B> {
         step: u64,
         seed: u64,
     ) -> Result<()> {
+        let _range = Range::begin(b, format_args!("optimizer"));
         let grads: Vec<&Tensor<B>> = model.grads.iter().collect();
         b.sum_squares(&self.norm_sq, &grads)?;
         let o = &self.options;

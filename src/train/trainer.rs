@@ -30,7 +30,7 @@ use super::optimizer::AdamWState;
 use super::options::{ModelSource, Options};
 use super::schedule::Schedule;
 use super::step_losses::StepLosses;
-use crate::backend::Backend;
+use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::hf;
@@ -451,6 +451,7 @@ impl<B: Backend> Run<'_, B> {
 
     fn train_step(&mut self, batches: &mut [Batch]) -> Result<()> {
         let (b, o) = (self.b, self.o);
+        let _range = Range::begin(b, format_args!("step {}", self.state.step + 1));
         let start = Instant::now();
         let lr = self.state.schedule.lr(self.state.step);
         for batch in batches.iter_mut() {

@@ -403,6 +403,14 @@ impl Backend for Cuda {
         self.op_timer.take(&self.stream)
     }
 
+    fn begin_range(&self, name: std::fmt::Arguments<'_>) {
+        nvtx::range_push!("{name}");
+    }
+
+    fn end_range(&self) {
+        nvtx::range_pop!();
+    }
+
     fn embedding_forward(
         &self,
         out: &Tensor<Self>,
