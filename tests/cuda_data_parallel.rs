@@ -91,13 +91,14 @@ fn nccl_sums_and_broadcasts_like_the_host() {
     result.unwrap();
 }
 
-/// Two ranks join a first sum (in which NCCL connects them, blocking while it holds the
-/// communicator, out of the watcher's reach); then rank 1 meets rank 0 for the next sum
-/// and, instead of enqueueing its part, does `rank_1_then`, while rank 0 waits for that sum
-/// on its device and then meets again. Runs detached, so that a hang fails the test
-/// instead of blocking it. The run's error, and how long it took.
+/// With `connected`, two ranks join a first sum (in which NCCL connects them, blocking while
+/// it holds the communicator, out of the watcher's reach). Then rank 1 meets rank 0 for
+/// the next sum and, instead of enqueueing its part, does `rank_1_then`, while rank 0 waits
+/// for that sum and then meets again. Runs detached, so that a hang fails the test instead
+/// of blocking it. The run's error, and how long it took.
 fn rank_1_leaves_a_sum_unjoined(
     timeout: Duration,
+    connected: bool,
     rank_1_then: fn() -> anyhow::Result<()>,
 ) -> (String, Duration) {
     let id = UniqueId::new().unwrap();
@@ -109,9 +110,11 @@ fn rank_1_leaves_a_sum_unjoined(
             let b = Cuda::new(rank)?;
             let t = tensor(&b, &[N], DType::F32, &values(rank, 0, DType::F32));
             let comm = Nccl::new(&b, id, member)?;
-            comm.start_all_reduce_sum(&b, &[&t])?;
-            comm.join_all_reduce_sums(&b)?;
-            b.download(&t)?;
+            if connected {
+                comm.start_all_reduce_sum(&b, &[&t])?;
+                comm.join_all_reduce_sums(&b)?;
+                b.download(&t)?;
+            }
             if rank == 1 {
                 comm.sum(&[])?; // the meeting that rank 0's sum starts with
                 return rank_1_then();
@@ -137,8 +140,9 @@ fn rank_1_leaves_a_sum_unjoined(
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn a_rank_failing_after_the_meeting_does_not_leave_its_peer_waiting() {
-    let (err, _) =
-        rank_1_leaves_a_sum_unjoined(LONG, || anyhow::bail!("rank 1 gave up after the meeting"));
+    let (err, _) = rank_1_leaves_a_sum_unjoined(LONG, true, || {
+        anyhow::bail!("rank 1 gave up after the meeting")
+    });
     figure("nccl", format!("a rank failing after the meeting: {err}"));
     assert!(err.contains("gave up after the meeting"), "{err}");
 }
@@ -151,7 +155,7 @@ fn a_rank_failing_after_the_meeting_does_not_leave_its_peer_waiting() {
 #[test]
 #[ignore = "needs two CUDA GPUs"]
 fn ranks_held_on_their_devices_past_the_timeout_end_the_run() {
-    let (err, took) = rank_1_leaves_a_sum_unjoined(Duration::from_secs(5), || {
+    let (err, took) = rank_1_leaves_a_sum_unjoined(Duration::from_secs(5), true, || {
         loop {
             std::thread::sleep(Duration::from_secs(1));
         }
@@ -164,4 +168,22 @@ fn ranks_held_on_their_devices_past_the_timeout_end_the_run() {
         err.contains("neither met nor waited") && err.contains("--comm-timeout"),
         "{err}"
     );
+}
+
+/// A rank failing before the first sum, while NCCL would connect the ranks in it: its peer
+/// blocks inside NCCL holding the communicator, where the watcher cannot abort it. The run
+/// still ends, the timeout after the failure, with the failed rank's error, and leaves the
+/// blocked rank behind. (Before `--comm-timeout` it hung; `NCCL_RUNTIME_CONNECT=0`, which
+/// connects the ranks when the communicator is made, also ends it, at once.)
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn a_rank_failing_before_the_ranks_connect_ends_the_run_after_the_timeout() {
+    let (err, took) = rank_1_leaves_a_sum_unjoined(Duration::from_secs(5), false, || {
+        anyhow::bail!("rank 1 gave up before the first sum")
+    });
+    figure(
+        "nccl",
+        format!("a rank failing before the first sum: {err} (after {took:?})"),
+    );
+    assert!(err.contains("gave up before the first sum"), "{err}");
 }

@@ -9,10 +9,11 @@
 //! host code erred before enqueueing its part) would leave the others' collectives waiting
 //! for it on the device for ever: a watcher thread per rank aborts the communicator as soon
 //! as the group has failed, which ends those kernels, and so too once the ranks have stalled
-//! (none met or waited to meet for `--comm-timeout`). (Still out of reach by default: a rank
-//! that fails during the first collective of a kind, where NCCL connects the ranks and
-//! blocks while holding the communicator. That test hung without its first sum, and passed
-//! without it under `NCCL_RUNTIME_CONNECT=0`, which makes NCCL connect them all at creation.)
+//! (none met or waited to meet for `--comm-timeout`). Out of the watcher's reach: a rank
+//! that fails during the first collective of a kind, where NCCL connects the ranks and its
+//! peer blocks inside NCCL while holding the communicator. `comm::ranks::run` then ends the
+//! run the timeout after the failure, leaving that peer behind; `NCCL_RUNTIME_CONNECT=0`,
+//! which makes NCCL connect the ranks at creation, avoids the block.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
