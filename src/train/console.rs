@@ -165,12 +165,12 @@ pub fn si(x: f64) -> String {
     format!("{value:.2}{unit}")
 }
 
-/// Bytes as MiB with one decimal.
 /// Bytes in GiB, for tables and JSON figures.
 pub fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
 }
 
+/// Bytes as MiB with one decimal.
 pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }

@@ -100,11 +100,11 @@ pub struct Candidate {
 
 impl Candidate {
     pub fn device_bytes(&self) -> u64 {
-        self.device.iter().map(|c| c.1).sum()
+        total(&self.device)
     }
 
     pub fn host_bytes(&self) -> u64 {
-        self.host.iter().map(|c| c.1).sum()
+        total(&self.host)
     }
 
     pub fn fits(&self, budget: &Budget) -> bool {
