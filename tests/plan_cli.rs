@@ -2,7 +2,8 @@
 //! its activation figures match the sizes written out by hand, its table is ordered and
 //! picks the fastest row that fits, it falls back to smaller micro-batches, and bad input
 //! gets one clear error. `smelt train --fit-memory` trains within its budget, and chooses
-//! alike when the run continues.
+//! alike when the run continues; where only a smaller micro-batch fits, `smelt train` and
+//! `smelt bench` each name it in their own flags.
 
 mod train_support;
 
@@ -78,6 +79,16 @@ fn train(setup: &Setup, log: &std::path::Path, flags: &[&str]) -> String {
 
 /// `steps` steps of `train`'s run.
 fn train_steps(setup: &Setup, log: &std::path::Path, steps: &str, flags: &[&str]) -> String {
+    smelt_ok(&train_args(setup, log, steps, flags))
+}
+
+/// The command line of `train_steps`.
+fn train_args<'a>(
+    setup: &'a Setup,
+    log: &'a std::path::Path,
+    steps: &'a str,
+    flags: &[&'a str],
+) -> Vec<&'a str> {
     let mut args = vec![
         "train",
         "--device",
@@ -99,7 +110,7 @@ fn train_steps(setup: &Setup, log: &std::path::Path, steps: &str, flags: &[&str]
         s(log),
     ];
     args.extend(flags);
-    smelt_ok(&args)
+    args
 }
 
 #[test]
@@ -402,6 +413,77 @@ fn fit_memory_trains_with_the_plans_pick_within_the_budget() {
     assert!(err.contains("--fit-memory chooses"), "{err}");
     let err = smelt_err(&["train", "--device", "cpu", "--fit-memory"]);
     assert!(err.contains("on the CPU give the memory"), "{err}");
+}
+
+/// The least device memory any choice needs for the tiny model at `batch` × 16, with
+/// `optimizer`.
+fn least_device_bytes(
+    config: &ModelConfig,
+    optimizer: OptimizerOptions,
+    batch: usize,
+    micro_steps: usize,
+) -> u64 {
+    let request = Request {
+        config: config.clone(),
+        batch,
+        seq: 16,
+        micro_steps,
+        model_dtype: DType::BF16,
+        matmul: MatmulPrecision::Native,
+        optimizer,
+        gpus: 1,
+        lmhead_chunks: None,
+    };
+    (candidates(&request, datasheet("H100").unwrap())
+        .unwrap()
+        .iter())
+    .map(Candidate::device_bytes)
+    .min()
+    .unwrap()
+}
+
+/// Where nothing fits at `--batch-size 2` but something does at 1, `--fit-memory` names
+/// the smaller micro-batch in the flags of the command: with `--grad-accumulation` for
+/// `smelt train`, alone for `smelt bench`, which has no such flag.
+#[test]
+fn fit_memory_names_the_micro_batch_that_would_fit_in_each_commands_flags() {
+    let setup = setup();
+    let config = hf::read_config(&setup.model).unwrap();
+    let trained = OptimizerOptions {
+        opt_m_dtype: DType::F32,
+        opt_v_dtype: DType::F32,
+        master_dtype: Some(DType::F32),
+        ..bf16_adamw_options()
+    };
+    let least = |optimizer: &OptimizerOptions, batch, micro_steps| {
+        least_device_bytes(&config, optimizer.clone(), batch, micro_steps)
+    };
+    let budget = least(&trained, 2, 1).min(least(&bf16_adamw_options(), 2, 1)) - 1024;
+    assert!(budget > least(&trained, 1, 2).max(least(&bf16_adamw_options(), 1, 2)));
+    let gib = format!("{:.12}", budget as f64 / (1u64 << 30) as f64);
+
+    let log = setup.root.join("log.jsonl");
+    let err = smelt_err(&train_args(&setup, &log, "1", &["--fit-memory", &gib]));
+    assert!(
+        err.contains("nothing fits at --batch-size 2")
+            && err.contains("; --batch-size 1 --grad-accumulation 2 would"),
+        "{err}"
+    );
+    let err = smelt_err(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--model",
+        s(&setup.model),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--fit-memory",
+        &gib,
+    ]);
+    assert!(err.contains("; --batch-size 1 would"), "{err}");
+    assert!(!err.contains("--grad-accumulation"), "{err}");
 }
 
 /// `--fit-memory` chooses from the flags and the budget alone, so a run continued with the

@@ -5,7 +5,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
-use super::fit_memory::FitMemoryFlag;
+use super::fit_memory::{FitMemoryFlag, SmallerBatch};
 use super::offload::OffloadFlags;
 use super::recompute::RecomputeFlags;
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -114,7 +114,10 @@ impl BenchArgs {
                 lmhead_chunks: None,
             })
         };
-        if let Some(choice) = self.fit_memory.choose(&device, request)? {
+        if let Some(choice) = self
+            .fit_memory
+            .choose(&device, SmallerBatch::Alone, request)?
+        {
             options.recompute = choice.recompute;
             options.offload = choice.offload;
             options.lmhead_chunks = choice.lmhead_chunks;

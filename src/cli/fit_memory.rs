@@ -8,7 +8,7 @@ use super::plan::{available_host_memory, gib_bytes};
 use crate::backend::datasheet::datasheet;
 use crate::backend::select::Device;
 use crate::train::console::gib;
-use crate::train::plan::{self, Choice, Request};
+use crate::train::plan::{self, Choice, Fit, Request};
 
 #[derive(Args, Debug)]
 pub struct FitMemoryFlag {
@@ -17,6 +17,16 @@ pub struct FitMemoryFlag {
     /// what GPU 0 has free, less smelt plan's reserve].
     #[arg(long, value_name = "GIB", num_args = 0..=1)]
     fit_memory: Option<Option<f64>>,
+}
+
+/// How a command would run its step in smaller micro-batches, which the error names when
+/// nothing fits at its own.
+#[derive(Clone, Copy, Debug)]
+pub enum SmallerBatch {
+    /// `smelt train`: the same sequences per step, in more micro-steps.
+    WithAccumulation,
+    /// `smelt bench`, which has no `--grad-accumulation`: a smaller step.
+    Alone,
 }
 
 impl FitMemoryFlag {
@@ -48,6 +58,7 @@ impl FitMemoryFlag {
     pub fn choose(
         &self,
         device: &Device,
+        smaller: SmallerBatch,
         request: impl FnOnce() -> Result<Request>,
     ) -> Result<Option<Choice>> {
         let Some(asked) = self.fit_memory else {
@@ -71,19 +82,38 @@ impl FitMemoryFlag {
             (Device::Cpu(_), None) => unreachable!("refused by check"),
         };
         let host = available_host_memory().context("--fit-memory")?;
-        let choice = plan::fit(
-            &request()?,
-            gpu,
-            &plan::Budget {
-                device: budget,
-                host,
-            },
-        )?;
+        let request = request()?;
+        let budget = plan::Budget {
+            device: budget,
+            host,
+        };
+        let fit = plan::fit(&request, gpu, &budget)?;
+        let choice = chosen(fit, request.batch, gib(budget.device), smaller)?;
         println!(
             "--fit-memory: {} (in {:.2} GiB per device)",
             choice.flags().join(" "),
-            gib(budget)
+            gib(budget.device)
         );
         Ok(Some(choice))
+    }
+}
+
+/// The choice `fit` made, or the error that says what would fit instead, in the flags of
+/// the command.
+fn chosen(fit: Fit, asked: usize, budget: f64, smaller: SmallerBatch) -> Result<Choice> {
+    match (fit, smaller) {
+        (Fit::Chosen(choice), _) => Ok(choice),
+        (Fit::Smaller { batch, micro_steps }, SmallerBatch::WithAccumulation) => bail!(
+            "--fit-memory: nothing fits at --batch-size {asked} in {budget:.2} GiB; --batch-size \
+             {batch} --grad-accumulation {micro_steps} would (smelt plan lists the choices)",
+        ),
+        (Fit::Smaller { batch, .. }, SmallerBatch::Alone) => bail!(
+            "--fit-memory: nothing fits at --batch-size {asked} in {budget:.2} GiB; --batch-size \
+             {batch} would (smelt plan lists the choices)",
+        ),
+        (Fit::Nothing, _) => bail!(
+            "--fit-memory: nothing fits in {budget:.2} GiB, even one sequence per micro-batch \
+             with everything recomputed and offloaded (smelt plan lists what each choice needs)"
+        ),
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use super::fit_memory::FitMemoryFlag;
+use super::fit_memory::{FitMemoryFlag, SmallerBatch};
 use super::offload::OffloadFlags;
 use super::precision::{Precision, PrecisionFlags};
 use super::ranks::{RankMain, on_ranks};
@@ -227,9 +227,11 @@ impl TrainArgs {
         self.fit_memory
             .check(&device, chosen_by_hand.contains(&true))?;
         let mut options = self.options(matches!(device, Device::Cuda(_)))?;
-        if let Some(choice) = self
-            .fit_memory
-            .choose(&device, || self.plan_request(&options))?
+        if let Some(choice) =
+            self.fit_memory
+                .choose(&device, SmallerBatch::WithAccumulation, || {
+                    self.plan_request(&options)
+                })?
         {
             options.recompute = choice.recompute;
             options.optimizer.offload = choice.offload;

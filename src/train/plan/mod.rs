@@ -10,10 +10,10 @@
 
 pub mod cost;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use self::cost::{StepCost, Workload};
-use super::console::{Categories, category_bytes, gib};
+use super::console::{Categories, category_bytes};
 use super::optimizer::{Offload, OptimizerOptions, StatePlan};
 use super::step_losses::rows_spec;
 use crate::backend::datasheet::Datasheet;
@@ -148,30 +148,34 @@ pub fn plan(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Vec<P
     Ok(plans)
 }
 
-/// The fastest choice that fits at `request`'s own micro-batch (what `smelt train
-/// --fit-memory` applies), or an error that names the smaller micro-batch that would fit.
-pub fn fit(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Choice> {
+/// What `fit` found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fit {
+    /// The fastest choice that fits at the asked micro-batch.
+    Chosen(Choice),
+    /// Nothing fits at the asked micro-batch; this smaller one, with this many micro-steps
+    /// (the same sequences per step), is the largest where something does.
+    Smaller { batch: usize, micro_steps: usize },
+    /// Nothing fits even one sequence per micro-batch.
+    Nothing,
+}
+
+/// The fastest choice that fits at `request`'s own micro-batch (what `--fit-memory`
+/// applies), or what the plan found instead. The caller names the flags, which differ by
+/// command.
+pub fn fit(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Fit> {
     let plans = plan(request, gpu, budget)?;
-    let budget_gib = gib(budget.device);
     let last = plans
         .last()
         .expect("at least the asked micro-batch is planned");
-    match last.pick {
-        Some(i) if last.batch == request.batch => Ok(last.rows[i].choice),
-        Some(_) => bail!(
-            "--fit-memory: nothing fits at --batch-size {} in {:.2} GiB; --batch-size {} \
-             --grad-accumulation {} would (smelt plan lists the choices)",
-            request.batch,
-            budget_gib,
-            last.batch,
-            last.micro_steps
-        ),
-        None => bail!(
-            "--fit-memory: nothing fits in {:.2} GiB, even one sequence per micro-batch with \
-             everything recomputed and offloaded (smelt plan lists what each choice needs)",
-            budget_gib
-        ),
-    }
+    Ok(match last.pick {
+        Some(i) if last.batch == request.batch => Fit::Chosen(last.rows[i].choice),
+        Some(_) => Fit::Smaller {
+            batch: last.batch,
+            micro_steps: last.micro_steps,
+        },
+        None => Fit::Nothing,
+    })
 }
 
 fn plan_at(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Plan> {
