@@ -32,6 +32,7 @@ fn main() -> anyhow::Result<()> {
         seq,
         dtype: DType::F32,
         recompute: Recompute::default(),
+        offload_residual: false,
         lmhead_chunks: 4,
         matmul: MatmulPrecision::Native,
     };

@@ -104,7 +104,7 @@ fn json_figures_are_complete_and_consistent() {
 }
 
 #[test]
-fn fp8_and_recompute_flags_reach_the_run() {
+fn fp8_recompute_and_offload_flags_reach_the_run() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tiny_model_dir(tmp.path());
     let fp8 = ["--matmul-dtype", "e4m3", "--gradient-dtype", "e4m3"];
@@ -124,6 +124,9 @@ fn fp8_and_recompute_flags_reach_the_run() {
         recomputed < kept,
         "recompute planned {recomputed} GiB, not under {kept}"
     );
+    // The residual stream goes to host memory, which the report counts apart.
+    let offloaded = bench_json(s(&dir), &["--offload-residual"]);
+    assert!(number(&offloaded, "offloaded_gib") > 0.0, "{offloaded}");
 }
 
 #[test]

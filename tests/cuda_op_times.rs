@@ -24,6 +24,7 @@ fn op_times_account_for_the_step() {
         matmul: MatmulPrecision::Native,
         recompute: Recompute::default(),
         offload: Offload::default(),
+        offload_residual: false,
         lmhead_chunks: chunks,
         op_times: true,
     };

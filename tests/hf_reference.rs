@@ -83,6 +83,7 @@ fn cpu_matches_transformers() {
             seq: 16,
             dtype: DType::F32,
             recompute: Recompute::default(),
+            offload_residual: false,
             lmhead_chunks: 3,
             matmul: MatmulPrecision::Native,
         };

@@ -132,6 +132,7 @@ fn the_plan_counts_what_training_allocates() {
             false,
             Choice {
                 recompute: Recompute { ffn: true, ..none },
+                offload_residual: false,
                 offload: Offload {
                     opt_m: true,
                     ..Offload::default()
@@ -141,7 +142,12 @@ fn the_plan_counts_what_training_allocates() {
             },
         ),
         (
-            &["--recompute-block", "--offload-master", "--offload-opt-v"],
+            &[
+                "--recompute-block",
+                "--offload-residual",
+                "--offload-master",
+                "--offload-opt-v",
+            ],
             1,
             false,
             Choice {
@@ -149,6 +155,7 @@ fn the_plan_counts_what_training_allocates() {
                     block: true,
                     ..none
                 },
+                offload_residual: true,
                 offload: Offload {
                     master: true,
                     opt_v: true,
@@ -164,6 +171,7 @@ fn the_plan_counts_what_training_allocates() {
             true,
             Choice {
                 recompute: Recompute { norm: true, ..none },
+                offload_residual: false,
                 offload: Offload::default(),
                 zero_level: 0,
                 lmhead_chunks: 1,
@@ -191,6 +199,7 @@ fn recompute_saves_the_activations_written_out_by_hand() {
     let activations = |recompute| {
         let choice = Choice {
             recompute,
+            offload_residual: false,
             offload: Offload::default(),
             zero_level: 0,
             lmhead_chunks: 1,
@@ -225,6 +234,28 @@ fn recompute_saves_the_activations_written_out_by_hand() {
         saved(Recompute { block: true, ..r }),
         shared * (2 * ln + qkv + att + mid + gate_up + swiglu)
     );
+
+    // Offloaded, the residual stream keeps two slots and the output on the device, and
+    // every block's input in host memory: of a 5-layer model's 6 tensors, 3 stay.
+    let deep = ModelConfig {
+        num_layers: 5,
+        ..config.clone()
+    };
+    let residual = |offload_residual| {
+        let choice = Choice {
+            recompute: Recompute::default(),
+            offload_residual,
+            offload: Offload::default(),
+            zero_level: 0,
+            lmhead_chunks: 1,
+        };
+        let plan = planned(&deep, 1, false, choice);
+        let host = by_name(&plan.host).get("residual").copied();
+        (by_name(&plan.device)["activations"], host)
+    };
+    let ((kept, none_in_host), (slots, in_host)) = (residual(false), residual(true));
+    assert_eq!((kept - slots, none_in_host), (3 * mid, None));
+    assert_eq!(in_host, Some(5 * mid));
 }
 
 fn plan_json(extra: &[&str]) -> Value {
@@ -303,7 +334,7 @@ fn when_nothing_fits_smaller_micro_batches_keep_the_sequences_per_step() {
         "--seq-len",
         "4096",
         "--device-memory",
-        "20",
+        "14",
     ]);
     let plans = v["plans"].as_array().unwrap();
     let picks: Vec<_> = plans
@@ -312,7 +343,7 @@ fn when_nothing_fits_smaller_micro_batches_keep_the_sequences_per_step() {
         .collect();
     assert!(
         plans.len() > 1,
-        "batch 16 × 4096 should not fit in 20 GiB: {picks:?}"
+        "batch 16 × 4096 should not fit in 14 GiB: {picks:?}"
     );
     for p in &plans[..plans.len() - 1] {
         assert!(p["pick"].is_null(), "{picks:?}");
@@ -358,6 +389,7 @@ fn tight_budget(setup: &Setup) -> (String, u64, u64) {
     let config = hf::read_config(&setup.model).unwrap();
     let keep_all = Choice {
         recompute: Recompute::default(),
+        offload_residual: false,
         offload: Offload::default(),
         zero_level: 0,
         lmhead_chunks: 1,

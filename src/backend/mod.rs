@@ -223,6 +223,17 @@ pub trait Backend: Sized {
     fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()>;
     /// `dst = src`, converting between float dtypes with round-to-nearest-even.
     fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()>;
+    /// Starts `dst = src` (one dtype; one of them offloaded) once the ops enqueued so far are
+    /// done, on a copy engine, so that it overlaps the ops enqueued after it; those must
+    /// leave both tensors alone until `join_copies`. Where nothing runs beside the caller (the
+    /// CPU), the copy is made at once.
+    fn start_copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
+        self.copy(dst, src)
+    }
+    /// Makes the ops enqueued from now on wait for every copy started so far.
+    fn join_copies(&self) -> Result<()> {
+        Ok(())
+    }
     fn synchronize(&self) -> Result<()>;
     /// Starts (`true`) or stops timing each op's device time, by name, for
     /// `smelt bench --op-times`. A no-op where the backend does not time ops (the CPU).

@@ -82,6 +82,7 @@ impl BenchArgs {
         let offload = self.offload.offload(false);
         let chosen_by_hand = recompute != Recompute::default()
             || offload != Offload::default()
+            || self.offload.residual()
             || self.lmhead_chunks.is_some();
         self.fit_memory.check(&device, chosen_by_hand)?;
         let mut options = BenchOptions {
@@ -92,6 +93,7 @@ impl BenchArgs {
             matmul,
             recompute,
             offload,
+            offload_residual: self.offload.residual(),
             // Chunks of 4096 tokens keep the LM head's matmuls large (at batch 1 and 8 chunks,
             // its weight gradient, re-read and rewritten per chunk, took 10% of the step)
             // while bounding the logits at 1.2 GB for a 152k vocabulary.
@@ -120,6 +122,7 @@ impl BenchArgs {
         {
             options.recompute = choice.recompute;
             options.offload = choice.offload;
+            options.offload_residual = choice.offload_residual;
             options.lmhead_chunks = choice.lmhead_chunks;
         }
         let report = match &device {

@@ -39,6 +39,7 @@ impl ExportArgs {
             seq: 1,
             dtype: DType::F32,
             recompute: Recompute::default(),
+            offload_residual: false,
             lmhead_chunks: 1,
             matmul: MatmulPrecision::Native,
         };

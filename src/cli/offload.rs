@@ -1,5 +1,6 @@
-//! The flags that offload Adam's moments, shared by `smelt train` and `smelt bench` (only
-//! train keeps a master copy of the weights, so `--offload-master` is train's own).
+//! The flags that offload Adam's moments and the residual stream, shared by `smelt train`
+//! and `smelt bench` (only train keeps a master copy of the weights, so `--offload-master`
+//! is train's own).
 
 use clap::Args;
 
@@ -14,6 +15,11 @@ pub struct OffloadFlags {
     /// Keep Adam's second moment in pinned host memory.
     #[arg(long, help_heading = "Memory")]
     offload_opt_v: bool,
+    /// Keep the residual stream (each block's input, which the backward reads again) in
+    /// pinned host memory: copied out during the forward and back during the backward,
+    /// beside the blocks' work, so the GPU holds two blocks' worth whatever the depth.
+    #[arg(long, help_heading = "Memory")]
+    offload_residual: bool,
 }
 
 impl OffloadFlags {
@@ -23,5 +29,9 @@ impl OffloadFlags {
             opt_m: self.offload_opt_m,
             opt_v: self.offload_opt_v,
         }
+    }
+
+    pub fn residual(&self) -> bool {
+        self.offload_residual
     }
 }

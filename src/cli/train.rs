@@ -221,6 +221,7 @@ impl TrainArgs {
         let chosen_by_hand = [
             self.recompute.recompute() != Recompute::default(),
             self.offload.offload(self.offload_master) != Offload::default(),
+            self.offload.residual(),
             self.lmhead_chunks != 1,
             self.zero_level != 0,
         ];
@@ -234,6 +235,7 @@ impl TrainArgs {
                 })?
         {
             options.recompute = choice.recompute;
+            options.offload_residual = choice.offload_residual;
             options.optimizer.offload = choice.offload;
             options.optimizer.zero_level = choice.zero_level;
             options.lmhead_chunks = choice.lmhead_chunks;
@@ -388,6 +390,7 @@ impl TrainArgs {
             model_dtype,
             matmul,
             recompute: self.recompute.recompute(),
+            offload_residual: self.offload.residual(),
             lmhead_chunks: self.lmhead_chunks,
             seed: self.seed,
             ckpt_interval: self.ckpt_interval,

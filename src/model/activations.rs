@@ -6,6 +6,7 @@
 
 use std::ops::Range;
 
+use super::residuals::Residuals;
 use crate::backend::Backend;
 use crate::tensor::{DType, Tensor, TensorSpec};
 
@@ -134,37 +135,39 @@ pub struct ActivationShape {
 
 /// Every activation and activation gradient of one micro-batch.
 pub struct Activations<B: Backend> {
-    pub tokens: Tensor<B>,        // [N] i32
-    pub targets: Tensor<B>,       // [N] i32
-    pub residual: Vec<Tensor<B>>, // L+1 × [N, C]: each block's input, then the last output
-    pub ln1: Stash<B>,            // [N, C]
-    pub rstd1: Stash<B>,          // [N]
-    pub qkv: Stash<B>,            // [N, W], after RoPE
-    pub att: Stash<B>,            // [N, Q]
-    pub lse: Stash<B>,            // [B, H, T]
-    pub residual_mid: Stash<B>,   // [N, C]: residual after attention
-    pub ln2: Stash<B>,            // [N, C]
-    pub rstd2: Stash<B>,          // [N]
-    pub gate_up: Stash<B>,        // [N, 2F]
-    pub swiglu: Stash<B>,         // [N, F]
-    pub lnf: Tensor<B>,           // [N, C]
-    pub rstdf: Tensor<B>,         // [N]
+    pub tokens: Tensor<B>,      // [N] i32
+    pub targets: Tensor<B>,     // [N] i32
+    pub residual: Residuals<B>, // [N, C]: each block's input, then the last output
+    pub ln1: Stash<B>,          // [N, C]
+    pub rstd1: Stash<B>,        // [N]
+    pub qkv: Stash<B>,          // [N, W], after RoPE
+    pub att: Stash<B>,          // [N, Q]
+    pub lse: Stash<B>,          // [B, H, T]
+    pub residual_mid: Stash<B>, // [N, C]: residual after attention
+    pub ln2: Stash<B>,          // [N, C]
+    pub rstd2: Stash<B>,        // [N]
+    pub gate_up: Stash<B>,      // [N, 2F]
+    pub swiglu: Stash<B>,       // [N, F]
+    pub lnf: Tensor<B>,         // [N, C]
+    pub rstdf: Tensor<B>,       // [N]
     /// A block's branch output (attention projection, then MLP), added to the residual next.
     pub branch: Tensor<B>, // [N, C]
-    pub logits: Tensor<B>,        // [head_rows, V]: one LM-head chunk, then its gradient
-    pub losses: Tensor<B>,        // [N]
-    pub dresidual: Tensor<B>,     // [N, C]
-    pub dln: Tensor<B>,           // [N, C]: gradient of a norm's output
-    pub datt: Tensor<B>,          // [N, Q]
-    pub dqkv: Tensor<B>,          // [N, W]
-    pub dgate_up: Tensor<B>,      // [N, 2F]
-    pub dswiglu: Tensor<B>,       // [N, F]
+    pub logits: Tensor<B>,      // [head_rows, V]: one LM-head chunk, then its gradient
+    pub losses: Tensor<B>,      // [N]
+    pub dresidual: Tensor<B>,   // [N, C]
+    pub dln: Tensor<B>,         // [N, C]: gradient of a norm's output
+    pub datt: Tensor<B>,        // [N, Q]
+    pub dqkv: Tensor<B>,        // [N, W]
+    pub dgate_up: Tensor<B>,    // [N, 2F]
+    pub dswiglu: Tensor<B>,     // [N, F]
 }
 
 /// Where each activation's tensors sit among the planned specs, so that the allocated
 /// tensors can be handed back in the same order.
 pub struct ActivationPlan {
     pub specs: Vec<TensorSpec>,
+    /// The residual stream's copies in host memory, when it is offloaded.
+    pub offloaded: Vec<TensorSpec>,
     tokens: Range<usize>,
     targets: Range<usize>,
     residual: Range<usize>,
@@ -192,15 +195,32 @@ pub struct ActivationPlan {
 }
 
 impl ActivationPlan {
-    /// The specs of every buffer, kept per layer or shared as `recompute` says.
-    pub fn new(s: &ActivationShape, recompute: Recompute, dtype: DType, stat_dtype: DType) -> Self {
+    /// The specs of every buffer, kept per layer or shared as `recompute` says; with
+    /// `offload_residual`, the residual stream in host memory and two slots of it (and the
+    /// output) on the device.
+    pub fn new(
+        s: &ActivationShape,
+        recompute: Recompute,
+        offload_residual: bool,
+        dtype: DType,
+        stat_dtype: DType,
+    ) -> Self {
         let mut p = Plan { specs: vec![] };
         let (n, l) = (s.tokens, s.layers);
         let copies = |recomputed: bool| if recomputed { 1 } else { l };
+        let mut host = Plan { specs: vec![] };
+        let on_device = match offload_residual {
+            true => {
+                host.add("residual", &[n, s.hidden], dtype, l);
+                3
+            }
+            false => l + 1,
+        };
         ActivationPlan {
+            offloaded: host.specs,
             tokens: p.add("tokens", &[n], DType::I32, 1),
             targets: p.add("targets", &[n], DType::I32, 1),
-            residual: p.add("residual", &[n, s.hidden], dtype, l + 1),
+            residual: p.add("residual", &[n, s.hidden], dtype, on_device),
             ln1: p.add("ln1", &[n, s.hidden], dtype, copies(recompute.norms())),
             rstd1: p.add("rstd1", &[n], stat_dtype, l),
             qkv: p.add("qkv", &[n, s.qkv_dim], dtype, copies(recompute.qkv())),
@@ -251,8 +271,12 @@ impl ActivationPlan {
         &self.specs[self.losses.start]
     }
 
-    /// The activations, from tensors allocated for `specs` in their order.
-    pub fn build<B: Backend>(&self, t: Vec<Tensor<B>>) -> Activations<B> {
+    /// The activations, from tensors allocated for `specs` and `offloaded` in their order.
+    pub fn build<B: Backend>(
+        &self,
+        t: Vec<Tensor<B>>,
+        offloaded: Vec<Tensor<B>>,
+    ) -> Activations<B> {
         let many = |r: &Range<usize>| t[r.clone()].to_vec();
         let stash = |r: &Range<usize>| Stash {
             tensors: t[r.clone()].to_vec(),
@@ -261,7 +285,7 @@ impl ActivationPlan {
         Activations {
             tokens: one(&self.tokens),
             targets: one(&self.targets),
-            residual: many(&self.residual),
+            residual: Residuals::new(many(&self.residual), offloaded),
             ln1: stash(&self.ln1),
             rstd1: stash(&self.rstd1),
             qkv: stash(&self.qkv),

@@ -57,7 +57,7 @@ impl<B: Backend> Transformer<B> {
             &a.dresidual,
             &g.final_norm,
             &a.dln,
-            &a.residual[last],
+            a.residual.layer(last),
             &p.final_norm,
             &a.rstdf,
             acc,
@@ -71,6 +71,7 @@ impl<B: Backend> Transformer<B> {
         )?;
         for l in (0..last).rev() {
             let _layer = Range::begin(b, format_args!("layer {l} backward"));
+            self.acts.residual.before_backward(b, l)?;
             self.block_forward(b, l, Pass::Recompute)?;
             self.block_backward(b, l, acc)?;
             done(&self.grads.layers[l].iter().collect::<Vec<_>>())?;
@@ -137,7 +138,7 @@ impl<B: Backend> Transformer<B> {
             dres,
             &g.ln1,
             &a.dln,
-            &a.residual[l],
+            a.residual.layer(l),
             &w.ln1,
             a.rstd1.layer(l),
             acc,

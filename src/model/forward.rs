@@ -26,7 +26,9 @@ impl<B: Backend> Transformer<B> {
             fp8.begin_forward(b, p)?;
         }
         b.upload_i32(&a.tokens, tokens)?;
-        b.embedding_forward(&a.residual[0], &a.tokens, &p.embed)?;
+        a.residual.before_write(b, 0)?;
+        b.embedding_forward(a.residual.layer(0), &a.tokens, &p.embed)?;
+        a.residual.written(b, 0)?;
         for l in 0..self.config.num_layers {
             let _layer = Range::begin(b, format_args!("layer {l} forward"));
             self.block_forward(b, l, Pass::Forward)?;
@@ -35,7 +37,7 @@ impl<B: Backend> Transformer<B> {
         // one layer).
         let (a, p, last) = (&self.acts, &self.params, self.config.num_layers);
         b.residual_rmsnorm_forward(
-            &a.residual[last],
+            a.residual.layer(last),
             &a.lnf,
             &a.rstdf,
             a.residual_mid.layer(last - 1),
@@ -46,8 +48,9 @@ impl<B: Backend> Transformer<B> {
         )
     }
 
-    /// Block `l`. In the forward it reads `residual[l]` (or, fused, the previous block's
-    /// `residual_mid + branch`) and leaves its MLP output in `branch`.
+    /// Block `l`. In the forward it reads its input (or, fused, the previous block's
+    /// `residual_mid + branch`, which it writes as its input) and leaves its MLP output in
+    /// `branch`.
     pub(crate) fn block_forward(&self, b: &B, l: usize, pass: Pass) -> Result<()> {
         let (a, w, rc) = (&self.acts, &self.params.layers[l], self.options.recompute);
         let eps = self.config.rms_norm_eps as f32;
@@ -76,8 +79,9 @@ impl<B: Backend> Transformer<B> {
         // 1) input norm, fused with the previous block's residual add in the forward
         if pass == Pass::Forward && l > 0 {
             let prev_mid = a.residual_mid.layer(l - 1);
+            a.residual.before_write(b, l)?;
             b.residual_rmsnorm_forward(
-                &a.residual[l],
+                a.residual.layer(l),
                 ln1,
                 a.rstd1.layer(l),
                 prev_mid,
@@ -86,8 +90,9 @@ impl<B: Backend> Transformer<B> {
                 eps,
                 amax_qkv.as_ref(),
             )?;
+            a.residual.written(b, l)?;
         } else if run(rc.norms()) {
-            let inp = &a.residual[l];
+            let inp = a.residual.layer(l);
             b.rmsnorm_forward(ln1, a.rstd1.layer(l), inp, &w.ln1, eps, amax_qkv.as_ref())?;
         }
         // 2) QKV projection (+ bias), then RoPE on q and k
@@ -107,7 +112,7 @@ impl<B: Backend> Transformer<B> {
                 mid,
                 ln2,
                 a.rstd2.layer(l),
-                &a.residual[l],
+                a.residual.layer(l),
                 &a.branch,
                 &w.ln2,
                 eps,

@@ -12,6 +12,7 @@ mod init;
 mod linear;
 pub mod params;
 pub mod presets;
+mod residuals;
 mod transformer;
 
 pub use activations::Recompute;

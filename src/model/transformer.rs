@@ -18,6 +18,9 @@ pub struct ModelOptions {
     /// Dtype of weights, gradients and activations.
     pub dtype: DType,
     pub recompute: Recompute,
+    /// Keep the residual stream (each block's input) in pinned host memory, copied out in
+    /// the forward and back in the backward beside the blocks' work.
+    pub offload_residual: bool,
     /// The LM head and loss run over the tokens in this many chunks, so the full
     /// `[B·T, V]` logits never exist at once.
     pub lmhead_chunks: usize,
@@ -38,6 +41,8 @@ pub struct Transformer<B: Backend> {
     pub(crate) fp8: Option<Fp8State<B>>,
     /// What each allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
+    /// The same for the allocations in host memory.
+    pub offloaded: Vec<(&'static str, Vec<TensorSpec>)>,
 }
 
 /// Every tensor a model of one config and shape holds, by allocation category, before
@@ -98,7 +103,13 @@ impl ModelPlan {
             vocab: config.vocab_size,
             head_rows: n.div_ceil(options.lmhead_chunks),
         };
-        let activations = ActivationPlan::new(&shape, options.recompute, options.dtype, stat_dtype);
+        let activations = ActivationPlan::new(
+            &shape,
+            options.recompute,
+            options.offload_residual,
+            options.dtype,
+            stat_dtype,
+        );
         let rope = TensorSpec::new("rope", &[options.seq, config.head_dim / 2, 2], stat_dtype);
         let fp8_shape = Fp8Shape {
             tokens: n,
@@ -141,6 +152,15 @@ impl ModelPlan {
         memory.extend(self.fp8.as_ref().map(|f| ("fp8", f.specs.clone())));
         memory
     }
+
+    /// The allocations in host memory: the offloaded residual stream, if it is.
+    pub fn offloaded(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
+        let specs = &self.activations.offloaded;
+        match specs.is_empty() {
+            true => vec![],
+            false => vec![("residual", specs.clone())],
+        }
+    }
 }
 
 impl<B: Backend> Transformer<B> {
@@ -160,9 +180,15 @@ impl<B: Backend> Transformer<B> {
             Some(f) => Some(f.build(next()?)),
             None => None,
         };
+        let offloaded = plan.offloaded();
+        let host = match offloaded.first() {
+            Some((category, specs)) => backend.allocate_offloaded(category, specs)?,
+            None => vec![],
+        };
         Ok(Transformer {
-            acts: plan.activations.build(act_tensors),
+            acts: plan.activations.build(act_tensors, host),
             memory,
+            offloaded,
             fp8,
             config,
             options,

@@ -47,6 +47,7 @@ pub struct BenchOptions {
     pub matmul: MatmulPrecision,
     pub recompute: Recompute,
     pub offload: Offload,
+    pub offload_residual: bool,
     pub lmhead_chunks: usize,
     /// Also time each op (`BenchReport::ops`).
     pub op_times: bool,
@@ -76,7 +77,8 @@ pub struct BenchReport {
     /// All the device's memory in use after the last step, as the driver counts it (with the
     /// CUDA context and the libraries' own), where the backend can tell.
     pub device_in_use: Option<u64>,
-    /// The optimizer state offloaded to host memory, in bytes (not in `memory_bytes`).
+    /// The optimizer state and residual stream offloaded to host memory, in bytes (not in
+    /// `memory_bytes`).
     pub offloaded_bytes: u64,
     /// The mean per-token loss of the last step.
     pub loss: f64,
@@ -123,6 +125,7 @@ pub fn run<B: Backend>(
             seq: o.seq,
             dtype: DType::BF16,
             recompute: o.recompute,
+            offload_residual: o.offload_residual,
             lmhead_chunks: o.lmhead_chunks,
             matmul: o.matmul,
         },
@@ -178,7 +181,7 @@ pub fn run<B: Backend>(
     let planned = memory_total(&[&bench.model.memory, &bench.opt.memory]);
     let measured = device_bytes(b)?;
     let device_in_use = b.free_memory().map(|(free, total)| (total - free) as u64);
-    let offloaded_bytes = memory_total(&[&bench.opt.offloaded]);
+    let offloaded_bytes = memory_total(&[&bench.opt.offloaded, &bench.model.offloaded]);
 
     let tokens_per_step = bench.model.tokens_per_step();
     let step_s = median(&mut totals);

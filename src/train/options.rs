@@ -44,6 +44,8 @@ pub struct Options {
     #[serde(rename = "matmul_dtype")]
     pub matmul: MatmulPrecision,
     pub recompute: Recompute,
+    /// `--offload-residual`: the residual stream in host memory (`ModelOptions`).
+    pub offload_residual: bool,
     pub lmhead_chunks: usize,
     pub seed: u64,
     /// Steps between checkpoints; 0 for none.
@@ -75,9 +77,9 @@ impl Options {
 
     /// Options that may differ between a run and the run it continues, since they do not
     /// change what has already been computed (later ones may change with a warning).
-    /// `recompute`, `offload` and `grad_sum_after_backward` are among them because they give
-    /// bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 12] = [
+    /// `recompute`, the offloads and `grad_sum_after_backward` are among them because they
+    /// give bitwise the same results.
+    pub const FREE_ON_CONTINUE: [&str; 13] = [
         "resume",
         "out_dir",
         "log_file",
@@ -88,6 +90,7 @@ impl Options {
         "eval_num_steps",
         "recompute",
         "offload",
+        "offload_residual",
         "debug_log_abs_max",
         "grad_sum_after_backward",
     ];

@@ -36,6 +36,7 @@ fn model_options(seq: usize, dtype: DType) -> ModelOptions {
         dtype,
         // Forward only: one shared buffer per activation is enough.
         recompute: Recompute::all(),
+        offload_residual: false,
         lmhead_chunks: 1,
         matmul: MatmulPrecision::Native,
     }

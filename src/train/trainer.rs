@@ -98,6 +98,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
             seq: o.seq_len,
             dtype: o.model_dtype,
             recompute: o.recompute,
+            offload_residual: o.offload_residual,
             lmhead_chunks: o.lmhead_chunks,
             matmul: o.matmul,
         },
@@ -366,7 +367,7 @@ impl<B: Backend> Run<'_, B> {
     }
 
     /// Prints and logs the memory table: the model's allocations and the optimizer's, and
-    /// the optimizer state offloaded to host memory.
+    /// what either offloaded to host memory.
     fn announce_memory(&mut self) -> Result<()> {
         let table = console::memory_table(&[
             &self.model.memory,
@@ -380,8 +381,9 @@ impl<B: Backend> Run<'_, B> {
         for (category, bytes) in table {
             self.log.write(Event::Memory { category, bytes })?;
         }
-        if !self.opt().offloaded.is_empty() {
-            let offloaded = console::memory_table(&[&self.opt().offloaded]);
+        let in_host = [self.model.offloaded.as_slice(), &self.opt().offloaded];
+        if in_host.iter().any(|c| !c.is_empty()) {
+            let offloaded = console::memory_table(&in_host);
             let listed: Vec<String> = offloaded
                 .iter()
                 .map(|(name, bytes)| format!("{name} {}", console::mib(*bytes)))

@@ -40,6 +40,7 @@ pub fn options(
         seq,
         dtype,
         recompute,
+        offload_residual: false,
         lmhead_chunks,
         matmul: MatmulPrecision::Native,
     }

@@ -37,7 +37,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaStream};
 use half::bf16;
 
@@ -54,6 +54,8 @@ use crate::tensor::{DType, Tensor, TensorSpec};
 pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Where `start_copy` runs, beside the compute stream.
+    copies: Arc<CudaStream>,
     kernels: Kernels,
     blas: Blas,
     memory: Memory,
@@ -187,6 +189,7 @@ impl Cuda {
         let blas = Blas::new(stream.clone(), workspace)?;
         Ok(Cuda {
             kernels: Kernels::new(ctx.clone(), arch),
+            copies: ctx.new_stream()?,
             ctx,
             stream,
             blas,
@@ -389,6 +392,28 @@ impl Backend for Cuda {
 
     fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
         self.op("copy", || self.copy_impl(dst, src))
+    }
+
+    fn start_copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
+        ensure!(
+            dst.dtype == src.dtype && dst.numel() == src.numel(),
+            "start_copy of {} {:?} into {} {:?}",
+            src.dtype,
+            src.shape,
+            dst.dtype,
+            dst.shape
+        );
+        self.copies.join(&self.stream)?;
+        // SAFETY: both ranges are the tensors' own bytes; the copy stream waits for the ops
+        // enqueued so far, and the caller keeps later ops off both tensors until
+        // `join_copies`. Unified addressing lets one call move device and pinned host bytes.
+        unsafe { sys::cuMemcpyAsync(ptr(dst), ptr(src), src.bytes(), self.copies.cu_stream()) }
+            .result()
+            .context("starting a copy between device and host memory")
+    }
+
+    fn join_copies(&self) -> Result<()> {
+        Ok(self.stream.join(&self.copies)?)
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -3,6 +3,7 @@
 //! figure, as smelt measured it on an H100 (docs/performance.md); the estimate is for
 //! comparing choices, not a promise of throughput.
 
+use super::Choice;
 use crate::backend::datasheet::Datasheet;
 use crate::model::{ModelConfig, Recompute};
 
@@ -32,11 +33,13 @@ pub struct StepCost {
     pub chunks: f64,
     /// The offloaded state's round trip over the bus.
     pub bus: f64,
+    /// What the offloaded residual stream's copies do not hide behind the blocks' work.
+    pub residual: f64,
 }
 
 impl StepCost {
     pub fn total(&self) -> f64 {
-        self.base + self.recompute + self.chunks + self.bus
+        self.base + self.recompute + self.chunks + self.bus + self.residual
     }
 }
 
@@ -52,13 +55,9 @@ pub struct Workload<'a> {
 }
 
 impl Workload<'_> {
-    pub fn cost(
-        &self,
-        gpu: &Datasheet,
-        recompute: Recompute,
-        lmhead_chunks: usize,
-        offloaded_bytes: u64,
-    ) -> StepCost {
+    /// The cost of `choice`, with `offloaded_bytes` of optimizer state crossing the bus each
+    /// way (the busiest rank's).
+    pub fn cost(&self, gpu: &Datasheet, choice: &Choice, offloaded_bytes: u64) -> StepCost {
         let c = self.config;
         let passes = (self.tokens * self.micro_steps) as f64;
         let attention = c.training_attention_flops_per_token(self.seq);
@@ -66,16 +65,32 @@ impl Workload<'_> {
         let base = passes
             * (rest / (STEP_SHARE * gpu.bf16_flops)
                 + attention / (ATTENTION_SHARE * gpu.bf16_flops));
-        let per_token = self.recompute_seconds_per_token(gpu, recompute);
+        let per_token = self.recompute_seconds_per_token(gpu, choice.recompute);
         let head_grad_bytes = (2 * c.vocab_size * c.hidden_size * self.element_bytes) as f64;
-        let chunks = (self.micro_steps * (lmhead_chunks - 1)) as f64 * head_grad_bytes
+        let chunks = (self.micro_steps * (choice.lmhead_chunks - 1)) as f64 * head_grad_bytes
             / (BANDWIDTH_SHARE * gpu.memory_bandwidth);
         StepCost {
             base,
             recompute: passes * per_token,
             chunks,
             bus: offloaded_bytes as f64 / BUS_BYTES_PER_S,
+            residual: match choice.offload_residual {
+                true => self.residual_copies(base),
+                false => 0.0,
+            },
         }
+    }
+
+    /// Each block's input crosses the bus once each way per micro-step, beside the blocks'
+    /// work: out during the rest of its block's forward, back during the backward of the block
+    /// above. Only what a copy takes beyond that work is paid; a block's share of the step is
+    /// taken as a third forward and two thirds backward.
+    fn residual_copies(&self, base: f64) -> f64 {
+        let c = self.config;
+        let copy = (self.tokens * c.hidden_size * self.element_bytes) as f64 / BUS_BYTES_PER_S;
+        let blocks = (self.micro_steps * c.num_layers) as f64;
+        let block = base / blocks;
+        blocks * ((copy - block / 3.0).max(0.0) + (copy - 2.0 * block / 3.0).max(0.0))
     }
 
     /// The recompute pass of one token through every block: the steps of `block_forward`
@@ -127,6 +142,17 @@ mod tests {
     use super::Workload;
     use crate::backend::datasheet::datasheet;
     use crate::model::{ModelConfig, Recompute, presets};
+    use crate::train::plan::Choice;
+
+    fn choice(recompute: Recompute, lmhead_chunks: usize) -> Choice {
+        Choice {
+            recompute,
+            offload_residual: false,
+            offload: Default::default(),
+            zero_level: 0,
+            lmhead_chunks,
+        }
+    }
 
     /// `smelt bench` on an H100 (docs/performance.md), bf16 with bf16 moments: (model, batch,
     /// seq, median step in ms = tokens / tok/s). The 1k rows are the current table's, where
@@ -158,7 +184,8 @@ mod tests {
         let h100 = datasheet("H100").unwrap();
         for (name, batch, seq, ms) in MEASURED_STEPS {
             let config = presets::preset(name).unwrap();
-            let cost = workload(&config, batch, seq).cost(h100, Recompute::default(), 1, 0);
+            let cost =
+                workload(&config, batch, seq).cost(h100, &choice(Recompute::default(), 1), 0);
             assert!(
                 within(cost.total() * 1e3, ms, 0.1),
                 "{name} at {batch} × {seq}: {cost:?} against {ms} ms"
@@ -171,14 +198,14 @@ mod tests {
             ..Recompute::default()
         };
         // --recompute-block: 142,996 → 119,272 tok/s in one call, +45.5 ms a step.
-        let extra = w.cost(h100, block, 1, 0).recompute * 1e3;
+        let extra = w.cost(h100, &choice(block, 1), 0).recompute * 1e3;
         assert!(within(extra, 45.5, 0.2), "block recompute: {extra} ms");
         // The same at one sequence of 128k tokens, with 32 LM-head chunks: 10,932 tok/s.
-        let long = workload(&half_b, 1, 131_072).cost(h100, block, 32, 0);
+        let long = workload(&half_b, 1, 131_072).cost(h100, &choice(block, 32), 0);
         assert!(within(long.total(), 11.99, 0.15), "128k: {long:?}");
         // bf16 m and v offloaded (1.98 GB): the optimizer phase went 3.5 → 47.7 ms.
         let moments = 2 * 2 * half_b.num_parameters() as u64;
-        let extra = w.cost(h100, Recompute::default(), 1, moments).bus * 1e3;
+        let extra = w.cost(h100, &choice(Recompute::default(), 1), moments).bus * 1e3;
         assert!(within(extra, 44.2, 0.15), "offloaded moments: {extra} ms");
     }
 }

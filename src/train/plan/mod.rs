@@ -51,6 +51,7 @@ pub struct Budget {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Choice {
     pub recompute: Recompute,
+    pub offload_residual: bool,
     pub offload: Offload,
     pub zero_level: u8,
     pub lmhead_chunks: usize,
@@ -68,6 +69,7 @@ impl Choice {
             (!r.block && r.norm, "--recompute-norm"),
             (!r.block && r.qkv, "--recompute-qkv"),
             (!r.block && r.att, "--recompute-att"),
+            (self.offload_residual, "--offload-residual"),
             (o.opt_m, "--offload-opt-m"),
             (o.opt_v, "--offload-opt-v"),
             (o.master, "--offload-master"),
@@ -181,8 +183,12 @@ pub fn fit(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Fit> {
 fn plan_at(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Plan> {
     let mut all = candidates(request, gpu)?;
     all.retain(|c| c.host_bytes() <= budget.host);
+    // At equal cost, the choice that takes less host memory first: it is kept, and one
+    // that offloads more for no speed is listed only for needing less device memory.
     all.sort_by(|a, b| {
-        (a.cost.total().total_cmp(&b.cost.total())).then(a.device_bytes().cmp(&b.device_bytes()))
+        (a.cost.total().total_cmp(&b.cost.total()))
+            .then(a.host_bytes().cmp(&b.host_bytes()))
+            .then(a.device_bytes().cmp(&b.device_bytes()))
     });
     let mut rows: Vec<Candidate> = vec![];
     for c in all {
@@ -218,21 +224,25 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     };
     let mut models = vec![];
     for recompute in recompute_choices() {
-        for &lmhead_chunks in &chunks {
-            let options = ModelOptions {
-                batch: r.batch,
-                seq: r.seq,
-                dtype: r.model_dtype,
-                recompute,
-                lmhead_chunks,
-                matmul: r.matmul,
-            };
-            let model = ModelPlan::new(&r.config, &options)?;
-            let losses = model.losses();
-            let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
-            let mut memory = model.memory();
-            memory.push(("losses", vec![losses]));
-            models.push((recompute, lmhead_chunks, bytes(&memory)));
+        for offload_residual in [false, true] {
+            for &lmhead_chunks in &chunks {
+                let options = ModelOptions {
+                    batch: r.batch,
+                    seq: r.seq,
+                    dtype: r.model_dtype,
+                    recompute,
+                    offload_residual,
+                    lmhead_chunks,
+                    matmul: r.matmul,
+                };
+                let model = ModelPlan::new(&r.config, &options)?;
+                let losses = model.losses();
+                let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
+                let mut memory = model.memory();
+                memory.push(("losses", vec![losses]));
+                let (device, host) = (bytes(&memory), bytes(&model.offloaded()));
+                models.push((recompute, offload_residual, lmhead_chunks, device, host));
+            }
         }
     }
     let layout = Params::layout(&r.config, r.model_dtype);
@@ -269,18 +279,24 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         element_bytes: r.model_dtype.size_bytes(),
     };
     let mut out = Vec::with_capacity(models.len() * states.len());
-    for (recompute, lmhead_chunks, model) in &models {
+    for (recompute, offload_residual, lmhead_chunks, model, model_host) in &models {
         for (offload, zero_level, device, host, bus) in &states {
+            let choice = Choice {
+                recompute: *recompute,
+                offload_residual: *offload_residual,
+                offload: *offload,
+                zero_level: *zero_level,
+                lmhead_chunks: *lmhead_chunks,
+            };
             out.push(Candidate {
-                choice: Choice {
-                    recompute: *recompute,
-                    offload: *offload,
-                    zero_level: *zero_level,
-                    lmhead_chunks: *lmhead_chunks,
-                },
+                choice,
                 device: model.iter().chain(device).cloned().collect(),
-                host: host.clone(),
-                cost: workload.cost(gpu, *recompute, *lmhead_chunks, *bus),
+                // Every rank offloads its own residual stream.
+                host: (model_host.iter())
+                    .map(|&(name, bytes)| (name, bytes * r.gpus as u64))
+                    .chain(host.iter().copied())
+                    .collect(),
+                cost: workload.cost(gpu, &choice, *bus),
             });
         }
     }
