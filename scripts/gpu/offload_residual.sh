@@ -12,7 +12,21 @@ OUT=${OUT:-.gpu/logs}
 mkdir -p "$OUT/offload"
 rows() { # name, SEQ, rows
     SEQ=$2 BENCH_ROWS=$3 OUT="$OUT/offload/$1" SKIP_TORCH=1 ROW_TIMEOUT=300 \
-        bash scripts/gpu/bench.sh | tail -7
+        bash scripts/gpu/bench.sh > "$OUT/offload/$1.log" 2>&1
+    # Each row: its flags, tok/s, step, device and host memory.
+    python3 - "$OUT/offload/$1" <<'PY'
+import glob, json, os, sys
+
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "smelt-*.json"))):
+    name = os.path.basename(path)[: -len(".json")]
+    lines = open(path).read().strip().splitlines()
+    if not lines:
+        print(f"{name}: no result")
+        continue
+    r = json.loads(lines[-1])
+    print(f"{name:<72} {r['tok_s']:>9.0f} tok/s {r['step_ms']:>9.1f} ms "
+          f"GPU {r['peak_mem_gib']:.2f} GiB, host {r['offloaded_gib']:.2f} GiB")
+PY
 }
 case ${PART:-short} in
 short)
