@@ -8,7 +8,8 @@
 #   4. run 3 with --grad-sum-after-backward (the gradients summed after the backward instead
 #      of during it): run 3's losses bit for bit, and what the overlap saves;
 #   5. run 3 with --zero-level 1 (the optimizer state sharded): run 3's losses bit for bit,
-#      with less memory per GPU; again with that share offloaded to host memory;
+#      with less memory per GPU; again with that share offloaded to host memory; and run 3
+#      with --offload-residual (each rank's residual stream in host memory), bit for bit;
 #   6. runs 3 and 4 for Qwen2.5-1.5B at batch 8, whose gradients are three times larger.
 # Then PyTorch's baseline on one GPU at batch 16, for scale. Ends with a short table.
 set -euo pipefail
@@ -30,6 +31,7 @@ run two-b16-after --gpus 2 --batch-size 16 --grad-sum-after-backward
 run two-b16-zero1 --gpus 2 --batch-size 16 --zero-level 1
 run two-b16-zero1-offload --gpus 2 --batch-size 16 --zero-level 1 \
     --offload-master --offload-opt-m --offload-opt-v
+run two-b16-residual --gpus 2 --batch-size 16 --offload-residual
 MODEL=qwen2.5-1.5b run 1.5b-two-b8 --gpus 2 --batch-size 8
 MODEL=qwen2.5-1.5b run 1.5b-two-b8-after --gpus 2 --batch-size 8 --grad-sum-after-backward
 
@@ -56,11 +58,13 @@ rows = [("one GPU, b16", tok_s("one-b16")), ("two GPUs, b8 each", tok_s("two-b8"
         ("two GPUs, b16, sum after", tok_s("two-b16-after")),
         ("two GPUs, b16, ZeRO-1", tok_s("two-b16-zero1")),
         ("two, b16, ZeRO-1 offloaded", tok_s("two-b16-zero1-offload")),
+        ("two, b16, residual offloaded", tok_s("two-b16-residual")),
         ("1.5B two GPUs, b8 each", tok_s("1.5b-two-b8")),
         ("1.5B two, b8, sum after", tok_s("1.5b-two-b8-after"))]
 def same_losses(a, b):
     return [e["loss"] for e in steps(a)] == [e["loss"] for e in steps(b)]
 zero_same = same_losses("two-b16", "two-b16-zero1") and same_losses("two-b16", "two-b16-zero1-offload")
+residual_same = same_losses("two-b16", "two-b16-residual")
 after_same = same_losses("two-b16", "two-b16-after") and same_losses("1.5b-two-b8", "1.5b-two-b8-after")
 print("\n==================== multi-GPU summary ====================")
 for name, t in rows:
@@ -74,7 +78,10 @@ print(f"  step-20 loss: one GPU {one[-1]['loss']:.6f}, two GPUs {two[-1]['loss']
 print(f"  ZeRO-1 (and offloaded): losses bitwise those of ZeRO-0: {zero_same}; planned memory on GPU 0: "
       f"{planned_mib('two-b16'):,.0f} MiB -> {planned_mib('two-b16-zero1'):,.0f} MiB, "
       f"{planned_mib('two-b16-zero1-offload'):,.0f} MiB offloaded")
+print(f"  residual stream offloaded: losses bitwise those of keeping it: {residual_same}; planned "
+      f"memory on GPU 0: {planned_mib('two-b16-residual'):,.0f} MiB")
 print(f"  gradient sums during the backward / after it: 0.5B {rows[2][1] / rows[3][1]:.3f}x, "
-      f"1.5B {rows[6][1] / rows[7][1]:.3f}x; losses bitwise the same: {after_same}")
-sys.exit(0 if len(one) == len(two) == 20 and worst < 1e-2 and zero_same and after_same else 1)
+      f"1.5B {rows[7][1] / rows[8][1]:.3f}x; losses bitwise the same: {after_same}")
+ok = len(one) == len(two) == 20 and worst < 1e-2 and zero_same and after_same and residual_same
+sys.exit(0 if ok else 1)
 PY
