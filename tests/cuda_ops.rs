@@ -458,11 +458,16 @@ fn swiglu_forward_and_backward() {
         let dgu_amax = amax(b);
         b.swiglu_backward(&dgu, &dout, &gate_up, Some(&dgu_amax))
             .unwrap();
+        // In place, as the model runs it: the gradient over gate/up itself.
+        let in_place = tensor(b, &[n, 2 * f], dtype, gu);
+        b.swiglu_backward(&in_place, &dout, &in_place, None)
+            .unwrap();
         vec![
             ("out", download(b, &out)),
             ("out amax", download(b, &out_amax)),
             ("dgate_up", download(b, &dgu)),
             ("dgate_up amax", download(b, &dgu_amax)),
+            ("dgate_up in place", download(b, &in_place)),
         ]
     }
     for dtype in [DType::BF16, DType::F32] {
@@ -475,6 +480,12 @@ fn swiglu_forward_and_backward() {
         );
         check_amax(&name, &gpu_out, "out", "out amax");
         check_amax(&name, &gpu_out, "dgate_up", "dgate_up amax");
+        let (apart, in_place) = (
+            output(&gpu_out, "dgate_up"),
+            output(&gpu_out, "dgate_up in place"),
+        );
+        assert!(same_bits(apart, in_place), "{name}: in place differs");
+        figure(&name, "dgate_up in place bitwise equal");
     }
 }
 

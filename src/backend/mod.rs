@@ -374,8 +374,9 @@ pub trait Backend: Sized {
         gate_up: &Tensor<Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
-    /// `amax`, where given, receives `dgate_up`'s abs-max: the gate/up projection's output
-    /// gradient, which FP8 quantizes next.
+    /// `dgate_up` may be `gate_up` itself (in place). `amax`, where given, receives
+    /// `dgate_up`'s abs-max: the gate/up projection's output gradient, which FP8 quantizes
+    /// next.
     fn swiglu_backward(
         &self,
         dgate_up: &Tensor<Self>,

@@ -158,8 +158,8 @@ pub struct Activations<B: Backend> {
     pub dln: Tensor<B>,         // [N, C]: gradient of a norm's output
     pub datt: Tensor<B>,        // [N, Q]
     pub dqkv: Tensor<B>,        // [N, W]
-    pub dgate_up: Tensor<B>,    // [N, 2F]
-    pub dswiglu: Tensor<B>,     // [N, F]
+                                // The MLP's gradients have no buffers of their own: each overwrites the activation it is
+                                // the gradient of, which the backward no longer needs by then (`block_backward`).
 }
 
 /// Where each activation's tensors sit among the planned specs, so that the allocated
@@ -190,8 +190,6 @@ pub struct ActivationPlan {
     dln: Range<usize>,
     datt: Range<usize>,
     dqkv: Range<usize>,
-    dgate_up: Range<usize>,
-    dswiglu: Range<usize>,
 }
 
 impl ActivationPlan {
@@ -260,8 +258,6 @@ impl ActivationPlan {
             dln: p.add("dln", &[n, s.hidden], dtype, 1),
             datt: p.add("datt", &[n, s.q_dim], dtype, 1),
             dqkv: p.add("dqkv", &[n, s.qkv_dim], dtype, 1),
-            dgate_up: p.add("dgate_up", &[n, 2 * s.intermediate], dtype, 1),
-            dswiglu: p.add("dswiglu", &[n, s.intermediate], dtype, 1),
             specs: p.specs,
         }
     }
@@ -305,8 +301,6 @@ impl ActivationPlan {
             dln: one(&self.dln),
             datt: one(&self.datt),
             dqkv: one(&self.dqkv),
-            dgate_up: one(&self.dgate_up),
-            dswiglu: one(&self.dswiglu),
         }
     }
 }

@@ -42,8 +42,9 @@ impl<B: Backend> Transformer<B> {
         }
     }
 
-    /// `dx = dy · w` and `dw (+)= dyᵀ · x` for layer `l`'s `lin`, `dw` being its gradient.
-    /// With FP8, x is read from the forward's stash and the `x` given here is unused.
+    /// `dw (+)= dyᵀ · x`, then `dx = dy · w`, for layer `l`'s `lin`, `dw` being its gradient;
+    /// `dx` may be `x`, which is read first. With FP8, x is read from the forward's stash and
+    /// the `x` given here is unused.
     pub(crate) fn linear_backward(
         &self,
         b: &B,
@@ -58,8 +59,8 @@ impl<B: Backend> Transformer<B> {
             Some(fp8) => fp8.backward(b, (l, lin), dx, dw, dy, accumulate),
             None => {
                 let w = lin.weight(&self.params.layers[l]);
-                b.matmul(dx, dy, w, None, Matmul::BACKWARD_INPUT)?;
-                b.matmul(dw, dy, x, None, Matmul::backward_weight(accumulate))
+                b.matmul(dw, dy, x, None, Matmul::backward_weight(accumulate))?;
+                b.matmul(dx, dy, w, None, Matmul::BACKWARD_INPUT)
             }
         }
     }

@@ -65,7 +65,9 @@ impl Cuda {
         );
         let vec = vec16(&[dgate_up, dout, gate_up], f);
         // SAFETY: one thread per `width` elements of dout [rows, f] (16-byte aligned runs with
-        // `vec`); gate_up and dgate_up are [rows, 2f]; amax is one f32 or null.
+        // `vec`); gate_up and dgate_up are [rows, 2f], and may be one tensor, since each
+        // thread reads its gate and up elements before it writes their gradients over them;
+        // amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::SwigluBackward,

@@ -51,7 +51,8 @@ __global__ void swiglu_forward(T* out, const T* gate_up, long long rows, int F, 
     report_amax(amax, largest);
 }
 
-// d gate = dout · up · σ(g)(1 + g(1 − σ(g))), d up = dout · silu(g).
+// d gate = dout · up · σ(g)(1 + g(1 − σ(g))), d up = dout · silu(g). In place when dgate_up
+// is gate_up: a thread writes only the elements it has read.
 template <typename T, bool VEC>
 __global__ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, long long rows,
                                 int F, float* amax) {
