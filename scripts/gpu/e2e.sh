@@ -3,8 +3,9 @@
 # architecture from scratch on Shakespeare tokenized with the Qwen2.5 tokenizer (.gpu/data),
 # 100 steps with periodic evals and checkpoints at 50 and 100, exported as a HF directory.
 # Then `--continue` from the step-50 checkpoint must reproduce steps 51..100 exactly, with
-# the optimizer state on the GPU and offloaded to host memory, and transformers, loading the
-# export, must compute smelt's final eval loss within 1e-2.
+# the optimizer state on the GPU and with it and the residual stream offloaded to host
+# memory, and transformers, loading the export, must compute smelt's final eval loss within
+# 1e-2.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/logs}
@@ -25,9 +26,9 @@ echo "=== e2e: --continue from step 50"
 printf step-00000050 > "$work/ckpt/latest"
 run --continue --log-file "$OUT/e2e/continued.jsonl" --out-dir "$work/model-continued"
 
-echo "=== e2e: --continue from step 50, optimizer state in host memory"
+echo "=== e2e: --continue from step 50, optimizer state and residual stream in host memory"
 printf step-00000050 > "$work/ckpt/latest"
-run --continue --offload-master --offload-opt-m --offload-opt-v \
+run --continue --offload-master --offload-opt-m --offload-opt-v --offload-residual \
     --log-file "$OUT/e2e/offloaded.jsonl" --out-dir "$work/model-offloaded"
 
 python3 - "$OUT"/e2e/{full,continued,offloaded}.jsonl <<'EOF'
