@@ -133,7 +133,9 @@ pub struct ActivationShape {
     pub head_rows: usize, // rows of one LM-head chunk
 }
 
-/// Every activation and activation gradient of one micro-batch.
+/// Every activation and activation gradient of one micro-batch. The MLP's gradients have no
+/// buffers of their own: each overwrites the activation it is the gradient of, which the
+/// backward no longer needs by then (`block_backward`).
 pub struct Activations<B: Backend> {
     pub tokens: Tensor<B>,      // [N] i32
     pub targets: Tensor<B>,     // [N] i32
@@ -158,8 +160,6 @@ pub struct Activations<B: Backend> {
     pub dln: Tensor<B>,         // [N, C]: gradient of a norm's output
     pub datt: Tensor<B>,        // [N, Q]
     pub dqkv: Tensor<B>,        // [N, W]
-                                // The MLP's gradients have no buffers of their own: each overwrites the activation it is
-                                // the gradient of, which the backward no longer needs by then (`block_backward`).
 }
 
 /// Where each activation's tensors sit among the planned specs, so that the allocated

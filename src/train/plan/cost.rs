@@ -139,10 +139,10 @@ impl Workload<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Choice;
     use super::Workload;
     use crate::backend::datasheet::datasheet;
     use crate::model::{ModelConfig, Recompute, presets};
+    use crate::train::plan::Choice;
 
     fn choice(recompute: Recompute, lmhead_chunks: usize) -> Choice {
         Choice {
