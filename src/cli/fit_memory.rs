@@ -103,14 +103,18 @@ impl FitMemoryFlag {
 fn chosen(fit: Fit, asked: usize, budget: f64, smaller: SmallerBatch) -> Result<Choice> {
     match (fit, smaller) {
         (Fit::Chosen(choice), _) => Ok(choice),
-        (Fit::Smaller { batch, micro_steps }, SmallerBatch::WithAccumulation) => bail!(
-            "--fit-memory: nothing fits at --batch-size {asked} in {budget:.2} GiB; --batch-size \
-             {batch} --grad-accumulation {micro_steps} would (smelt plan lists the choices)",
-        ),
-        (Fit::Smaller { batch, .. }, SmallerBatch::Alone) => bail!(
-            "--fit-memory: nothing fits at --batch-size {asked} in {budget:.2} GiB; --batch-size \
-             {batch} would (smelt plan lists the choices)",
-        ),
+        (Fit::Smaller { batch, micro_steps }, smaller) => {
+            let flags = match smaller {
+                SmallerBatch::WithAccumulation => {
+                    format!("--batch-size {batch} --grad-accumulation {micro_steps}")
+                }
+                SmallerBatch::Alone => format!("--batch-size {batch}"),
+            };
+            bail!(
+                "--fit-memory: nothing fits at --batch-size {asked} in {budget:.2} GiB; {flags} \
+                 would (smelt plan lists the choices)"
+            )
+        }
         (Fit::Nothing, _) => bail!(
             "--fit-memory: nothing fits in {budget:.2} GiB, even one sequence per micro-batch \
              with everything recomputed and offloaded (smelt plan lists what each choice needs)"

@@ -421,8 +421,8 @@ impl<T: Scalar> Backend for Cpu<T> {
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         {
-            // Copies, as the contract lets `dgate_up` be `gate_up` itself.
-            let (dy, gu) = (self.values(dout)?, self.values(gate_up)?);
+            // gate_up copied, as the contract lets `dgate_up` be `gate_up` itself.
+            let (dy, gu) = (self.floats(dout)?, self.values(gate_up)?);
             self.update(dgate_up, |d| {
                 swiglu::swiglu_backward(d, &dy, &gu, dout.cols())
             })?;
