@@ -35,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         offload_residual: false,
         lmhead_chunks: 4,
         matmul: MatmulPrecision::Native,
+        kept_grads: None,
     };
     let mut model = Transformer::new(&cpu, config, options)?;
     model.init_weights(&cpu, 1)?;

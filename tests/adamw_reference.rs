@@ -93,6 +93,7 @@ fn adamw_matches_pytorch() {
         })
         .collect();
     let norm_sq = tensor(&b, &[1], "norm_sq", &[0.0]);
+    let sums_sq = tensor(&b, &[names.len()], "sums_sq", &vec![0.0; names.len()]);
     let steps: u64 = f.metadata["steps"].parse().unwrap();
     for step in 1..=steps {
         let grads: Vec<_> = names
@@ -102,8 +103,9 @@ fn adamw_matches_pytorch() {
                 tensor(&b, &f.tensors[&name].0, &name, &f.floats(&name))
             })
             .collect();
-        b.sum_squares(&norm_sq, &grads.iter().collect::<Vec<_>>())
+        b.sum_squares(&sums_sq, &grads.iter().map(Some).collect::<Vec<_>>())
             .unwrap();
+        b.sum(&norm_sq, &sums_sq).unwrap();
         let hp = AdamW {
             lr: f.hyper("lr") as f32,
             beta1: f.hyper("beta1") as f32,

@@ -12,7 +12,7 @@ use smelt::backend::Backend;
 use smelt::backend::cuda::nccl::{Nccl, UniqueId};
 use smelt::backend::cuda::{Cuda, device};
 use smelt::comm::{Comm, ranks};
-use smelt::tensor::DType;
+use smelt::tensor::{DType, TensorSpec};
 use std::time::{Duration, Instant};
 
 const N: usize = 100_003;
@@ -86,6 +86,43 @@ fn nccl_sums_and_broadcasts_like_the_host() {
                 "rank {rank}: {dtype} broadcast from rank {i}"
             );
         }
+        Ok(())
+    });
+    result.unwrap();
+}
+
+/// ZeRO-2's reduce: only the root receives the sum, and `wait_for_sums_of` holds back the
+/// ops that would overwrite a tensor still being sent (on the other rank) or read one still
+/// being received (on the root). 256 MiB per rank, so that the reduce outlasts the fill and
+/// the download that follow it: with a wait that waits for nothing, rank 0 overwrites its
+/// values mid-send, or rank 1 reads its own.
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn nccl_reduces_to_one_rank_and_waits_before_reuse() {
+    const M: usize = 64 << 20;
+    let id = UniqueId::new().unwrap();
+    let result = ranks::run(2, LONG, move |member| {
+        let rank = member.rank;
+        let b = Cuda::new(rank)?;
+        let comm = Nccl::new(&b, id, member)?;
+        let t = b.allocate("reduced", &[TensorSpec::new("t", &[M], DType::F32)])?;
+        let t = &t[0];
+        b.fill(t, 1.0 + rank as f32)?;
+        comm.start_reduce_sum(&b, &[t], 1)?;
+        comm.wait_for_sums_of(&b, &[t])?;
+        if rank == 0 {
+            b.fill(t, 100.0)?;
+            b.download(t)?;
+        } else {
+            let got = b.download(t)?;
+            let wrong = got.iter().filter(|&&x| x != 3.0).count();
+            figure(
+                "nccl",
+                format!("reduce of {M} f32 to rank 1, then overwritten on rank 0: {wrong} wrong"),
+            );
+            assert_eq!(wrong, 0, "rank 1 received values other than 1 + 2");
+        }
+        comm.join_all_reduce_sums(&b)?;
         Ok(())
     });
     result.unwrap();

@@ -86,6 +86,7 @@ fn cpu_matches_transformers() {
             offload_residual: false,
             lmhead_chunks: 3,
             matmul: MatmulPrecision::Native,
+            kept_grads: None,
         };
         let mut model = Transformer::new(&cpu, config, options).unwrap();
         hf::import(&cpu, &model, &dir).unwrap();

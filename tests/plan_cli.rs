@@ -20,8 +20,19 @@ use smelt::train::optimizer::{Offload, OptimizerOptions};
 use smelt::train::plan::{Candidate, Choice, Request, candidates};
 use train_support::*;
 
-/// The plan's figures for `choice`, for the tiny model at batch 2 × 16.
+/// The plan's figures for `choice`, for the tiny model at batch 2 × 16 on one GPU.
 fn planned(config: &ModelConfig, micro_steps: usize, fp8: bool, choice: Choice) -> Candidate {
+    planned_on(1, config, micro_steps, fp8, choice)
+}
+
+/// `planned` on `gpus` GPUs: the figures of the GPU that needs the most.
+fn planned_on(
+    gpus: usize,
+    config: &ModelConfig,
+    micro_steps: usize,
+    fp8: bool,
+    choice: Choice,
+) -> Candidate {
     let request = Request {
         config: config.clone(),
         batch: 2,
@@ -38,7 +49,7 @@ fn planned(config: &ModelConfig, micro_steps: usize, fp8: bool, choice: Choice) 
             master_dtype: Some(DType::F32),
             ..bf16_adamw_options()
         },
-        gpus: 1,
+        gpus,
         lmhead_chunks: Some(choice.lmhead_chunks),
     };
     let gpu = datasheet("H100").unwrap();
@@ -256,6 +267,34 @@ fn recompute_saves_the_activations_written_out_by_hand() {
     let ((kept, none_in_host), (slots, in_host)) = (residual(false), residual(true));
     assert_eq!((kept - slots, none_in_host), (3 * mid, None));
     assert_eq!(in_host, Some(5 * mid));
+}
+
+/// ZeRO-2 on two GPUs: of a 6-block model, each GPU keeps the gradients of the 3 blocks it
+/// updates and two slots for the other 3, so one block's fewer (the tiny model's blocks
+/// alternate between the GPUs, before the embedding and head, which weigh less); ZeRO-1
+/// keeps them all.
+#[test]
+fn zero_2_plans_the_gradients_of_the_blocks_kept_and_two_slots() {
+    let setup = setup();
+    let config = ModelConfig {
+        num_layers: 6,
+        ..hf::read_config(&setup.model).unwrap()
+    };
+    let gradients = |zero_level| {
+        let choice = Choice {
+            recompute: Recompute::default(),
+            offload_residual: false,
+            offload: Offload::default(),
+            zero_level,
+            lmhead_chunks: 1,
+        };
+        by_name(&planned_on(2, &config, 1, false, choice).device)["gradients"]
+    };
+    // ln1, qkv (q and two kv heads of 8 by 32), o, ln2, gate/up and down, in bf16.
+    let (c, f, kv) = (32, 64, 2 * 16);
+    let block = 2 * (c + (c + kv) * c + c * c + c + 2 * f * c + c * f) as u64;
+    assert_eq!(gradients(1), gradients(0));
+    assert_eq!(gradients(0) - gradients(2), block);
 }
 
 fn plan_json(extra: &[&str]) -> Value {

@@ -258,6 +258,17 @@ fn flags_that_are_not_implemented_or_incomplete() {
         &c.args(s(&c.good), &["--use-cuda-graphs"]),
         &["--use-cuda-graphs is not implemented yet"],
     );
+    c.check(
+        &c.args(s(&c.good), &["--zero-level", "3"]),
+        &["--zero-level 3 is not implemented yet", "use one of those"],
+    );
+    c.check(
+        &c.args(
+            s(&c.good),
+            &["--zero-level", "2", "--grad-sum-after-backward"],
+        ),
+        &["--grad-sum-after-backward cannot be used with --zero-level 2"],
+    );
     let precision_errors: [(&[&str], &str); 5] = [
         (
             &["--offload-master", "--model-dtype", "f32"],

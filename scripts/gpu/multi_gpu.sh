@@ -10,7 +10,11 @@
 #   5. run 3 with --zero-level 1 (the optimizer state sharded): run 3's losses bit for bit,
 #      with less memory per GPU; again with that share offloaded to host memory; and run 3
 #      with --offload-residual (each rank's residual stream in host memory), bit for bit;
-#   6. runs 3 and 4 for Qwen2.5-1.5B at batch 8, whose gradients are three times larger.
+#   6. run 3 with --zero-level 2 (the blocks' gradients sharded too): run 3's losses bit for
+#      bit; and two GPUs at batch 8 with --grad-accumulation 2, with and without ZeRO-2,
+#      whose losses differ only by the order of the gradient sums (1e-2 relative);
+#   7. runs 3 and 4 for Qwen2.5-1.5B at batch 8, whose gradients are three times larger, and
+#      run 3 with ZeRO-2.
 # Then PyTorch's baseline on one GPU at batch 16, for scale. Ends with a short table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,8 +36,12 @@ run two-b16-zero1 --gpus 2 --batch-size 16 --zero-level 1
 run two-b16-zero1-offload --gpus 2 --batch-size 16 --zero-level 1 \
     --offload-master --offload-opt-m --offload-opt-v
 run two-b16-residual --gpus 2 --batch-size 16 --offload-residual
+run two-b16-zero2 --gpus 2 --batch-size 16 --zero-level 2
+run two-b8-accum --gpus 2 --batch-size 8 --grad-accumulation 2
+run two-b8-accum-zero2 --gpus 2 --batch-size 8 --grad-accumulation 2 --zero-level 2
 MODEL=qwen2.5-1.5b run 1.5b-two-b8 --gpus 2 --batch-size 8
 MODEL=qwen2.5-1.5b run 1.5b-two-b8-after --gpus 2 --batch-size 8 --grad-sum-after-backward
+MODEL=qwen2.5-1.5b run 1.5b-two-b8-zero2 --gpus 2 --batch-size 8 --zero-level 2
 
 echo "=== PyTorch baseline, one GPU, batch 16"
 (cd .gpu/bench && python3 torch_baseline.py qwen2.5-0.5b 16 1024 --compile) 2>&1 |
@@ -60,7 +68,11 @@ rows = [("one GPU, b16", tok_s("one-b16")), ("two GPUs, b8 each", tok_s("two-b8"
         ("two, b16, ZeRO-1 offloaded", tok_s("two-b16-zero1-offload")),
         ("two, b16, residual offloaded", tok_s("two-b16-residual")),
         ("1.5B two GPUs, b8 each", tok_s("1.5b-two-b8")),
-        ("1.5B two, b8, sum after", tok_s("1.5b-two-b8-after"))]
+        ("1.5B two, b8, sum after", tok_s("1.5b-two-b8-after")),
+        ("two GPUs, b16, ZeRO-2", tok_s("two-b16-zero2")),
+        ("two, b8 x2 accumulated", tok_s("two-b8-accum")),
+        ("two, b8 x2, ZeRO-2", tok_s("two-b8-accum-zero2")),
+        ("1.5B two, b8, ZeRO-2", tok_s("1.5b-two-b8-zero2"))]
 def same_losses(a, b):
     return [e["loss"] for e in steps(a)] == [e["loss"] for e in steps(b)]
 zero_same = same_losses("two-b16", "two-b16-zero1") and same_losses("two-b16", "two-b16-zero1-offload")
@@ -82,6 +94,14 @@ print(f"  residual stream offloaded: losses bitwise those of keeping it: {residu
       f"memory on GPU 0: {planned_mib('two-b16-residual'):,.0f} MiB")
 print(f"  gradient sums during the backward / after it: 0.5B {rows[2][1] / rows[3][1]:.3f}x, "
       f"1.5B {rows[7][1] / rows[8][1]:.3f}x; losses bitwise the same: {after_same}")
-ok = len(one) == len(two) == 20 and worst < 1e-2 and zero_same and after_same and residual_same
+zero2_same = same_losses("two-b16", "two-b16-zero2") and same_losses("1.5b-two-b8", "1.5b-two-b8-zero2")
+accum = max(abs(a["loss"] - b["loss"]) / abs(a["loss"])
+            for a, b in zip(steps("two-b8-accum"), steps("two-b8-accum-zero2")))
+print(f"  ZeRO-2: losses bitwise those of ZeRO-0 (0.5B b16, 1.5B b8): {zero2_same}; planned memory "
+      f"on GPU 0: 0.5B {planned_mib('two-b16-zero2'):,.0f} MiB, 1.5B {planned_mib('1.5b-two-b8'):,.0f} "
+      f"-> {planned_mib('1.5b-two-b8-zero2'):,.0f} MiB; with accumulation, worst relative "
+      f"difference {accum:.2e}")
+ok = (len(one) == len(two) == 20 and worst < 1e-2 and zero_same and after_same and residual_same
+      and zero2_same and accum < 1e-2)
 sys.exit(0 if ok else 1)
 PY

@@ -399,9 +399,14 @@ pub trait Backend: Sized {
 
     // ----- the optimizer -----
 
-    /// `out[0] = Σ x²` over every element of every tensor of `xs`, summed in f32 (the
-    /// squared global norm of the gradients, for clipping); `out` is one f32.
-    fn sum_squares(&self, out: &Tensor<Self>, xs: &[&Tensor<Self>]) -> Result<()>;
+    /// `sums[i] = Σ xs[i]²`, summed in f32, or 0 where `xs[i]` is `None` (a gradient that
+    /// another rank sums, under ZeRO-2); `sums` is `[xs.len()]` f32. Each sum depends only on
+    /// its tensor, so ranks that each sum their own share, then add the vectors, get the bits
+    /// of one rank summing everything.
+    fn sum_squares(&self, sums: &Tensor<Self>, xs: &[Option<&Tensor<Self>>]) -> Result<()>;
+    /// `out[0] = Σ x` in a fixed order; x f32 (the per-tensor sums above, into the squared
+    /// global norm of the gradients, for clipping).
+    fn sum(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()>;
     /// One AdamW step on every tensor of `tensors`. `norm_sq` is the global gradient `Σ g²`
     /// from `sum_squares`, read on the device for clipping.
     fn adamw(

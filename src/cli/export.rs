@@ -42,6 +42,7 @@ impl ExportArgs {
             offload_residual: false,
             lmhead_chunks: 1,
             matmul: MatmulPrecision::Native,
+            kept_grads: None,
         };
         let model = Transformer::new(&cpu, config, options)?;
         hf::import(&cpu, &model, &self.model)?;

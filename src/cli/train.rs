@@ -154,7 +154,9 @@ pub struct TrainArgs {
     gpus: usize,
     /// ZeRO sharding over the --gpus: 1 shares the optimizer state (Adam's moments and the
     /// master weights) out between them, each GPU updating its share of the weights and
-    /// sending them to the others; 0 keeps all of it on every GPU. Same results either way.
+    /// sending them to the others; 2 also shares out the blocks' gradients, each GPU
+    /// keeping memory for those of the blocks it updates; 0 keeps all of it on every GPU.
+    /// The same results (level 2 with --grad-accumulation: sums in another order).
     #[arg(long, default_value_t = 0, help_heading = "Devices")]
     zero_level: u8,
     /// With --gpus, how long a rank waits for the others to meet it, and how long the GPUs
@@ -239,6 +241,13 @@ impl TrainArgs {
             options.optimizer.offload = choice.offload;
             options.optimizer.zero_level = choice.zero_level;
             options.lmhead_chunks = choice.lmhead_chunks;
+        }
+        if options.optimizer.zero_level == 2 && options.grad_sum_after_backward {
+            bail!(
+                "--grad-sum-after-backward cannot be used with --zero-level 2, which sends each \
+                 block's gradients to its GPU during the backward to free their memory; leave \
+                 one of them out"
+            );
         }
         let demo = self.train_file.is_none();
         let timeout = Duration::from_secs(self.comm_timeout);
@@ -428,18 +437,19 @@ impl TrainArgs {
     fn refuse_unimplemented(&self) -> Result<()> {
         let refused = [
             (
-                "--zero-level",
-                self.zero_level > 1,
-                "level 1 shards the optimizer state; the gradients and weights are not sharded",
+                format!("--zero-level {}", self.zero_level),
+                self.zero_level > 2,
+                "the weights are not sharded; levels 1 and 2 shard the optimizer state and the \
+                 gradients: use one of those",
             ),
             (
-                "--use-cuda-graphs",
+                "--use-cuda-graphs".into(),
                 self.use_cuda_graphs,
-                "steps are not captured as CUDA graphs",
+                "steps are not captured as CUDA graphs; leave it out",
             ),
         ];
         match refused.iter().find(|r| r.1) {
-            Some((flag, _, why)) => bail!("{flag} is not implemented yet ({why}); leave it out"),
+            Some((flag, _, why)) => bail!("{flag} is not implemented yet ({why})"),
             None => Ok(()),
         }
     }

@@ -23,6 +23,31 @@ pub struct InProcess {
     pub member: Member,
 }
 
+impl InProcess {
+    /// Replaces `tensors` by their sums over the ranks on every rank, or on `root` only.
+    fn sum_into<B: Backend>(
+        &self,
+        b: &B,
+        tensors: &[&Tensor<B>],
+        root: Option<usize>,
+    ) -> Result<()> {
+        let mut mine = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
+        for t in tensors {
+            mine.extend(b.download_f64(t)?);
+        }
+        let sums = self.member.sum(&mine)?;
+        if root.is_some_and(|root| root != self.member.rank) {
+            return Ok(());
+        }
+        let mut at = 0;
+        for t in tensors {
+            upload(b, t, &sums[at..at + t.numel()])?;
+            at += t.numel();
+        }
+        Ok(())
+    }
+}
+
 impl<B: Backend> Comm<B> for InProcess {
     fn rank(&self) -> usize {
         self.member.rank
@@ -35,16 +60,14 @@ impl<B: Backend> Comm<B> for InProcess {
     /// Sums at once: downloading waits for the ops that wrote the tensors, and nothing is
     /// left running to finish.
     fn start_all_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()> {
-        let mut mine = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
-        for t in tensors {
-            mine.extend(b.download_f64(t)?);
-        }
-        let sums = self.member.sum(&mine)?;
-        let mut at = 0;
-        for t in tensors {
-            upload(b, t, &sums[at..at + t.numel()])?;
-            at += t.numel();
-        }
+        self.sum_into(b, tensors, None)
+    }
+
+    fn start_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>], root: usize) -> Result<()> {
+        self.sum_into(b, tensors, Some(root))
+    }
+
+    fn wait_for_sums_of(&self, _: &B, _: &[&Tensor<B>]) -> Result<()> {
         Ok(())
     }
 

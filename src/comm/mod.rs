@@ -28,6 +28,12 @@ pub trait Comm<B: Backend> {
     /// enqueued so far are done. Later ops may run while it does, and must leave the tensors
     /// alone until `join_all_reduce_sums`: this is how the gradient sums overlap the backward.
     fn start_all_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()>;
+    /// Like `start_all_reduce_sum`, but only rank `root`'s tensors receive the sums; the
+    /// others' are left as they were (ZeRO-2: each block's gradients to the rank updating it).
+    fn start_reduce_sum(&self, b: &B, tensors: &[&Tensor<B>], root: usize) -> Result<()>;
+    /// Makes the ops enqueued from now on wait for the sums started so far over any of
+    /// `tensors`, before they write them again.
+    fn wait_for_sums_of(&self, b: &B, tensors: &[&Tensor<B>]) -> Result<()>;
     /// Makes the ops enqueued from now on wait for every sum started so far.
     fn join_all_reduce_sums(&self, b: &B) -> Result<()>;
     /// Copies each tensor from the rank given with it to every other rank.
@@ -48,6 +54,12 @@ impl<B: Backend> Comm<B> for Solo {
         1
     }
     fn start_all_reduce_sum(&self, _: &B, _: &[&Tensor<B>]) -> Result<()> {
+        Ok(())
+    }
+    fn start_reduce_sum(&self, _: &B, _: &[&Tensor<B>], _: usize) -> Result<()> {
+        Ok(())
+    }
+    fn wait_for_sums_of(&self, _: &B, _: &[&Tensor<B>]) -> Result<()> {
         Ok(())
     }
     fn join_all_reduce_sums(&self, _: &B) -> Result<()> {

@@ -13,11 +13,25 @@ use super::transformer::Transformer;
 use crate::backend::{Backend, Range};
 use crate::tensor::Tensor;
 
-/// What the backward tells of parameter gradients as soon as they hold their final value for
-/// the micro-batch, so that they can be summed over the ranks while the rest of the backward
-/// runs: the final norm's and an untied head's first, then each block's from the last, then
-/// the embedding's.
-pub type GradsDone<'a, B> = dyn FnMut(&[&Tensor<B>]) -> Result<()> + 'a;
+/// What the backward tells of parameter gradients, so that they can be summed over the ranks
+/// while the rest of the backward runs.
+pub enum GradEvent<'a, B: Backend> {
+    /// Block `layer`'s backward is about to write `grads`, which under ZeRO-2 may be a slot
+    /// whose previous block is still being sent.
+    Writing {
+        layer: usize,
+        grads: &'a [&'a Tensor<B>],
+    },
+    /// `grads` hold their final value for the micro-batch: block `Some(l)`'s, or (`None`)
+    /// the final norm's and an untied head's first, then, after every block's from the
+    /// last, the embedding's.
+    Done {
+        layer: Option<usize>,
+        grads: &'a [&'a Tensor<B>],
+    },
+}
+
+pub type GradEvents<'a, B> = dyn FnMut(GradEvent<'_, B>) -> Result<()> + 'a;
 
 impl<B: Backend> Transformer<B> {
     /// Forward and backward of one micro-batch. `tokens` and `targets` are `[B·T]`; the
@@ -34,13 +48,13 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// The second half of `forward_backward`, after `forward_hidden`: the LM head and its
-    /// loss, then every block's backward, calling `done` as gradients become final.
+    /// loss, then every block's backward, telling `events` of the parameter gradients.
     pub fn backward(
         &mut self,
         b: &B,
         targets: &[i32],
         loss: LossOptions,
-        done: &mut GradsDone<B>,
+        events: &mut GradEvents<B>,
     ) -> Result<()> {
         let _backward = Range::begin(b, format_args!("backward"));
         {
@@ -63,24 +77,37 @@ impl<B: Backend> Transformer<B> {
             acc,
             self.grad_amax(last - 1, Linear::Down).as_ref(),
         )?;
-        done(
-            &[&g.final_norm]
+        events(GradEvent::Done {
+            layer: None,
+            grads: &[&g.final_norm]
                 .into_iter()
                 .chain(&g.lm_head)
                 .collect::<Vec<_>>(),
-        )?;
+        })?;
         for l in (0..last).rev() {
             let _layer = Range::begin(b, format_args!("layer {l} backward"));
             self.acts.residual.before_backward(b, l)?;
             self.block_forward(b, l, Pass::Recompute)?;
-            self.block_backward(b, l, acc)?;
-            done(&self.grads.layers[l].iter().collect::<Vec<_>>())?;
+            let grads: Vec<&Tensor<B>> = self.grads.layers[l].iter().collect();
+            events(GradEvent::Writing {
+                layer: l,
+                grads: &grads,
+            })?;
+            // A shared slot starts afresh in every micro-batch: its last block was sent.
+            self.block_backward(b, l, acc && self.keeps_grads(l))?;
+            events(GradEvent::Done {
+                layer: Some(l),
+                grads: &grads,
+            })?;
         }
         let (a, g) = (&self.acts, &self.grads);
         // With tied embeddings the head has already written this gradient.
         let tied = self.params.lm_head.is_none();
         b.embedding_backward(&g.embed, &a.tokens, &a.dresidual, acc || tied)?;
-        done(&[&g.embed])
+        events(GradEvent::Done {
+            layer: None,
+            grads: &[&g.embed],
+        })
     }
 
     /// Block `l`, given `dresidual` = ∂loss/∂(block output); leaves ∂loss/∂(block input) there.

@@ -7,6 +7,7 @@ mod backward;
 pub mod config;
 mod forward;
 pub mod fp8;
+pub mod grads;
 mod head;
 mod init;
 mod linear;
@@ -16,7 +17,7 @@ mod residuals;
 mod transformer;
 
 pub use activations::Recompute;
-pub use backward::GradsDone;
+pub use backward::{GradEvent, GradEvents};
 pub use config::{Architecture, ModelConfig};
 pub use fp8::MatmulPrecision;
 pub use head::LossOptions;

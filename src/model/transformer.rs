@@ -6,6 +6,7 @@ use anyhow::{Result, ensure};
 use super::activations::{ActivationPlan, ActivationShape, Activations, Recompute};
 use super::config::ModelConfig;
 use super::fp8::{Fp8Plan, Fp8Shape, Fp8State, MatmulPrecision};
+use super::grads;
 use super::params::{ParamSpec, Params, from_list};
 use crate::backend::{AttnShape, Backend};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -26,6 +27,9 @@ pub struct ModelOptions {
     pub lmhead_chunks: usize,
     /// What the blocks' linear layers multiply in.
     pub matmul: MatmulPrecision,
+    /// `None`: every block's parameter gradients have memory of their own. `Some(kept)`
+    /// (ZeRO-2): only block l's with `kept[l]` do; the others share two slots (`grads`).
+    pub kept_grads: Option<Vec<bool>>,
 }
 
 pub struct Transformer<B: Backend> {
@@ -84,11 +88,16 @@ impl ModelPlan {
             DType::F32
         };
         let layout = Params::layout(config, options.dtype);
+        if let Some(kept) = &options.kept_grads {
+            ensure!(
+                kept.len() == config.num_layers,
+                "kept gradients given for {} blocks of {}",
+                kept.len(),
+                config.num_layers
+            );
+        }
         let param_specs = layout.tensor_specs();
-        let grad_specs: Vec<TensorSpec> = param_specs
-            .iter()
-            .map(|s| TensorSpec::new(format!("grad.{}", s.name), &s.shape, s.dtype))
-            .collect();
+        let grad_specs = grads::specs(&layout, options.kept_grads.as_deref());
         let n = options.batch * options.seq;
         let shape = ActivationShape {
             tokens: n,
@@ -172,7 +181,7 @@ impl<B: Backend> Transformer<B> {
             .map(|(category, specs)| backend.allocate(category, specs));
         let mut next = || take.next().expect("one allocation per planned category");
         let params = from_list(&plan.layout, next()?);
-        let grads = from_list(&plan.layout, next()?);
+        let grads = grads::build(&plan.layout, options.kept_grads.as_deref(), next()?);
         let mut act_tensors = next()?;
         let rope = act_tensors.pop().expect("the rope table was planned last");
         backend.upload(&rope, &rope_table(&config, options.seq))?;
@@ -197,6 +206,12 @@ impl<B: Backend> Transformer<B> {
             grads,
             rope,
         })
+    }
+
+    /// Whether block `l`'s parameter gradients have memory of their own (not a shared slot,
+    /// which each micro-batch's backward overwrites instead of adding into).
+    pub fn keeps_grads(&self, l: usize) -> bool {
+        self.options.kept_grads.as_ref().is_none_or(|kept| kept[l])
     }
 
     pub(crate) fn attn_shape(&self) -> AttnShape {

@@ -128,6 +128,7 @@ pub fn run<B: Backend>(
             offload_residual: o.offload_residual,
             lmhead_chunks: o.lmhead_chunks,
             matmul: o.matmul,
+            kept_grads: None,
         },
     )?;
     model.init_weights(b, SEED)?;

@@ -8,7 +8,9 @@
 //! norm to log it. Weight decay applies only where `ParamKind::decays()` says so.
 //!
 //! With `--zero-level 1` a rank keeps the state of only its share of the tensors (`zero`),
-//! updates those, and broadcasts them; the gradients and the norm stay whole on every rank.
+//! updates those, and broadcasts them; the gradients stay whole on every rank. With
+//! `--zero-level 2` a rank holds the summed gradients of only its own blocks (and every
+//! rank the others'), so the ranks add their shares of the gradient norm.
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -56,13 +58,17 @@ pub struct AdamWState<B: Backend> {
     owners: Vec<usize>,
     /// Which rank this is, when it keeps only its share of the state.
     pub shard: Option<usize>,
+    /// ZeRO-2: the rank that updates each block, and alone holds its summed gradients.
+    pub block_owners: Option<Vec<usize>>,
     /// The parameters (as `Params` indices) whose state this rank keeps, in order; the
     /// state tensors below follow it.
     kept: Vec<usize>,
     pub m: Vec<Tensor<B>>,
     pub v: Vec<Tensor<B>>,
     pub master: Option<Vec<Tensor<B>>>,
-    /// `[1]` f32: Σ g² over every gradient, summed on the device each step.
+    /// `[parameters]` f32: each gradient's Σ g², summed on the device each step.
+    sums_sq: Tensor<B>,
+    /// `[1]` f32: their sum.
     norm_sq: Tensor<B>,
     /// What each device allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
@@ -76,12 +82,14 @@ pub struct StatePlan {
     owners: Vec<usize>,
     /// Which rank this is, when it keeps only its share of the state.
     shard: Option<usize>,
+    /// ZeRO-2: the rank that updates each block, and alone holds its summed gradients.
+    block_owners: Option<Vec<usize>>,
     kept: Vec<usize>,
     /// Each category of state: its name, its tensors (shaped like the parameters kept,
     /// named `category.parameter`), and whether it lives in host memory.
     categories: Vec<(&'static str, Vec<TensorSpec>, bool)>,
-    /// The device scalar that sums the squared gradients.
-    norm: TensorSpec,
+    /// Each gradient's `Σ g²`, then their sum, on the device.
+    norm: Vec<TensorSpec>,
 }
 
 impl StatePlan {
@@ -92,13 +100,11 @@ impl StatePlan {
         options: &OptimizerOptions,
     ) -> Self {
         let specs: Vec<&ParamSpec> = layout.iter().collect();
-        let shard = (options.zero_level > 0 && world > 1).then_some(rank);
-        let owners = match shard {
-            Some(_) => zero::owners(
-                &specs.iter().map(|p| p.tensor.numel()).collect::<Vec<_>>(),
-                world,
-            ),
-            None => vec![rank; specs.len()],
+        let sharded = zero::owners_of(layout, world, options);
+        let shard = sharded.as_ref().map(|_| rank);
+        let (owners, block_owners) = match sharded {
+            Some(o) => (o.tensors, o.blocks),
+            None => (vec![rank; specs.len()], None),
         };
         let kept: Vec<usize> = (0..specs.len()).filter(|&i| owners[i] == rank).collect();
         let like_kept = |category: &str, dtype| -> Vec<TensorSpec> {
@@ -128,16 +134,20 @@ impl StatePlan {
         StatePlan {
             owners,
             shard,
+            block_owners,
             kept,
             categories,
-            norm: TensorSpec::new("grad_norm_sq", &[1], DType::F32),
+            norm: vec![
+                TensorSpec::new("grad_sums_sq", &[specs.len()], DType::F32),
+                TensorSpec::new("grad_norm_sq", &[1], DType::F32),
+            ],
         }
     }
 
     /// The device allocations, by category.
     pub fn memory(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
         let mut memory = self.placed(false);
-        memory.push(("optimizer", vec![self.norm.clone()]));
+        memory.push(("optimizer", self.norm.clone()));
         memory
     }
 
@@ -181,7 +191,9 @@ impl<B: Backend> AdamWState<B> {
             Some(_) => Some(next()?),
             None => None,
         };
-        let norm_sq = b.allocate("optimizer", std::slice::from_ref(&plan.norm))?;
+        let mut norm = b.allocate("optimizer", &plan.norm)?.into_iter();
+        let mut next_norm = || norm.next().expect("two norm tensors were planned");
+        let (sums_sq, norm_sq) = (next_norm(), next_norm());
         for t in m.iter().chain(v.iter()) {
             b.fill(t, 0.0)?;
         }
@@ -190,12 +202,14 @@ impl<B: Backend> AdamWState<B> {
             options,
             memory: plan.memory(),
             offloaded: plan.offloaded(),
+            block_owners: plan.block_owners,
             owners: plan.owners,
             kept: plan.kept,
             m,
             v,
             master,
-            norm_sq: norm_sq.into_iter().next().expect("one tensor"),
+            sums_sq,
+            norm_sq,
         };
         state.sync_master(b, model)?;
         Ok(state)
@@ -242,7 +256,19 @@ impl<B: Backend> AdamWState<B> {
     ) -> Result<()> {
         let _range = Range::begin(b, format_args!("optimizer"));
         let grads: Vec<&Tensor<B>> = model.grads.iter().collect();
-        b.sum_squares(&self.norm_sq, &grads)?;
+        // Under ZeRO-2 each gradient's sum of squares comes from the rank that holds its sum
+        // over the ranks (zeros from the others), so adding the ranks' vectors gives every
+        // rank the bits of an unsharded run.
+        let sharded_grads = self.block_owners.is_some();
+        let summed: Vec<Option<&Tensor<B>>> = (grads.iter().zip(&self.owners))
+            .map(|(&g, &owner)| (!sharded_grads || Some(owner) == self.shard).then_some(g))
+            .collect();
+        b.sum_squares(&self.sums_sq, &summed)?;
+        if sharded_grads {
+            comm.start_all_reduce_sum(b, &[&self.sums_sq])?;
+            comm.join_all_reduce_sums(b)?;
+        }
+        b.sum(&self.norm_sq, &self.sums_sq)?;
         let o = &self.options;
         let hp = AdamW {
             lr,

@@ -39,6 +39,7 @@ fn model_options(seq: usize, dtype: DType) -> ModelOptions {
         offload_residual: false,
         lmhead_chunks: 1,
         matmul: MatmulPrecision::Native,
+        kept_grads: None,
     }
 }
 

@@ -30,11 +30,12 @@ use super::optimizer::AdamWState;
 use super::options::{ModelSource, Options};
 use super::schedule::Schedule;
 use super::step_losses::StepLosses;
+use super::zero;
 use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::hf;
-use crate::model::{LossOptions, ModelConfig, ModelOptions, Transformer};
+use crate::model::{GradEvent, LossOptions, ModelConfig, ModelOptions, Params, Transformer};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
@@ -90,6 +91,8 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     }
 
     // 2) Startup: options, device, model, memory.
+    let layout = Params::layout(&config, o.model_dtype);
+    let owners = zero::owners_of(&layout, comm.world(), &o.optimizer);
     let model = Transformer::new(
         b,
         config.clone(),
@@ -101,6 +104,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
             offload_residual: o.offload_residual,
             lmhead_chunks: o.lmhead_chunks,
             matmul: o.matmul,
+            kept_grads: owners.and_then(|w| w.kept_blocks(comm.rank())),
         },
     )?;
     // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
@@ -466,8 +470,11 @@ impl<B: Backend> Run<'_, B> {
         // ranks as soon as it has finished them, and goes on with the blocks below. Not in
         // the first step this process runs, where cuBLASLt's algorithms for each new shape
         // are chosen by timing them (and the choice is kept on disk): sums running beside
-        // them would skew the timings.
+        // them would skew the timings. Under ZeRO-2 every micro-batch's backward sends each
+        // block's gradients to the block's rank, since the memory they were written to is
+        // shared with other blocks; in the first step the backward waits for each send.
         let overlap = !o.grad_sum_after_backward && !self.summary.losses.is_empty();
+        let block_owners = self.opt().block_owners.clone();
         let last = batches.len() - 1;
         for (k, batch) in batches.iter().enumerate() {
             let loss = LossOptions {
@@ -477,17 +484,40 @@ impl<B: Backend> Run<'_, B> {
             };
             self.model.forward_hidden(b, &batch.tokens)?;
             let sum_now = overlap && k == last;
-            let mut done = |grads: &[&Tensor<B>]| {
-                if sum_now {
-                    comm.start_all_reduce_sum(b, grads)?;
+            let mut events = |event: GradEvent<B>| match (event, &block_owners) {
+                (GradEvent::Writing { grads, .. }, Some(_)) => comm.wait_for_sums_of(b, grads),
+                (
+                    GradEvent::Done {
+                        layer: Some(l),
+                        grads,
+                    },
+                    Some(owners),
+                ) => {
+                    comm.start_reduce_sum(b, grads, owners[l])?;
+                    match overlap {
+                        true => Ok(()),
+                        false => comm.join_all_reduce_sums(b),
+                    }
                 }
-                Ok(())
+                (GradEvent::Done { grads, .. }, _) if sum_now => {
+                    comm.start_all_reduce_sum(b, grads)
+                }
+                _ => Ok(()),
             };
-            self.model.backward(b, &batch.targets, loss, &mut done)?;
+            self.model.backward(b, &batch.targets, loss, &mut events)?;
             self.step_losses.keep(b, &self.model, k)?;
         }
         if !overlap {
-            comm.start_all_reduce_sum(b, &self.model.grads.iter().collect::<Vec<_>>())?;
+            let grads = &self.model.grads;
+            let whole: Vec<&Tensor<B>> = match block_owners {
+                None => grads.iter().collect(),
+                // The blocks' were sent during the backward.
+                Some(_) => std::iter::once(&grads.embed)
+                    .chain(std::iter::once(&grads.final_norm))
+                    .chain(grads.lm_head.as_ref())
+                    .collect(),
+            };
+            comm.start_all_reduce_sum(b, &whole)?;
         }
         comm.join_all_reduce_sums(b)?;
         let step = self.state.step + 1;

@@ -1,12 +1,81 @@
-//! ZeRO-1 (`--zero-level 1`): each rank keeps the optimizer state (moments and master copy)
-//! of some of the parameter tensors, updates only those, and sends the updated weights to
-//! the other ranks. Whole tensors are shared out, so each update is the one an unsharded
-//! run computes, bit for bit: AdamW treats every element on its own, seeded by its tensor's
-//! place in the model, not by its place in a rank's share.
+//! ZeRO sharding over the ranks of a data-parallel run (`--zero-level`).
+//!
+//! Level 1: each rank keeps the optimizer state (moments and master copy) of some of the
+//! parameter tensors, updates only those, and sends the updated weights to the other ranks.
+//! Level 2 also shards the blocks' gradients: each block's go to the rank that updates it,
+//! which alone keeps memory for them (`model::grads`). Whole tensors are shared out, so each
+//! update is the one an unsharded run computes, bit for bit: AdamW treats every element on
+//! its own, seeded by its tensor's place in the model, not by its place in a rank's share.
 
-/// The rank that keeps each tensor's state, for tensors of `sizes` elements (in `Params`
-/// order): largest first, each to the rank holding the fewest elements so far (the lowest
-/// such rank on ties), so that no rank holds more than the smallest share plus one tensor.
+use super::optimizer::OptimizerOptions;
+use crate::model::Params;
+use crate::model::params::ParamSpec;
+
+/// Which rank updates what, when the state is sharded.
+pub struct Owners {
+    /// The rank that updates each parameter tensor, in `Params` order.
+    pub tensors: Vec<usize>,
+    /// Level 2: the rank that updates each block, and keeps its gradients.
+    pub blocks: Option<Vec<usize>>,
+}
+
+impl Owners {
+    /// Whether rank `rank` keeps each block's gradients; `None` where every rank keeps all.
+    pub fn kept_blocks(&self, rank: usize) -> Option<Vec<bool>> {
+        let blocks = self.blocks.as_ref()?;
+        Some(blocks.iter().map(|&r| r == rank).collect())
+    }
+}
+
+/// The owners of `layout`'s tensors over `world` ranks under `options.zero_level`; `None`
+/// where nothing is sharded (level 0, or one rank).
+pub fn owners_of(
+    layout: &Params<ParamSpec>,
+    world: usize,
+    options: &OptimizerOptions,
+) -> Option<Owners> {
+    let numel = |p: &ParamSpec| p.tensor.numel();
+    match options.zero_level {
+        _ if world < 2 => None,
+        0 => None,
+        1 => Some(Owners {
+            tensors: owners(&layout.iter().map(numel).collect::<Vec<_>>(), world),
+            blocks: None,
+        }),
+        _ => {
+            // Each unit weighs the bytes it holds on its owner: a block its gradients and
+            // state, any other tensor its state only (its gradient is whole on every rank).
+            let state_bytes = options.opt_m_dtype.size_bytes()
+                + options.opt_v_dtype.size_bytes()
+                + options.master_dtype.map_or(0, |d| d.size_bytes());
+            let grad_bytes = layout.embed.tensor.dtype.size_bytes();
+            let others: Vec<&ParamSpec> = std::iter::once(&layout.embed)
+                .chain(std::iter::once(&layout.final_norm))
+                .chain(layout.lm_head.as_ref())
+                .collect();
+            let weights: Vec<usize> = (layout.layers.iter())
+                .map(|l| l.iter().map(numel).sum::<usize>() * (grad_bytes + state_bytes))
+                .chain(others.iter().map(|p| numel(p) * state_bytes))
+                .collect();
+            let units = owners(&weights, world);
+            let (blocks, others) = units.split_at(layout.layers.len());
+            let tensors = std::iter::once(others[0])
+                .chain(
+                    (layout.layers.iter().zip(blocks)).flat_map(|(l, &r)| l.iter().map(move |_| r)),
+                )
+                .chain(others[1..].iter().copied())
+                .collect();
+            Some(Owners {
+                tensors,
+                blocks: Some(blocks.to_vec()),
+            })
+        }
+    }
+}
+
+/// The rank that keeps each of the units of `sizes` (tensors, or level 2's blocks): largest
+/// first, each to the rank holding the fewest so far (the lowest such rank on ties), so that
+/// no rank holds more than the smallest share plus one unit.
 pub fn owners(sizes: &[usize], world: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..sizes.len()).collect();
     // Stable: equal sizes keep their model order.

@@ -43,6 +43,7 @@ pub fn options(
         offload_residual: false,
         lmhead_chunks,
         matmul: MatmulPrecision::Native,
+        kept_grads: None,
     }
 }
 

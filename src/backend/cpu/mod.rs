@@ -453,11 +453,25 @@ impl<T: Scalar> Backend for Cpu<T> {
         Ok(())
     }
 
-    fn sum_squares(&self, out: &Tensor<Self>, xs: &[&Tensor<Self>]) -> Result<()> {
-        let mut total = T::zero();
+    fn sum_squares(&self, sums: &Tensor<Self>, xs: &[Option<&Tensor<Self>>]) -> Result<()> {
+        ensure!(
+            sums.numel() == xs.len(),
+            "sum_squares: {} sums for {} tensors",
+            sums.numel(),
+            xs.len()
+        );
+        let mut each = Vec::with_capacity(xs.len());
         for x in xs {
-            total += self.floats(x)?.iter().map(|&v| v * v).sum::<T>();
+            each.push(match x {
+                Some(x) => self.floats(x)?.iter().map(|&v| v * v).sum::<T>(),
+                None => T::zero(),
+            });
         }
+        self.update(sums, |o| o.copy_from_slice(&each))
+    }
+
+    fn sum(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
+        let total = self.floats(x)?.iter().copied().sum::<T>();
         self.update(out, |o| o[0] = total)
     }
 

@@ -85,16 +85,31 @@ impl Cuda {
         }
     }
 
-    /// One partial pass over the list (one launch per run of tensors of one dtype: one for a
-    /// model's gradients) into consecutive runs of one scratch array, then one finishing block.
-    pub(super) fn sum_squares_impl(&self, out: &Tensor<Cuda>, xs: &[&Tensor<Cuda>]) -> Result<()> {
-        ensure_dtype(out, DType::F32, "sum_squares")?;
-        ensure!(out.numel() == 1, "sum_squares: out must hold one value");
-        // Each tensor's table entry (elementwise.cu's `SquaresEntry`: x, n, head, then its
-        // first block within its launch and its block count in one word); a run per dtype.
-        let mut table: Vec<u64> = Vec::with_capacity(SQUARES_ENTRY_WORDS * xs.len());
+    /// One partial pass over the tensors given (one launch per run of tensors of one dtype:
+    /// one for a model's gradients) into consecutive runs of one scratch array, then one
+    /// block per tensor sums its run of partials (none for an absent tensor: 0).
+    pub(super) fn sum_squares_impl(
+        &self,
+        sums: &Tensor<Cuda>,
+        xs: &[Option<&Tensor<Cuda>>],
+    ) -> Result<()> {
+        ensure_dtype(sums, DType::F32, "sum_squares")?;
+        ensure!(
+            sums.numel() == xs.len(),
+            "sum_squares: {} sums for {} tensors",
+            sums.numel(),
+            xs.len()
+        );
+        let present: Vec<&Tensor<Cuda>> = xs.iter().flatten().copied().collect();
+        // Each present tensor's table entry (elementwise.cu's `SquaresEntry`: x, n, head,
+        // then its first block within its launch and its block count in one word); a run per
+        // dtype. Then where each tensor's partials start, and where the last one's end.
+        let mut table: Vec<u64> = Vec::with_capacity(SQUARES_ENTRY_WORDS * xs.len() + 1);
+        let mut offsets = Vec::with_capacity(xs.len() + 1);
         let mut runs = Runs::new();
         for x in xs {
+            offsets.push(runs.blocks() as u64);
+            let Some(x) = x else { continue };
             ensure_dtype_in(x, &[DType::F32, DType::BF16], "sum_squares")?;
             let n = x.numel();
             // The elements before the first 16-byte boundary.
@@ -111,6 +126,9 @@ impl Cuda {
             ]);
         }
         let count = runs.blocks();
+        offsets.push(count as u64);
+        let entries = table.len();
+        table.extend(offsets);
         let (partials, list) = self.scratch_with_table(count as usize, &table)?;
         let mut next = partials;
         for run in &runs.0 {
@@ -120,7 +138,7 @@ impl Cuda {
             unsafe {
                 self.launch(
                     Kernel::SumSquaresPartial,
-                    &[float(xs[run.first])],
+                    &[float(present[run.first])],
                     (run.blocks, 1, 1),
                     BLOCK,
                     &[
@@ -132,14 +150,29 @@ impl Cuda {
             }
             next += 4 * run.blocks as u64;
         }
-        // SAFETY: reads the `count` partials written above and writes out[0].
+        self.sum_ranges(sums, partials, list + 8 * entries as u64)
+    }
+
+    /// `out[0] = Σ x`, by one block.
+    pub(super) fn sum_impl(&self, out: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
+        ensure_dtype(out, DType::F32, "sum")?;
+        ensure_dtype(x, DType::F32, "sum")?;
+        ensure!(out.numel() == 1, "sum: out must hold one value");
+        let (_, offsets) = self.scratch_with_table(0, &[0, x.numel() as u64])?;
+        self.sum_ranges(out, ptr(x), offsets)
+    }
+
+    /// `out[r] = Σ x[offsets[r]..offsets[r + 1]]` for each of out's elements, one block each;
+    /// `offsets` is a device array of `out.numel() + 1` words.
+    fn sum_ranges(&self, out: &Tensor<Cuda>, x: u64, offsets: u64) -> Result<()> {
+        // SAFETY: block r reads x over its range of the offsets and writes out[r].
         unsafe {
             self.launch(
-                Kernel::SumSquaresFinish,
+                Kernel::SumRanges,
                 &[],
-                (1, 1, 1),
+                (out.numel() as u32, 1, 1),
                 1024,
-                &[ptr(out).into(), partials.into(), (count as i32).into()],
+                &[ptr(out).into(), x.into(), offsets.into()],
             )
         }
     }

@@ -232,7 +232,7 @@ kernel_table! {
     Fill => ELEMENTWISE, "fill", [Float];
     Copy => ELEMENTWISE, "copy", [Float, Float];
     SumSquaresPartial => ELEMENTWISE, "sum_squares_partial", [Float];
-    SumSquaresFinish => ELEMENTWISE, "sum_squares_finish", [];
+    SumRanges => ELEMENTWISE, "sum_ranges", [];
     EmbeddingForward => EMBEDDING, "embedding_forward", [Float];
     EmbeddingSortKeys => EMBEDDING, "embedding_sort_keys", [];
     BitonicGlobal => EMBEDDING, "bitonic_global", [];

@@ -617,8 +617,12 @@ impl Backend for Cuda {
         })
     }
 
-    fn sum_squares(&self, out: &Tensor<Self>, xs: &[&Tensor<Self>]) -> Result<()> {
-        self.op("sum_squares", || self.sum_squares_impl(out, xs))
+    fn sum_squares(&self, sums: &Tensor<Self>, xs: &[Option<&Tensor<Self>>]) -> Result<()> {
+        self.op("sum_squares", || self.sum_squares_impl(sums, xs))
+    }
+
+    fn sum(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
+        self.op("sum", || self.sum_impl(out, x))
     }
 
     fn adamw(

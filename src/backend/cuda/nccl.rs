@@ -1,8 +1,9 @@
 //! NCCL collectives between GPUs, one communicator per rank. Broadcasts run on the rank's
-//! compute stream, ordered with its ops like any other; sums run on a stream of their own,
-//! of the highest priority, so that the backward goes on while the gradients of the blocks
-//! it has finished are summed. Tensors are reduced in their own dtype (bf16 gradients as
-//! bf16, NCCL summing in f32 and rounding the result).
+//! compute stream, ordered with its ops like any other; sums (all-reduces, and ZeRO-2's
+//! reduces to one rank) run on a stream of their own, of the highest priority, so that the
+//! backward goes on while the gradients of the blocks it has finished are summed. Tensors
+//! are reduced in their own dtype (bf16 gradients as bf16, NCCL summing in f32 and rounding
+//! the result).
 //!
 //! Ranks meet on the host before each collective, so a rank that failed since the last
 //! meeting releases the others there. One that fails after it (its device faulted, or its
@@ -15,13 +16,14 @@
 //! run the timeout after the failure, leaving that peer behind; `NCCL_RUNTIME_CONNECT=0`,
 //! which makes NCCL connect the ranks at creation, avoids the block.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use cudarc::driver::{CudaStream, result::stream};
+use cudarc::driver::{CudaEvent, CudaStream, result::stream};
 use cudarc::nccl::{result, sys};
 
 use super::{Cuda, ptr};
@@ -35,6 +37,9 @@ pub struct Nccl {
     compute: Arc<CudaStream>,
     /// Where the sums run, behind the compute stream's ops enqueued before each.
     sums: Arc<CudaStream>,
+    /// The end of the last sum started over each tensor (by address), until the compute
+    /// stream joins them all.
+    pending: Mutex<HashMap<u64, Arc<CudaEvent>>>,
     member: Member,
     stop_watching: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
@@ -69,10 +74,12 @@ fn abort(comm: &Mutex<Option<Handle>>) {
     }
 }
 
-fn lock(comm: &Mutex<Option<Handle>>) -> MutexGuard<'_, Option<Handle>> {
-    // Every update is a single assignment, so a panic while holding the lock left no half
-    // state.
-    comm.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update is a single assignment or insertion, so a panic while holding the lock
+    // left no half state.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What every rank's communicator is created from: made once, before the ranks start.
@@ -123,6 +130,7 @@ impl Nccl {
             comm,
             compute: cuda.stream.clone(),
             sums,
+            pending: Mutex::new(HashMap::new()),
             member,
             stop_watching,
             watcher: Some(watcher),
@@ -156,6 +164,35 @@ impl Nccl {
         let ended = result::group_end().map_err(|e| anyhow::anyhow!("NCCL {what}: {e:?}"));
         launched.and(ended.map(|_| ()))
     }
+
+    /// Sums each tensor over the ranks, in place, on the sums stream behind the compute
+    /// stream's ops so far: into every rank's, or only `root`'s (the others' are only read).
+    /// Notes where the sums end, for `wait_for_sums_of`.
+    fn start_sums(&self, tensors: &[&Tensor<Cuda>], root: Option<usize>) -> Result<()> {
+        self.sums.join(&self.compute)?;
+        let stream = self.sums.cu_stream() as sys::cudaStream_t;
+        let what = match root {
+            Some(_) => "reduce",
+            None => "all-reduce",
+        };
+        self.grouped(what, tensors, |t, comm| {
+            let p = ptr(t) as *mut std::ffi::c_void;
+            let (n, dtype, sum) = (t.numel(), summed_dtype(t)?, sys::ncclRedOp_t::ncclSum);
+            // SAFETY: in place over the tensor's own elements, on this rank's stream.
+            Ok(unsafe {
+                match root {
+                    None => sys::ncclAllReduce(p, p, n, dtype, sum, comm, stream),
+                    Some(r) => sys::ncclReduce(p, p, n, dtype, sum, r as i32, comm, stream),
+                }
+            })
+        })?;
+        let end = Arc::new(self.sums.record_event(None)?);
+        let mut pending = lock(&self.pending);
+        for t in tensors {
+            pending.insert(ptr(t), end.clone());
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Nccl {
@@ -177,7 +214,7 @@ fn summed_dtype(t: &Tensor<Cuda>) -> Result<sys::ncclDataType_t> {
         DType::F32 => sys::ncclDataType_t::ncclFloat32,
         DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
         DType::F16 => sys::ncclDataType_t::ncclFloat16,
-        other => bail!("NCCL all-reduce: no sum of {other} tensors"),
+        other => bail!("NCCL: no sum of {other} tensors"),
     })
 }
 
@@ -191,26 +228,30 @@ impl Comm<Cuda> for Nccl {
     }
 
     fn start_all_reduce_sum(&self, _: &Cuda, tensors: &[&Tensor<Cuda>]) -> Result<()> {
-        self.sums.join(&self.compute)?;
-        self.grouped("all-reduce", tensors, |t, comm| {
-            let p = ptr(t) as *mut std::ffi::c_void;
-            // SAFETY: in place over the tensor's own elements, on this rank's stream.
-            Ok(unsafe {
-                sys::ncclAllReduce(
-                    p,
-                    p,
-                    t.numel(),
-                    summed_dtype(t)?,
-                    sys::ncclRedOp_t::ncclSum,
-                    comm,
-                    self.sums.cu_stream() as sys::cudaStream_t,
-                )
-            })
-        })
+        self.start_sums(tensors, None)
+    }
+
+    fn start_reduce_sum(&self, _: &Cuda, tensors: &[&Tensor<Cuda>], root: usize) -> Result<()> {
+        self.start_sums(tensors, Some(root))
+    }
+
+    fn wait_for_sums_of(&self, _: &Cuda, tensors: &[&Tensor<Cuda>]) -> Result<()> {
+        let pending = lock(&self.pending);
+        let mut ends: Vec<&Arc<CudaEvent>> = tensors
+            .iter()
+            .filter_map(|t| pending.get(&ptr(t)))
+            .collect();
+        ends.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        for end in ends {
+            self.compute.wait(end)?;
+        }
+        Ok(())
     }
 
     fn join_all_reduce_sums(&self, _: &Cuda) -> Result<()> {
-        Ok(self.compute.join(&self.sums)?)
+        self.compute.join(&self.sums)?;
+        lock(&self.pending).clear();
+        Ok(())
     }
 
     fn broadcast(&self, _: &Cuda, tensors: &[(&Tensor<Cuda>, usize)]) -> Result<()> {

@@ -16,8 +16,11 @@ use self::cost::{StepCost, Workload};
 use super::console::{Categories, category_bytes};
 use super::optimizer::{Offload, OptimizerOptions, StatePlan};
 use super::step_losses::rows_spec;
+use super::zero;
 use crate::backend::datasheet::Datasheet;
-use crate::model::{MatmulPrecision, ModelConfig, ModelOptions, ModelPlan, Params, Recompute};
+use crate::model::{
+    MatmulPrecision, ModelConfig, ModelOptions, ModelPlan, Params, Recompute, grads,
+};
 use crate::tensor::DType;
 
 /// Device memory a run needs beyond its planned tensors: the CUDA context, cuBLASLt's
@@ -208,9 +211,9 @@ fn plan_at(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Plan> 
     })
 }
 
-/// Every choice, with its memory and cost. The model's memory depends only on recompute
-/// and the LM-head chunks, the optimizer's only on offload and ZeRO, so each is planned
-/// once per value and the two are combined.
+/// Every choice, with its memory and cost. The model's memory depends only on recompute,
+/// the residual's offload and the LM-head chunks; the gradients' and the optimizer's only on
+/// offload and ZeRO. Each is planned once per value and the two are combined.
 pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> {
     let r = request;
     let tokens = r.batch * r.seq;
@@ -234,11 +237,15 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
                     offload_residual,
                     lmhead_chunks,
                     matmul: r.matmul,
+                    kept_grads: None,
                 };
                 let model = ModelPlan::new(&r.config, &options)?;
                 let losses = model.losses();
                 let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
+                // The gradients are counted with the optimizer state, whose sharding they
+                // follow.
                 let mut memory = model.memory();
+                memory.retain(|c| c.0 != "gradients");
                 memory.push(("losses", vec![losses]));
                 let (device, host) = (bytes(&memory), bytes(&model.offloaded()));
                 models.push((recompute, offload_residual, lmhead_chunks, device, host));
@@ -247,17 +254,31 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     }
     let layout = Params::layout(&r.config, r.model_dtype);
     let mut states = vec![];
+    // ZeRO-2 with micro-steps sends every micro-batch's block gradients, a cost `cost` does
+    // not know; it is offered only without.
+    let zero_levels = match (r.gpus, r.micro_steps) {
+        (1, _) => vec![0],
+        (_, 1) => vec![0, 1, 2],
+        _ => vec![0, 1],
+    };
     for offload in offload_choices(r.optimizer.master_dtype.is_some()) {
-        for zero_level in if r.gpus > 1 { vec![0, 1] } else { vec![0] } {
+        for &zero_level in &zero_levels {
             let options = OptimizerOptions {
                 offload,
                 zero_level,
                 ..r.optimizer.clone()
             };
+            let owners = zero::owners_of(&layout, r.gpus, &options);
             let ranks: Vec<StatePlan> = (0..r.gpus)
                 .map(|rank| StatePlan::new(&layout, rank, r.gpus, &options))
                 .collect();
-            let device = (ranks.iter().map(|s| bytes(&s.memory())))
+            let device = (ranks.iter().enumerate())
+                .map(|(rank, s)| {
+                    let kept = owners.as_ref().and_then(|o| o.kept_blocks(rank));
+                    let mut memory = vec![("gradients", grads::specs(&layout, kept.as_deref()))];
+                    memory.extend(s.memory());
+                    bytes(&memory)
+                })
                 .max_by_key(total)
                 .expect("at least one rank");
             let per_rank: Vec<ByCategory> = ranks.iter().map(|s| bytes(&s.offloaded())).collect();

@@ -27,7 +27,7 @@ struct SquaresEntry {
 
 // partials[block] = Σ x² over a fixed grid-stride pattern within the tensor whose run of
 // blocks holds this one: 16-byte units from element `head`, the leftovers element-wise. The
-// runs depend only on each n, and head only on x's address, so with `sum_squares_finish` the
+// runs depend only on each n, and head only on x's address, so with `sum_ranges` the
 // total is the same on every run. One launch covers a whole list of tensors (all of a
 // model's gradients, several per layer, most of them small), whose launches one by one
 // would cost more than their reads.
@@ -53,10 +53,11 @@ __global__ void sum_squares_partial(float* partials, const SquaresEntry* list, i
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-// out[0] = Σ partials, by one block in a fixed order.
-__global__ void sum_squares_finish(float* out, const float* partials, int count) {
+// out[r] = Σ x[offsets[r] .. offsets[r + 1]), each range by one block in a fixed order.
+__global__ void sum_ranges(float* out, const float* x, const unsigned long long* offsets) {
+    const long long end = offsets[blockIdx.x + 1];
     float acc = 0.0f;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+    for (long long i = offsets[blockIdx.x] + threadIdx.x; i < end; i += blockDim.x) acc += x[i];
     acc = block_sum(acc);
-    if (threadIdx.x == 0) out[0] = acc;
+    if (threadIdx.x == 0) out[blockIdx.x] = acc;
 }
