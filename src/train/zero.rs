@@ -92,7 +92,10 @@ pub fn owners(sizes: &[usize], world: usize) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::owners;
+    use super::{OptimizerOptions, ParamSpec, owners, owners_of};
+    use crate::model::{Params, presets};
+    use crate::tensor::DType;
+    use crate::train::bench::bf16_adamw_options;
 
     #[test]
     fn one_rank_owns_everything() {
@@ -117,5 +120,44 @@ mod tests {
             assert!(held.iter().all(|&h| h > 0), "world {world}: {held:?}");
         }
         assert_eq!(owners(&[3, 3, 3, 3], 2), vec![0, 1, 0, 1]);
+    }
+
+    /// Qwen2.5-0.5B on two ranks at level 2: every block's tensors go to one rank, and the
+    /// bytes each rank holds (its blocks' gradients and state, its other tensors' state)
+    /// differ by less than one block's.
+    #[test]
+    fn level_2_gives_each_block_to_one_rank_and_balances_the_bytes() {
+        let layout = Params::layout(&presets::preset("qwen2.5-0.5b").unwrap(), DType::BF16);
+        let options = OptimizerOptions {
+            zero_level: 2,
+            ..bf16_adamw_options()
+        };
+        let owned = owners_of(&layout, 2, &options).unwrap();
+        let blocks = owned.blocks.as_ref().unwrap();
+        let (grad, state) = (2, 4); // bf16 gradients; bf16 m and v, no master
+        let mut held = [0; 2];
+        let mut tensors = owned.tensors.iter();
+        let mut take = |p: &ParamSpec, bytes: usize| {
+            let rank = *tensors.next().unwrap();
+            held[rank] += p.tensor.numel() * bytes;
+            rank
+        };
+        take(&layout.embed, state);
+        for (l, block) in layout.layers.iter().enumerate() {
+            for p in block.iter() {
+                assert_eq!(take(p, grad + state), blocks[l], "block {l}");
+            }
+        }
+        take(&layout.final_norm, state);
+        assert!(layout.lm_head.is_none() && tensors.next().is_none());
+        let block: usize = layout.layers[0].iter().map(|p| p.tensor.numel()).sum();
+        assert!(
+            held[0].abs_diff(held[1]) < block * (grad + state),
+            "{held:?}"
+        );
+        assert_eq!(
+            owned.kept_blocks(1).unwrap().iter().filter(|&&k| k).count(),
+            blocks.iter().filter(|&&r| r == 1).count()
+        );
     }
 }
