@@ -51,6 +51,7 @@ fn planned_on(
         },
         gpus,
         lmhead_chunks: Some(choice.lmhead_chunks),
+        allow_zero_2: true,
     };
     let gpu = datasheet("H100").unwrap();
     candidates(&request, gpu)
@@ -486,6 +487,29 @@ fn fit_memory_trains_with_the_plans_pick_within_the_budget() {
     assert!(err.contains("on the CPU give the memory"), "{err}");
 }
 
+/// On several GPUs `--fit-memory` picks ZeRO-2 where it saves memory at no cost (6 blocks
+/// here), but never beside `--grad-sum-after-backward`, which would then refuse the run.
+#[test]
+fn fit_memory_leaves_zero_2_out_when_the_sums_come_after_the_backward() {
+    let setup = setup();
+    let deep = model_variant(&setup, "deep-model", |c| c["num_hidden_layers"] = 6.into());
+    let log = setup.root.join("log.jsonl");
+    let chosen = |extra: &[&str]| {
+        let flags = [&["--gpus", "2", "--fit-memory", "64"], extra].concat();
+        let mut args = train_args(&setup, &log, "1", &flags);
+        let model = args.iter().position(|a| *a == "--model").unwrap() + 1;
+        args[model] = s(&deep);
+        let stdout = smelt_ok(&args);
+        (stdout.lines())
+            .find_map(|l| l.strip_prefix("--fit-memory: ").map(str::to_string))
+            .unwrap_or_else(|| panic!("no --fit-memory line in:\n{stdout}"))
+    };
+    let free = chosen(&[]);
+    assert!(free.contains("--zero-level 2"), "{free}");
+    let after = chosen(&["--grad-sum-after-backward"]);
+    assert!(!after.contains("--zero-level 2"), "{after}");
+}
+
 /// The least device memory any choice needs for the tiny model at `batch` × 16, with
 /// `optimizer`.
 fn least_device_bytes(
@@ -504,6 +528,7 @@ fn least_device_bytes(
         optimizer,
         gpus: 1,
         lmhead_chunks: None,
+        allow_zero_2: true,
     };
     (candidates(&request, datasheet("H100").unwrap())
         .unwrap()

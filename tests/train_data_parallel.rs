@@ -4,7 +4,7 @@
 
 mod train_support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use smelt::train::log::Event;
 use train_support::*;
@@ -296,17 +296,6 @@ fn gradient_sums_during_the_backward_give_the_bits_of_sums_after_it() {
     }
 }
 
-/// A copy of the tiny model's config in folder `name`, changed by `edit`.
-fn model_variant(set: &Setup, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
-    let dir = set.root.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(set.model.join("config.json")).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    dir
-}
-
 /// The gradient norm of each step of a run (before clipping).
 fn norms(dir: &Path) -> Vec<f64> {
     (events(&dir.join("log.jsonl")).into_iter())
@@ -359,6 +348,28 @@ fn zero_2_gives_the_same_bits_and_continues_exactly() {
             assert_continues(&sharded, &resumed);
         }
     }
+}
+
+/// Three ranks, and tied embeddings (whose gradient the head writes first and the embedding's
+/// backward completes last, whole on every rank): ZeRO-2 still gives the unsharded bits.
+#[test]
+fn zero_2_on_three_ranks_with_tied_embeddings_gives_the_same_bits() {
+    let set = setup();
+    let model = model_variant(&set, "deep-tied", |c| {
+        c["num_hidden_layers"] = 6.into();
+        c["tie_word_embeddings"] = true.into();
+    });
+    let (plain, sharded) = (set.root.join("plain"), set.root.join("zero-2"));
+    smelt_ok(&strs(&command_for(&model, &set, &plain, 3, &[])));
+    let flags = ["--zero-level", "2"];
+    smelt_ok(&strs(&command_for(&model, &set, &sharded, 3, &flags)));
+    assert_eq!(
+        steps(&plain.join("log.jsonl")),
+        steps(&sharded.join("log.jsonl"))
+    );
+    assert_eq!(norms(&plain), norms(&sharded));
+    assert_same_model(&plain, &sharded);
+    assert!(gradient_bytes(&sharded) < gradient_bytes(&plain));
 }
 
 /// With --grad-accumulation, ZeRO-2 sums each micro-batch's block gradients on their rank,

@@ -114,6 +114,7 @@ impl BenchArgs {
                 optimizer: bench::bf16_adamw_options(),
                 gpus: 1,
                 lmhead_chunks: None,
+                allow_zero_2: true,
             })
         };
         if let Some(choice) = self

@@ -95,6 +95,7 @@ impl PlanArgs {
             },
             gpus: self.gpus,
             lmhead_chunks: self.lmhead_chunks,
+            allow_zero_2: true,
         };
         let (gpu, free) = self.gpu()?;
         let device = match (self.device_memory, free) {

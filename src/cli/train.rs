@@ -431,6 +431,7 @@ impl TrainArgs {
             optimizer: options.optimizer.clone(),
             gpus: self.gpus,
             lmhead_chunks: None,
+            allow_zero_2: !options.grad_sum_after_backward,
         })
     }
 

@@ -122,3 +122,18 @@ pub fn copy_checkpoint(from: &Path, step: u64, to: &Path) {
     let name = copy.file_name().unwrap();
     std::fs::write(to.join(checkpoint::LATEST), name.as_encoded_bytes()).unwrap();
 }
+
+/// A copy of the tiny model's config in folder `name`, changed by `edit`.
+pub fn model_variant(
+    set: &Setup,
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> PathBuf {
+    let dir = set.root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(set.model.join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}

@@ -41,6 +41,9 @@ pub struct Request {
     pub gpus: usize,
     /// Fixed by the caller, or `None` for the plan to choose.
     pub lmhead_chunks: Option<usize>,
+    /// Whether ZeRO-2 may be chosen (not with `--grad-sum-after-backward`, which it cannot
+    /// honour).
+    pub allow_zero_2: bool,
 }
 
 /// Bytes available on each GPU (after `DEVICE_RESERVE`) and in host memory (for all ranks).
@@ -256,9 +259,9 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     let mut states = vec![];
     // ZeRO-2 with micro-steps sends every micro-batch's block gradients, a cost `cost` does
     // not know; it is offered only without.
-    let zero_levels = match (r.gpus, r.micro_steps) {
-        (1, _) => vec![0],
-        (_, 1) => vec![0, 1, 2],
+    let zero_levels = match r.gpus {
+        1 => vec![0],
+        _ if r.allow_zero_2 && r.micro_steps == 1 => vec![0, 1, 2],
         _ => vec![0, 1],
     };
     for offload in offload_choices(r.optimizer.master_dtype.is_some()) {
