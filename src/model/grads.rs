@@ -7,7 +7,8 @@
 //! the block then written waits for that send (`GradEvent::Writing`), not for the one
 //! before it. The embedding's, final norm's and LM head's gradients always have their own.
 
-use super::params::{ParamSpec, Params, from_list};
+use super::params::{LayerParams, ParamSpec, Params, from_list};
+use crate::backend::Backend;
 use crate::tensor::{Tensor, TensorSpec};
 
 /// The gradient tensors of a layout: every kept block's and every non-block parameter's in
@@ -27,9 +28,8 @@ pub fn specs(layout: &Params<ParamSpec>, kept: Option<&[bool]>) -> Vec<TensorSpe
     let block = &layout.layers[0];
     for s in 0..slot_count(kept) {
         out.extend(block.iter().map(|p| {
-            let field = (p.tensor.name.split_once('.').map(|(_, rest)| rest))
-                .and_then(|rest| rest.split_once('.'))
-                .map_or(p.tensor.name.as_str(), |(_, field)| field);
+            // `layers.0.qkv` → `qkv`
+            let field = p.tensor.name.splitn(3, '.').last().unwrap_or_default();
             grad(&p.tensor, format!("grad.slot{s}.{field}"))
         }));
     }
@@ -38,7 +38,7 @@ pub fn specs(layout: &Params<ParamSpec>, kept: Option<&[bool]>) -> Vec<TensorSpe
 
 /// The gradient tensors of `layout` from the allocation of `specs(layout, kept)`: the
 /// blocks not kept alias the slots.
-pub fn build<B: crate::backend::Backend>(
+pub fn build<B: Backend>(
     layout: &Params<ParamSpec>,
     kept: Option<&[bool]>,
     mut tensors: Vec<Tensor<B>>,
@@ -81,7 +81,7 @@ pub fn build<B: crate::backend::Backend>(
 fn kept_blocks<'a, T>(
     layout: &'a Params<T>,
     kept: &'a [bool],
-) -> impl Iterator<Item = &'a super::params::LayerParams<T>> {
+) -> impl Iterator<Item = &'a LayerParams<T>> {
     (layout.layers.iter().zip(kept))
         .filter(|(_, k)| **k)
         .map(|(l, _)| l)
@@ -104,7 +104,6 @@ fn slots_of(kept: &[bool]) -> Vec<Option<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Backend;
     use crate::backend::cpu::Cpu;
     use crate::model::ModelConfig;
     use crate::tensor::DType;
