@@ -34,6 +34,7 @@ fn main() -> anyhow::Result<()> {
         recompute: Recompute::default(),
         offload_residual: false,
         lmhead_chunks: 4,
+        ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
         kept_grads: None,
     };

@@ -26,6 +26,7 @@ fn op_times_account_for_the_step() {
         offload: Offload::default(),
         offload_residual: false,
         lmhead_chunks: chunks,
+        ffn_chunks: 1,
         op_times: true,
     };
     let report = bench::run(&gpu, config, &options, |_| Ok(None)).unwrap();

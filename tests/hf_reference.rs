@@ -85,6 +85,7 @@ fn cpu_matches_transformers() {
             recompute: Recompute::default(),
             offload_residual: false,
             lmhead_chunks: 3,
+            ffn_chunks: 1,
             matmul: MatmulPrecision::Native,
             kept_grads: None,
         };

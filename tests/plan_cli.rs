@@ -51,6 +51,7 @@ fn planned_on(
         },
         gpus,
         lmhead_chunks: Some(choice.lmhead_chunks),
+        ffn_chunks: Some(choice.ffn_chunks),
         allow_zero_2: true,
     };
     let gpu = datasheet("H100").unwrap();
@@ -130,7 +131,7 @@ fn the_plan_counts_what_training_allocates() {
     let setup = setup();
     let config = hf::read_config(&setup.model).unwrap();
     let none = Recompute::default();
-    let cases: [(&[&str], usize, bool, Choice); 3] = [
+    let cases: [(&[&str], usize, bool, Choice); 4] = [
         (
             &[
                 "--recompute-ffn",
@@ -151,6 +152,7 @@ fn the_plan_counts_what_training_allocates() {
                 },
                 zero_level: 0,
                 lmhead_chunks: 2,
+                ffn_chunks: 1,
             },
         ),
         (
@@ -175,6 +177,20 @@ fn the_plan_counts_what_training_allocates() {
                 },
                 zero_level: 0,
                 lmhead_chunks: 1,
+                ffn_chunks: 1,
+            },
+        ),
+        (
+            &["--recompute-ffn", "--ffn-chunks", "2"],
+            1,
+            false,
+            Choice {
+                recompute: Recompute { ffn: true, ..none },
+                offload_residual: false,
+                offload: Offload::default(),
+                zero_level: 0,
+                lmhead_chunks: 1,
+                ffn_chunks: 2,
             },
         ),
         (
@@ -187,6 +203,7 @@ fn the_plan_counts_what_training_allocates() {
                 offload: Offload::default(),
                 zero_level: 0,
                 lmhead_chunks: 1,
+                ffn_chunks: 1,
             },
         ),
     ];
@@ -215,6 +232,7 @@ fn recompute_saves_the_activations_written_out_by_hand() {
             offload: Offload::default(),
             zero_level: 0,
             lmhead_chunks: 1,
+            ffn_chunks: 1,
         };
         let plan = planned(&config, 1, false, choice);
         by_name(&plan.device)["activations"]
@@ -260,6 +278,7 @@ fn recompute_saves_the_activations_written_out_by_hand() {
             offload: Offload::default(),
             zero_level: 0,
             lmhead_chunks: 1,
+            ffn_chunks: 1,
         };
         let plan = planned(&deep, 1, false, choice);
         let host = by_name(&plan.host).get("residual").copied();
@@ -288,6 +307,7 @@ fn zero_2_plans_the_gradients_of_the_blocks_kept_and_two_slots() {
             offload: Offload::default(),
             zero_level,
             lmhead_chunks: 1,
+            ffn_chunks: 1,
         };
         by_name(&planned_on(2, &config, 1, false, choice).device)["gradients"]
     };
@@ -374,7 +394,7 @@ fn when_nothing_fits_smaller_micro_batches_keep_the_sequences_per_step() {
         "--seq-len",
         "4096",
         "--device-memory",
-        "12",
+        "10",
     ]);
     let plans = v["plans"].as_array().unwrap();
     let picks: Vec<_> = plans
@@ -383,7 +403,7 @@ fn when_nothing_fits_smaller_micro_batches_keep_the_sequences_per_step() {
         .collect();
     assert!(
         plans.len() > 1,
-        "batch 16 × 4096 should not fit in 12 GiB: {picks:?}"
+        "batch 16 × 4096 should not fit in 10 GiB: {picks:?}"
     );
     for p in &plans[..plans.len() - 1] {
         assert!(p["pick"].is_null(), "{picks:?}");
@@ -433,6 +453,7 @@ fn tight_budget(setup: &Setup) -> (String, u64, u64) {
         offload: Offload::default(),
         zero_level: 0,
         lmhead_chunks: 1,
+        ffn_chunks: 1,
     };
     let needed: u64 = planned(&config, 1, false, keep_all)
         .device
@@ -528,6 +549,7 @@ fn least_device_bytes(
         optimizer,
         gpus: 1,
         lmhead_chunks: None,
+        ffn_chunks: None,
         allow_zero_2: true,
     };
     (candidates(&request, datasheet("H100").unwrap())

@@ -1,5 +1,6 @@
 //! Every recompute option, and offloading the residual stream, gives bitwise the losses and
-//! gradients of keeping everything on the device.
+//! gradients of keeping everything on the device; running the MLP in token chunks changes
+//! only the order in which its weight gradients are summed.
 
 mod common;
 
@@ -24,11 +25,23 @@ fn run(
     (dtype, matmul): Precision,
     config: &ModelConfig,
 ) -> Outcome {
+    run_chunked(recompute, offload_residual, (dtype, matmul), config, 1)
+}
+
+/// `run` with the MLP over the tokens in `ffn_chunks` chunks.
+fn run_chunked(
+    recompute: Recompute,
+    offload_residual: bool,
+    (dtype, matmul): Precision,
+    config: &ModelConfig,
+    ffn_chunks: usize,
+) -> Outcome {
     let cpu = Cpu::<f32>::new();
     let (batch_size, seq) = (3, 7);
     let mut o = options(batch_size, seq, dtype, recompute, 2);
     o.matmul = matmul;
     o.offload_residual = offload_residual;
+    o.ffn_chunks = ffn_chunks;
     let mut model = Transformer::new(&cpu, config.clone(), o).unwrap();
     randomize(&cpu, &model, 3);
     let mut losses = vec![];
@@ -98,4 +111,80 @@ fn offloading_the_residual_stream_is_bitwise_identical() {
             }
         }
     }
+}
+
+/// The MLP over the 21 tokens in 3 chunks of 7, and in 4 (6, 6, 6 and 3): each token's
+/// values are those of the whole MLP, and the weight gradients, summed chunk by chunk, differ
+/// by the rounding of their sums' order (f32), or of the bf16 buffer they are summed into.
+#[test]
+fn the_mlp_in_token_chunks_matches_the_whole_mlp() {
+    let r = Recompute::default();
+    for (config_name, config) in tiny_configs() {
+        for (precision, tol) in [
+            ((DType::F32, MatmulPrecision::Native), 1e-5),
+            ((DType::BF16, MatmulPrecision::Native), 2e-2),
+        ] {
+            for recompute in [Recompute { ffn: true, ..r }, Recompute { block: true, ..r }] {
+                let (base_losses, base_grads) = run(recompute, false, precision, &config);
+                for chunks in [3, 4] {
+                    let what = format!("{config_name} {precision:?} {chunks} chunks");
+                    let (losses, grads) = run_chunked(recompute, false, precision, &config, chunks);
+                    let worst = losses
+                        .iter()
+                        .zip(&base_losses)
+                        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
+                        .fold(0.0, f64::max);
+                    assert!(worst <= tol, "{what}: losses differ by {worst:e}");
+                    for ((name, g), (_, base)) in grads.iter().zip(&base_grads) {
+                        let scale = base.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                        let err = g
+                            .iter()
+                            .zip(base)
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0, f64::max);
+                        assert!(
+                            err <= tol * scale,
+                            "{what}: {name} differs by {err:e} of {scale:e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Chunks shrink the shared MLP buffers to one chunk's rows; they are refused where the MLP
+/// is kept per layer (nothing to shrink) and with FP8 (whole-tensor scales).
+#[test]
+fn ffn_chunks_plan_one_chunk_and_are_refused_where_they_cannot_work() {
+    let config = &tiny_configs()[0].1;
+    let ffn = Recompute {
+        ffn: true,
+        ..Recompute::default()
+    };
+    let plan = |recompute, matmul, chunks| {
+        let mut o = options(3, 7, DType::BF16, recompute, 1);
+        o.matmul = matmul;
+        o.ffn_chunks = chunks;
+        smelt::model::ModelPlan::new(config, &o)
+    };
+    let rows = |chunks| {
+        let memory = plan(ffn, MatmulPrecision::Native, chunks).unwrap().memory();
+        let activations = &memory.iter().find(|c| c.0 == "activations").unwrap().1;
+        let gate_up = activations.iter().find(|s| s.name == "gate_up").unwrap();
+        let swiglu = activations.iter().find(|s| s.name == "swiglu").unwrap();
+        (gate_up.shape[0], swiglu.shape[0])
+    };
+    assert_eq!(rows(1), (21, 21));
+    assert_eq!(rows(4), (6, 6));
+    let err = plan(Recompute::default(), MatmulPrecision::Native, 2)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("--ffn-chunks 2 needs --recompute-ffn"),
+        "{err}"
+    );
+    let err = plan(ffn, FP8, 2).err().unwrap().to_string();
+    assert!(err.contains("cannot be used with FP8"), "{err}");
 }

@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// 4096 tokens of the batch, 8 at 32 × 1024].
     #[arg(long)]
     lmhead_chunks: Option<usize>,
+    /// Chunks of each block's MLP (with --recompute-ffn or --recompute-block; the MLP's
+    /// intermediates shrink with it).
+    #[arg(long, default_value_t = 1)]
+    ffn_chunks: usize,
     #[command(flatten)]
     fit_memory: FitMemoryFlag,
     /// Where to run: the GPU when the driver reports one, else the CPU.
@@ -83,7 +87,8 @@ impl BenchArgs {
         let chosen_by_hand = recompute != Recompute::default()
             || offload != Offload::default()
             || self.offload.residual()
-            || self.lmhead_chunks.is_some();
+            || self.lmhead_chunks.is_some()
+            || self.ffn_chunks != 1;
         self.fit_memory.check(&device, chosen_by_hand)?;
         let mut options = BenchOptions {
             batch: self.batch_size,
@@ -100,6 +105,7 @@ impl BenchArgs {
             lmhead_chunks: self
                 .lmhead_chunks
                 .unwrap_or((self.batch_size * self.seq_len).div_ceil(4096)),
+            ffn_chunks: self.ffn_chunks,
             op_times: self.op_times,
         };
         // The run `bench::run` makes: bf16 weights and the benchmark's optimizer.
@@ -114,6 +120,7 @@ impl BenchArgs {
                 optimizer: bench::bf16_adamw_options(),
                 gpus: 1,
                 lmhead_chunks: None,
+                ffn_chunks: None,
                 allow_zero_2: true,
             })
         };
@@ -125,6 +132,7 @@ impl BenchArgs {
             options.offload = choice.offload;
             options.offload_residual = choice.offload_residual;
             options.lmhead_chunks = choice.lmhead_chunks;
+            options.ffn_chunks = choice.ffn_chunks;
         }
         let report = match &device {
             Device::Cpu(b) => bench::run(b, config, &options, |_| Ok(None)),

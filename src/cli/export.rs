@@ -41,6 +41,7 @@ impl ExportArgs {
             recompute: Recompute::default(),
             offload_residual: false,
             lmhead_chunks: 1,
+            ffn_chunks: 1,
             matmul: MatmulPrecision::Native,
             kept_grads: None,
         };

@@ -95,6 +95,7 @@ impl PlanArgs {
             },
             gpus: self.gpus,
             lmhead_chunks: self.lmhead_chunks,
+            ffn_chunks: None,
             allow_zero_2: true,
         };
         let (gpu, free) = self.gpu()?;

@@ -136,6 +136,11 @@ pub struct TrainArgs {
     /// batch × vocabulary logits never exist at once.
     #[arg(long, default_value_t = 1, help_heading = "Memory")]
     lmhead_chunks: usize,
+    /// Run each block's MLP over the tokens in this many chunks, so that its intermediates
+    /// (the widest activations) exist one chunk at a time. Needs --recompute-ffn or
+    /// --recompute-block, and bf16 or f32 matmuls.
+    #[arg(long, default_value_t = 1, help_heading = "Memory")]
+    ffn_chunks: usize,
     /// Keep the f32 master weights in pinned host memory; the optimizer updates them over
     /// the bus.
     #[arg(long, help_heading = "Memory")]
@@ -225,6 +230,7 @@ impl TrainArgs {
             self.offload.offload(self.offload_master) != Offload::default(),
             self.offload.residual(),
             self.lmhead_chunks != 1,
+            self.ffn_chunks != 1,
             self.zero_level != 0,
         ];
         self.fit_memory
@@ -241,6 +247,7 @@ impl TrainArgs {
             options.optimizer.offload = choice.offload;
             options.optimizer.zero_level = choice.zero_level;
             options.lmhead_chunks = choice.lmhead_chunks;
+            options.ffn_chunks = choice.ffn_chunks;
         }
         if options.optimizer.zero_level == 2 && options.grad_sum_after_backward {
             bail!(
@@ -310,6 +317,7 @@ impl TrainArgs {
             ("--seq-len", self.seq_len.unwrap_or(d.seq_len)),
             ("--grad-accumulation", self.grad_accumulation),
             ("--lmhead-chunks", self.lmhead_chunks),
+            ("--ffn-chunks", self.ffn_chunks),
             (
                 "--eval-num-steps",
                 self.eval_num_steps.unwrap_or(d.eval_num_steps),
@@ -401,6 +409,7 @@ impl TrainArgs {
             recompute: self.recompute.recompute(),
             offload_residual: self.offload.residual(),
             lmhead_chunks: self.lmhead_chunks,
+            ffn_chunks: self.ffn_chunks,
             seed: self.seed,
             ckpt_interval: self.ckpt_interval,
             checkpoint_dir: self
@@ -431,6 +440,7 @@ impl TrainArgs {
             optimizer: options.optimizer.clone(),
             gpus: self.gpus,
             lmhead_chunks: None,
+            ffn_chunks: None,
             allow_zero_2: !options.grad_sum_after_backward,
         })
     }

@@ -131,6 +131,7 @@ pub struct ActivationShape {
     pub heads: usize,
     pub vocab: usize,
     pub head_rows: usize, // rows of one LM-head chunk
+    pub ffn_rows: usize,  // rows of one MLP chunk
 }
 
 /// Every activation and activation gradient of one micro-batch. The MLP's gradients have no
@@ -206,6 +207,9 @@ impl ActivationPlan {
         let mut p = Plan { specs: vec![] };
         let (n, l) = (s.tokens, s.layers);
         let copies = |recomputed: bool| if recomputed { 1 } else { l };
+        // The MLP's intermediates: one chunk's rows, or every token's kept per layer (with
+        // chunks they are always recomputed).
+        let mlp_rows = s.ffn_rows;
         let mut host = Plan { specs: vec![] };
         let on_device = match offload_residual {
             true => {
@@ -239,13 +243,13 @@ impl ActivationPlan {
             rstd2: p.add("rstd2", &[n], stat_dtype, l),
             gate_up: p.add(
                 "gate_up",
-                &[n, 2 * s.intermediate],
+                &[mlp_rows, 2 * s.intermediate],
                 dtype,
                 copies(recompute.gate_up()),
             ),
             swiglu: p.add(
                 "swiglu",
-                &[n, s.intermediate],
+                &[mlp_rows, s.intermediate],
                 dtype,
                 copies(recompute.swiglu_out()),
             ),

@@ -115,19 +115,8 @@ impl<B: Backend> Transformer<B> {
         let (a, w, g) = (&self.acts, &self.params.layers[l], &self.grads.layers[l]);
         let shape = self.attn_shape();
         let dres = &a.dresidual;
-        // The MLP's two widest gradients overwrite the activations they are the gradients
-        // of, each dead once read: the SwiGLU output once the down projection's weight
-        // gradient has read it, and gate/up once SwiGLU's backward has (in place).
-        let (swiglu, gate_up) = (a.swiglu.layer(l), a.gate_up.layer(l));
-        let (dswiglu, dgate_up) = (swiglu, gate_up);
-        // 8) down projection
-        self.linear_backward(b, (l, Linear::Down), dswiglu, dres, swiglu, acc)?;
-        // 7) SwiGLU
-        let reported = self.grad_amax(l, Linear::GateUp);
-        b.swiglu_backward(dgate_up, dswiglu, gate_up, reported.as_ref())?;
-        // 6) gate/up projection
-        let ln2 = a.ln2.layer(l);
-        self.linear_backward(b, (l, Linear::GateUp), &a.dln, dgate_up, ln2, acc)?;
+        // 8)–6) the MLP, into `dln`
+        self.mlp_backward(b, l, acc)?;
         // 5) post-attention norm, into the residual gradient
         b.rmsnorm_backward(
             dres,

@@ -57,24 +57,15 @@ impl<B: Backend> Transformer<B> {
         let shape = self.attn_shape();
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
         let amax = |lin| self.input_amax(l, lin);
-        let (amax_qkv, amax_out, amax_gate_up, amax_down) = (
-            amax(Linear::Qkv),
-            amax(Linear::Out),
-            amax(Linear::GateUp),
-            amax(Linear::Down),
-        );
+        let (amax_qkv, amax_out, amax_gate_up) =
+            (amax(Linear::Qkv), amax(Linear::Out), amax(Linear::GateUp));
         let (ln1, qkv, att, lse) = (
             a.ln1.layer(l),
             a.qkv.layer(l),
             a.att.layer(l),
             a.lse.layer(l),
         );
-        let (mid, ln2, gate_up, swiglu) = (
-            a.residual_mid.layer(l),
-            a.ln2.layer(l),
-            a.gate_up.layer(l),
-            a.swiglu.layer(l),
-        );
+        let (mid, ln2) = (a.residual_mid.layer(l), a.ln2.layer(l));
 
         // 1) input norm, fused with the previous block's residual add in the forward
         if pass == Pass::Forward && l > 0 {
@@ -122,18 +113,8 @@ impl<B: Backend> Transformer<B> {
             let rstd = a.rstd2.layer(l);
             b.rmsnorm_forward(ln2, rstd, mid, &w.ln2, eps, amax_gate_up.as_ref())?;
         }
-        // 6) gate/up projection
-        if run(rc.gate_up()) {
-            self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?;
-        }
-        // 7) SwiGLU
-        if run(rc.swiglu_out()) {
-            b.swiglu_forward(swiglu, gate_up, amax_down.as_ref())?;
-        }
-        // 8) down projection; the backward never needs it again
-        if pass == Pass::Forward {
-            self.linear_forward(b, (l, Linear::Down), &a.branch, swiglu, None)?;
-        }
+        // 6)–8) the MLP
+        self.mlp_forward(b, l, pass)?;
         Ok(())
     }
 }

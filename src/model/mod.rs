@@ -11,6 +11,7 @@ pub mod grads;
 mod head;
 mod init;
 mod linear;
+mod mlp;
 pub mod params;
 pub mod presets;
 mod residuals;

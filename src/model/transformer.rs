@@ -25,6 +25,9 @@ pub struct ModelOptions {
     /// The LM head and loss run over the tokens in this many chunks, so the full
     /// `[B·T, V]` logits never exist at once.
     pub lmhead_chunks: usize,
+    /// Each block's MLP runs over the tokens in this many chunks, so its recomputed
+    /// intermediates exist one chunk at a time (`mlp`).
+    pub ffn_chunks: usize,
     /// What the blocks' linear layers multiply in.
     pub matmul: MatmulPrecision,
     /// `None`: every block's parameter gradients have memory of their own. `Some(kept)`
@@ -75,6 +78,25 @@ impl ModelPlan {
             "--lmhead-chunks must be between 1 and batch·seq = {}",
             options.batch * options.seq
         );
+        ensure!(
+            options.ffn_chunks > 0 && options.ffn_chunks <= options.batch * options.seq,
+            "--ffn-chunks must be between 1 and batch·seq = {}",
+            options.batch * options.seq
+        );
+        if options.ffn_chunks > 1 {
+            ensure!(
+                options.recompute.gate_up(),
+                "--ffn-chunks {} needs --recompute-ffn or --recompute-block: otherwise every \
+                 layer keeps its MLP activations whole, and chunks would save nothing",
+                options.ffn_chunks
+            );
+            ensure!(
+                options.matmul == MatmulPrecision::Native,
+                "--ffn-chunks {} cannot be used with FP8 matmuls, which scale by the abs-max of \
+                 the whole MLP input; leave one of them out",
+                options.ffn_chunks
+            );
+        }
         if options.matmul != MatmulPrecision::Native {
             ensure!(
                 options.dtype == DType::BF16,
@@ -111,6 +133,7 @@ impl ModelPlan {
             heads: config.num_heads,
             vocab: config.vocab_size,
             head_rows: n.div_ceil(options.lmhead_chunks),
+            ffn_rows: n.div_ceil(options.ffn_chunks),
         };
         let activations = ActivationPlan::new(
             &shape,

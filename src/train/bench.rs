@@ -49,6 +49,8 @@ pub struct BenchOptions {
     pub offload: Offload,
     pub offload_residual: bool,
     pub lmhead_chunks: usize,
+    /// `ModelOptions::ffn_chunks`.
+    pub ffn_chunks: usize,
     /// Also time each op (`BenchReport::ops`).
     pub op_times: bool,
 }
@@ -127,6 +129,7 @@ pub fn run<B: Backend>(
             recompute: o.recompute,
             offload_residual: o.offload_residual,
             lmhead_chunks: o.lmhead_chunks,
+            ffn_chunks: o.ffn_chunks,
             matmul: o.matmul,
             kept_grads: None,
         },

@@ -47,6 +47,8 @@ pub struct Options {
     /// `--offload-residual`: the residual stream in host memory (`ModelOptions`).
     pub offload_residual: bool,
     pub lmhead_chunks: usize,
+    /// `ModelOptions::ffn_chunks`.
+    pub ffn_chunks: usize,
     pub seed: u64,
     /// Steps between checkpoints; 0 for none.
     pub ckpt_interval: u64,

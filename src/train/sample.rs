@@ -38,6 +38,7 @@ fn model_options(seq: usize, dtype: DType) -> ModelOptions {
         recompute: Recompute::all(),
         offload_residual: false,
         lmhead_chunks: 1,
+        ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
         kept_grads: None,
     }

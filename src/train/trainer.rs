@@ -103,6 +103,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
             recompute: o.recompute,
             offload_residual: o.offload_residual,
             lmhead_chunks: o.lmhead_chunks,
+            ffn_chunks: o.ffn_chunks,
             matmul: o.matmul,
             kept_grads: owners.and_then(|w| w.kept_blocks(comm.rank())),
         },

@@ -42,6 +42,7 @@ pub fn options(
         recompute,
         offload_residual: false,
         lmhead_chunks,
+        ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
         kept_grads: None,
     }

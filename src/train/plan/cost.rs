@@ -29,7 +29,8 @@ pub struct StepCost {
     pub base: f64,
     /// The forward work that recompute repeats in the backward.
     pub recompute: f64,
-    /// Each LM-head chunk after the first re-reads and rewrites the head's weight gradient.
+    /// Each LM-head or MLP chunk after the first re-reads and rewrites the head's or the
+    /// MLP's weight gradients.
     pub chunks: f64,
     /// The offloaded state's round trip over the bus.
     pub bus: f64,
@@ -67,7 +68,12 @@ impl Workload<'_> {
                 + attention / (ATTENTION_SHARE * gpu.bf16_flops));
         let per_token = self.recompute_seconds_per_token(gpu, choice.recompute);
         let head_grad_bytes = (2 * c.vocab_size * c.hidden_size * self.element_bytes) as f64;
-        let chunks = (self.micro_steps * (choice.lmhead_chunks - 1)) as f64 * head_grad_bytes
+        let mlp_grad_bytes =
+            (2 * 3 * c.intermediate_size * c.hidden_size * self.element_bytes * c.num_layers)
+                as f64;
+        let chunks = self.micro_steps as f64
+            * ((choice.lmhead_chunks - 1) as f64 * head_grad_bytes
+                + (choice.ffn_chunks - 1) as f64 * mlp_grad_bytes)
             / (BANDWIDTH_SHARE * gpu.memory_bandwidth);
         StepCost {
             base,
@@ -151,6 +157,7 @@ mod tests {
             offload: Default::default(),
             zero_level: 0,
             lmhead_chunks,
+            ffn_chunks: 1,
         }
     }
 

@@ -41,6 +41,8 @@ pub struct Request {
     pub gpus: usize,
     /// Fixed by the caller, or `None` for the plan to choose.
     pub lmhead_chunks: Option<usize>,
+    /// The same for the MLP's chunks.
+    pub ffn_chunks: Option<usize>,
     /// Whether ZeRO-2 may be chosen (not with `--grad-sum-after-backward`, which it cannot
     /// honour).
     pub allow_zero_2: bool,
@@ -61,6 +63,7 @@ pub struct Choice {
     pub offload: Offload,
     pub zero_level: u8,
     pub lmhead_chunks: usize,
+    pub ffn_chunks: usize,
 }
 
 impl Choice {
@@ -85,6 +88,9 @@ impl Choice {
         .map(|f| f.1.to_string())
         .collect();
         flags.push(format!("--lmhead-chunks {}", self.lmhead_chunks));
+        if self.ffn_chunks > 1 {
+            flags.push(format!("--ffn-chunks {}", self.ffn_chunks));
+        }
         if self.zero_level > 0 {
             flags.push(format!("--zero-level {}", self.zero_level));
         }
@@ -215,43 +221,59 @@ fn plan_at(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Plan> 
 }
 
 /// Every choice, with its memory and cost. The model's memory depends only on recompute,
-/// the residual's offload and the LM-head chunks; the gradients' and the optimizer's only on
-/// offload and ZeRO. Each is planned once per value and the two are combined.
+/// the residual's offload and the LM-head and MLP chunks; the gradients' and the
+/// optimizer's only on offload and ZeRO. Each is planned once per value and the two are
+/// combined.
 pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> {
     let r = request;
     let tokens = r.batch * r.seq;
+    // Powers of two down to chunks of 1024 tokens: fewer rows than that leave the matmuls
+    // small, for little memory.
+    let powers = || {
+        std::iter::successors(Some(1), |c| Some(c * 2))
+            .take_while(|&c| c == 1 || tokens / c >= 1024)
+            .collect::<Vec<usize>>()
+    };
     let chunks = match r.lmhead_chunks {
         Some(n) => vec![n],
-        // Powers of two down to chunks of 1024 tokens: fewer rows than that leave the
-        // head's matmuls small, for little memory.
-        None => std::iter::successors(Some(1), |c| Some(c * 2))
-            .take_while(|&c| c == 1 || tokens / c >= 1024)
-            .collect(),
+        None => powers(),
     };
     let mut models = vec![];
     for recompute in recompute_choices() {
+        // MLP chunks shrink only recomputed intermediates, and FP8 scales by whole tensors.
+        let chunkable = recompute.gate_up() && r.matmul == MatmulPrecision::Native;
+        let ffn_chunks = match (r.ffn_chunks, chunkable) {
+            (Some(n), true) => vec![n],
+            (Some(1) | None, false) => vec![1],
+            (Some(_), false) => continue,
+            (None, true) => powers(),
+        };
         for offload_residual in [false, true] {
             for &lmhead_chunks in &chunks {
-                let options = ModelOptions {
-                    batch: r.batch,
-                    seq: r.seq,
-                    dtype: r.model_dtype,
-                    recompute,
-                    offload_residual,
-                    lmhead_chunks,
-                    matmul: r.matmul,
-                    kept_grads: None,
-                };
-                let model = ModelPlan::new(&r.config, &options)?;
-                let losses = model.losses();
-                let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
-                // The gradients are counted with the optimizer state, whose sharding they
-                // follow.
-                let mut memory = model.memory();
-                memory.retain(|c| c.0 != "gradients");
-                memory.push(("losses", vec![losses]));
-                let (device, host) = (bytes(&memory), bytes(&model.offloaded()));
-                models.push((recompute, offload_residual, lmhead_chunks, device, host));
+                for &ffn_chunks in &ffn_chunks {
+                    let options = ModelOptions {
+                        batch: r.batch,
+                        seq: r.seq,
+                        dtype: r.model_dtype,
+                        recompute,
+                        offload_residual,
+                        lmhead_chunks,
+                        ffn_chunks,
+                        matmul: r.matmul,
+                        kept_grads: None,
+                    };
+                    let model = ModelPlan::new(&r.config, &options)?;
+                    let losses = model.losses();
+                    let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
+                    // The gradients are counted with the optimizer state, whose sharding
+                    // they follow.
+                    let mut memory = model.memory();
+                    memory.retain(|c| c.0 != "gradients");
+                    memory.push(("losses", vec![losses]));
+                    let (device, host) = (bytes(&memory), bytes(&model.offloaded()));
+                    let chunks = (lmhead_chunks, ffn_chunks);
+                    models.push((recompute, offload_residual, chunks, device, host));
+                }
             }
         }
     }
@@ -303,7 +325,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         element_bytes: r.model_dtype.size_bytes(),
     };
     let mut out = Vec::with_capacity(models.len() * states.len());
-    for (recompute, offload_residual, lmhead_chunks, model, model_host) in &models {
+    for (recompute, offload_residual, (lmhead_chunks, ffn_chunks), model, model_host) in &models {
         for (offload, zero_level, device, host, bus) in &states {
             let choice = Choice {
                 recompute: *recompute,
@@ -311,6 +333,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
                 offload: *offload,
                 zero_level: *zero_level,
                 lmhead_chunks: *lmhead_chunks,
+                ffn_chunks: *ffn_chunks,
             };
             out.push(Candidate {
                 choice,

@@ -1,0 +1,116 @@
+//! A block's MLP (steps 6–8: the gate/up projection, SwiGLU, the down projection), whole or
+//! over the tokens in chunks (`--ffn-chunks`).
+//!
+//! The MLP's intermediates are the widest activations, `[N, 2F]` and `[N, F]`. When they are
+//! recomputed (`--recompute-ffn` or `--recompute-block`) they live in one buffer shared by
+//! every layer, and in chunks that buffer holds one chunk's rows: the forward runs the three
+//! steps chunk by chunk, and the backward reruns them for each chunk just before that
+//! chunk's backward. Each token's values are the same either way; the weight gradients are
+//! summed chunk by chunk, which rounds in another order than one matmul over every token.
+
+use std::ops::Range;
+
+use anyhow::Result;
+
+use super::forward::Pass;
+use super::fp8::Linear;
+use super::transformer::Transformer;
+use crate::backend::Backend;
+use crate::tensor::Tensor;
+
+impl<B: Backend> Transformer<B> {
+    /// The token rows of each MLP chunk.
+    fn ffn_chunks(&self) -> impl Iterator<Item = Range<usize>> + use<B> {
+        let n = self.options.batch * self.options.seq;
+        let rows = n.div_ceil(self.options.ffn_chunks);
+        (0..n)
+            .step_by(rows)
+            .map(move |start| start..(start + rows).min(n))
+    }
+
+    /// Steps 6–8 of block `l`: from `ln2`, the MLP's output into `branch` in the forward,
+    /// and in the recompute pass the intermediates the backward reads (in chunks, none: the
+    /// backward makes each chunk's itself).
+    pub(crate) fn mlp_forward(&self, b: &B, l: usize, pass: Pass) -> Result<()> {
+        let (a, rc) = (&self.acts, self.options.recompute);
+        let (ln2, gate_up, swiglu) = (a.ln2.layer(l), a.gate_up.layer(l), a.swiglu.layer(l));
+        if self.options.ffn_chunks > 1 {
+            if pass == Pass::Forward {
+                for rows in self.ffn_chunks() {
+                    let (_, swiglu) = self.mlp_chunk_inner(b, l, &rows)?;
+                    let out = a.branch.narrow_rows(rows.start, rows.end);
+                    self.linear_forward(b, (l, Linear::Down), &out, &swiglu, None)?;
+                }
+            }
+            return Ok(());
+        }
+        let run = |recomputed: bool| pass == Pass::Forward || recomputed;
+        // 6) gate/up projection
+        if run(rc.gate_up()) {
+            self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?;
+        }
+        // 7) SwiGLU
+        if run(rc.swiglu_out()) {
+            let amax_down = self.input_amax(l, Linear::Down);
+            b.swiglu_forward(swiglu, gate_up, amax_down.as_ref())?;
+        }
+        // 8) down projection; the backward never needs it again
+        if pass == Pass::Forward {
+            self.linear_forward(b, (l, Linear::Down), &a.branch, swiglu, None)?;
+        }
+        Ok(())
+    }
+
+    /// Steps 8–6 of block `l`'s backward, given `dresidual`: the MLP's weight gradients
+    /// (written, or with `acc` added into) and the gradient of its input in `dln`. The two
+    /// widest gradients overwrite the activations they are the gradients of, each dead once
+    /// read: the SwiGLU output once the down projection's weight gradient has read it, and
+    /// gate/up once SwiGLU's backward has (in place).
+    pub(crate) fn mlp_backward(&self, b: &B, l: usize, acc: bool) -> Result<()> {
+        let a = &self.acts;
+        if self.options.ffn_chunks > 1 {
+            for (c, rows) in self.ffn_chunks().enumerate() {
+                let (gate_up, swiglu) = self.mlp_chunk_inner(b, l, &rows)?;
+                let (dres, dln, ln2) = (
+                    a.dresidual.narrow_rows(rows.start, rows.end),
+                    a.dln.narrow_rows(rows.start, rows.end),
+                    a.ln2.layer(l).narrow_rows(rows.start, rows.end),
+                );
+                let acc = acc || c > 0;
+                self.linear_backward(b, (l, Linear::Down), &swiglu, &dres, &swiglu, acc)?;
+                b.swiglu_backward(&gate_up, &swiglu, &gate_up, None)?;
+                self.linear_backward(b, (l, Linear::GateUp), &dln, &gate_up, &ln2, acc)?;
+            }
+            return Ok(());
+        }
+        let (swiglu, gate_up) = (a.swiglu.layer(l), a.gate_up.layer(l));
+        let (dswiglu, dgate_up) = (swiglu, gate_up);
+        // 8) down projection
+        self.linear_backward(b, (l, Linear::Down), dswiglu, &a.dresidual, swiglu, acc)?;
+        // 7) SwiGLU
+        let reported = self.grad_amax(l, Linear::GateUp);
+        b.swiglu_backward(dgate_up, dswiglu, gate_up, reported.as_ref())?;
+        // 6) gate/up projection
+        let ln2 = a.ln2.layer(l);
+        self.linear_backward(b, (l, Linear::GateUp), &a.dln, dgate_up, ln2, acc)
+    }
+
+    /// Steps 6 and 7 for the tokens `rows`, into the first rows of the shared buffers: the
+    /// chunk's gate/up and SwiGLU output. (Chunks run only without FP8, so nothing reports
+    /// an abs-max.)
+    fn mlp_chunk_inner(
+        &self,
+        b: &B,
+        l: usize,
+        rows: &Range<usize>,
+    ) -> Result<(Tensor<B>, Tensor<B>)> {
+        let a = &self.acts;
+        let len = rows.end - rows.start;
+        let gate_up = a.gate_up.layer(l).narrow_rows(0, len);
+        let swiglu = a.swiglu.layer(l).narrow_rows(0, len);
+        let ln2 = a.ln2.layer(l).narrow_rows(rows.start, rows.end);
+        self.linear_forward(b, (l, Linear::GateUp), &gate_up, &ln2, None)?;
+        b.swiglu_forward(&swiglu, &gate_up, None)?;
+        Ok((gate_up, swiglu))
+    }
+}
