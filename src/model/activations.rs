@@ -131,7 +131,7 @@ pub struct ActivationShape {
     pub heads: usize,
     pub vocab: usize,
     pub head_rows: usize, // rows of one LM-head chunk
-    pub ffn_rows: usize,  // rows of one MLP chunk
+    pub ffn_rows: usize,  // rows of one MLP chunk (N unchunked; chunks are always recomputed)
 }
 
 /// Every activation and activation gradient of one micro-batch. The MLP's gradients have no
@@ -207,9 +207,6 @@ impl ActivationPlan {
         let mut p = Plan { specs: vec![] };
         let (n, l) = (s.tokens, s.layers);
         let copies = |recomputed: bool| if recomputed { 1 } else { l };
-        // The MLP's intermediates: one chunk's rows, or every token's kept per layer (with
-        // chunks they are always recomputed).
-        let mlp_rows = s.ffn_rows;
         let mut host = Plan { specs: vec![] };
         let on_device = match offload_residual {
             true => {
@@ -243,13 +240,13 @@ impl ActivationPlan {
             rstd2: p.add("rstd2", &[n], stat_dtype, l),
             gate_up: p.add(
                 "gate_up",
-                &[mlp_rows, 2 * s.intermediate],
+                &[s.ffn_rows, 2 * s.intermediate],
                 dtype,
                 copies(recompute.gate_up()),
             ),
             swiglu: p.add(
                 "swiglu",
-                &[mlp_rows, s.intermediate],
+                &[s.ffn_rows, s.intermediate],
                 dtype,
                 copies(recompute.swiglu_out()),
             ),

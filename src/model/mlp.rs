@@ -33,7 +33,6 @@ impl<B: Backend> Transformer<B> {
     /// backward makes each chunk's itself).
     pub(crate) fn mlp_forward(&self, b: &B, l: usize, pass: Pass) -> Result<()> {
         let (a, rc) = (&self.acts, self.options.recompute);
-        let (ln2, gate_up, swiglu) = (a.ln2.layer(l), a.gate_up.layer(l), a.swiglu.layer(l));
         if self.options.ffn_chunks > 1 {
             if pass == Pass::Forward {
                 for rows in self.ffn_chunks() {
@@ -44,6 +43,7 @@ impl<B: Backend> Transformer<B> {
             }
             return Ok(());
         }
+        let (ln2, gate_up, swiglu) = (a.ln2.layer(l), a.gate_up.layer(l), a.swiglu.layer(l));
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
         // 6) gate/up projection
         if run(rc.gate_up()) {

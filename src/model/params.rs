@@ -146,6 +146,14 @@ impl<T> Params<T> {
         self.iter().zip(other.iter())
     }
 
+    /// The parameters outside the blocks, in `iter` order: the embedding, the final norm and
+    /// an untied head.
+    pub fn outside_blocks(&self) -> impl Iterator<Item = &T> {
+        std::iter::once(&self.embed)
+            .chain(std::iter::once(&self.final_norm))
+            .chain(self.lm_head.as_ref())
+    }
+
     /// The LM head's weight: its own, or the embedding when tied.
     pub fn head(&self) -> &T {
         self.lm_head.as_ref().unwrap_or(&self.embed)

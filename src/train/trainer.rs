@@ -513,10 +513,7 @@ impl<B: Backend> Run<'_, B> {
             let whole: Vec<&Tensor<B>> = match block_owners {
                 None => grads.iter().collect(),
                 // The blocks' were sent during the backward.
-                Some(_) => std::iter::once(&grads.embed)
-                    .chain(std::iter::once(&grads.final_norm))
-                    .chain(grads.lm_head.as_ref())
-                    .collect(),
+                Some(_) => grads.outside_blocks().collect(),
             };
             comm.start_all_reduce_sum(b, &whole)?;
         }

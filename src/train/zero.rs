@@ -49,10 +49,7 @@ pub fn owners_of(
                 + options.opt_v_dtype.size_bytes()
                 + options.master_dtype.map_or(0, |d| d.size_bytes());
             let grad_bytes = layout.embed.tensor.dtype.size_bytes();
-            let others: Vec<&ParamSpec> = std::iter::once(&layout.embed)
-                .chain(std::iter::once(&layout.final_norm))
-                .chain(layout.lm_head.as_ref())
-                .collect();
+            let others: Vec<&ParamSpec> = layout.outside_blocks().collect();
             let weights: Vec<usize> = (layout.layers.iter())
                 .map(|l| l.iter().map(numel).sum::<usize>() * (grad_bytes + state_bytes))
                 .chain(others.iter().map(|p| numel(p) * state_bytes))
