@@ -33,6 +33,7 @@ fn main() -> anyhow::Result<()> {
         dtype: DType::F32,
         recompute: Recompute::default(),
         offload_residual: false,
+        offload_activations: false,
         lmhead_chunks: 4,
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,

@@ -2,7 +2,8 @@
 //! moments and master copy of keeping it on the device, over 5 optimizer steps: the update
 //! runs the same kernel on the same values, only its loads and stores cross the bus. The
 //! state also survives a checkpoint's save and load through host memory. And the copies that
-//! offload activations, which run beside the compute stream, are ordered by `join_copies`.
+//! offload activations, which run beside the compute stream, are ordered by
+//! `wait_for_copies_of`.
 
 mod common;
 
@@ -125,13 +126,13 @@ fn offloaded_optimizer_state_is_bitwise_identical_on_the_gpu() {
     );
 }
 
-/// `start_copy` runs on a copy engine beside the compute stream, and `join_copies` orders the
-/// ops after it: a kernel that overwrites a copy's source, or reads its destination, right
-/// after the join sees the copy done. 512 MiB take over 10 ms over PCIe, against the
+/// `start_copy` runs on a copy engine beside the compute stream, and `wait_for_copies_of` a
+/// tensor orders the ops after it: a kernel that overwrites a copy's source, or reads its
+/// destination, right after the wait sees the copy done. 512 MiB take over 10 ms over PCIe, against the
 /// microseconds a kernel takes to start, so a missing wait would show.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn copies_beside_the_compute_stream_are_ordered_by_join_copies() {
+fn copies_beside_the_compute_stream_are_ordered_by_waits_for_them() {
     let gpu = cuda();
     let spec = TensorSpec::new("x", &[1 << 27], DType::F32);
     let specs = [spec.clone(), spec.clone()];
@@ -142,18 +143,20 @@ fn copies_beside_the_compute_stream_are_ordered_by_join_copies() {
     // Out to host memory, then the source overwritten.
     gpu.fill(&device[0], 1.0).unwrap();
     gpu.start_copy(&host, &device[0]).unwrap();
-    gpu.join_copies().unwrap();
+    // A tensor no copy touched: nothing to wait for.
+    gpu.wait_for_copies_of(&[&device[1]]).unwrap();
+    gpu.wait_for_copies_of(&[&device[0]]).unwrap();
     gpu.fill(&device[0], 2.0).unwrap();
     assert!(all(&host, 1.0), "the source was overwritten mid-copy");
 
     // Back in, then the destination read.
     gpu.fill(&host, 3.0).unwrap();
     gpu.start_copy(&device[0], &host).unwrap();
-    gpu.join_copies().unwrap();
+    gpu.wait_for_copies_of(&[&device[0]]).unwrap();
     gpu.copy(&device[1], &device[0]).unwrap();
     assert!(all(&device[1], 3.0), "the destination was read mid-copy");
     figure(
         "start_copy",
-        "512 MiB out and back in, ordered by join_copies",
+        "512 MiB out and back in, ordered by wait_for_copies_of",
     );
 }

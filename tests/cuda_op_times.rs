@@ -25,6 +25,7 @@ fn op_times_account_for_the_step() {
         recompute: Recompute::default(),
         offload: Offload::default(),
         offload_residual: false,
+        offload_activations: false,
         lmhead_chunks: chunks,
         ffn_chunks: 1,
         op_times: true,

@@ -1,5 +1,5 @@
-//! On the GPU, every recompute option, and offloading the residual stream, gives bitwise the
-//! losses (and weights) of keeping all activations on the device, over 5 optimizer steps.
+//! On the GPU, every recompute option, and offloading activations, gives bitwise the losses
+//! (and weights) of keeping all activations on the device, over 5 optimizer steps.
 //! The kernels and cuBLASLt plans are deterministic, the recompute reruns the same ops on the
 //! same inputs, and the offload only moves bytes, so nothing less than equal bits is right.
 //! Running the MLP in token chunks changes the order of its weight gradients' sums, so it is
@@ -111,13 +111,13 @@ fn recompute_is_bitwise_identical_on_the_gpu() {
     }
 }
 
-/// Six layers, so that the backward fetches the inputs of the blocks below the last two
+/// Six layers, so that the backward fetches the activations of the blocks below the last two
 /// back into slots that other layers used. The copies are small beside a block's work here
-/// (a `join_copies` that waited for nothing still passed), so this checks the bookkeeping on
-/// the GPU; `cuda_offload` checks the waits.
+/// (a `wait_for_copies_of` that waited for nothing still passed), so this checks the
+/// bookkeeping on the GPU; `cuda_offload` checks the waits.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn offloading_the_residual_stream_is_bitwise_identical_on_the_gpu() {
+fn offloading_activations_is_bitwise_identical_on_the_gpu() {
     let gpu = cuda();
     let (name, config) = small_configs().swap_remove(0);
     let config = ModelConfig {
@@ -125,20 +125,21 @@ fn offloading_the_residual_stream_is_bitwise_identical_on_the_gpu() {
         ..config
     };
     let shape = (8, 1024);
-    let block = Recompute {
-        block: true,
-        ..Recompute::default()
-    };
+    let r = Recompute::default();
+    let (block, ffn) = (Recompute { block: true, ..r }, Recompute { ffn: true, ..r });
     let (base_losses, base_weights) = train_shape(&gpu, &config, shape, |_| ());
-    for (variant, recompute) in [
-        ("nothing recomputed", Recompute::default()),
-        ("block", block),
+    for (variant, recompute, residual, kept) in [
+        ("residual, nothing recomputed", r, true, false),
+        ("residual, block", block, true, false),
+        ("the other activations, nothing recomputed", r, false, true),
+        ("both, ffn", ffn, true, true),
     ] {
         let (losses, weights) = train_shape(&gpu, &config, shape, |o| {
             o.recompute = recompute;
-            o.offload_residual = true;
+            o.offload_residual = residual;
+            o.offload_activations = kept;
         });
-        let test = format!("offloaded residual, {name}, 6 layers, {variant}");
+        let test = format!("offloaded {variant}, {name}, 6 layers");
         assert!(
             same_bits(&losses, &base_losses),
             "{test}: the losses differ"

@@ -84,6 +84,7 @@ fn cpu_matches_transformers() {
             dtype: DType::F32,
             recompute: Recompute::default(),
             offload_residual: false,
+            offload_activations: false,
             lmhead_chunks: 3,
             ffn_chunks: 1,
             matmul: MatmulPrecision::Native,

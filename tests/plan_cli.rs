@@ -135,6 +135,7 @@ fn the_plan_counts_what_training_allocates() {
         (
             &[
                 "--recompute-ffn",
+                "--offload-activations",
                 "--offload-opt-m",
                 "--lmhead-chunks",
                 "2",
@@ -146,6 +147,7 @@ fn the_plan_counts_what_training_allocates() {
             Choice {
                 recompute: Recompute { ffn: true, ..none },
                 offload_residual: false,
+                offload_activations: true,
                 offload: Offload {
                     opt_m: true,
                     ..Offload::default()
@@ -170,6 +172,7 @@ fn the_plan_counts_what_training_allocates() {
                     ..none
                 },
                 offload_residual: true,
+                offload_activations: false,
                 offload: Offload {
                     master: true,
                     opt_v: true,
@@ -187,6 +190,7 @@ fn the_plan_counts_what_training_allocates() {
             Choice {
                 recompute: Recompute { ffn: true, ..none },
                 offload_residual: false,
+                offload_activations: false,
                 offload: Offload::default(),
                 zero_level: 0,
                 lmhead_chunks: 1,
@@ -200,6 +204,7 @@ fn the_plan_counts_what_training_allocates() {
             Choice {
                 recompute: Recompute { norm: true, ..none },
                 offload_residual: false,
+                offload_activations: false,
                 offload: Offload::default(),
                 zero_level: 0,
                 lmhead_chunks: 1,
@@ -229,6 +234,7 @@ fn recompute_saves_the_activations_written_out_by_hand() {
         let choice = Choice {
             recompute,
             offload_residual: false,
+            offload_activations: false,
             offload: Offload::default(),
             zero_level: 0,
             lmhead_chunks: 1,
@@ -266,27 +272,44 @@ fn recompute_saves_the_activations_written_out_by_hand() {
     );
 
     // Offloaded, the residual stream keeps two slots and the output on the device, and
-    // every block's input in host memory: of a 5-layer model's 6 tensors, 3 stay.
+    // every block's input in host memory: of a 5-layer model's 6 tensors, 3 stay. The other
+    // activations kept per layer (with their norms' f32 statistics) do the same: 2 of 5.
     let deep = ModelConfig {
         num_layers: 5,
         ..config.clone()
     };
-    let residual = |offload_residual| {
+    let offloaded = |recompute, offload_residual, offload_activations| {
         let choice = Choice {
-            recompute: Recompute::default(),
+            recompute,
             offload_residual,
+            offload_activations,
             offload: Offload::default(),
             zero_level: 0,
             lmhead_chunks: 1,
             ffn_chunks: 1,
         };
         let plan = planned(&deep, 1, false, choice);
-        let host = by_name(&plan.host).get("residual").copied();
+        let host = by_name(&plan.host).get("activations").copied();
         (by_name(&plan.device)["activations"], host)
     };
-    let ((kept, none_in_host), (slots, in_host)) = (residual(false), residual(true));
-    assert_eq!((kept - slots, none_in_host), (3 * mid, None));
-    assert_eq!(in_host, Some(5 * mid));
+    let rstd = n * 4;
+    let block_kept = 2 * ln + 2 * rstd + qkv + att + mid + gate_up + swiglu;
+    let ffn_kept = 2 * ln + 2 * rstd + qkv + att + mid;
+    let ffn = Recompute { ffn: true, ..r };
+    for (recompute, kept) in [(r, block_kept), (ffn, ffn_kept)] {
+        let (on_device, none_in_host) = offloaded(recompute, false, false);
+        assert_eq!(none_in_host, None);
+        for (residual, others, per_block) in [
+            (true, false, mid),
+            (false, true, kept),
+            (true, true, mid + kept),
+        ] {
+            let (slots, in_host) = offloaded(recompute, residual, others);
+            let what = format!("{recompute:?}, residual {residual}, others {others}");
+            assert_eq!(on_device - slots, 3 * per_block, "{what}");
+            assert_eq!(in_host, Some(5 * per_block), "{what}");
+        }
+    }
 }
 
 /// ZeRO-2 on two GPUs: of a 6-block model, each GPU keeps the gradients of the 3 blocks it
@@ -304,6 +327,7 @@ fn zero_2_plans_the_gradients_of_the_blocks_kept_and_two_slots() {
         let choice = Choice {
             recompute: Recompute::default(),
             offload_residual: false,
+            offload_activations: false,
             offload: Offload::default(),
             zero_level,
             lmhead_chunks: 1,
@@ -450,6 +474,7 @@ fn tight_budget(setup: &Setup) -> (String, u64, u64) {
     let keep_all = Choice {
         recompute: Recompute::default(),
         offload_residual: false,
+        offload_activations: false,
         offload: Offload::default(),
         zero_level: 0,
         lmhead_chunks: 1,

@@ -1,5 +1,5 @@
-//! Every recompute option, and offloading the residual stream, gives bitwise the losses and
-//! gradients of keeping everything on the device; running the MLP in token chunks changes
+//! Every recompute option, and offloading the residual stream and the other activations,
+//! gives bitwise the losses and gradients of keeping everything on the device; running the MLP in token chunks changes
 //! only the order in which its weight gradients are summed.
 
 mod common;
@@ -12,6 +12,9 @@ use smelt::tensor::DType;
 
 type Precision = (DType, MatmulPrecision);
 type Outcome = (Vec<f64>, Vec<(String, Vec<f64>)>);
+/// What goes to host memory: the residual stream, the other activations kept per layer.
+type Offloads = (bool, bool);
+const ON_DEVICE: Offloads = (false, false);
 
 const FP8: MatmulPrecision = MatmulPrecision::Fp8 {
     forward: DType::E4M3,
@@ -21,17 +24,17 @@ const FP8: MatmulPrecision = MatmulPrecision::Fp8 {
 /// Per-token losses and gradients after two accumulated micro-steps.
 fn run(
     recompute: Recompute,
-    offload_residual: bool,
+    offloads: Offloads,
     (dtype, matmul): Precision,
     config: &ModelConfig,
 ) -> Outcome {
-    run_chunked(recompute, offload_residual, (dtype, matmul), config, 1)
+    run_chunked(recompute, offloads, (dtype, matmul), config, 1)
 }
 
 /// `run` with the MLP over the tokens in `ffn_chunks` chunks.
 fn run_chunked(
     recompute: Recompute,
-    offload_residual: bool,
+    (offload_residual, offload_activations): Offloads,
     (dtype, matmul): Precision,
     config: &ModelConfig,
     ffn_chunks: usize,
@@ -41,6 +44,7 @@ fn run_chunked(
     let mut o = options(batch_size, seq, dtype, recompute, 2);
     o.matmul = matmul;
     o.offload_residual = offload_residual;
+    o.offload_activations = offload_activations;
     o.ffn_chunks = ffn_chunks;
     let mut model = Transformer::new(&cpu, config.clone(), o).unwrap();
     randomize(&cpu, &model, 3);
@@ -78,25 +82,36 @@ fn recompute_is_bitwise_identical() {
             (DType::BF16, FP8),
         ];
         for precision in precisions {
-            let base = run(Recompute::default(), false, precision, &config);
+            let base = run(Recompute::default(), ON_DEVICE, precision, &config);
             assert!(base.0.iter().any(|&l| l > 0.0));
             for (name, recompute) in &variants {
                 let what = format!("{config_name} {precision:?} recompute {name}");
-                assert_same_bits(&run(*recompute, false, precision, &config), &base, &what);
+                assert_same_bits(
+                    &run(*recompute, ON_DEVICE, precision, &config),
+                    &base,
+                    &what,
+                );
             }
         }
     }
 }
 
-/// Five layers, so that the backward fetches the inputs of the blocks below the last two
-/// back from host memory, into slots that other layers used.
+/// Five layers, so that the backward fetches the activations of the blocks below the last
+/// two back from host memory, into slots that other layers used; each kind of offload alone
+/// and both, under recompute options that keep more and fewer activations per layer.
 #[test]
-fn offloading_the_residual_stream_is_bitwise_identical() {
+fn offloading_activations_is_bitwise_identical() {
     let r = Recompute::default();
     let variants = [
         ("nothing recomputed", r),
+        ("ffn", Recompute { ffn: true, ..r }),
         ("block", Recompute { block: true, ..r }),
         ("all", Recompute::all()),
+    ];
+    let offloads = [
+        ("the residual stream", (true, false)),
+        ("the other activations", (false, true)),
+        ("both", (true, true)),
     ];
     for (config_name, config) in tiny_configs() {
         let config = ModelConfig {
@@ -104,10 +119,13 @@ fn offloading_the_residual_stream_is_bitwise_identical() {
             ..config
         };
         for precision in [(DType::F32, MatmulPrecision::Native), (DType::BF16, FP8)] {
-            let base = run(r, false, precision, &config);
+            let base = run(r, ON_DEVICE, precision, &config);
             for (name, recompute) in variants {
-                let what = format!("{config_name} {precision:?} offloaded, {name}");
-                assert_same_bits(&run(recompute, true, precision, &config), &base, &what);
+                for (what_moves, offload) in offloads {
+                    let what =
+                        format!("{config_name} {precision:?} {what_moves} offloaded, {name}");
+                    assert_same_bits(&run(recompute, offload, precision, &config), &base, &what);
+                }
             }
         }
     }
@@ -125,10 +143,11 @@ fn the_mlp_in_token_chunks_matches_the_whole_mlp() {
             ((DType::BF16, MatmulPrecision::Native), 2e-2),
         ] {
             for recompute in [Recompute { ffn: true, ..r }, Recompute { block: true, ..r }] {
-                let (base_losses, base_grads) = run(recompute, false, precision, &config);
+                let (base_losses, base_grads) = run(recompute, ON_DEVICE, precision, &config);
                 for chunks in [3, 4] {
                     let what = format!("{config_name} {precision:?} {chunks} chunks");
-                    let (losses, grads) = run_chunked(recompute, false, precision, &config, chunks);
+                    let (losses, grads) =
+                        run_chunked(recompute, ON_DEVICE, precision, &config, chunks);
                     let worst = losses
                         .iter()
                         .zip(&base_losses)

@@ -225,13 +225,14 @@ pub trait Backend: Sized {
     fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()>;
     /// Starts `dst = src` (one dtype; one of them offloaded) once the ops enqueued so far are
     /// done, on a copy engine, so that it overlaps the ops enqueued after it; those must
-    /// leave both tensors alone until `join_copies`. Where nothing runs beside the caller (the
-    /// CPU), the copy is made at once.
+    /// leave both tensors alone until `wait_for_copies_of` either. Where nothing runs beside
+    /// the caller (the CPU), the copy is made at once.
     fn start_copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
         self.copy(dst, src)
     }
-    /// Makes the ops enqueued from now on wait for every copy started so far.
-    fn join_copies(&self) -> Result<()> {
+    /// Makes the ops enqueued from now on wait for the last copy started into or out of each
+    /// of `tensors` (and so for every copy started before it), but not for later ones.
+    fn wait_for_copies_of(&self, _tensors: &[&Tensor<Self>]) -> Result<()> {
         Ok(())
     }
     fn synchronize(&self) -> Result<()>;

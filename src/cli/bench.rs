@@ -87,6 +87,7 @@ impl BenchArgs {
         let chosen_by_hand = recompute != Recompute::default()
             || offload != Offload::default()
             || self.offload.residual()
+            || self.offload.activations()
             || self.lmhead_chunks.is_some()
             || self.ffn_chunks != 1;
         self.fit_memory.check(&device, chosen_by_hand)?;
@@ -99,6 +100,7 @@ impl BenchArgs {
             recompute,
             offload,
             offload_residual: self.offload.residual(),
+            offload_activations: self.offload.activations(),
             // Chunks of 4096 tokens keep the LM head's matmuls large (at batch 1 and 8 chunks,
             // its weight gradient, re-read and rewritten per chunk, took 10% of the step)
             // while bounding the logits at 1.2 GB for a 152k vocabulary.
@@ -131,6 +133,7 @@ impl BenchArgs {
             options.recompute = choice.recompute;
             options.offload = choice.offload;
             options.offload_residual = choice.offload_residual;
+            options.offload_activations = choice.offload_activations;
             options.lmhead_chunks = choice.lmhead_chunks;
             options.ffn_chunks = choice.ffn_chunks;
         }

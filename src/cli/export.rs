@@ -40,6 +40,7 @@ impl ExportArgs {
             dtype: DType::F32,
             recompute: Recompute::default(),
             offload_residual: false,
+            offload_activations: false,
             lmhead_chunks: 1,
             ffn_chunks: 1,
             matmul: MatmulPrecision::Native,

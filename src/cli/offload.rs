@@ -20,6 +20,12 @@ pub struct OffloadFlags {
     /// beside the blocks' work, so the GPU holds two blocks' worth whatever the depth.
     #[arg(long, help_heading = "Memory")]
     offload_residual: bool,
+    /// Keep every other activation a layer keeps for its backward (those not recomputed) in
+    /// pinned host memory, the same way: the GPU holds two layers' worth. Pays where a
+    /// block's work outlasts its copies over the bus: long sequences (at 0.5B, a 128k
+    /// sequence with --recompute-ffn moves 1.2 GB per block, against a 100 ms forward).
+    #[arg(long, help_heading = "Memory")]
+    offload_activations: bool,
 }
 
 impl OffloadFlags {
@@ -33,5 +39,9 @@ impl OffloadFlags {
 
     pub fn residual(&self) -> bool {
         self.offload_residual
+    }
+
+    pub fn activations(&self) -> bool {
+        self.offload_activations
     }
 }

@@ -229,6 +229,7 @@ impl TrainArgs {
             self.recompute.recompute() != Recompute::default(),
             self.offload.offload(self.offload_master) != Offload::default(),
             self.offload.residual(),
+            self.offload.activations(),
             self.lmhead_chunks != 1,
             self.ffn_chunks != 1,
             self.zero_level != 0,
@@ -244,6 +245,7 @@ impl TrainArgs {
         {
             options.recompute = choice.recompute;
             options.offload_residual = choice.offload_residual;
+            options.offload_activations = choice.offload_activations;
             options.optimizer.offload = choice.offload;
             options.optimizer.zero_level = choice.zero_level;
             options.lmhead_chunks = choice.lmhead_chunks;
@@ -408,6 +410,7 @@ impl TrainArgs {
             matmul,
             recompute: self.recompute.recompute(),
             offload_residual: self.offload.residual(),
+            offload_activations: self.offload.activations(),
             lmhead_chunks: self.lmhead_chunks,
             ffn_chunks: self.ffn_chunks,
             seed: self.seed,

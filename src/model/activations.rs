@@ -2,11 +2,15 @@
 //!
 //! An activation the backward needs is either kept per layer, or, when the recompute
 //! options say so, held in one buffer that all layers share and recomputed in the backward
-//! from what was kept. Which is which is decided here, in one place.
+//! from what was kept; one kept per layer may live in host memory (`Stash`). Which is
+//! which is decided here, in one place.
 
 use std::ops::Range;
 
+use anyhow::Result;
+
 use super::residuals::Residuals;
+use super::stash::Stash;
 use crate::backend::Backend;
 use crate::tensor::{DType, Tensor, TensorSpec};
 
@@ -87,17 +91,6 @@ impl Recompute {
     }
 }
 
-/// One activation for every layer, or one buffer shared by all layers when recomputed.
-pub struct Stash<B: Backend> {
-    tensors: Vec<Tensor<B>>,
-}
-
-impl<B: Backend> Stash<B> {
-    pub fn layer(&self, l: usize) -> &Tensor<B> {
-        &self.tensors[l.min(self.tensors.len() - 1)]
-    }
-}
-
 /// Collects the specs of one allocation; each `add` returns where its tensors will be.
 struct Plan {
     specs: Vec<TensorSpec>,
@@ -115,6 +108,43 @@ impl Plan {
             self.specs.push(TensorSpec::new(name, shape, dtype));
         }
         start..self.specs.len()
+    }
+}
+
+/// Where a stash's tensors sit among the device and the host specs.
+struct StashPlan {
+    device: Range<usize>,
+    host: Range<usize>,
+}
+
+/// The device and host allocations of the activations.
+struct Plans {
+    device: Plan,
+    host: Plan,
+    layers: usize,
+}
+
+impl Plans {
+    /// A stash: one tensor per layer, or one for all when `recomputed`; offloaded (if kept
+    /// per layer, and `offload`), two slots on the device and one per layer in host memory.
+    fn stash(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        recomputed: bool,
+        offload: bool,
+    ) -> StashPlan {
+        let l = self.layers;
+        let (device, host) = match (recomputed, offload) {
+            (true, _) => (1, 0),
+            (false, false) => (l, 0),
+            (false, true) => (2.min(l), l),
+        };
+        StashPlan {
+            device: self.device.add(name, shape, dtype, device),
+            host: self.host.add(name, shape, dtype, host),
+        }
     }
 }
 
@@ -163,25 +193,63 @@ pub struct Activations<B: Backend> {
     pub dqkv: Tensor<B>,        // [N, W]
 }
 
+impl<B: Backend> Activations<B> {
+    /// Every activation kept per layer (or shared) but the residual stream.
+    fn stashes(&self) -> [&Stash<B>; 10] {
+        [
+            &self.ln1,
+            &self.rstd1,
+            &self.qkv,
+            &self.att,
+            &self.lse,
+            &self.residual_mid,
+            &self.ln2,
+            &self.rstd2,
+            &self.gate_up,
+            &self.swiglu,
+        ]
+    }
+
+    /// Before block `l`'s forward writes its activations (`Stash::before_write`).
+    pub fn before_block_forward(&self, b: &B, l: usize) -> Result<()> {
+        self.stashes().iter().try_for_each(|s| s.before_write(b, l))
+    }
+
+    /// After block `l`'s forward: its offloaded activations start their way out.
+    pub fn block_forward_done(&self, b: &B, l: usize) -> Result<()> {
+        self.stashes().iter().try_for_each(|s| s.written(b, l))
+    }
+
+    /// Before block `l`'s backward (and its recompute pass), with the residual stream.
+    pub fn before_block_backward(&self, b: &B, l: usize) -> Result<()> {
+        self.residual.before_backward(b, l)?;
+        self.stashes()
+            .iter()
+            .try_for_each(|s| s.before_backward(b, l))
+    }
+}
+
 /// Where each activation's tensors sit among the planned specs, so that the allocated
 /// tensors can be handed back in the same order.
 pub struct ActivationPlan {
     pub specs: Vec<TensorSpec>,
-    /// The residual stream's copies in host memory, when it is offloaded.
+    /// The offloaded stashes' copies in host memory (empty when nothing is offloaded).
     pub offloaded: Vec<TensorSpec>,
+    layers: usize,
     tokens: Range<usize>,
     targets: Range<usize>,
-    residual: Range<usize>,
-    ln1: Range<usize>,
-    rstd1: Range<usize>,
-    qkv: Range<usize>,
-    att: Range<usize>,
-    lse: Range<usize>,
-    residual_mid: Range<usize>,
-    ln2: Range<usize>,
-    rstd2: Range<usize>,
-    gate_up: Range<usize>,
-    swiglu: Range<usize>,
+    residual: StashPlan,
+    residual_out: Range<usize>,
+    ln1: StashPlan,
+    rstd1: StashPlan,
+    qkv: StashPlan,
+    att: StashPlan,
+    lse: StashPlan,
+    residual_mid: StashPlan,
+    ln2: StashPlan,
+    rstd2: StashPlan,
+    gate_up: StashPlan,
+    swiglu: StashPlan,
     lnf: Range<usize>,
     rstdf: Range<usize>,
     branch: Range<usize>,
@@ -193,73 +261,78 @@ pub struct ActivationPlan {
     dqkv: Range<usize>,
 }
 
+/// What goes to host memory.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ActivationOffload {
+    /// The residual stream's block inputs (`--offload-residual`).
+    pub residual: bool,
+    /// Every other activation kept per layer (`--offload-activations`).
+    pub kept: bool,
+}
+
 impl ActivationPlan {
-    /// The specs of every buffer, kept per layer or shared as `recompute` says; with
-    /// `offload_residual`, the residual stream in host memory and two slots of it (and the
-    /// output) on the device.
+    /// The specs of every buffer, kept per layer or shared as `recompute` says, and offloaded
+    /// as `offload` says.
     pub fn new(
         s: &ActivationShape,
         recompute: Recompute,
-        offload_residual: bool,
+        offload: ActivationOffload,
         dtype: DType,
         stat_dtype: DType,
     ) -> Self {
-        let mut p = Plan { specs: vec![] };
-        let (n, l) = (s.tokens, s.layers);
-        let copies = |recomputed: bool| if recomputed { 1 } else { l };
-        let mut host = Plan { specs: vec![] };
-        let on_device = match offload_residual {
-            true => {
-                host.add("residual", &[n, s.hidden], dtype, l);
-                3
-            }
-            false => l + 1,
+        let mut p = Plans {
+            device: Plan { specs: vec![] },
+            host: Plan { specs: vec![] },
+            layers: s.layers,
         };
+        let n = s.tokens;
+        let kept = offload.kept;
+        let tokens = p.device.add("tokens", &[n], DType::I32, 1);
+        let targets = p.device.add("targets", &[n], DType::I32, 1);
+        let residual = p.stash("residual", &[n, s.hidden], dtype, false, offload.residual);
+        let residual_out = p.device.add("residual_out", &[n, s.hidden], dtype, 1);
+        let ln1 = p.stash("ln1", &[n, s.hidden], dtype, recompute.norms(), kept);
+        let rstd1 = p.stash("rstd1", &[n], stat_dtype, false, kept);
+        let qkv = p.stash("qkv", &[n, s.qkv_dim], dtype, recompute.qkv(), kept);
+        let att = p.stash("att", &[n, s.q_dim], dtype, recompute.attention(), kept);
+        let lse_shape = [s.batch, s.heads, s.seq];
+        let lse = p.stash("lse", &lse_shape, stat_dtype, recompute.attention(), kept);
+        let mid_recomputed = recompute.residual_mid();
+        let residual_mid = p.stash("residual_mid", &[n, s.hidden], dtype, mid_recomputed, kept);
+        let ln2 = p.stash("ln2", &[n, s.hidden], dtype, recompute.norms(), kept);
+        let rstd2 = p.stash("rstd2", &[n], stat_dtype, false, kept);
+        let gate_up_shape = [s.ffn_rows, 2 * s.intermediate];
+        let gate_up = p.stash("gate_up", &gate_up_shape, dtype, recompute.gate_up(), kept);
+        let swiglu_shape = [s.ffn_rows, s.intermediate];
+        let swiglu = p.stash("swiglu", &swiglu_shape, dtype, recompute.swiglu_out(), kept);
+        let d = &mut p.device;
         ActivationPlan {
-            offloaded: host.specs,
-            tokens: p.add("tokens", &[n], DType::I32, 1),
-            targets: p.add("targets", &[n], DType::I32, 1),
-            residual: p.add("residual", &[n, s.hidden], dtype, on_device),
-            ln1: p.add("ln1", &[n, s.hidden], dtype, copies(recompute.norms())),
-            rstd1: p.add("rstd1", &[n], stat_dtype, l),
-            qkv: p.add("qkv", &[n, s.qkv_dim], dtype, copies(recompute.qkv())),
-            att: p.add("att", &[n, s.q_dim], dtype, copies(recompute.attention())),
-            lse: p.add(
-                "lse",
-                &[s.batch, s.heads, s.seq],
-                stat_dtype,
-                copies(recompute.attention()),
-            ),
-            residual_mid: p.add(
-                "residual_mid",
-                &[n, s.hidden],
-                dtype,
-                copies(recompute.residual_mid()),
-            ),
-            ln2: p.add("ln2", &[n, s.hidden], dtype, copies(recompute.norms())),
-            rstd2: p.add("rstd2", &[n], stat_dtype, l),
-            gate_up: p.add(
-                "gate_up",
-                &[s.ffn_rows, 2 * s.intermediate],
-                dtype,
-                copies(recompute.gate_up()),
-            ),
-            swiglu: p.add(
-                "swiglu",
-                &[s.ffn_rows, s.intermediate],
-                dtype,
-                copies(recompute.swiglu_out()),
-            ),
-            lnf: p.add("lnf", &[n, s.hidden], dtype, 1),
-            rstdf: p.add("rstdf", &[n], stat_dtype, 1),
-            branch: p.add("branch", &[n, s.hidden], dtype, 1),
-            logits: p.add("logits", &[s.head_rows, s.vocab], dtype, 1),
-            losses: p.add("losses", &[n], stat_dtype, 1),
-            dresidual: p.add("dresidual", &[n, s.hidden], dtype, 1),
-            dln: p.add("dln", &[n, s.hidden], dtype, 1),
-            datt: p.add("datt", &[n, s.q_dim], dtype, 1),
-            dqkv: p.add("dqkv", &[n, s.qkv_dim], dtype, 1),
-            specs: p.specs,
+            layers: s.layers,
+            tokens,
+            targets,
+            residual,
+            residual_out,
+            ln1,
+            rstd1,
+            qkv,
+            att,
+            lse,
+            residual_mid,
+            ln2,
+            rstd2,
+            gate_up,
+            swiglu,
+            lnf: d.add("lnf", &[n, s.hidden], dtype, 1),
+            rstdf: d.add("rstdf", &[n], stat_dtype, 1),
+            branch: d.add("branch", &[n, s.hidden], dtype, 1),
+            logits: d.add("logits", &[s.head_rows, s.vocab], dtype, 1),
+            losses: d.add("losses", &[n], stat_dtype, 1),
+            dresidual: d.add("dresidual", &[n, s.hidden], dtype, 1),
+            dln: d.add("dln", &[n, s.hidden], dtype, 1),
+            datt: d.add("datt", &[n, s.q_dim], dtype, 1),
+            dqkv: d.add("dqkv", &[n, s.qkv_dim], dtype, 1),
+            specs: p.device.specs,
+            offloaded: p.host.specs,
         }
     }
 
@@ -274,15 +347,17 @@ impl ActivationPlan {
         t: Vec<Tensor<B>>,
         offloaded: Vec<Tensor<B>>,
     ) -> Activations<B> {
-        let many = |r: &Range<usize>| t[r.clone()].to_vec();
-        let stash = |r: &Range<usize>| Stash {
-            tensors: t[r.clone()].to_vec(),
+        let stash = |p: &StashPlan| {
+            Stash::new(
+                t[p.device.clone()].to_vec(),
+                offloaded[p.host.clone()].to_vec(),
+            )
         };
         let one = |r: &Range<usize>| t[r.start].clone();
         Activations {
             tokens: one(&self.tokens),
             targets: one(&self.targets),
-            residual: Residuals::new(many(&self.residual), offloaded),
+            residual: Residuals::new(stash(&self.residual), one(&self.residual_out), self.layers),
             ln1: stash(&self.ln1),
             rstd1: stash(&self.rstd1),
             qkv: stash(&self.qkv),

@@ -86,7 +86,7 @@ impl<B: Backend> Transformer<B> {
         })?;
         for l in (0..last).rev() {
             let _layer = Range::begin(b, format_args!("layer {l} backward"));
-            self.acts.residual.before_backward(b, l)?;
+            self.acts.before_block_backward(b, l)?;
             self.block_forward(b, l, Pass::Recompute)?;
             let grads: Vec<&Tensor<B>> = self.grads.layers[l].iter().collect();
             events(GradEvent::Writing {

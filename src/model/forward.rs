@@ -67,6 +67,9 @@ impl<B: Backend> Transformer<B> {
         );
         let (mid, ln2) = (a.residual_mid.layer(l), a.ln2.layer(l));
 
+        if pass == Pass::Forward {
+            a.before_block_forward(b, l)?;
+        }
         // 1) input norm, fused with the previous block's residual add in the forward
         if pass == Pass::Forward && l > 0 {
             let prev_mid = a.residual_mid.layer(l - 1);
@@ -115,6 +118,9 @@ impl<B: Backend> Transformer<B> {
         }
         // 6)–8) the MLP
         self.mlp_forward(b, l, pass)?;
-        Ok(())
+        match pass {
+            Pass::Forward => a.block_forward_done(b, l),
+            Pass::Recompute => Ok(()),
+        }
     }
 }

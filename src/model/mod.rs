@@ -15,6 +15,7 @@ mod mlp;
 pub mod params;
 pub mod presets;
 mod residuals;
+mod stash;
 mod transformer;
 
 pub use activations::Recompute;

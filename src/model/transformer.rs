@@ -3,7 +3,9 @@
 
 use anyhow::{Result, ensure};
 
-use super::activations::{ActivationPlan, ActivationShape, Activations, Recompute};
+use super::activations::{
+    ActivationOffload, ActivationPlan, ActivationShape, Activations, Recompute,
+};
 use super::config::ModelConfig;
 use super::fp8::{Fp8Plan, Fp8Shape, Fp8State, MatmulPrecision};
 use super::grads;
@@ -22,6 +24,9 @@ pub struct ModelOptions {
     /// Keep the residual stream (each block's input) in pinned host memory, copied out in
     /// the forward and back in the backward beside the blocks' work.
     pub offload_residual: bool,
+    /// The same for every other activation a layer keeps for its backward
+    /// (`stash::Stash`).
+    pub offload_activations: bool,
     /// The LM head and loss run over the tokens in this many chunks, so the full
     /// `[B·T, V]` logits never exist at once.
     pub lmhead_chunks: usize,
@@ -138,7 +143,10 @@ impl ModelPlan {
         let activations = ActivationPlan::new(
             &shape,
             options.recompute,
-            options.offload_residual,
+            ActivationOffload {
+                residual: options.offload_residual,
+                kept: options.offload_activations,
+            },
             options.dtype,
             stat_dtype,
         );
@@ -185,12 +193,12 @@ impl ModelPlan {
         memory
     }
 
-    /// The allocations in host memory: the offloaded residual stream, if it is.
+    /// The allocations in host memory: the offloaded activations, if any are.
     pub fn offloaded(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
         let specs = &self.activations.offloaded;
         match specs.is_empty() {
             true => vec![],
-            false => vec![("residual", specs.clone())],
+            false => vec![("activations", specs.clone())],
         }
     }
 }

@@ -48,6 +48,7 @@ pub struct BenchOptions {
     pub recompute: Recompute,
     pub offload: Offload,
     pub offload_residual: bool,
+    pub offload_activations: bool,
     pub lmhead_chunks: usize,
     /// `ModelOptions::ffn_chunks`.
     pub ffn_chunks: usize,
@@ -128,6 +129,7 @@ pub fn run<B: Backend>(
             dtype: DType::BF16,
             recompute: o.recompute,
             offload_residual: o.offload_residual,
+            offload_activations: o.offload_activations,
             lmhead_chunks: o.lmhead_chunks,
             ffn_chunks: o.ffn_chunks,
             matmul: o.matmul,

@@ -46,6 +46,8 @@ pub struct Options {
     pub recompute: Recompute,
     /// `--offload-residual`: the residual stream in host memory (`ModelOptions`).
     pub offload_residual: bool,
+    /// `--offload-activations`: every other activation kept per layer in host memory.
+    pub offload_activations: bool,
     pub lmhead_chunks: usize,
     /// `ModelOptions::ffn_chunks`.
     pub ffn_chunks: usize,
@@ -81,7 +83,7 @@ impl Options {
     /// change what has already been computed (later ones may change with a warning).
     /// `recompute`, the offloads and `grad_sum_after_backward` are among them because they
     /// give bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 13] = [
+    pub const FREE_ON_CONTINUE: [&str; 14] = [
         "resume",
         "out_dir",
         "log_file",
@@ -93,6 +95,7 @@ impl Options {
         "recompute",
         "offload",
         "offload_residual",
+        "offload_activations",
         "debug_log_abs_max",
         "grad_sum_after_backward",
     ];

@@ -37,6 +37,7 @@ fn model_options(seq: usize, dtype: DType) -> ModelOptions {
         // Forward only: one shared buffer per activation is enough.
         recompute: Recompute::all(),
         offload_residual: false,
+        offload_activations: false,
         lmhead_chunks: 1,
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,

@@ -102,6 +102,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
             dtype: o.model_dtype,
             recompute: o.recompute,
             offload_residual: o.offload_residual,
+            offload_activations: o.offload_activations,
             lmhead_chunks: o.lmhead_chunks,
             ffn_chunks: o.ffn_chunks,
             matmul: o.matmul,

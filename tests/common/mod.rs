@@ -41,6 +41,7 @@ pub fn options(
         dtype,
         recompute,
         offload_residual: false,
+        offload_activations: false,
         lmhead_chunks,
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,

@@ -29,6 +29,7 @@ mod multi_tensor;
 pub mod nccl;
 pub mod nvrtc;
 mod op_timer;
+mod pending;
 mod rmsnorm;
 mod rope;
 mod swiglu;
@@ -56,6 +57,8 @@ pub struct Cuda {
     stream: Arc<CudaStream>,
     /// Where `start_copy` runs, beside the compute stream.
     copies: Arc<CudaStream>,
+    /// The end of the last copy into or out of each tensor.
+    copies_pending: pending::Pending,
     kernels: Kernels,
     blas: Blas,
     memory: Memory,
@@ -190,6 +193,7 @@ impl Cuda {
         Ok(Cuda {
             kernels: Kernels::new(ctx.clone(), arch),
             copies: ctx.new_stream()?,
+            copies_pending: pending::Pending::default(),
             ctx,
             stream,
             blas,
@@ -406,14 +410,18 @@ impl Backend for Cuda {
         self.copies.join(&self.stream)?;
         // SAFETY: both ranges are the tensors' own bytes; the copy stream waits for the ops
         // enqueued so far, and the caller keeps later ops off both tensors until
-        // `join_copies`. Unified addressing lets one call move device and pinned host bytes.
+        // `wait_for_copies_of` either. Unified addressing lets one call move device and
+        // pinned host bytes.
         unsafe { sys::cuMemcpyAsync(ptr(dst), ptr(src), src.bytes(), self.copies.cu_stream()) }
             .result()
-            .context("starting a copy between device and host memory")
+            .context("starting a copy between device and host memory")?;
+        self.copies_pending
+            .record(&self.copies, &[ptr(dst), ptr(src)])
     }
 
-    fn join_copies(&self) -> Result<()> {
-        Ok(self.stream.join(&self.copies)?)
+    fn wait_for_copies_of(&self, tensors: &[&Tensor<Self>]) -> Result<()> {
+        let addresses: Vec<u64> = tensors.iter().map(|t| ptr(t)).collect();
+        self.copies_pending.wait(&self.stream, &addresses)
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -16,16 +16,16 @@
 //! run the timeout after the failure, leaving that peer behind; `NCCL_RUNTIME_CONNECT=0`,
 //! which makes NCCL connect the ranks at creation, avoids the block.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use cudarc::driver::{CudaEvent, CudaStream, result::stream};
+use cudarc::driver::{CudaStream, result::stream};
 use cudarc::nccl::{result, sys};
 
+use super::pending::Pending;
 use super::{Cuda, ptr};
 use crate::comm::group::Group;
 use crate::comm::{Comm, Member};
@@ -37,9 +37,9 @@ pub struct Nccl {
     compute: Arc<CudaStream>,
     /// Where the sums run, behind the compute stream's ops enqueued before each.
     sums: Arc<CudaStream>,
-    /// The end of the last sum started over each tensor (by address), until the compute
-    /// stream joins them all.
-    pending: Mutex<HashMap<u64, Arc<CudaEvent>>>,
+    /// The end of the last sum started over each tensor, until the compute stream joins
+    /// them all.
+    pending: Pending,
     member: Member,
     stop_watching: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,
@@ -130,7 +130,7 @@ impl Nccl {
             comm,
             compute: cuda.stream.clone(),
             sums,
-            pending: Mutex::new(HashMap::new()),
+            pending: Pending::default(),
             member,
             stop_watching,
             watcher: Some(watcher),
@@ -186,12 +186,8 @@ impl Nccl {
                 }
             })
         })?;
-        let end = Arc::new(self.sums.record_event(None)?);
-        let mut pending = lock(&self.pending);
-        for t in tensors {
-            pending.insert(ptr(t), end.clone());
-        }
-        Ok(())
+        let addresses: Vec<u64> = tensors.iter().map(|t| ptr(t)).collect();
+        self.pending.record(&self.sums, &addresses)
     }
 }
 
@@ -236,21 +232,13 @@ impl Comm<Cuda> for Nccl {
     }
 
     fn wait_for_sums_of(&self, _: &Cuda, tensors: &[&Tensor<Cuda>]) -> Result<()> {
-        let pending = lock(&self.pending);
-        let mut ends: Vec<&Arc<CudaEvent>> = tensors
-            .iter()
-            .filter_map(|t| pending.get(&ptr(t)))
-            .collect();
-        ends.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        for end in ends {
-            self.compute.wait(end)?;
-        }
-        Ok(())
+        let addresses: Vec<u64> = tensors.iter().map(|t| ptr(t)).collect();
+        self.pending.wait(&self.compute, &addresses)
     }
 
     fn join_all_reduce_sums(&self, _: &Cuda) -> Result<()> {
         self.compute.join(&self.sums)?;
-        lock(&self.pending).clear();
+        self.pending.clear();
         Ok(())
     }
 

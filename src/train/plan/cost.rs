@@ -21,6 +21,9 @@ const BANDWIDTH_SHARE: f64 = 0.85;
 /// Offloaded optimizer state crosses the bus once each way per optimizer step, both
 /// directions at once: 44–45 GB/s each way was measured over PCIe Gen5 ×16.
 pub const BUS_BYTES_PER_S: f64 = 45e9;
+/// Offloaded activations cross it one way at a time (out in the forward, in during the
+/// backward): 312 MB a block went out in about 5.5 ms, 57 GB/s, at 0.5B batch 32 × 1024.
+const COPY_BYTES_PER_S: f64 = 55e9;
 
 /// The seconds of one optimizer step's parts.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -34,13 +37,13 @@ pub struct StepCost {
     pub chunks: f64,
     /// The offloaded state's round trip over the bus.
     pub bus: f64,
-    /// What the offloaded residual stream's copies do not hide behind the blocks' work.
-    pub residual: f64,
+    /// What the offloaded activations' copies do not hide behind the blocks' work.
+    pub activations: f64,
 }
 
 impl StepCost {
     pub fn total(&self) -> f64 {
-        self.base + self.recompute + self.chunks + self.bus + self.residual
+        self.base + self.recompute + self.chunks + self.bus + self.activations
     }
 }
 
@@ -57,8 +60,14 @@ pub struct Workload<'a> {
 
 impl Workload<'_> {
     /// The cost of `choice`, with `offloaded_bytes` of optimizer state crossing the bus each
-    /// way (the busiest rank's).
-    pub fn cost(&self, gpu: &Datasheet, choice: &Choice, offloaded_bytes: u64) -> StepCost {
+    /// way (the busiest rank's), and `block_bytes` of each block's activations.
+    pub fn cost(
+        &self,
+        gpu: &Datasheet,
+        choice: &Choice,
+        offloaded_bytes: u64,
+        block_bytes: u64,
+    ) -> StepCost {
         let c = self.config;
         let passes = (self.tokens * self.micro_steps) as f64;
         let attention = c.training_attention_flops_per_token(self.seq);
@@ -80,20 +89,18 @@ impl Workload<'_> {
             recompute: passes * per_token,
             chunks,
             bus: offloaded_bytes as f64 / BUS_BYTES_PER_S,
-            residual: match choice.offload_residual {
-                true => self.residual_copies(base),
-                false => 0.0,
-            },
+            activations: self.activation_copies(base, block_bytes),
         }
     }
 
-    /// Each block's input crosses the bus once each way per micro-step, beside the blocks'
-    /// work: out during the rest of its block's forward, back during the backward of the block
-    /// above. Only what a copy takes beyond that work is paid; a block's share of the step is
-    /// taken as a third forward and two thirds backward.
-    fn residual_copies(&self, base: f64) -> f64 {
+    /// Each block's offloaded activations cross the bus once each way per micro-step, beside
+    /// the blocks' work: out during the next block's forward (the residual stream's during
+    /// the rest of its own), back during the backward of the block above. Only what a copy
+    /// takes beyond that work is paid; a block's share of the step is taken as a third
+    /// forward and two thirds backward.
+    fn activation_copies(&self, base: f64, block_bytes: u64) -> f64 {
         let c = self.config;
-        let copy = (self.tokens * c.hidden_size * self.element_bytes) as f64 / BUS_BYTES_PER_S;
+        let copy = block_bytes as f64 / COPY_BYTES_PER_S;
         let blocks = (self.micro_steps * c.num_layers) as f64;
         let block = base / blocks;
         blocks * ((copy - block / 3.0).max(0.0) + (copy - 2.0 * block / 3.0).max(0.0))
@@ -154,6 +161,7 @@ mod tests {
         Choice {
             recompute,
             offload_residual: false,
+            offload_activations: false,
             offload: Default::default(),
             zero_level: 0,
             lmhead_chunks,
@@ -192,7 +200,7 @@ mod tests {
         for (name, batch, seq, ms) in MEASURED_STEPS {
             let config = presets::preset(name).unwrap();
             let cost =
-                workload(&config, batch, seq).cost(h100, &choice(Recompute::default(), 1), 0);
+                workload(&config, batch, seq).cost(h100, &choice(Recompute::default(), 1), 0, 0);
             assert!(
                 within(cost.total() * 1e3, ms, 0.1),
                 "{name} at {batch} × {seq}: {cost:?} against {ms} ms"
@@ -205,14 +213,17 @@ mod tests {
             ..Recompute::default()
         };
         // --recompute-block: 142,996 → 119,272 tok/s in one call, +45.5 ms a step.
-        let extra = w.cost(h100, &choice(block, 1), 0).recompute * 1e3;
+        let extra = w.cost(h100, &choice(block, 1), 0, 0).recompute * 1e3;
         assert!(within(extra, 45.5, 0.2), "block recompute: {extra} ms");
         // The same at one sequence of 128k tokens, with 32 LM-head chunks: 10,932 tok/s.
-        let long = workload(&half_b, 1, 131_072).cost(h100, &choice(block, 32), 0);
+        let long = workload(&half_b, 1, 131_072).cost(h100, &choice(block, 32), 0, 0);
         assert!(within(long.total(), 11.99, 0.15), "128k: {long:?}");
         // bf16 m and v offloaded (1.98 GB): the optimizer phase went 3.5 → 47.7 ms.
         let moments = 2 * 2 * half_b.num_parameters() as u64;
-        let extra = w.cost(h100, &choice(Recompute::default(), 1), moments).bus * 1e3;
+        let extra = w
+            .cost(h100, &choice(Recompute::default(), 1), moments, 0)
+            .bus
+            * 1e3;
         assert!(within(extra, 44.2, 0.15), "offloaded moments: {extra} ms");
         // --offload-residual, each row with and without it in one call: 212.0 → 211.3 ms,
         // with --recompute-block 257.3 → 257.6, and at 128k 11,877 → 11,808 ms. Nothing
@@ -226,8 +237,67 @@ mod tests {
             (&w, block, 1),
             (&workload(&half_b, 1, 131_072), block, 32),
         ] {
-            let cost = w.cost(h100, &offloaded(r, chunks), 0);
-            assert!(cost.residual < 0.01 * cost.total(), "{cost:?}");
+            let inputs = (w.tokens * half_b.hidden_size * 2) as u64;
+            let cost = w.cost(h100, &offloaded(r, chunks), 0, inputs);
+            assert!(cost.activations < 0.01 * cost.total(), "{cost:?}");
+        }
+        // --offload-activations too, each pair in one call, the same losses. Where a block's
+        // work outlasts its copies, nothing measurable: at 128k with --recompute-ffn
+        // --recompute-norm (1.23 GB a block), 14,007 → 14,028 tok/s; 3B at batch 8 × 1024 with
+        // the same recompute (102 MB a block), 14,940 → 14,860. Where it does not, 0.5B at
+        // batch 32 × 1024 with --recompute-ffn (312 MB a block against a 2.2 ms block forward):
+        // 138,661 → 101,729 tok/s, +86 ms a step (the copies out, 2.2 ms of forward beside
+        // each, cost +78 ms of it).
+        let norms_ffn = Recompute {
+            ffn: true,
+            norm: true,
+            ..Recompute::default()
+        };
+        let ffn = Recompute {
+            ffn: true,
+            ..Recompute::default()
+        };
+        let three_b = presets::preset("qwen2.5-3b").unwrap();
+        let per_token = |c: &ModelConfig, kept_vectors: usize| {
+            // bf16 [N, ·] activations, f32 norm statistics, f32 log-sum-exp per head.
+            (kept_vectors * 2 + 2 * 4 + c.num_heads * 4) as u64
+        };
+        let kept = |c: &ModelConfig, norms: bool| {
+            let vectors = 2 * c.hidden_size + c.qkv_dim() + c.q_dim();
+            match norms {
+                true => per_token(c, vectors - c.hidden_size),
+                false => per_token(c, vectors + c.hidden_size),
+            }
+        };
+        for (w, r, chunks, block_bytes, step_ms) in [
+            (
+                workload(&half_b, 1, 131_072),
+                norms_ffn,
+                8,
+                131_072 * kept(&half_b, true),
+                None,
+            ),
+            (
+                workload(&three_b, 8, 1024),
+                norms_ffn,
+                1,
+                8192 * kept(&three_b, true),
+                None,
+            ),
+            (w, ffn, 1, 32_768 * kept(&half_b, false), Some(86.0)),
+        ] {
+            let choice = Choice {
+                offload_activations: true,
+                ..offloaded(r, chunks)
+            };
+            let cost = w.cost(h100, &choice, 0, block_bytes);
+            match step_ms {
+                None => assert!(cost.activations < 0.01 * cost.total(), "{cost:?}"),
+                Some(ms) => {
+                    let estimate = cost.activations * 1e3;
+                    assert!(within(estimate, ms, 0.2), "{estimate} ms: {cost:?}")
+                }
+            }
         }
     }
 }

@@ -60,6 +60,7 @@ pub struct Budget {
 pub struct Choice {
     pub recompute: Recompute,
     pub offload_residual: bool,
+    pub offload_activations: bool,
     pub offload: Offload,
     pub zero_level: u8,
     pub lmhead_chunks: usize,
@@ -79,6 +80,7 @@ impl Choice {
             (!r.block && r.qkv, "--recompute-qkv"),
             (!r.block && r.att, "--recompute-att"),
             (self.offload_residual, "--offload-residual"),
+            (self.offload_activations, "--offload-activations"),
             (o.opt_m, "--offload-opt-m"),
             (o.opt_v, "--offload-opt-v"),
             (o.master, "--offload-master"),
@@ -221,7 +223,7 @@ fn plan_at(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Plan> 
 }
 
 /// Every choice, with its memory and cost. The model's memory depends only on recompute,
-/// the residual's offload and the LM-head and MLP chunks; the gradients' and the
+/// the activations' offload and the LM-head and MLP chunks; the gradients' and the
 /// optimizer's only on offload and ZeRO. Each is planned once per value and the two are
 /// combined.
 pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> {
@@ -248,7 +250,8 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
             (Some(_), false) => continue,
             (None, true) => powers(),
         };
-        for offload_residual in [false, true] {
+        let offloads = [(false, false), (true, false), (false, true), (true, true)];
+        for (offload_residual, offload_activations) in offloads {
             for &lmhead_chunks in &chunks {
                 for &ffn_chunks in &ffn_chunks {
                     let options = ModelOptions {
@@ -257,6 +260,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
                         dtype: r.model_dtype,
                         recompute,
                         offload_residual,
+                        offload_activations,
                         lmhead_chunks,
                         ffn_chunks,
                         matmul: r.matmul,
@@ -272,7 +276,8 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
                     memory.push(("losses", vec![losses]));
                     let (device, host) = (bytes(&memory), bytes(&model.offloaded()));
                     let chunks = (lmhead_chunks, ffn_chunks);
-                    models.push((recompute, offload_residual, chunks, device, host));
+                    let offloads = (offload_residual, offload_activations);
+                    models.push((recompute, offloads, chunks, device, host));
                 }
             }
         }
@@ -325,11 +330,14 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         element_bytes: r.model_dtype.size_bytes(),
     };
     let mut out = Vec::with_capacity(models.len() * states.len());
-    for (recompute, offload_residual, (lmhead_chunks, ffn_chunks), model, model_host) in &models {
+    for (recompute, offloads, (lmhead_chunks, ffn_chunks), model, model_host) in &models {
+        // What crosses the bus each way for one block, on each rank.
+        let block_bytes = total(model_host) / r.config.num_layers as u64;
         for (offload, zero_level, device, host, bus) in &states {
             let choice = Choice {
                 recompute: *recompute,
-                offload_residual: *offload_residual,
+                offload_residual: offloads.0,
+                offload_activations: offloads.1,
                 offload: *offload,
                 zero_level: *zero_level,
                 lmhead_chunks: *lmhead_chunks,
@@ -338,12 +346,12 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
             out.push(Candidate {
                 choice,
                 device: model.iter().chain(device).cloned().collect(),
-                // Every rank offloads its own residual stream.
+                // Every rank offloads its own activations.
                 host: (model_host.iter())
                     .map(|&(name, bytes)| (name, bytes * r.gpus as u64))
                     .chain(host.iter().copied())
                     .collect(),
-                cost: workload.cost(gpu, &choice, *bus),
+                cost: workload.cost(gpu, &choice, *bus, block_bytes),
             });
         }
     }
