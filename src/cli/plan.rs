@@ -52,8 +52,8 @@ pub struct PlanArgs {
     /// Memory of each GPU, in GiB [default: what GPU 0 has free].
     #[arg(long, value_name = "GIB")]
     device_memory: Option<f64>,
-    /// Host memory the offloaded state may take, in GiB [default: MemAvailable in
-    /// /proc/meminfo].
+    /// Host memory the offloaded state may take, in GiB [default: nine tenths of
+    /// MemAvailable in /proc/meminfo].
     #[arg(long, value_name = "GIB")]
     host_memory: Option<f64>,
     /// The GPU whose datasheet the step time is estimated for [default: GPU 0, or an H100
@@ -289,7 +289,10 @@ pub(super) fn gib_bytes(gib: f64, flag: &str) -> Result<u64> {
     Ok((gib * GIB) as u64)
 }
 
-/// The kernel's estimate of the memory that new allocations can take without swapping.
+/// Host memory a plan may pin: the kernel's estimate of what new allocations can take
+/// without swapping, less a tenth for what is not planned (the data loader, the page cache
+/// the data files are read through, the process's own allocations), since pinned memory
+/// cannot be swapped out when those grow.
 pub(super) fn available_host_memory() -> Result<u64> {
     let path = "/proc/meminfo";
     let text = std::fs::read_to_string(path)
@@ -299,5 +302,5 @@ pub(super) fn available_host_memory() -> Result<u64> {
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
         .with_context(|| format!("{path} has no MemAvailable line"))?;
-    Ok(kib * 1024)
+    Ok(kib * 1024 / 10 * 9)
 }
