@@ -250,8 +250,9 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
             (Some(_), false) => continue,
             (None, true) => powers(),
         };
-        let offloads = [(false, false), (true, false), (false, true), (true, true)];
-        for (offload_residual, offload_activations) in offloads {
+        // (the residual stream, the other activations kept per layer)
+        let activation_offloads = [(false, false), (true, false), (false, true), (true, true)];
+        for (offload_residual, offload_activations) in activation_offloads {
             for &lmhead_chunks in &chunks {
                 for &ffn_chunks in &ffn_chunks {
                     let options = ModelOptions {
