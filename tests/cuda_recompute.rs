@@ -8,7 +8,7 @@
 mod common;
 
 use common::gpu::*;
-use common::{batch, gradients, options};
+use common::{batch, gradients, max_abs, max_abs_diff, options};
 use smelt::backend::Backend;
 use smelt::model::{
     LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
@@ -186,20 +186,11 @@ fn the_mlp_in_token_chunks_matches_the_whole_mlp_on_the_gpu() {
             let test = format!("ffn chunks {config_name}, recompute {variant}");
             let (base_losses, base_grads) = run(&config, recompute, 1);
             let (losses, grads) = run(&config, recompute, 3);
-            let loss_diff = losses
-                .iter()
-                .zip(&base_losses)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
+            let loss_diff = max_abs_diff(&losses, &base_losses);
             assert!(loss_diff <= 1e-2, "{test}: losses differ by {loss_diff:e}");
             let mut worst = (1.0f64, String::new());
             for ((name, g), (_, base)) in grads.iter().zip(&base_grads) {
-                let scale = base.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-                let err = g
-                    .iter()
-                    .zip(base)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0, f64::max);
+                let (scale, err) = (max_abs(base), max_abs_diff(g, base));
                 assert!(
                     err <= 2e-2 * scale,
                     "{test}: {name} differs by {err:e} of {scale:e}"

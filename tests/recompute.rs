@@ -155,12 +155,7 @@ fn the_mlp_in_token_chunks_matches_the_whole_mlp() {
                         .fold(0.0, f64::max);
                     assert!(worst <= tol, "{what}: losses differ by {worst:e}");
                     for ((name, g), (_, base)) in grads.iter().zip(&base_grads) {
-                        let scale = base.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-                        let err = g
-                            .iter()
-                            .zip(base)
-                            .map(|(a, b)| (a - b).abs())
-                            .fold(0.0, f64::max);
+                        let (scale, err) = (max_abs(base), max_abs_diff(g, base));
                         assert!(
                             err <= tol * scale,
                             "{what}: {name} differs by {err:e} of {scale:e}"

@@ -88,4 +88,17 @@ pub fn gradients<B: Backend>(b: &B, model: &Transformer<B>) -> Vec<(String, Vec<
         .collect()
 }
 
+/// The largest |a − b| over the pairs of elements.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// The largest |x|.
+pub fn max_abs(a: &[f64]) -> f64 {
+    a.iter().fold(0.0, |m, x| m.max(x.abs()))
+}
+
 pub mod gpu;
