@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::backend::cpu::Cpu;
 use crate::io::hf;
-use crate::model::{MatmulPrecision, ModelOptions, Recompute, Transformer};
+use crate::model::{ModelOptions, Transformer};
 use crate::tensor::DType;
 
 #[derive(Args)]
@@ -34,19 +34,7 @@ impl ExportArgs {
         let config = hf::read_config(&self.model)?;
         let cpu = Cpu::<f32>::new();
         // The smallest activation shape: export only touches the weights.
-        let options = ModelOptions {
-            batch: 1,
-            seq: 1,
-            dtype: DType::F32,
-            recompute: Recompute::default(),
-            offload_residual: false,
-            offload_activations: false,
-            lmhead_chunks: 1,
-            ffn_chunks: 1,
-            matmul: MatmulPrecision::Native,
-            kept_grads: None,
-        };
-        let model = Transformer::new(&cpu, config, options)?;
+        let model = Transformer::new(&cpu, config, ModelOptions::forward_only(1, DType::F32))?;
         hf::import(&cpu, &model, &self.model)?;
         hf::export(&cpu, &model, &self.out_dir, dtype)?;
         hf::copy_tokenizer_files(&self.model, &self.out_dir)?;

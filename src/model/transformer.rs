@@ -40,6 +40,25 @@ pub struct ModelOptions {
     pub kept_grads: Option<Vec<bool>>,
 }
 
+impl ModelOptions {
+    /// One sequence of `seq` tokens, for a model that only runs forward (generation) or only
+    /// holds weights (export): every activation recomputed, so each has one shared buffer.
+    pub fn forward_only(seq: usize, dtype: DType) -> Self {
+        Self {
+            batch: 1,
+            seq,
+            dtype,
+            recompute: Recompute::all(),
+            offload_residual: false,
+            offload_activations: false,
+            lmhead_chunks: 1,
+            ffn_chunks: 1,
+            matmul: MatmulPrecision::Native,
+            kept_grads: None,
+        }
+    }
+}
+
 pub struct Transformer<B: Backend> {
     pub config: ModelConfig,
     pub options: ModelOptions,

@@ -8,7 +8,7 @@
 use anyhow::{Result, bail};
 
 use crate::backend::Backend;
-use crate::model::{MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer};
+use crate::model::{ModelConfig, ModelOptions, Transformer};
 use crate::rng::Rng;
 use crate::tensor::DType;
 
@@ -29,22 +29,6 @@ pub struct Generator<B: Backend> {
     max_context: usize,
 }
 
-fn model_options(seq: usize, dtype: DType) -> ModelOptions {
-    ModelOptions {
-        batch: 1,
-        seq,
-        dtype,
-        // Forward only: one shared buffer per activation is enough.
-        recompute: Recompute::all(),
-        offload_residual: false,
-        offload_activations: false,
-        lmhead_chunks: 1,
-        ffn_chunks: 1,
-        matmul: MatmulPrecision::Native,
-        kept_grads: None,
-    }
-}
-
 impl<B: Backend> Generator<B> {
     /// A generator with weights of `dtype`, which `load` fills in.
     pub fn new(
@@ -54,7 +38,11 @@ impl<B: Backend> Generator<B> {
         load: impl FnOnce(&Transformer<B>) -> Result<()>,
     ) -> Result<Self> {
         let max_context = config.max_position_embeddings.max(1);
-        let model = Transformer::new(b, config, model_options(max_context.min(64), dtype))?;
+        let model = Transformer::new(
+            b,
+            config,
+            ModelOptions::forward_only(max_context.min(64), dtype),
+        )?;
         load(&model)?;
         Ok(Generator { model, max_context })
     }
@@ -65,7 +53,7 @@ impl<B: Backend> Generator<B> {
             return Ok(());
         }
         let seq = len.next_power_of_two().min(self.max_context);
-        let options = model_options(seq, self.model.options.dtype);
+        let options = ModelOptions::forward_only(seq, self.model.options.dtype);
         let bigger = Transformer::new(b, self.model.config.clone(), options)?;
         for (dst, src) in bigger.params.zip(&self.model.params) {
             b.copy(dst, src)?;
