@@ -1,5 +1,5 @@
-//! `smelt sample`: from a model directory and from a checkpoint, greedy and seeded, with
-//! prompts as token ids, as bytes (the demo's vocabulary), or as text through the model's
+//! `smelt sample`: from a model directory and from a checkpoint, greedy, seeded and top-k/top-p,
+//! with prompts as token ids, as bytes (the demo's vocabulary), or as text through the model's
 //! tokenizer.json, which the run copies next to its output.
 
 mod train_support;
@@ -101,6 +101,12 @@ fn samples_from_model_dir_and_checkpoint_alike() {
     };
     assert_eq!(warm("1"), warm("1"));
     assert!((2..12).any(|seed| warm(&seed.to_string()) != warm("1")));
+    // The top token alone, or a nucleus so small that only it reaches it, is greedy at any
+    // temperature and seed.
+    for narrow in [["--top-k", "1"], ["--top-p", "1e-9"]] {
+        let args = ["--model", s(&out), "--prompt", "fn", "--temperature", "1"];
+        assert_eq!(sample(&[&args[..], &narrow].concat()), from_dir);
+    }
 
     // With a tokenizer.json next to the model, a text prompt goes through it; the run
     // copies the file into its output.
@@ -112,6 +118,17 @@ fn samples_from_model_dir_and_checkpoint_alike() {
     let text = greedy(&["--model", s(&out2)], &["--prompt", "hello world"]);
     assert!(text.starts_with("hello world w"), "{text}");
     assert_eq!(greedy(&["--model", s(&out2)], &["--tokens", "5,7"]), text);
+}
+
+#[test]
+fn a_top_p_outside_0_to_1_is_refused() {
+    for p in ["0", "1.5", "NaN"] {
+        let err = smelt_err(&["sample", "--model", "m", "--prompt", "fn", "--top-p", p]);
+        assert!(
+            err.contains(&format!("--top-p {p}")) && err.contains("a probability in (0, 1]"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

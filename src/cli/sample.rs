@@ -12,7 +12,7 @@ use crate::model::ModelConfig;
 use crate::tensor::DType;
 use crate::train::checkpoint;
 use crate::train::demo;
-use crate::train::sample::{Generator, SampleOptions};
+use crate::train::sample::{Generator, SampleOptions, Sampling};
 
 #[derive(Args, Debug)]
 #[command(
@@ -39,6 +39,13 @@ pub struct SampleArgs {
     /// Softmax temperature; 0 always takes the most likely token (greedy).
     #[arg(long, default_value_t = 0.8)]
     temperature: f32,
+    /// Draw only from the k most likely tokens; 0 keeps them all.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Then only from the most likely tokens whose probabilities (renormalised after
+    /// --top-k) first add up to at least p (nucleus sampling), in (0, 1]; 1 keeps them all.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
     /// Seeds the sampling.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -102,6 +109,13 @@ impl Codec {
 
 impl SampleArgs {
     pub fn run(self) -> Result<()> {
+        // Checked before a model is loaded; NaN fails too.
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!(
+                "--top-p {}: give a probability in (0, 1]; 1 keeps every token",
+                self.top_p
+            );
+        }
         match select(self.device)? {
             Device::Cpu(b) => self.sample(&b),
             Device::Cuda(b) => self.sample(&b),
@@ -148,7 +162,11 @@ impl SampleArgs {
         };
         let options = SampleOptions {
             max_new_tokens: self.max_new_tokens,
-            temperature: self.temperature,
+            sampling: Sampling {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+            },
             seed: self.seed,
             stop: config.eos_token_ids.iter().map(|&t| t as i32).collect(),
         };

@@ -21,7 +21,7 @@ use crate::tensor::DType;
 use crate::train::optimizer::{Offload, OptimizerOptions};
 use crate::train::options::Defaults;
 use crate::train::plan;
-use crate::train::sample::{Generator, SampleOptions};
+use crate::train::sample::{Generator, SampleOptions, Sampling};
 use crate::train::schedule::Decay;
 use crate::train::{ModelSource, Options, Summary, demo};
 
@@ -551,14 +551,14 @@ fn demo_sample<B: Backend>(b: &B, model_dir: &std::path::Path, seed: u64) -> Res
     let prompt: Vec<i32> = demo::SAMPLE_PROMPT.bytes().map(i32::from).collect();
     let options = SampleOptions {
         max_new_tokens: demo::SAMPLE_TOKENS,
-        temperature: demo::SAMPLE_TEMPERATURE,
+        sampling: Sampling::temperature(demo::SAMPLE_TEMPERATURE),
         seed,
         stop: vec![],
     };
     let new = generator.generate(b, &prompt, &options, |_| Ok(()))?;
     println!(
         "sample (temperature {}):\n{}{}",
-        options.temperature,
+        options.sampling.temperature,
         demo::SAMPLE_PROMPT,
         demo::decode(&new)
     );

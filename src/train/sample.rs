@@ -1,5 +1,6 @@
 //! Text generation from a trained model, to see what a run learned: greedy (temperature 0)
-//! or temperature sampling.
+//! or sampling with a temperature, optionally from the top k tokens and from the smallest
+//! set holding probability p (nucleus), applied in that order, as transformers does.
 //!
 //! There is no KV cache: each new token reruns the whole context. The model is sized to the
 //! next power of two above the context and regrown as it lengthens, so a short prompt does
@@ -15,11 +16,33 @@ use crate::tensor::DType;
 #[derive(Clone, Debug)]
 pub struct SampleOptions {
     pub max_new_tokens: usize,
-    /// 0 picks the most likely token.
-    pub temperature: f32,
+    pub sampling: Sampling,
     pub seed: u64,
     /// Tokens that end the sample (the model's EOS).
     pub stop: Vec<i32>,
+}
+
+/// How the next token is drawn from the logits.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    /// 0 picks the most likely token.
+    pub temperature: f32,
+    /// Draw only from the k most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Then only from the most likely tokens whose probabilities, renormalised over those
+    /// left, first sum to at least this; 1 keeps all.
+    pub top_p: f64,
+}
+
+impl Sampling {
+    /// Plain temperature sampling.
+    pub fn temperature(temperature: f32) -> Self {
+        Sampling {
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+        }
+    }
 }
 
 /// A batch-1 model for generation.
@@ -89,7 +112,7 @@ impl<B: Backend> Generator<B> {
             // Causal attention: the padding after the context does not change its logits.
             self.model.forward_hidden(b, &input)?;
             let logits = self.model.logits_at(b, context.len() - 1)?;
-            let next = pick(&logits, o.temperature, &mut rng);
+            let next = pick(&logits, &o.sampling, &mut rng);
             tokens.push(next);
             new.push(next);
             emit(next)?;
@@ -101,40 +124,104 @@ impl<B: Backend> Generator<B> {
     }
 }
 
-/// The most likely token at temperature 0, else a draw from softmax(logits / temperature).
-fn pick(logits: &[f32], temperature: f32, rng: &mut Rng) -> i32 {
+/// The most likely token at temperature 0, else a draw from softmax(logits / temperature)
+/// restricted to `s.top_k` and `s.top_p`.
+fn pick(logits: &[f32], s: &Sampling, rng: &mut Rng) -> i32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if temperature <= 0.0 {
+    if s.temperature <= 0.0 {
         return logits.iter().position(|&l| l == max).unwrap_or(0) as i32;
     }
-    let weights: Vec<f64> = logits
-        .iter()
-        .map(|&l| (((l - max) / temperature) as f64).exp())
-        .collect();
-    let mut u = rng.uniform() * weights.iter().sum::<f64>();
-    for (i, w) in weights.iter().enumerate() {
-        if u < *w {
-            return i as i32;
+    let weight = |l: f32| (((l - max) / s.temperature) as f64).exp();
+    let mut candidates: Vec<(usize, f64)> = logits.iter().map(|&l| weight(l)).enumerate().collect();
+    if s.top_k > 0 || s.top_p < 1.0 {
+        // Most likely first; a stable sort keeps ties in token order.
+        candidates.sort_by(|a, b| b.1.total_cmp(&a.1));
+        if s.top_k > 0 {
+            candidates.truncate(s.top_k);
+        }
+        let total: f64 = candidates.iter().map(|c| c.1).sum();
+        let mut sum = 0.0;
+        let keep = candidates
+            .iter()
+            .position(|c| {
+                sum += c.1;
+                sum >= s.top_p * total
+            })
+            .map_or(candidates.len(), |i| i + 1);
+        candidates.truncate(keep);
+    }
+    let mut u = rng.uniform() * candidates.iter().map(|c| c.1).sum::<f64>();
+    for &(token, w) in &candidates {
+        if u < w {
+            return token as i32;
         }
         u -= w;
     }
-    (weights.len() - 1) as i32
+    candidates.last().map_or(0, |c| c.0 as i32)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// How often each token is drawn in `n` picks.
+    fn frequencies(logits: &[f32], s: Sampling, n: usize) -> Vec<f64> {
+        let mut rng = Rng::new(1);
+        let mut counts = vec![0usize; logits.len()];
+        for _ in 0..n {
+            counts[pick(logits, &s, &mut rng) as usize] += 1;
+        }
+        counts.iter().map(|&c| c as f64 / n as f64).collect()
+    }
+
+    /// Each frequency within 5 standard errors of `expected` (an excluded token: never).
+    fn assert_follows(freq: &[f64], expected: &[f64], n: usize) {
+        for (f, p) in freq.iter().zip(expected) {
+            let sigma = (p * (1.0 - p) / n as f64).sqrt();
+            assert!(
+                (f - p).abs() <= 5.0 * sigma,
+                "{freq:?} against {expected:?}"
+            );
+        }
+    }
+
     #[test]
     fn greedy_takes_the_first_maximum_and_sampling_follows_the_softmax() {
         let mut rng = Rng::new(1);
-        assert_eq!(pick(&[0.0, 3.0, 3.0, 1.0], 0.0, &mut rng), 1);
+        let greedy = Sampling::temperature(0.0);
+        assert_eq!(pick(&[0.0, 3.0, 3.0, 1.0], &greedy, &mut rng), 1);
         // Probabilities ∝ exp([0, ln 3]) = [1/4, 3/4].
-        let logits = [0.0, 3f32.ln()];
         let n = 20_000;
-        let ones = (0..n).filter(|_| pick(&logits, 1.0, &mut rng) == 1).count();
-        let p = ones as f64 / n as f64;
-        // Standard error sqrt(p(1-p)/n) ≈ 0.003; allow 5σ.
-        assert!((p - 0.75).abs() < 0.015, "{p}");
+        let freq = frequencies(&[0.0, 3f32.ln()], Sampling::temperature(1.0), n);
+        assert_follows(&freq, &[0.25, 0.75], n);
+        // At temperature 1/2 the weights square: ∝ [1, 9].
+        let freq = frequencies(&[0.0, 3f32.ln()], Sampling::temperature(0.5), n);
+        assert_follows(&freq, &[0.1, 0.9], n);
+    }
+
+    #[test]
+    fn top_k_and_top_p_draw_from_the_most_likely_tokens_renormalised() {
+        // Probabilities 0.1, 0.4, 0.2, 0.3 (token 1 most likely, then 3, 2, 0).
+        let logits = [1f32, 4.0, 2.0, 3.0].map(f32::ln);
+        let n = 20_000;
+        let sampling = |top_k, top_p| Sampling {
+            temperature: 1.0,
+            top_k,
+            top_p,
+        };
+        // The two most likely: 0.4 and 0.3, renormalised.
+        let two = [0.0, 4.0 / 7.0, 0.0, 3.0 / 7.0];
+        assert_follows(&frequencies(&logits, sampling(2, 1.0), n), &two, n);
+        // Nucleus 0.5: 0.4 falls short, 0.4 + 0.3 reaches it.
+        assert_follows(&frequencies(&logits, sampling(0, 0.5), n), &two, n);
+        // Nucleus 0.35: the first token alone reaches it.
+        let one = [0.0, 1.0, 0.0, 0.0];
+        assert_follows(&frequencies(&logits, sampling(0, 0.35), n), &one, n);
+        // Top 2 first (4/7 and 3/7), then nucleus 0.55 of those: 4/7 alone reaches it (over
+        // all four tokens, 0.4 would not).
+        assert_follows(&frequencies(&logits, sampling(2, 0.55), n), &one, n);
+        // k past the vocabulary and p = 1 keep the whole softmax.
+        let all = [0.1, 0.4, 0.2, 0.3];
+        assert_follows(&frequencies(&logits, sampling(10, 1.0), n), &all, n);
     }
 }
