@@ -62,6 +62,19 @@ fn planned_on(
         .expect("every choice is a candidate")
 }
 
+/// `recompute` alone: nothing offloaded, no ZeRO, one LM-head and one MLP chunk.
+fn recomputing(recompute: Recompute) -> Choice {
+    Choice {
+        recompute,
+        offload_residual: false,
+        offload_activations: false,
+        offload: Offload::default(),
+        zero_level: 0,
+        lmhead_chunks: 1,
+        ffn_chunks: 1,
+    }
+}
+
 /// The memory events of a training run's log: device categories, then host ones.
 fn logged(log: &std::path::Path) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
     let (mut device, mut host) = (BTreeMap::new(), BTreeMap::new());
@@ -188,28 +201,15 @@ fn the_plan_counts_what_training_allocates() {
             1,
             false,
             Choice {
-                recompute: Recompute { ffn: true, ..none },
-                offload_residual: false,
-                offload_activations: false,
-                offload: Offload::default(),
-                zero_level: 0,
-                lmhead_chunks: 1,
                 ffn_chunks: 2,
+                ..recomputing(Recompute { ffn: true, ..none })
             },
         ),
         (
             &["--matmul-dtype", "e4m3", "--recompute-norm"],
             1,
             true,
-            Choice {
-                recompute: Recompute { norm: true, ..none },
-                offload_residual: false,
-                offload_activations: false,
-                offload: Offload::default(),
-                zero_level: 0,
-                lmhead_chunks: 1,
-                ffn_chunks: 1,
-            },
+            recomputing(Recompute { norm: true, ..none }),
         ),
     ];
     for (i, (flags, micro_steps, fp8, choice)) in cases.into_iter().enumerate() {
@@ -231,15 +231,7 @@ fn recompute_saves_the_activations_written_out_by_hand() {
     let setup = setup();
     let config = hf::read_config(&setup.model).unwrap();
     let activations = |recompute| {
-        let choice = Choice {
-            recompute,
-            offload_residual: false,
-            offload_activations: false,
-            offload: Offload::default(),
-            zero_level: 0,
-            lmhead_chunks: 1,
-            ffn_chunks: 1,
-        };
+        let choice = recomputing(recompute);
         let plan = planned(&config, 1, false, choice);
         by_name(&plan.device)["activations"]
     };
@@ -280,13 +272,9 @@ fn recompute_saves_the_activations_written_out_by_hand() {
     };
     let offloaded = |recompute, offload_residual, offload_activations| {
         let choice = Choice {
-            recompute,
             offload_residual,
             offload_activations,
-            offload: Offload::default(),
-            zero_level: 0,
-            lmhead_chunks: 1,
-            ffn_chunks: 1,
+            ..recomputing(recompute)
         };
         let plan = planned(&deep, 1, false, choice);
         let host = by_name(&plan.host).get("activations").copied();
@@ -312,6 +300,43 @@ fn recompute_saves_the_activations_written_out_by_hand() {
     }
 }
 
+/// FP8's weight gradients read the FP8 copies of their inputs that the forward made, so the
+/// norms' and SwiGLU's outputs are kept once for all layers unless a projection the backward
+/// reruns reads them; and an input copy is kept once when its projection reruns.
+#[test]
+fn fp8_keeps_its_matmul_inputs_once_written_out_by_hand() {
+    let setup = setup();
+    let config = hf::read_config(&setup.model).unwrap();
+    let memory = |fp8, recompute, category| {
+        let choice = recomputing(recompute);
+        by_name(&planned(&config, 1, fp8, choice).device)[category]
+    };
+    // The tiny model of the test above: 2 layers, so one copy fewer when shared.
+    let (n, c, q, f) = (32u64, 32u64, 32u64, 64u64);
+    let (ln, swiglu) = (n * c * 2, n * f * 2);
+    let r = Recompute::default();
+    let (qkv, ffn, norm) = (
+        Recompute { qkv: true, ..r },
+        Recompute { ffn: true, ..r },
+        Recompute { norm: true, ..r },
+    );
+    let fp8_saves = |recompute| {
+        memory(false, recompute, "activations") - memory(true, recompute, "activations")
+    };
+    assert_eq!(fp8_saves(r), 2 * ln + swiglu);
+    // Rerun, QKV reads the input norm's output again, gate/up the other's.
+    assert_eq!(fp8_saves(qkv), ln + swiglu);
+    assert_eq!(fp8_saves(ffn), ln);
+    assert_eq!(fp8_saves(norm), swiglu);
+    // An input copy: [in, tokens] in e4m3 and its f32 descale.
+    let copy = |width| n * width + 4;
+    let copies_saved = |recompute| memory(true, r, "fp8") - memory(true, recompute, "fp8");
+    assert_eq!(copies_saved(qkv), copy(c));
+    assert_eq!(copies_saved(ffn), copy(c));
+    let block = Recompute { block: true, ..r };
+    assert_eq!(copies_saved(block), copy(c) + copy(q) + copy(c));
+}
+
 /// ZeRO-2 on two GPUs: of a 6-block model, each GPU keeps the gradients of the 3 blocks it
 /// updates and two slots for the other 3, so one block's fewer (the tiny model's blocks
 /// alternate between the GPUs, before the embedding and head, which weigh less); ZeRO-1
@@ -325,13 +350,8 @@ fn zero_2_plans_the_gradients_of_the_blocks_kept_and_two_slots() {
     };
     let gradients = |zero_level| {
         let choice = Choice {
-            recompute: Recompute::default(),
-            offload_residual: false,
-            offload_activations: false,
-            offload: Offload::default(),
             zero_level,
-            lmhead_chunks: 1,
-            ffn_chunks: 1,
+            ..recomputing(Recompute::default())
         };
         by_name(&planned_on(2, &config, 1, false, choice).device)["gradients"]
     };
@@ -471,15 +491,7 @@ fn bad_input_gets_one_clear_error() {
 /// needs, so that something must give; with the bytes it needs, and the bytes it allows.
 fn tight_budget(setup: &Setup) -> (String, u64, u64) {
     let config = hf::read_config(&setup.model).unwrap();
-    let keep_all = Choice {
-        recompute: Recompute::default(),
-        offload_residual: false,
-        offload_activations: false,
-        offload: Offload::default(),
-        zero_level: 0,
-        lmhead_chunks: 1,
-        ffn_chunks: 1,
-    };
+    let keep_all = recomputing(Recompute::default());
     let needed: u64 = planned(&config, 1, false, keep_all)
         .device
         .iter()

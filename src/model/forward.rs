@@ -56,6 +56,7 @@ impl<B: Backend> Transformer<B> {
         let eps = self.config.rms_norm_eps as f32;
         let shape = self.attn_shape();
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
+        let again = self.read_again();
         let amax = |lin| self.input_amax(l, lin);
         let (amax_qkv, amax_out, amax_gate_up) =
             (amax(Linear::Qkv), amax(Linear::Out), amax(Linear::GateUp));
@@ -85,7 +86,7 @@ impl<B: Backend> Transformer<B> {
                 amax_qkv.as_ref(),
             )?;
             a.residual.written(b, l)?;
-        } else if run(rc.norms()) {
+        } else if run(rc.norms() && again.ln1) {
             let inp = a.residual.layer(l);
             b.rmsnorm_forward(ln1, a.rstd1.layer(l), inp, &w.ln1, eps, amax_qkv.as_ref())?;
         }
@@ -112,7 +113,7 @@ impl<B: Backend> Transformer<B> {
                 eps,
                 amax_gate_up.as_ref(),
             )?;
-        } else if run(rc.norms()) {
+        } else if run(rc.norms() && again.ln2) {
             let rstd = a.rstd2.layer(l);
             b.rmsnorm_forward(ln2, rstd, mid, &w.ln2, eps, amax_gate_up.as_ref())?;
         }

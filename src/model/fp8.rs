@@ -5,6 +5,7 @@ use std::cell::Cell;
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
+use super::activations::Recompute;
 use super::params::{LayerParams, ParamSpec, Params};
 use crate::backend::{Backend, Fp8Sum, Scaled};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -22,6 +23,10 @@ pub enum MatmulPrecision {
 }
 
 impl MatmulPrecision {
+    pub fn is_fp8(self) -> bool {
+        matches!(self, MatmulPrecision::Fp8 { .. })
+    }
+
     /// From `--matmul-dtype` and `--gradient-dtype`.
     pub fn parse(matmul: &str, gradient: Option<&str>) -> Result<Self> {
         let dtype = |flag: &str, name: &str, allowed: &[DType]| match DType::parse(name) {
@@ -96,6 +101,17 @@ impl Linear {
         self != Linear::Qkv
     }
 
+    /// Whether the backward's recompute pass reruns this linear's forward (`block_forward`,
+    /// `mlp_forward`), which rewrites its input's FP8 copy: one copy then serves every layer.
+    fn rerun_by(self, recompute: Recompute) -> bool {
+        match self {
+            Linear::Qkv => recompute.qkv(),
+            Linear::Out => recompute.residual_mid(),
+            Linear::GateUp => recompute.gate_up(),
+            Linear::Down => false,
+        }
+    }
+
     /// Row of this layer's statistics in the `[layers · 4, 1]` abs-max tensors.
     fn slot(self, layer: usize) -> usize {
         4 * layer + self as usize
@@ -124,10 +140,20 @@ struct WeightCopy<B: Backend> {
 
 /// One linear's input as its weight gradient needs it, `[in, tokens]` in FP8, written by the
 /// forward's quantization in the same pass as the forward's own `[tokens, in]` copy, and its
-/// descale: the backward reads it instead of quantizing the input again.
+/// descale: the backward reads it instead of quantizing the input again. One per layer, or
+/// one for all layers when the recompute pass reruns the linear's forward.
 struct InputStash<B: Backend> {
     cols: Tensor<B>,
     descale: Tensor<B>,
+}
+
+impl<B: Backend> Clone for InputStash<B> {
+    fn clone(&self) -> Self {
+        InputStash {
+            cols: self.cols.clone(),
+            descale: self.descale.clone(),
+        }
+    }
 }
 
 /// What one linear layer keeps in FP8.
@@ -168,12 +194,16 @@ pub(crate) struct Fp8Shape {
     /// Largest input width (K) and output width (N) of the four linears.
     pub max_in: usize,
     pub max_out: usize,
+    /// What the backward recomputes (`Linear::rerun_by`).
+    pub recompute: Recompute,
 }
 
 /// The FP8 buffers' specs, and which abs-max slot each layer's weights report into.
 pub(crate) struct Fp8Plan {
     pub specs: Vec<TensorSpec>,
     weight_slot: Vec<[usize; 4]>,
+    /// Which linears' input copies are shared by every layer.
+    shared_input: [bool; 4],
 }
 
 impl Fp8Plan {
@@ -208,6 +238,27 @@ impl Fp8Plan {
             TensorSpec::new("fp8.grad_qt", &[shape.tokens * shape.max_out], gradient),
             stat("fp8.grad_descale", 1),
         ];
+        let shared_input = Linear::ALL.map(|lin| lin.rerun_by(shape.recompute));
+        let input_stash = |specs: &mut Vec<TensorSpec>, name: &str, inp: usize| {
+            let input = format!("{name}.input");
+            specs.push(TensorSpec::new(
+                format!("{input}.t"),
+                &[inp, shape.tokens],
+                forward,
+            ));
+            specs.push(stat(&format!("{input}.descale"), 1));
+        };
+        let input_width =
+            |lin: Linear, layer: &LayerParams<ParamSpec>| lin.weight(layer).tensor.shape[1];
+        if let Some(first) = layout.layers.first() {
+            for lin in Linear::ALL
+                .into_iter()
+                .filter(|&l| shared_input[l as usize])
+            {
+                let name = format!("fp8.layers.{}", lin.name());
+                input_stash(&mut specs, &name, input_width(lin, first));
+            }
+        }
         for (l, layer) in layout.layers.iter().enumerate() {
             for lin in Linear::ALL {
                 let w = &lin.weight(layer).tensor;
@@ -216,16 +267,16 @@ impl Fp8Plan {
                 specs.push(TensorSpec::new(name.clone(), &[out, inp], forward));
                 specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], forward));
                 specs.push(stat(&format!("{name}.descale"), 1));
-                let input = format!("{name}.input");
-                specs.push(TensorSpec::new(
-                    format!("{input}.t"),
-                    &[inp, shape.tokens],
-                    forward,
-                ));
-                specs.push(stat(&format!("{input}.descale"), 1));
+                if !shared_input[lin as usize] {
+                    input_stash(&mut specs, &name, inp);
+                }
             }
         }
-        Some(Fp8Plan { specs, weight_slot })
+        Some(Fp8Plan {
+            specs,
+            weight_slot,
+            shared_input,
+        })
     }
 
     /// The state, from tensors allocated for `specs` in their order.
@@ -235,18 +286,25 @@ impl Fp8Plan {
         let (weight_amax, input_amax, grad_amax) = (take(), take(), take());
         let (input_q, grad_q, grad_qt) = (take(), take(), take());
         let grad_descale = take();
-        let linears = (0..self.weight_slot.len())
+        let layers = self.weight_slot.len();
+        let shared: [Option<InputStash<B>>; 4] = self.shared_input.map(|shared| {
+            (shared && layers > 0).then(|| InputStash {
+                cols: take(),
+                descale: take(),
+            })
+        });
+        let linears = (0..layers)
             .map(|_| {
-                [(); 4].map(|_| LinearCopies {
+                Linear::ALL.map(|lin| LinearCopies {
                     weight: WeightCopy {
                         rows: take(),
                         cols: take(),
                         descale: take(),
                     },
-                    input: InputStash {
+                    input: shared[lin as usize].clone().unwrap_or_else(|| InputStash {
                         cols: take(),
                         descale: take(),
-                    },
+                    }),
                 })
             })
             .collect();

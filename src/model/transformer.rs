@@ -4,7 +4,7 @@
 use anyhow::{Result, ensure};
 
 use super::activations::{
-    ActivationOffload, ActivationPlan, ActivationShape, Activations, Recompute,
+    ActivationOffload, ActivationPlan, ActivationShape, Activations, ReadAgain, Recompute,
 };
 use super::config::ModelConfig;
 use super::fp8::{Fp8Plan, Fp8Shape, Fp8State, MatmulPrecision};
@@ -162,6 +162,7 @@ impl ModelPlan {
         let activations = ActivationPlan::new(
             &shape,
             options.recompute,
+            ReadAgain::new(options.recompute, options.matmul.is_fp8()),
             ActivationOffload {
                 residual: options.offload_residual,
                 kept: options.offload_activations,
@@ -181,6 +182,7 @@ impl ModelPlan {
                 .qkv_dim()
                 .max(config.hidden_size)
                 .max(2 * config.intermediate_size),
+            recompute: options.recompute,
         };
         let fp8 = Fp8Plan::new(options.matmul, &fp8_shape, &layout);
         Ok(ModelPlan {
@@ -289,6 +291,11 @@ impl<B: Backend> Transformer<B> {
             .as_ref()
             .map(|fp8| fp8.weight_amax_slots(b))
             .transpose()
+    }
+
+    /// Which norm and SwiGLU outputs the backward reads again.
+    pub(crate) fn read_again(&self) -> ReadAgain {
+        ReadAgain::new(self.options.recompute, self.fp8.is_some())
     }
 
     /// Every FP8 abs-max statistic by name (`None` without FP8), for diagnosing divergence.

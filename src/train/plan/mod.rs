@@ -329,6 +329,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         tokens,
         micro_steps: r.micro_steps,
         element_bytes: r.model_dtype.size_bytes(),
+        fp8: r.matmul.is_fp8(),
     };
     let mut out = Vec::with_capacity(models.len() * states.len());
     for (recompute, offloads, (lmhead_chunks, ffn_chunks), model, model_host) in &models {
