@@ -56,7 +56,7 @@ impl<B: Backend> Transformer<B> {
         let eps = self.config.rms_norm_eps as f32;
         let shape = self.attn_shape();
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
-        let again = self.read_again();
+        let again = self.options.read_again();
         let amax = |lin| self.input_amax(l, lin);
         let (amax_qkv, amax_out, amax_gate_up) =
             (amax(Linear::Qkv), amax(Linear::Out), amax(Linear::GateUp));

@@ -50,7 +50,7 @@ impl<B: Backend> Transformer<B> {
             self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?;
         }
         // 7) SwiGLU
-        if run(rc.swiglu_out() && self.read_again().swiglu) {
+        if run(rc.swiglu_out() && self.options.read_again().swiglu) {
             let amax_down = self.input_amax(l, Linear::Down);
             b.swiglu_forward(swiglu, gate_up, amax_down.as_ref())?;
         }

@@ -57,6 +57,11 @@ impl ModelOptions {
             kept_grads: None,
         }
     }
+
+    /// Which norm and SwiGLU outputs the backward reads again.
+    pub(crate) fn read_again(&self) -> ReadAgain {
+        ReadAgain::new(self.recompute, self.matmul.is_fp8())
+    }
 }
 
 pub struct Transformer<B: Backend> {
@@ -162,7 +167,7 @@ impl ModelPlan {
         let activations = ActivationPlan::new(
             &shape,
             options.recompute,
-            ReadAgain::new(options.recompute, options.matmul.is_fp8()),
+            options.read_again(),
             ActivationOffload {
                 residual: options.offload_residual,
                 kept: options.offload_activations,
@@ -291,11 +296,6 @@ impl<B: Backend> Transformer<B> {
             .as_ref()
             .map(|fp8| fp8.weight_amax_slots(b))
             .transpose()
-    }
-
-    /// Which norm and SwiGLU outputs the backward reads again.
-    pub(crate) fn read_again(&self) -> ReadAgain {
-        ReadAgain::new(self.options.recompute, self.fp8.is_some())
     }
 
     /// Every FP8 abs-max statistic by name (`None` without FP8), for diagnosing divergence.
