@@ -248,15 +248,14 @@ impl Fp8Plan {
             ));
             specs.push(stat(&format!("{input}.descale"), 1));
         };
-        let input_width =
-            |lin: Linear, layer: &LayerParams<ParamSpec>| lin.weight(layer).tensor.shape[1];
+        // A shared copy is as wide as any layer's input to that linear: the first layer's.
         if let Some(first) = layout.layers.first() {
             for lin in Linear::ALL
                 .into_iter()
                 .filter(|&l| shared_input[l as usize])
             {
                 let name = format!("fp8.layers.{}", lin.name());
-                input_stash(&mut specs, &name, input_width(lin, first));
+                input_stash(&mut specs, &name, lin.weight(first).tensor.shape[1]);
             }
         }
         for (l, layer) in layout.layers.iter().enumerate() {
