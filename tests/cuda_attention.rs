@@ -1,6 +1,7 @@
 //! Attention at the shapes of the benchmark's models: the tensor-core kernels against the
-//! CUDA-core ones (the simple reference, itself tested against the CPU in cuda_ops), and the
-//! tensor-core kernels' speed, timed by CUDA events around each op. The speed is a figure, not
+//! CUDA-core ones (the simple reference, itself tested against the CPU in cuda_ops), wgmma's
+//! (tiles by TMA) bit for bit against mma.sync's (tiles by cp.async), and the tensor-core
+//! kernels' speed, timed by CUDA events around each op. The speed is a figure, not
 //! an assertion; `scripts/gpu/torch_attention.py` times PyTorch's fused attention on the same
 //! shapes for comparison.
 
@@ -99,20 +100,21 @@ fn tensor_cores_at_model_shapes() {
         };
         let reference = run(AttentionKernels::Simple);
         // wgmma where the GPU has it (else the same mma.sync kernels twice), then mma.sync.
+        let mut results = Vec::new();
         for (name, kernels) in [
             ("wgmma", AttentionKernels::Wgmma),
             ("mma.sync", AttentionKernels::MmaSync),
         ] {
             let test = format!("{test} {name}");
             // bf16 outputs and P, dS rounded to bf16 for the MMAs: the bound of cuda_ops.
-            check_op(
+            results.push(check_op(
                 &test,
                 || run(kernels),
                 || reference.clone(),
                 |name| {
                     if name == "lse" { 1e-5 } else { 1e-2 }
                 },
-            );
+            ));
             let (fwd, bwd) = time(&gpu, &bufs, s, kernels);
             let flops = forward_flops(s);
             figure(
@@ -124,6 +126,15 @@ fn tensor_cores_at_model_shapes() {
                 ),
             );
         }
+        // The two sum each product in the same order on the same tiles, and wgmma's tiles
+        // arrive by TMA where mma.sync's arrive by cp.async: the same bits either way.
+        for ((name, wgmma), (_, mma)) in results[0].iter().zip(&results[1]) {
+            assert!(
+                same_bits(wgmma, mma),
+                "{test}: {name} differs between wgmma and mma.sync"
+            );
+        }
+        figure(&test, "wgmma and mma.sync outputs bitwise equal");
     }
 }
 

@@ -7,6 +7,7 @@ use anyhow::{Result, bail, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, HEAD_DIMS, KArg, Kernel, wgmma_head_dim};
+use super::tma::{TensorMap, TensorMaps2};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16};
 use crate::backend::AttnShape;
 use crate::tensor::{DType, Tensor};
@@ -50,6 +51,9 @@ impl AttentionKernels {
     }
 }
 
+/// Shared memory for the two TMA barriers (mbarriers of 8 bytes) of a tensor-core kernel.
+const TMA_BARRIERS: usize = 2 * 8;
+
 /// The tensor-core kernels of one call, and their shared-memory tiles: 64 rows of
 /// `head_dim` bf16, padded by 8 for mma.sync's ldmatrix.
 struct TensorCoreKernels {
@@ -57,6 +61,8 @@ struct TensorCoreKernels {
     dkdv: Kernel,
     dq: Kernel,
     padding: usize,
+    /// Whether the kernels' tiles arrive by TMA (Hopper), through the maps of `tile_maps`.
+    tma: bool,
 }
 
 impl TensorCoreKernels {
@@ -65,12 +71,14 @@ impl TensorCoreKernels {
         dkdv: Kernel::AttentionBackwardDkDvWgmma,
         dq: Kernel::AttentionBackwardDqWgmma,
         padding: 0,
+        tma: true,
     };
     const MMA_SYNC: Self = TensorCoreKernels {
         forward: Kernel::AttentionForwardMma,
         dkdv: Kernel::AttentionBackwardDkDvMma,
         dq: Kernel::AttentionBackwardDqMma,
         padding: 8,
+        tma: false,
     };
 
     /// Dynamic shared memory for `tiles` 64-row tiles plus `extra` bytes.
@@ -78,10 +86,47 @@ impl TensorCoreKernels {
         (tiles * TC_TILE * (head_dim + self.padding) * 2 + extra) as u32
     }
 
-    /// dK/dV stages K and V, and two buffers of Q and dout tiles and of the query tile's lse
-    /// and delta.
+    /// The forward stages Q, K and V tiles, and K's and V's TMA barriers.
+    fn forward_smem(&self, head_dim: usize) -> u32 {
+        self.smem(head_dim, 3, TMA_BARRIERS)
+    }
+
+    /// dK/dV stages K and V, two buffers of Q and dout tiles and of the query tile's lse and
+    /// delta, and the two buffers' TMA barriers.
     fn dkdv_smem(&self, head_dim: usize) -> u32 {
-        self.smem(head_dim, 6, 2 * 2 * TC_TILE * 4)
+        self.smem(head_dim, 6, 2 * 2 * TC_TILE * 4 + TMA_BARRIERS)
+    }
+
+    /// dQ stages Q and dout, two buffers of K and V tiles, and the two buffers' TMA barriers.
+    fn dq_smem(&self, head_dim: usize) -> u32 {
+        self.smem(head_dim, 6, TMA_BARRIERS)
+    }
+
+    /// The TMA maps of qkv and dout ([B, T, columns] as (column, token, batch), in boxes of
+    /// one 64-column slab of 64 tokens) that the kernels read their tiles through where `tma`
+    /// (the forward has no dout).
+    fn tile_maps(
+        &self,
+        s: &AttnShape,
+        qkv: &Tensor<Cuda>,
+        dout: Option<&Tensor<Cuda>>,
+    ) -> Result<KArg> {
+        let map = |t: &Tensor<Cuda>, heads: usize| {
+            let cols = heads * s.head_dim;
+            let row = (cols * 2) as u64;
+            TensorMap::bf16_swizzled(
+                ptr(t),
+                [cols as u64, s.seq as u64, s.batch as u64],
+                &[row, row * s.seq as u64],
+                [64, TC_TILE as u32, 1],
+            )
+        };
+        let maps = match (self.tma, dout) {
+            (false, _) => [TensorMap::unused(); 2],
+            (true, None) => [map(qkv, s.q_heads + 2 * s.kv_heads)?, TensorMap::unused()],
+            (true, Some(dout)) => [map(qkv, s.q_heads + 2 * s.kv_heads)?, map(dout, s.q_heads)?],
+        };
+        Ok(KArg::Maps(Box::new(TensorMaps2(maps))))
     }
 }
 
@@ -203,7 +248,7 @@ impl Cuda {
             "attention_forward: out {:?}",
             out.shape
         );
-        let args: [KArg; 8] = [
+        let args = [
             ptr(out).into(),
             ptr(lse).into(),
             ptr(qkv).into(),
@@ -215,8 +260,9 @@ impl Cuda {
         ];
         // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
         // its rows of head h in out [B·T, Hq·D] and lse [B, Hq, T], and amax (one f32 or
-        // null); the tensor-core kernels, only where qkv and out are 16-byte aligned, stage Q,
-        // K and V tiles in exactly `smem(D, 3, 0)` bytes.
+        // null); the tensor-core kernels, only where qkv and out are 16-byte aligned (with TMA,
+        // reading qkv through a map of exactly it), stage Q, K and V tiles and their barriers
+        // in exactly `forward_smem(D)` bytes.
         unsafe {
             if let Some(tc) = self.tensor_cores(&[qkv, out], s.head_dim) {
                 self.launch_with_smem(
@@ -224,8 +270,8 @@ impl Cuda {
                     &[Arg::HeadDim(s.head_dim)],
                     (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
                     TC_THREADS,
-                    tc.smem(s.head_dim, 3, 0),
-                    &args,
+                    tc.forward_smem(s.head_dim),
+                    &[&args[..], &[tc.tile_maps(&s, qkv, None)?]].concat(),
                 )
             } else {
                 self.launch(
@@ -302,10 +348,11 @@ impl Cuda {
         // The dK/dV blocks write disjoint k and v columns of dqkv, or with splits, disjoint rows
         // of the shares ([splits][2][B·T][Hkv][D] f32 of scratch after delta, 16-byte aligned),
         // which the sum reads back; the dQ blocks write disjoint q columns; all read qkv, dout,
-        // lse and delta in bounds. The tensor-core kernels run only where qkv, dout and dqkv
-        // are 16-byte aligned, and take exactly the shared memory they stage: `dkdv_smem(D)`
-        // bytes for dK/dV (K, V, two buffers of Q and dout tiles and of their lse and delta),
-        // `smem(D, 6, 0)` for dQ (Q, dout, two buffers of K and V).
+        // lse and delta in bounds (with TMA, through maps of exactly qkv and dout). The
+        // tensor-core kernels run only where qkv, dout and dqkv are 16-byte aligned, and take
+        // exactly the shared memory they stage: `dkdv_smem(D)` bytes for dK/dV (K, V, two
+        // buffers of Q and dout tiles and of their lse and delta, the barriers), `dq_smem(D)`
+        // for dQ (Q, dout, two buffers of K and V, the barriers).
         unsafe {
             self.launch(
                 Kernel::AttentionBackwardDelta,
@@ -344,6 +391,7 @@ impl Cuda {
                         vec![
                             if splits > 1 { shares } else { 0 }.into(),
                             (splits as i32).into(),
+                            tc.tile_maps(&s, qkv, Some(dout))?,
                         ],
                     ]
                     .concat(),
@@ -374,8 +422,8 @@ impl Cuda {
                     &dims,
                     (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
                     TC_THREADS,
-                    tc.smem(s.head_dim, 6, 0),
-                    &common(delta),
+                    tc.dq_smem(s.head_dim),
+                    &[common(delta), vec![tc.tile_maps(&s, qkv, Some(dout))?]].concat(),
                 )
             } else {
                 self.launch(

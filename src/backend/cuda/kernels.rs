@@ -15,6 +15,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, Source};
+use super::tma::TensorMaps2;
 use super::{BLOCK, attention, classifier, embedding, fp8, rmsnorm};
 use crate::backend::UnsupportedDtype;
 use crate::tensor::DType;
@@ -342,12 +343,14 @@ pub fn all_names(source: &Source) -> Vec<String> {
 pub(super) const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 
 /// A kernel argument: device pointers travel as `u64`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum KArg {
     U64(u64),
     I64(i64),
     I32(i32),
     F32(f32),
+    /// Two TMA descriptors, passed by value (boxed: 256 bytes, where the others take 8).
+    Maps(Box<TensorMaps2>),
 }
 
 impl From<u64> for KArg {
@@ -474,6 +477,7 @@ impl Kernels {
                 KArg::I64(x) => builder.arg(x),
                 KArg::I32(x) => builder.arg(x),
                 KArg::F32(x) => builder.arg(x),
+                KArg::Maps(x) => builder.arg(x.as_ref()),
             };
         }
         let cfg = LaunchConfig {

@@ -33,6 +33,7 @@ mod pending;
 mod rmsnorm;
 mod rope;
 mod swiglu;
+mod tma;
 
 use std::cell::Cell;
 use std::sync::Arc;
