@@ -58,8 +58,8 @@ impl TensorMap {
         Ok(TensorMap(map))
     }
 
-    /// All zeros: the argument of a kernel that takes maps but, built without TMA (before
-    /// Hopper), never reads them.
+    /// All zeros: the argument of a kernel that takes maps but never reads them (the
+    /// mma.sync attention kernels, whose tiles come by cp.async).
     pub fn unused() -> Self {
         TensorMap(sys::CUtensorMap { opaque: [0; 16] })
     }

@@ -14,7 +14,7 @@ const STEP_SHARE: f64 = 0.54;
 /// The recomputed matmuls: cuBLASLt's bf16 forward products ran at 630–756 of 989 TFLOP/s.
 const MATMUL_SHARE: f64 = 0.7;
 /// Attention's products, forward and backward: 286–363 of 989 TFLOP/s at 1k tokens. Under 5%
-/// of the work there, most of it at 32k, where the step ran at 0.38 of the peak.
+/// of the work there, most of it at 32k, where the step ran at 0.38–0.39 of the peak.
 const ATTENTION_SHARE: f64 = 0.32;
 /// The recomputed memory-bound kernels (norms, RoPE, SwiGLU): 2.5–3.0 of 3.35 TB/s.
 const BANDWIDTH_SHARE: f64 = 0.85;
@@ -175,8 +175,8 @@ mod tests {
 
     /// `smelt bench` on an H100 (docs/performance.md), bf16 with bf16 moments: (model, batch,
     /// seq, median step in ms = tokens / tok/s). The 1k rows are the current table's, where
-    /// attention is under 5% of the work; the 32k row, from `scripts/gpu/long_context.sh`, is
-    /// two thirds attention.
+    /// attention is under 5% of the work; the 32k row (`smelt bench --batch-size 1 --seq-len
+    /// 32768`, "Long sequences" there) is two thirds attention.
     const MEASURED_STEPS: [(&str, usize, usize, f64); 4] = [
         ("qwen2.5-0.5b", 32, 1024, 207.3),
         ("qwen2.5-1.5b", 16, 1024, 288.4),
