@@ -376,6 +376,8 @@ impl Cuda {
                 ],
             )?;
             if let Some(tc) = tc {
+                // dK/dV and dQ read their tiles through the same maps.
+                let maps = tc.tile_maps(&s, qkv, Some(dout))?;
                 self.launch_with_smem(
                     tc.dkdv,
                     &dims,
@@ -391,7 +393,7 @@ impl Cuda {
                         vec![
                             if splits > 1 { shares } else { 0 }.into(),
                             (splits as i32).into(),
-                            tc.tile_maps(&s, qkv, Some(dout))?,
+                            maps.clone(),
                         ],
                     ]
                     .concat(),
@@ -423,7 +425,7 @@ impl Cuda {
                     (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
                     TC_THREADS,
                     tc.dq_smem(s.head_dim),
-                    &[common(delta), vec![tc.tile_maps(&s, qkv, Some(dout))?]].concat(),
+                    &[common(delta), vec![maps]].concat(),
                 )
             } else {
                 self.launch(

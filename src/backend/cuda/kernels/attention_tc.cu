@@ -471,18 +471,19 @@ __device__ __forceinline__ Place place() {
 }
 
 struct Heads {
-    size_t stride;   // elements per token row of qkv
-    const bf16* q;   // this (batch, head)'s q column block at token 0
+    size_t stride;            // elements per token row of qkv
+    int q_col, k_col, v_col;  // where this head's q, k and v column blocks start in a row
+    const bf16* q;            // this (batch, head)'s q column block at token 0
     const bf16* k;
     const bf16* v;
 };
 
 template <int D>
 __device__ __forceinline__ Heads heads(const bf16* qkv, int T, int Hq, int Hkv, int b, int h) {
-    const int g = h / (Hq / Hkv);
+    const int g = h / (Hq / Hkv), q_col = h * D, k_col = (Hq + g) * D, v_col = (Hq + Hkv + g) * D;
     const size_t stride = static_cast<size_t>(Hq + 2 * Hkv) * D;
     const bf16* base = qkv + static_cast<size_t>(b) * T * stride;
-    return {stride, base + h * D, base + (Hq + g) * D, base + (Hq + Hkv + g) * D};
+    return {stride, q_col, k_col, v_col, base + q_col, base + k_col, base + v_col};
 }
 
 // Whether element e of column block nb, in a score tile of query rows against the 64 keys
@@ -564,12 +565,11 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
     // soon as the scores have read it, and arrives while the softmax and P·V run; V while the
     // next scores and softmax do.
     u64* kv = reinterpret_cast<u64*>(smem_tile<D, M>(3));
-    const int g = h / (Hq / Hkv);
     auto load_k = [&](int t) {
         if constexpr (M::TMA) {
             if (threadIdx.x != 0) return;
             if (t > 0) barrier_expect<D>(&kv[0], 1);  // the first's is with Q
-            load_tile_tma<D>(sK, maps.qkv, (Hq + g) * D, t * TILE, b, &kv[0]);
+            load_tile_tma<D>(sK, maps.qkv, hd.k_col, t * TILE, b, &kv[0]);
         } else {
             load_tile<D, M>(sK, hd.k + t * TILE * hd.stride, min(TILE, T - t * TILE), hd.stride);
             commit_copies();
@@ -579,7 +579,7 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
         if constexpr (M::TMA) {
             if (threadIdx.x != 0) return;
             barrier_expect<D>(&kv[1], 1);
-            load_tile_tma<D>(sV, maps.qkv, (Hq + Hkv + g) * D, t * TILE, b, &kv[1]);
+            load_tile_tma<D>(sV, maps.qkv, hd.v_col, t * TILE, b, &kv[1]);
         } else {
             load_tile<D, M>(sV, hd.v + t * TILE * hd.stride, min(TILE, T - t * TILE), hd.stride);
             commit_copies();
@@ -590,7 +590,7 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
             barrier_init(&kv[0]);
             barrier_init(&kv[1]);
             barrier_expect<D>(&kv[0], 2);  // Q and the first K
-            load_tile_tma<D>(sQ, maps.qkv, h * D, q0, b, &kv[0]);
+            load_tile_tma<D>(sQ, maps.qkv, hd.q_col, q0, b, &kv[0]);
         }
         __syncthreads();  // the barriers are initialised before anyone waits on them
     } else {
@@ -750,7 +750,7 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
 
     if constexpr (M::TMA) {
         if (threadIdx.x == 0)
-            start_buffers<D>(full, {sK, maps.qkv, (Hq + g) * D}, {sV, maps.qkv, (Hq + Hkv + g) * D}, k0, b);
+            start_buffers<D>(full, {sK, maps.qkv, kv.k_col}, {sV, maps.qkv, kv.v_col}, k0, b);
         __syncthreads();  // the barriers are initialised before anyone waits on them
     } else {
         load_tile<D, M>(sK, kv.k + k0 * kv.stride, min(TILE, T - k0), kv.stride);
@@ -796,8 +796,8 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
     }
     bf16* base = dqkv + static_cast<size_t>(b) * T * kv.stride;
     store_dkdv<D>(dk, dv, scale, keys, T, [&](int key) {
-        return DkDvRows<bf16>{base + key * kv.stride + (Hq + g) * D + (lane % 4) * 2,
-                              base + key * kv.stride + (Hq + Hkv + g) * D + (lane % 4) * 2};
+        return DkDvRows<bf16>{base + key * kv.stride + kv.k_col + (lane % 4) * 2,
+                              base + key * kv.stride + kv.v_col + (lane % 4) * 2};
     });
 }
 
@@ -825,13 +825,12 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     // Key tile t's K and V go to buffer t % 2: the next loads while the tensor cores work on
     // this one.
     u64* full = reinterpret_cast<u64*>(smem_tile<D, M>(6));  // with TMA (`fill_buffer`)
-    const int g = h / (Hq / Hkv);
     auto stage = [&](int t) {
         const int k0 = t * TILE;
         bf16 *k = smem_tile<D, M>(2 + 2 * (t % 2)), *v = smem_tile<D, M>(3 + 2 * (t % 2));
         if constexpr (M::TMA) {
             if (threadIdx.x == 0)
-                fill_buffer<D>(full, t, {k, maps.qkv, (Hq + g) * D}, {v, maps.qkv, (Hq + Hkv + g) * D}, k0, b);
+                fill_buffer<D>(full, t, {k, maps.qkv, hd.k_col}, {v, maps.qkv, hd.v_col}, k0, b);
         } else {
             load_tile<D, M>(k, hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
             load_tile<D, M>(v, hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
@@ -839,7 +838,7 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
         }
     };
     if constexpr (M::TMA) {
-        if (threadIdx.x == 0) start_buffers<D>(full, {sQ, maps.qkv, h * D}, {sO, maps.dout, h * D}, q0, b);
+        if (threadIdx.x == 0) start_buffers<D>(full, {sQ, maps.qkv, hd.q_col}, {sO, maps.dout, h * D}, q0, b);
         __syncthreads();  // the barriers are initialised before anyone waits on them
     } else {
         load_tile<D, M>(sQ, hd.q + q0 * hd.stride, min(TILE, T - q0), hd.stride);
