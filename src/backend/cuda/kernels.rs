@@ -90,7 +90,7 @@ pub static ADAMW: Source = Source {
     name: "adamw.cu",
     text: include_str!("kernels/adamw.cu"),
     options: &["--fmad=false"],
-    defines: &[],
+    defines: &[("ADAMW_THREADS", BLOCK as usize)],
 };
 
 pub static FP8: Source = Source {
