@@ -116,10 +116,10 @@ struct AdamWEntry {
 // 16-byte aligned at element `head` (< 8): elements from there on go W at a time, the `head`
 // before and the tail after one at a time; with W = 1, head is 0 and every element goes alone.
 // Each entry's run of blocks covers its n elements whatever its length. One launch per list
-// rather than per tensor: a model has hundreds, most of them small. Held to 64 registers, so
-// that four blocks share an SM (67 left room for three): each warp waits on its loads and
-// then computes, so more warps keep more of them loading (ptxas: no spills with bf16 states,
-// 4 bytes with f32 ones).
+// rather than per tensor: a model has hundreds, most of them small. Held to 64 registers,
+// four blocks of 256 threads per SM (the compiler's 67 fit three): each warp waits on its
+// loads and then computes, so more warps keep more loads in flight (ptxas: no spills with
+// bf16 states, 4 bytes with f32 ones; 3B's update 6-9% faster on an H100).
 template <typename P, typename Gr, typename M, typename V, bool MASTER, int W>
 __global__ void __launch_bounds__(ADAMW_THREADS, 4)
     adamw(const AdamWEntry* list, int count, const float* norm_sq, float lr, float beta1,
