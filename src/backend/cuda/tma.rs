@@ -14,9 +14,7 @@ use cudarc::driver::sys::{
 
 /// One CUtensorMap.
 #[derive(Clone, Copy, Debug)]
-pub struct TensorMap(
-    #[expect(dead_code, reason = "read as bytes, by the kernels")] sys::CUtensorMap,
-);
+pub struct TensorMap(sys::CUtensorMap);
 
 impl TensorMap {
     /// The map of a bf16 tensor at `address` of `dims` elements (innermost first) with
@@ -31,13 +29,13 @@ impl TensorMap {
     ) -> Result<Self> {
         assert_eq!(strides.len() + 1, RANK, "one stride per outer dimension");
         let steps = [1u32; RANK];
-        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        let mut map = Self::unused();
         // SAFETY: dims, boxes and steps hold RANK values and strides RANK − 1, all outliving
         // the call, which only writes `map`; the driver checks the address's and strides'
         // alignment and the box sizes, and fails the call otherwise.
         unsafe {
             sys::cuTensorMapEncodeTiled(
-                &mut map,
+                &mut map.0,
                 CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                 RANK as u32,
                 address as *mut c_void,
@@ -55,7 +53,7 @@ impl TensorMap {
         .with_context(|| {
             format!("encoding a TMA map of a bf16 tensor of {dims:?} in boxes of {boxes:?}")
         })?;
-        Ok(TensorMap(map))
+        Ok(map)
     }
 
     /// All zeros: the argument of a kernel that takes maps but never reads them (the
