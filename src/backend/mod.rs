@@ -375,6 +375,31 @@ pub trait Backend: Sized {
         gate_up: &Tensor<Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
+    /// The MLP's gate/up projection and SwiGLU: `gate_up = x · wᵀ` (`[N, 2F]`, `w` being
+    /// `[2F, K]`), then `out = silu(gate) ⊙ up`, as `matmul` and `swiglu_forward` compute
+    /// them. A backend with a kernel doing both at once overrides it.
+    fn gate_up_swiglu(
+        &self,
+        gate_up: &Tensor<Self>,
+        out: &Tensor<Self>,
+        x: &Tensor<Self>,
+        w: &Tensor<Self>,
+    ) -> Result<()> {
+        unfused_gate_up_swiglu(self, gate_up, out, x, w)
+    }
+    /// SwiGLU's backward through the down projection: `dh = dy · w` (`w` the down weight
+    /// `[H, F]`, written into `dh`, which a backend may leave untouched), then gate/up's
+    /// gradient over `gate_up`, as `matmul` and `swiglu_backward` compute them. A backend with
+    /// a kernel doing both at once overrides it.
+    fn swiglu_backward_through_down(
+        &self,
+        gate_up: &Tensor<Self>,
+        dh: &Tensor<Self>,
+        dy: &Tensor<Self>,
+        w: &Tensor<Self>,
+    ) -> Result<()> {
+        unfused_swiglu_backward_through_down(self, gate_up, dh, dy, w)
+    }
     /// `dgate_up` may be `gate_up` itself (in place). `amax`, where given, receives
     /// `dgate_up`'s abs-max: the gate/up projection's output gradient, which FP8 quantizes
     /// next.
@@ -465,4 +490,29 @@ impl<B: Backend> Drop for Range<'_, B> {
     fn drop(&mut self) {
         self.0.end_range();
     }
+}
+
+/// `Backend::gate_up_swiglu` as two ops, for a backend without the fused kernel (or operands
+/// it does not take).
+pub fn unfused_gate_up_swiglu<B: Backend>(
+    b: &B,
+    gate_up: &Tensor<B>,
+    out: &Tensor<B>,
+    x: &Tensor<B>,
+    w: &Tensor<B>,
+) -> Result<()> {
+    b.matmul(gate_up, x, w, None, Matmul::FORWARD)?;
+    b.swiglu_forward(out, gate_up, None)
+}
+
+/// `Backend::swiglu_backward_through_down` as two ops, likewise.
+pub fn unfused_swiglu_backward_through_down<B: Backend>(
+    b: &B,
+    gate_up: &Tensor<B>,
+    dh: &Tensor<B>,
+    dy: &Tensor<B>,
+    w: &Tensor<B>,
+) -> Result<()> {
+    b.matmul(dh, dy, w, None, Matmul::BACKWARD_INPUT)?;
+    b.swiglu_backward(gate_up, dh, gate_up, None)
 }

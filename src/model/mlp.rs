@@ -15,7 +15,7 @@ use anyhow::Result;
 use super::forward::Pass;
 use super::fp8::Linear;
 use super::transformer::Transformer;
-use crate::backend::Backend;
+use crate::backend::{Backend, Matmul};
 use crate::tensor::Tensor;
 
 impl<B: Backend> Transformer<B> {
@@ -45,14 +45,15 @@ impl<B: Backend> Transformer<B> {
         }
         let (ln2, gate_up, swiglu) = (a.ln2.layer(l), a.gate_up.layer(l), a.swiglu.layer(l));
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
-        // 6) gate/up projection
-        if run(rc.gate_up()) {
-            self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?;
-        }
-        // 7) SwiGLU
-        if run(rc.swiglu_out() && self.options.read_again().swiglu) {
-            let amax_down = self.input_amax(l, Linear::Down);
-            b.swiglu_forward(swiglu, gate_up, amax_down.as_ref())?;
+        // 6) gate/up projection, 7) SwiGLU
+        match (
+            run(rc.gate_up()),
+            run(rc.swiglu_out() && self.options.read_again().swiglu),
+        ) {
+            (true, true) => self.gate_up_swiglu(b, l, gate_up, swiglu, ln2)?,
+            (true, false) => self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?,
+            (false, true) => self.swiglu(b, l, swiglu, gate_up)?,
+            (false, false) => {}
         }
         // 8) down projection; the backward never needs it again
         if pass == Pass::Forward {
@@ -85,19 +86,29 @@ impl<B: Backend> Transformer<B> {
         }
         let (swiglu, gate_up) = (a.swiglu.layer(l), a.gate_up.layer(l));
         let (dswiglu, dgate_up) = (swiglu, gate_up);
-        // 8) down projection
-        self.linear_backward(b, (l, Linear::Down), dswiglu, &a.dresidual, swiglu, acc)?;
-        // 7) SwiGLU
-        let reported = self.grad_amax(l, Linear::GateUp);
-        b.swiglu_backward(dgate_up, dswiglu, gate_up, reported.as_ref())?;
+        if self.fp8.is_none() {
+            // 8) the down projection's weight gradient, then its input gradient and 7) SwiGLU's
+            // backward, which the backend may do in one kernel
+            let (w, dw) = (
+                Linear::Down.weight(&self.params.layers[l]),
+                Linear::Down.weight(&self.grads.layers[l]),
+            );
+            b.matmul(dw, &a.dresidual, swiglu, None, Matmul::backward_weight(acc))?;
+            b.swiglu_backward_through_down(gate_up, dswiglu, &a.dresidual, w)?;
+        } else {
+            // 8) down projection
+            self.linear_backward(b, (l, Linear::Down), dswiglu, &a.dresidual, swiglu, acc)?;
+            // 7) SwiGLU
+            let reported = self.grad_amax(l, Linear::GateUp);
+            b.swiglu_backward(dgate_up, dswiglu, gate_up, reported.as_ref())?;
+        }
         // 6) gate/up projection
         let ln2 = a.ln2.layer(l);
         self.linear_backward(b, (l, Linear::GateUp), &a.dln, dgate_up, ln2, acc)
     }
 
     /// Steps 6 and 7 for the tokens `rows`, into the first rows of the shared buffers: the
-    /// chunk's gate/up and SwiGLU output. (Chunks run only without FP8, so nothing reports
-    /// an abs-max.)
+    /// chunk's gate/up and SwiGLU output.
     fn mlp_chunk_inner(
         &self,
         b: &B,
@@ -109,8 +120,31 @@ impl<B: Backend> Transformer<B> {
         let gate_up = a.gate_up.layer(l).narrow_rows(0, len);
         let swiglu = a.swiglu.layer(l).narrow_rows(0, len);
         let ln2 = a.ln2.layer(l).narrow_rows(rows.start, rows.end);
-        self.linear_forward(b, (l, Linear::GateUp), &gate_up, &ln2, None)?;
-        b.swiglu_forward(&swiglu, &gate_up, None)?;
+        self.gate_up_swiglu(b, l, &gate_up, &swiglu, &ln2)?;
         Ok((gate_up, swiglu))
+    }
+
+    /// Steps 6 and 7 of block `l`: the gate/up projection of `ln2`, then SwiGLU of it. In
+    /// bf16 the backend may do both in one kernel; FP8 quantizes between the two.
+    fn gate_up_swiglu(
+        &self,
+        b: &B,
+        l: usize,
+        gate_up: &Tensor<B>,
+        swiglu: &Tensor<B>,
+        ln2: &Tensor<B>,
+    ) -> Result<()> {
+        if self.fp8.is_some() {
+            self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?;
+            return self.swiglu(b, l, swiglu, gate_up);
+        }
+        let w = Linear::GateUp.weight(&self.params.layers[l]);
+        b.gate_up_swiglu(gate_up, swiglu, ln2, w)
+    }
+
+    /// Step 7 alone, reporting its output's abs-max where FP8 quantizes it next.
+    fn swiglu(&self, b: &B, l: usize, swiglu: &Tensor<B>, gate_up: &Tensor<B>) -> Result<()> {
+        let amax_down = self.input_amax(l, Linear::Down);
+        b.swiglu_forward(swiglu, gate_up, amax_down.as_ref())
     }
 }

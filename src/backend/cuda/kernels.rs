@@ -14,8 +14,9 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
+use super::gemm;
 use super::nvrtc::{self, Source};
-use super::tma::TensorMaps2;
+use super::tma::{TensorMaps2, TensorMaps4};
 use super::{BLOCK, attention, classifier, embedding, fp8, rmsnorm};
 use crate::backend::UnsupportedDtype;
 use crate::tensor::DType;
@@ -103,7 +104,18 @@ pub static FP8: Source = Source {
     ],
 };
 
-pub static SOURCES: [&Source; 11] = [
+pub static GEMM: Source = Source {
+    name: "gemm.cu",
+    text: include_str!("kernels/gemm.cu"),
+    options: &[],
+    defines: &[
+        ("GEMM_STAGES", gemm::STAGES),
+        ("GEMM_THREADS", gemm::THREADS as usize),
+        ("GEMM_EPI_BUFS", gemm::EPI_BUFS),
+    ],
+};
+
+pub static SOURCES: [&Source; 12] = [
     &ELEMENTWISE,
     &EMBEDDING,
     &RMSNORM,
@@ -115,6 +127,7 @@ pub static SOURCES: [&Source; 11] = [
     &CLASSIFIER,
     &ADAMW,
     &FP8,
+    &GEMM,
 ];
 
 /// The kind of one template parameter, and so the values it may take.
@@ -263,6 +276,7 @@ kernel_table! {
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];
     QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag];
+    GemmTn => GEMM, "gemm_tn", [Flag, Flag, Flag];
 }
 
 /// A kernel with its template arguments, e.g. `rmsnorm_forward<bf16, true>`.
@@ -351,6 +365,8 @@ pub enum KArg {
     F32(f32),
     /// Two TMA descriptors, passed by value (boxed: 256 bytes, where the others take 8).
     Maps(Box<TensorMaps2>),
+    /// Four TMA descriptors, by value.
+    Maps4(Box<TensorMaps4>),
 }
 
 impl From<u64> for KArg {
@@ -434,6 +450,24 @@ impl Kernels {
             .with_context(|| format!("occupancy of {}", inst.name))
     }
 
+    /// How many clusters of `inst` (its cluster shape compiled in, `cluster` blocks of `block`
+    /// threads and `smem` bytes of dynamic shared memory each) the whole GPU runs at once.
+    pub fn resident_clusters(
+        &self,
+        stream: &CudaStream,
+        inst: &Instance,
+        (cluster, block, smem): (u32, u32, u32),
+    ) -> Result<u32> {
+        let f = self.function_with_smem(inst, smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (cluster, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        f.occupancy_max_active_clusters(cfg, stream)
+            .with_context(|| format!("cluster occupancy of {}", inst.name))
+    }
+
     /// The kernel, allowed `smem` bytes of dynamic shared memory. Past 48 KB in all a kernel
     /// must opt in to more; reading its static size and setting the limit are cheap driver
     /// calls, not stream operations.
@@ -478,6 +512,7 @@ impl Kernels {
                 KArg::I32(x) => builder.arg(x),
                 KArg::F32(x) => builder.arg(x),
                 KArg::Maps(x) => builder.arg(x.as_ref()),
+                KArg::Maps4(x) => builder.arg(x.as_ref()),
             };
         }
         let cfg = LaunchConfig {

@@ -21,6 +21,7 @@ mod disk_cache;
 mod elementwise;
 mod embedding;
 mod fp8;
+mod gemm;
 pub mod kernels;
 mod matmul;
 mod matmul_algos;
@@ -67,6 +68,8 @@ pub struct Cuda {
     compute_capability: (i32, i32),
     multiprocessors: u32,
     attention: Cell<attention::AttentionKernels>,
+    /// Whether smelt's own matmul (gemm.rs) may run where the GPU has it.
+    own_gemm: Cell<bool>,
     op_timer: OpTimer,
 }
 
@@ -203,6 +206,7 @@ impl Cuda {
             compute_capability: (major, minor),
             multiprocessors,
             attention: Cell::new(attention::AttentionKernels::from_env()?),
+            own_gemm: Cell::new(gemm::own_gemm_from_env()?),
             op_timer: OpTimer::default(),
         })
     }
@@ -599,6 +603,32 @@ impl Backend for Cuda {
         self.op("swiglu_forward", || {
             self.swiglu_forward_impl(out, gate_up, amax)
         })
+    }
+
+    fn gate_up_swiglu(
+        &self,
+        gate_up: &Tensor<Self>,
+        out: &Tensor<Self>,
+        x: &Tensor<Self>,
+        w: &Tensor<Self>,
+    ) -> Result<()> {
+        if self.fuses(&[gate_up, out, x, w]) {
+            return self.op("gate_up_swiglu", || self.gemm(gate_up, Some(out), x, w));
+        }
+        crate::backend::unfused_gate_up_swiglu(self, gate_up, out, x, w)
+    }
+
+    fn swiglu_backward_through_down(
+        &self,
+        gate_up: &Tensor<Self>,
+        dh: &Tensor<Self>,
+        dy: &Tensor<Self>,
+        w: &Tensor<Self>,
+    ) -> Result<()> {
+        if self.fuses(&[gate_up, dy, w]) {
+            return self.fused_swiglu_backward(gate_up, dy, w);
+        }
+        crate::backend::unfused_swiglu_backward_through_down(self, gate_up, dh, dy, w)
     }
 
     fn swiglu_backward(

@@ -76,6 +76,25 @@ __device__ __forceinline__ float block_reduce(float x) {
 __device__ __forceinline__ float block_sum(float x) { return block_reduce<SumOp>(x); }
 __device__ __forceinline__ float block_max(float x) { return block_reduce<MaxOp>(x); }
 
+// 1 / (1 + e^-x) from MUFU's 2^x and reciprocal, a few instructions where expf and an IEEE
+// division take dozens: the fused gate/up matmul computes SwiGLU while its tensor cores wait.
+// Far out, 2^x gives 0 or +inf, and the reciprocal 1 or 0.
+__device__ __forceinline__ float sigmoid(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(1.0f + exp2_fast(-x * LOG2E)));
+    return y;
+}
+// SwiGLU of one gate and up value: swiglu.cu's forward and gemm.cu's fused epilogue share it,
+// so that the two give the same bits.
+__device__ __forceinline__ float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+// Its gradients: d gate = dy · u · σ(g)(1 + g(1 − σ(g))), d up = dy · silu(g); swiglu.cu's
+// backward and gemm.cu's fused one share it.
+__device__ __forceinline__ void swiglu_grads(float g, float u, float dy, float& dg, float& du) {
+    const float s = sigmoid(g);
+    dg = dy * u * s * (1.0f + g * (1.0f - s));
+    du = dy * g * s;
+}
+
 // FP8 current scaling: raises amax[0] to the largest `x` of the block (each thread's x is the
 // max |value| it stored, so ≥ 0; NaN values were dropped by fmaxf, as the CPU drops them).
 // Non-negative floats order like their int bits, so one integer atomicMax per block does it,

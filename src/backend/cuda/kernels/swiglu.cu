@@ -4,8 +4,6 @@
 // (common.cuh).
 #include "common.cuh"
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 // Each thread takes one unit: W consecutive columns of one row of the [rows, F] output, from
 // column i of row n.
 struct Unit {
@@ -43,7 +41,7 @@ __global__ void swiglu_forward(T* out, const T* gate_up, long long rows, int F, 
         load_halves<T, W>(g, u, gate_up, at, F);
 #pragma unroll
         for (int k = 0; k < W; k++) {
-            y[k] = g[k] * sigmoid(g[k]) * u[k];
+            y[k] = swiglu(g[k], u[k]);
             largest = fmaxf(largest, fabsf(rounded<T>(y[k])));
         }
         store_vec<T, W>(out + at.n * F + at.i, y);
@@ -66,9 +64,7 @@ __global__ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, lo
         load_vec<T, W>(dy, dout + at.n * F + at.i);
 #pragma unroll
         for (int k = 0; k < W; k++) {
-            const float s = sigmoid(g[k]);
-            dg[k] = dy[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
-            du[k] = dy[k] * g[k] * s;
+            swiglu_grads(g[k], u[k], dy[k], dg[k], du[k]);
             largest = fmaxf(largest, fmaxf(fabsf(rounded<T>(dg[k])), fabsf(rounded<T>(du[k]))));
         }
         store_halves<T, W>(dgate_up, dg, du, at, F);

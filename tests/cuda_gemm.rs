@@ -1,0 +1,281 @@
+//! smelt's own Hopper matmul (gemm.cu) against the CPU at an awkward small shape and against
+//! cuBLASLt at the MLP shapes of the benchmark's models, and both timed there. The fused
+//! gate/up projection with SwiGLU must give what the separate matmul and SwiGLU kernels give
+//! within bf16 rounding, and its SwiGLU output must be, bit for bit, what swiglu.cu computes
+//! from its gate/up output. The down projection's input gradient with SwiGLU's backward must
+//! give what cuBLASLt's matmul and swiglu.cu's backward give, within bf16 rounding (on an H100
+//! it gave the same bits). Each schedule the host picks by K runs at one of the three shapes
+//! (`SMELT_GEMM_PINGPONG=1` or `0` forces one).
+
+mod common;
+
+use common::gpu::*;
+use smelt::backend::cpu::Cpu;
+use smelt::backend::cuda::Cuda;
+use smelt::backend::{Backend, Matmul};
+use smelt::tensor::{DType, Tensor};
+
+/// An MLP's operands: x [m, k], w [2f, k], and the outputs gate/up [m, 2f] and SwiGLU [m, f].
+struct Mlp<B: Backend> {
+    x: Tensor<B>,
+    w: Tensor<B>,
+    gate_up: Tensor<B>,
+    swiglu: Tensor<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn new(b: &B, (m, f, k): (usize, usize, usize), seed: u64) -> Self {
+        let zeros =
+            |shape: &[usize]| tensor(b, shape, DType::BF16, &vec![0.0; shape.iter().product()]);
+        // Unit-variance inputs and weights of std 1/√k: gate/up values of std ~1, where SwiGLU
+        // is far from linear.
+        Mlp {
+            x: tensor(b, &[m, k], DType::BF16, &normal(m * k, 1.0, seed)),
+            w: tensor(
+                b,
+                &[2 * f, k],
+                DType::BF16,
+                &normal(2 * f * k, 1.0 / (k as f64).sqrt(), seed + 1),
+            ),
+            gate_up: zeros(&[m, 2 * f]),
+            swiglu: zeros(&[m, f]),
+        }
+    }
+
+    fn run(&self, b: &B) -> Outputs {
+        b.gate_up_swiglu(&self.gate_up, &self.swiglu, &self.x, &self.w)
+            .unwrap();
+        vec![
+            ("gate_up", b.download(&self.gate_up).unwrap()),
+            ("swiglu", b.download(&self.swiglu).unwrap()),
+        ]
+    }
+}
+
+/// SwiGLU's output must be swiglu.cu's of the fused kernel's own gate/up, bit for bit.
+fn swiglu_of_its_gate_up(test: &str, gpu: &Cuda, mlp: &Mlp<Cuda>, fused: &Outputs) {
+    let again = tensor(
+        gpu,
+        &mlp.swiglu.shape,
+        DType::BF16,
+        &vec![0.0; mlp.swiglu.numel()],
+    );
+    gpu.swiglu_forward(&again, &mlp.gate_up, None).unwrap();
+    assert!(
+        same_bits(output(fused, "swiglu"), &gpu.download(&again).unwrap()),
+        "{test}: the fused SwiGLU differs from swiglu.cu's of the same gate/up"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_gate_up_swiglu_matches_the_cpu_at_an_awkward_shape() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // Rows, F and K that are not whole tiles (128 rows, 128 columns, 64 of K).
+    let shape = (300, 200, 136);
+    let (on_gpu, on_cpu) = (Mlp::new(&gpu, shape, 7), Mlp::new(&cpu, shape, 7));
+    let test = "gemm: gate_up_swiglu 300 x 2·200 x 136 against the CPU";
+    let fused = check_op(test, || on_gpu.run(&gpu), || on_cpu.run(&cpu), |_| 1e-2);
+    swiglu_of_its_gate_up(test, &gpu, &on_gpu, &fused);
+
+    // The plain kernel, with N not a multiple of its 256-column tiles.
+    let (m, n, k) = (300, 520, 136);
+    let (a, b) = (normal(m * k, 1.0, 9), normal(n * k, 0.1, 10));
+    let zeros = vec![0.0; m * n];
+    let out = tensor(&gpu, &[m, n], DType::BF16, &zeros);
+    gpu.own_matmul(
+        &out,
+        &tensor(&gpu, &[m, k], DType::BF16, &a),
+        &tensor(&gpu, &[n, k], DType::BF16, &b),
+    )
+    .unwrap();
+    let expected = tensor(&cpu, &[m, n], DType::BF16, &zeros);
+    cpu.matmul(
+        &expected,
+        &tensor(&cpu, &[m, k], DType::BF16, &a),
+        &tensor(&cpu, &[n, k], DType::BF16, &b),
+        None,
+        Matmul::FORWARD,
+    )
+    .unwrap();
+    let err = rel_err(
+        &gpu.download(&out).unwrap(),
+        &cpu.download(&expected).unwrap(),
+    );
+    figure(
+        "gemm: own_matmul 300 x 520 x 136 against the CPU",
+        format!("rel err {err:.2e}"),
+    );
+    assert!(err < 1e-2, "own_matmul: relative error {err:e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_gate_up_swiglu_at_model_shapes() {
+    let gpu = cuda();
+    // (tokens, F, hidden) of Qwen2.5-0.5B at batch 32, 1.5B at 16, 3B at 8.
+    let cases = [
+        ("qwen2.5-0.5b", (32768, 4864, 896)),
+        ("qwen2.5-1.5b", (16384, 8960, 1536)),
+        ("qwen2.5-3b", (8192, 11008, 2048)),
+    ];
+    for (i, (model, shape)) in cases.into_iter().enumerate() {
+        let (m, f, k) = shape;
+        let mlp = Mlp::new(&gpu, shape, 20 + i as u64);
+        let test = format!("gemm: {model} gate_up_swiglu {m} x 2·{f} x {k}");
+        let cublaslt = || {
+            gpu.set_own_gemm(false);
+            let out = mlp.run(&gpu);
+            gpu.set_own_gemm(true);
+            out
+        };
+        let fused = check_op(&test, || mlp.run(&gpu), cublaslt, |_| 1e-2);
+        swiglu_of_its_gate_up(&test, &gpu, &mlp, &fused);
+
+        let flops = 2.0 * (m * 2 * f * k) as f64;
+        let time = |own: bool| {
+            gpu.set_own_gemm(own);
+            let ms = time_ms(&gpu, || mlp.run_only(&gpu));
+            gpu.set_own_gemm(true);
+            ms
+        };
+        let (fused_ms, separate_ms) = (time(true), time(false));
+        let plain_ms = time_ms(&gpu, || {
+            gpu.own_matmul(&mlp.gate_up, &mlp.x, &mlp.w).unwrap();
+        });
+        let cublaslt_ms = time_ms(&gpu, || {
+            gpu.matmul(&mlp.gate_up, &mlp.x, &mlp.w, None, Matmul::FORWARD)
+                .unwrap();
+        });
+        let tflops = |ms: f64| flops / ms * 1e-9;
+        figure(
+            &test,
+            format!(
+                "fused {fused_ms:.3} ms against cuBLASLt + swiglu.cu {separate_ms:.3} ms; the \
+                 matmul alone: own {plain_ms:.3} ms ({:.0} TFLOP/s), cuBLASLt {cublaslt_ms:.3} \
+                 ms ({:.0} TFLOP/s)",
+                tflops(plain_ms),
+                tflops(cublaslt_ms)
+            ),
+        );
+    }
+}
+
+impl Mlp<Cuda> {
+    fn run_only(&self, gpu: &Cuda) {
+        gpu.gate_up_swiglu(&self.gate_up, &self.swiglu, &self.x, &self.w)
+            .unwrap();
+    }
+}
+
+/// Milliseconds per call of `op`, the median of 20 calls after 3 warm-up calls, each timed
+/// by CUDA events (the op timer, summed over the ops one call makes).
+fn time_ms(gpu: &Cuda, op: impl Fn()) -> f64 {
+    for _ in 0..3 {
+        op();
+    }
+    let mut each: Vec<f64> = (0..20)
+        .map(|_| {
+            gpu.time_ops(true);
+            op();
+            let times = gpu.take_op_times().unwrap();
+            gpu.time_ops(false);
+            times.iter().map(|t| t.seconds).sum::<f64>() * 1e3
+        })
+        .collect();
+    each.sort_by(f64::total_cmp);
+    each[each.len() / 2]
+}
+
+/// SwiGLU's backward through the down projection: dy [m, h], the down weight w [h, f] and
+/// gate/up [m, 2f] (host values, uploaded afresh for each run: the op overwrites gate/up).
+struct DownBackward {
+    shape: (usize, usize, usize),
+    dy: Vec<f32>,
+    w: Vec<f32>,
+    gate_up: Vec<f32>,
+}
+
+impl DownBackward {
+    fn new((m, f, h): (usize, usize, usize), seed: u64) -> Self {
+        DownBackward {
+            shape: (m, f, h),
+            dy: normal(m * h, 1.0, seed),
+            w: normal(h * f, 1.0 / (h as f64).sqrt(), seed + 1),
+            gate_up: normal(m * 2 * f, 1.0, seed + 2),
+        }
+    }
+
+    /// Gate/up's gradient, by `swiglu_backward_through_down`.
+    fn run<B: Backend>(&self, b: &B) -> Outputs {
+        let (m, f, h) = self.shape;
+        let gate_up = tensor(b, &[m, 2 * f], DType::BF16, &self.gate_up);
+        let dh = tensor(b, &[m, f], DType::BF16, &vec![0.0; m * f]);
+        b.swiglu_backward_through_down(
+            &gate_up,
+            &dh,
+            &tensor(b, &[m, h], DType::BF16, &self.dy),
+            &tensor(b, &[h, f], DType::BF16, &self.w),
+        )
+        .unwrap();
+        vec![("dgate_up", b.download(&gate_up).unwrap())]
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_swiglu_backward_matches_the_cpu_and_cublaslt() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let awkward = DownBackward::new((300, 200, 136), 40);
+    check_op(
+        "gemm: swiglu_backward_through_down 300 x 200 x 136 against the CPU",
+        || awkward.run(&gpu),
+        || awkward.run(&cpu),
+        |_| 1e-2,
+    );
+    let cases = [
+        ("qwen2.5-0.5b", (32768, 4864, 896)),
+        ("qwen2.5-1.5b", (16384, 8960, 1536)),
+        ("qwen2.5-3b", (8192, 11008, 2048)),
+    ];
+    for (i, (model, shape)) in cases.into_iter().enumerate() {
+        let (m, f, h) = shape;
+        let case = DownBackward::new(shape, 50 + i as u64);
+        let test = format!("gemm: {model} swiglu_backward_through_down {m} x {f} x {h}");
+        let separate = |g: &Cuda| {
+            g.set_own_gemm(false);
+            let out = case.run(g);
+            g.set_own_gemm(true);
+            out
+        };
+        let fused = check_op(&test, || case.run(&gpu), || separate(&gpu), |_| 1e-2);
+        let bitwise = same_bits(
+            output(&fused, "dgate_up"),
+            output(&separate(&gpu), "dgate_up"),
+        );
+        // Timed in place on one set of buffers: the values drift, the work does not.
+        let gate_up = tensor(&gpu, &[m, 2 * f], DType::BF16, &case.gate_up);
+        let dh = tensor(&gpu, &[m, f], DType::BF16, &vec![0.0; m * f]);
+        let (dy, w) = (
+            tensor(&gpu, &[m, h], DType::BF16, &case.dy),
+            tensor(&gpu, &[h, f], DType::BF16, &case.w),
+        );
+        let time = |own: bool| {
+            gpu.set_own_gemm(own);
+            let ms = time_ms(&gpu, || {
+                gpu.swiglu_backward_through_down(&gate_up, &dh, &dy, &w)
+                    .unwrap()
+            });
+            gpu.set_own_gemm(true);
+            ms
+        };
+        let (fused_ms, separate_ms) = (time(true), time(false));
+        figure(
+            &test,
+            format!(
+                "fused {fused_ms:.3} ms against cuBLASLt + swiglu.cu {separate_ms:.3} ms; \
+                 bitwise equal: {bitwise}"
+            ),
+        );
+    }
+}
