@@ -65,9 +65,9 @@ fn fits(tensors: &[&Tensor<Cuda>]) -> bool {
 /// (2048); the fused forward about the same at 0.5B's (0.964 against 0.971; in the 0.5B step,
 /// both ping-pong gave 202.7-203.4 ms against 204.6-204.7 with only the backward) and slower
 /// above. The cooperative schedule's plain matmul runs 720-750 TFLOP/s against ping-pong's
-/// 580-620, and not for its smaller L2 reads: clusters of four, which bring ping-pong's down
-/// to the cooperative's, were slower (docs/performance.md). `SMELT_GEMM_PINGPONG=1` or `0`
-/// overrides.
+/// 580-620, and not for its smaller L2 reads: clusters of four, which cut ping-pong's L2
+/// reads to the cooperative's, were slower (docs/performance.md). `SMELT_GEMM_PINGPONG=1` or
+/// `0` overrides.
 fn pingpong(dswiglu: bool, k: usize) -> bool {
     match std::env::var("SMELT_GEMM_PINGPONG").ok().as_deref() {
         Some("1") => true,
