@@ -113,32 +113,16 @@ fn fused_gate_up_swiglu_matches_the_cpu_at_an_awkward_shape() {
 #[ignore = "needs a CUDA GPU"]
 fn fused_gate_up_swiglu_at_model_shapes() {
     let gpu = cuda();
-    // (tokens, F, hidden) of Qwen2.5-0.5B at batch 32, 1.5B at 16, 3B at 8.
-    let cases = [
-        ("qwen2.5-0.5b", (32768, 4864, 896)),
-        ("qwen2.5-1.5b", (16384, 8960, 1536)),
-        ("qwen2.5-3b", (8192, 11008, 2048)),
-    ];
-    for (i, (model, shape)) in cases.into_iter().enumerate() {
+    for (i, (model, shape)) in MODEL_SHAPES.into_iter().enumerate() {
         let (m, f, k) = shape;
         let mlp = Mlp::new(&gpu, shape, 20 + i as u64);
         let test = format!("gemm: {model} gate_up_swiglu {m} x 2·{f} x {k}");
-        let cublaslt = || {
-            gpu.set_own_gemm(false);
-            let out = mlp.run(&gpu);
-            gpu.set_own_gemm(true);
-            out
-        };
+        let cublaslt = || with_own_gemm(&gpu, false, || mlp.run(&gpu));
         let fused = check_op(&test, || mlp.run(&gpu), cublaslt, |_| 1e-2);
         swiglu_of_its_gate_up(&test, &gpu, &mlp, &fused);
 
         let flops = 2.0 * (m * 2 * f * k) as f64;
-        let time = |own: bool| {
-            gpu.set_own_gemm(own);
-            let ms = time_ms(&gpu, || mlp.run_only(&gpu));
-            gpu.set_own_gemm(true);
-            ms
-        };
+        let time = |own: bool| with_own_gemm(&gpu, own, || time_ms(&gpu, || mlp.run_only(&gpu)));
         let (fused_ms, separate_ms) = (time(true), time(false));
         let plain_ms = time_ms(&gpu, || {
             gpu.own_matmul(&mlp.gate_up, &mlp.x, &mlp.w).unwrap();
@@ -166,6 +150,22 @@ impl Mlp<Cuda> {
         gpu.gate_up_swiglu(&self.gate_up, &self.swiglu, &self.x, &self.w)
             .unwrap();
     }
+}
+
+/// (tokens, F, hidden) of the MLP in Qwen2.5-0.5B at batch 32, 1.5B at 16 and 3B at 8.
+const MODEL_SHAPES: [(&str, (usize, usize, usize)); 3] = [
+    ("qwen2.5-0.5b", (32768, 4864, 896)),
+    ("qwen2.5-1.5b", (16384, 8960, 1536)),
+    ("qwen2.5-3b", (8192, 11008, 2048)),
+];
+
+/// `op`'s result with smelt's own matmul switched `on` (off: cuBLASLt and the separate SwiGLU
+/// passes), the matmul switched back on after.
+fn with_own_gemm<T>(gpu: &Cuda, on: bool, op: impl FnOnce() -> T) -> T {
+    gpu.set_own_gemm(on);
+    let out = op();
+    gpu.set_own_gemm(true);
+    out
 }
 
 /// Milliseconds per call of `op`, the median of 20 calls after 3 warm-up calls, each timed
@@ -233,26 +233,13 @@ fn fused_swiglu_backward_matches_the_cpu_and_cublaslt() {
         || awkward.run(&cpu),
         |_| 1e-2,
     );
-    let cases = [
-        ("qwen2.5-0.5b", (32768, 4864, 896)),
-        ("qwen2.5-1.5b", (16384, 8960, 1536)),
-        ("qwen2.5-3b", (8192, 11008, 2048)),
-    ];
-    for (i, (model, shape)) in cases.into_iter().enumerate() {
+    for (i, (model, shape)) in MODEL_SHAPES.into_iter().enumerate() {
         let (m, f, h) = shape;
         let case = DownBackward::new(shape, 50 + i as u64);
         let test = format!("gemm: {model} swiglu_backward_through_down {m} x {f} x {h}");
-        let separate = |g: &Cuda| {
-            g.set_own_gemm(false);
-            let out = case.run(g);
-            g.set_own_gemm(true);
-            out
-        };
-        let fused = check_op(&test, || case.run(&gpu), || separate(&gpu), |_| 1e-2);
-        let bitwise = same_bits(
-            output(&fused, "dgate_up"),
-            output(&separate(&gpu), "dgate_up"),
-        );
+        let separate = || with_own_gemm(&gpu, false, || case.run(&gpu));
+        let fused = check_op(&test, || case.run(&gpu), separate, |_| 1e-2);
+        let bitwise = same_bits(output(&fused, "dgate_up"), output(&separate(), "dgate_up"));
         // Timed in place on one set of buffers: the values drift, the work does not.
         let gate_up = tensor(&gpu, &[m, 2 * f], DType::BF16, &case.gate_up);
         let dh = tensor(&gpu, &[m, f], DType::BF16, &vec![0.0; m * f]);
@@ -261,13 +248,12 @@ fn fused_swiglu_backward_matches_the_cpu_and_cublaslt() {
             tensor(&gpu, &[h, f], DType::BF16, &case.w),
         );
         let time = |own: bool| {
-            gpu.set_own_gemm(own);
-            let ms = time_ms(&gpu, || {
-                gpu.swiglu_backward_through_down(&gate_up, &dh, &dy, &w)
-                    .unwrap()
-            });
-            gpu.set_own_gemm(true);
-            ms
+            with_own_gemm(&gpu, own, || {
+                time_ms(&gpu, || {
+                    gpu.swiglu_backward_through_down(&gate_up, &dh, &dy, &w)
+                        .unwrap()
+                })
+            })
         };
         let (fused_ms, separate_ms) = (time(true), time(false));
         figure(

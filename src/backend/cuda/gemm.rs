@@ -67,13 +67,9 @@ fn fits(tensors: &[&Tensor<Cuda>]) -> bool {
 /// above. The cooperative schedule's plain matmul runs 720-750 TFLOP/s against ping-pong's
 /// 580-620, and not for its smaller L2 reads: clusters of four, which cut ping-pong's L2
 /// reads to the cooperative's, were slower (docs/performance.md). `SMELT_GEMM_PINGPONG=1` or
-/// `0` overrides.
-fn pingpong(dswiglu: bool, k: usize) -> bool {
-    match std::env::var("SMELT_GEMM_PINGPONG").ok().as_deref() {
-        Some("1") => true,
-        Some("0") => false,
-        _ => k <= 1024 || (dswiglu && k <= 1536),
-    }
+/// `0` overrides (`Cuda::gemm_pingpong`).
+fn pingpong_by_k(dswiglu: bool, k: usize) -> bool {
+    k <= 1024 || (dswiglu && k <= 1536)
 }
 
 /// Rows of an A box: a block's tile in the schedule.
@@ -90,6 +86,17 @@ pub(super) fn own_gemm_from_env() -> Result<bool> {
     }
 }
 
+/// `SMELT_GEMM_PINGPONG`: `1` or `0` forces the ping-pong or the cooperative schedule on
+/// every call; unset, each call's K chooses.
+pub(super) fn pingpong_from_env() -> Result<Option<bool>> {
+    match std::env::var("SMELT_GEMM_PINGPONG").ok().as_deref() {
+        None => Ok(None),
+        Some("1") => Ok(Some(true)),
+        Some("0") => Ok(Some(false)),
+        Some(other) => bail!("SMELT_GEMM_PINGPONG={other}: set it to 1 or 0, or leave it unset"),
+    }
+}
+
 impl Cuda {
     /// Whether smelt's own matmul runs here (wgmma and TMA: Hopper) and is switched on.
     fn own_gemm(&self) -> bool {
@@ -100,6 +107,13 @@ impl Cuda {
     /// (`SMELT_GEMM=cublaslt` starts with it off); tests compare the two.
     pub fn set_own_gemm(&self, on: bool) {
         self.own_gemm.set(on);
+    }
+
+    /// Whether a matmul over `k` (with SwiGLU's backward in its epilogue: `dswiglu`) runs the
+    /// ping-pong schedule.
+    fn pingpong(&self, dswiglu: bool, k: usize) -> bool {
+        self.gemm_pingpong
+            .unwrap_or_else(|| pingpong_by_k(dswiglu, k))
     }
 
     /// Whether an MLP op fused by one kernel of ours runs on these operands.
@@ -141,8 +155,9 @@ impl Cuda {
                 h.shape
             );
         }
+        let pingpong = self.pingpong(false, k);
         let maps = TensorMaps4([
-            operand_map(a, a_rows(pingpong(false, k)))?,
+            operand_map(a, a_rows(pingpong))?,
             operand_map(b, BOX_ROWS)?,
             output_map(out, swiglu.is_some())?,
             swiglu.map_or_else(|| Ok(TensorMap::unused()), |h| output_map(h, false))?,
@@ -155,20 +170,13 @@ impl Cuda {
         };
         // SAFETY: the maps describe a, b, out and swiglu, [m, k], [n, k], [m, n] and
         // [m, n / 2] (checked above), every one 16-byte aligned (`fits`).
-        unsafe {
-            self.launch_gemm(
-                maps,
-                [flags[0], flags[1], pingpong(false, k)],
-                (m, span, k),
-                n,
-            )
-        }
+        unsafe { self.launch_gemm(maps, [flags[0], flags[1], pingpong], (m, span, k), n) }
     }
 
     /// SwiGLU's backward through the down projection, in one kernel of ours: `dh = dy · w`
     /// (`w` the down weight `[H, F]`, dy `[N, H]`) is never stored; the epilogue reads gate/up
     /// (`[N, 2F]`) and overwrites it with its gradient, as `swiglu_backward` would from dh.
-    pub fn fused_swiglu_backward(
+    pub(super) fn fused_swiglu_backward(
         &self,
         gate_up: &Tensor<Cuda>,
         dy: &Tensor<Cuda>,
@@ -187,8 +195,9 @@ impl Cuda {
             w.shape,
             gate_up.shape
         );
+        let pingpong = self.pingpong(true, k);
         let maps = TensorMaps4([
-            operand_map(dy, a_rows(pingpong(true, k)))?,
+            operand_map(dy, a_rows(pingpong))?,
             // w as [K, N], N contiguous: boxes of 64 columns by 64 rows of K.
             TensorMap::bf16_swizzled(
                 ptr(w),
@@ -200,9 +209,7 @@ impl Cuda {
             TensorMap::unused(),
         ]);
         // SAFETY: as in `gemm`, with w [k, f] and gate_up [m, 2f] (checked above).
-        self.op("swiglu_backward_through_down", || unsafe {
-            self.launch_gemm(maps, [false, true, pingpong(true, k)], (m, f, k), f)
-        })
+        unsafe { self.launch_gemm(maps, [false, true, pingpong], (m, f, k), f) }
     }
 
     /// Launches `gemm_tn<flags>` over `tiles` = (rows, columns, K) (its columns: the output's,

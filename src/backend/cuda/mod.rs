@@ -70,6 +70,8 @@ pub struct Cuda {
     attention: Cell<attention::AttentionKernels>,
     /// Whether smelt's own matmul (gemm.rs) may run where the GPU has it.
     own_gemm: Cell<bool>,
+    /// Its schedule where `SMELT_GEMM_PINGPONG` forces one (gemm.rs).
+    gemm_pingpong: Option<bool>,
     op_timer: OpTimer,
 }
 
@@ -207,6 +209,7 @@ impl Cuda {
             multiprocessors,
             attention: Cell::new(attention::AttentionKernels::from_env()?),
             own_gemm: Cell::new(gemm::own_gemm_from_env()?),
+            gemm_pingpong: gemm::pingpong_from_env()?,
             op_timer: OpTimer::default(),
         })
     }
@@ -626,7 +629,9 @@ impl Backend for Cuda {
         w: &Tensor<Self>,
     ) -> Result<()> {
         if self.fuses(&[gate_up, dy, w]) {
-            return self.fused_swiglu_backward(gate_up, dy, w);
+            return self.op("swiglu_backward_through_down", || {
+                self.fused_swiglu_backward(gate_up, dy, w)
+            });
         }
         crate::backend::unfused_swiglu_backward_through_down(self, gate_up, dh, dy, w)
     }
