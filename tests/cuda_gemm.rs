@@ -4,8 +4,7 @@
 //! within bf16 rounding, and its SwiGLU output must be, bit for bit, what swiglu.cu computes
 //! from its gate/up output. The down projection's input gradient with SwiGLU's backward must
 //! give what cuBLASLt's matmul and swiglu.cu's backward give, within bf16 rounding (on an H100
-//! it gave the same bits). Each schedule the host picks by K runs at one of the three shapes
-//! (`SMELT_GEMM_PINGPONG=1` or `0` forces one).
+//! it gave the same bits). The awkward shape leaves partial tiles in every dimension.
 
 mod common;
 
@@ -71,14 +70,14 @@ fn swiglu_of_its_gate_up(test: &str, gpu: &Cuda, mlp: &Mlp<Cuda>, fused: &Output
 #[ignore = "needs a CUDA GPU"]
 fn fused_gate_up_swiglu_matches_the_cpu_at_an_awkward_shape() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
-    // Rows, F and K that are not whole tiles (128 rows, 128 columns, 64 of K).
+    // Rows, F and K that are not whole tiles (128 rows, 96 gate columns, 64 of K).
     let shape = (300, 200, 136);
     let (on_gpu, on_cpu) = (Mlp::new(&gpu, shape, 7), Mlp::new(&cpu, shape, 7));
     let test = "gemm: gate_up_swiglu 300 x 2·200 x 136 against the CPU";
     let fused = check_op(test, || on_gpu.run(&gpu), || on_cpu.run(&cpu), |_| 1e-2);
     swiglu_of_its_gate_up(test, &gpu, &on_gpu, &fused);
 
-    // The plain kernel, with N not a multiple of its 256-column tiles.
+    // The plain kernel, with N not a multiple of its 192-column tiles.
     let (m, n, k) = (300, 520, 136);
     let (a, b) = (normal(m * k, 1.0, 9), normal(n * k, 0.1, 10));
     let zeros = vec![0.0; m * n];

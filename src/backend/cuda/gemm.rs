@@ -12,42 +12,45 @@ use super::tma::{TensorMap, TensorMaps4};
 use super::{Cuda, ptr};
 use crate::tensor::{DType, Tensor};
 
-/// The ring of shared buffers the producer fills ahead of the products, in the cooperative
-/// schedule: 48 KB each (ping-pong: one more, of 40 KB).
-pub(super) const STAGES: usize = 3;
+/// The ring of shared buffers the producer fills ahead of the products, 40 KB each.
+pub(super) const STAGES: usize = 4;
 /// A producer warpgroup and two consumers.
 pub(super) const THREADS: u32 = 384;
 /// Blocks of a cluster, which share their B tiles (gemm.cu's `__cluster_dims__`).
 const CLUSTER: u32 = 2;
-/// The cooperative schedule's tile rows, and the rows of one box of B.
-const BOX_ROWS: u32 = 128;
+/// A tile's rows and columns (a consumer warpgroup's, in turns).
+const TILE_ROWS: u32 = 128;
+const TILE_COLS: u32 = 192;
 /// One 128-byte line of bf16: the k-block, and the 128-byte swizzle's width.
-const BOX_COLS: u32 = 64;
-/// Rows of an output box: a consumer warpgroup's.
-const OUT_BOX_ROWS: u32 = 64;
+const LINE: u32 = 64;
+/// An output box: 64 rows of 32 columns (64 bytes, so in the 64-byte swizzle), three to half a
+/// tile's row.
+const OUT_BOX: [u32; 2] = [32, 64];
 /// The epilogue's ring of 16 KB pieces, per consumer warpgroup.
 pub(super) const EPI_BUFS: usize = 2;
-const PIECE_BYTES: u32 = 64 * 128 * 2;
+const PIECE_BYTES: u32 = 64 * 64 * 2 * 2;
 
-/// The operands' maps, boxes of 64 columns (one 128-byte swizzled line) by 128 rows.
+/// An operand's map, `[rows, cols]` K-major in boxes of one 128-byte swizzled line by
+/// `box_rows`.
 fn operand_map(t: &Tensor<Cuda>, box_rows: u32) -> Result<TensorMap> {
     let (rows, cols) = (t.matrix_rows() as u64, t.cols() as u64);
-    TensorMap::bf16_swizzled(ptr(t), [cols, rows], &[cols * 2], [BOX_COLS, box_rows])
+    TensorMap::bf16_swizzled(ptr(t), [cols, rows], &[cols * 2], [LINE, box_rows])
 }
 
-/// An output's map, boxes of 64 x 64: `[rows, cols]`, or with `halves` `[rows, 2, cols / 2]`
-/// (SwiGLU's gate/up, whose gate boxes must not spill into the up columns).
-fn output_map(t: &Tensor<Cuda>, halves: bool) -> Result<TensorMap> {
+/// An output's map in boxes of `boxes` (columns, rows): `[rows, cols]`, or with `halves`
+/// `[rows, 2, cols / 2]` (SwiGLU's gate/up, whose gate boxes must not spill into the up
+/// columns).
+fn output_map(t: &Tensor<Cuda>, halves: bool, [box_cols, box_rows]: [u32; 2]) -> Result<TensorMap> {
     let (rows, cols) = (t.matrix_rows() as u64, t.cols() as u64);
     if halves {
         TensorMap::bf16_swizzled(
             ptr(t),
             [cols / 2, 2, rows],
             &[cols, cols * 2],
-            [BOX_COLS, 1, OUT_BOX_ROWS],
+            [box_cols, 1, box_rows],
         )
     } else {
-        TensorMap::bf16_swizzled(ptr(t), [cols, rows], &[cols * 2], [BOX_COLS, OUT_BOX_ROWS])
+        TensorMap::bf16_swizzled(ptr(t), [cols, rows], &[cols * 2], [box_cols, box_rows])
     }
 }
 
@@ -59,41 +62,12 @@ fn fits(tensors: &[&Tensor<Cuda>]) -> bool {
         .all(|t| t.dtype == DType::BF16 && ptr(t).is_multiple_of(16) && t.cols().is_multiple_of(8))
 }
 
-/// Whether a matmul over `k` runs the ping-pong schedule (gemm.cu): where its epilogue takes
-/// about as long as its products. On an H100, SwiGLU's backward took 0.684 against 0.80 ms at
-/// 0.5B's shape (K = 896), 0.901 against 0.95 at 1.5B's (1536) and 0.756 against 0.72 at 3B's
-/// (2048); the fused forward about the same at 0.5B's (0.964 against 0.971; in the 0.5B step,
-/// both ping-pong gave 202.7-203.4 ms against 204.6-204.7 with only the backward) and slower
-/// above. The cooperative schedule's plain matmul runs 720-750 TFLOP/s against ping-pong's
-/// 580-620, and not for its smaller L2 reads: clusters of four, which cut ping-pong's L2
-/// reads to the cooperative's, were slower (docs/performance.md). `SMELT_GEMM_PINGPONG=1` or
-/// `0` overrides (`Cuda::gemm_pingpong`).
-fn pingpong_by_k(dswiglu: bool, k: usize) -> bool {
-    k <= 1024 || (dswiglu && k <= 1536)
-}
-
-/// Rows of an A box: a block's tile in the schedule.
-fn a_rows(pingpong: bool) -> u32 {
-    if pingpong { 64 } else { BOX_ROWS }
-}
-
 /// Whether `SMELT_GEMM` leaves smelt's own matmul on: unset or `own`, yes; `cublaslt`, no.
 pub(super) fn own_gemm_from_env() -> Result<bool> {
     match std::env::var("SMELT_GEMM").ok().as_deref() {
         None | Some("own") => Ok(true),
         Some("cublaslt") => Ok(false),
         Some(other) => bail!("SMELT_GEMM={other}: set it to own or cublaslt"),
-    }
-}
-
-/// `SMELT_GEMM_PINGPONG`: `1` or `0` forces the ping-pong or the cooperative schedule on
-/// every call; unset, each call's K chooses.
-pub(super) fn pingpong_from_env() -> Result<Option<bool>> {
-    match std::env::var("SMELT_GEMM_PINGPONG").ok().as_deref() {
-        None => Ok(None),
-        Some("1") => Ok(Some(true)),
-        Some("0") => Ok(Some(false)),
-        Some(other) => bail!("SMELT_GEMM_PINGPONG={other}: set it to 1 or 0, or leave it unset"),
     }
 }
 
@@ -107,13 +81,6 @@ impl Cuda {
     /// (`SMELT_GEMM=cublaslt` starts with it off); tests compare the two.
     pub fn set_own_gemm(&self, on: bool) {
         self.own_gemm.set(on);
-    }
-
-    /// Whether a matmul over `k` (with SwiGLU's backward in its epilogue: `dswiglu`) runs the
-    /// ping-pong schedule.
-    fn pingpong(&self, dswiglu: bool, k: usize) -> bool {
-        self.gemm_pingpong
-            .unwrap_or_else(|| pingpong_by_k(dswiglu, k))
     }
 
     /// Whether an MLP op fused by one kernel of ours runs on these operands.
@@ -155,14 +122,14 @@ impl Cuda {
                 h.shape
             );
         }
-        let pingpong = self.pingpong(false, k);
         let maps = TensorMaps4([
-            operand_map(a, a_rows(pingpong))?,
-            operand_map(b, BOX_ROWS)?,
-            output_map(out, swiglu.is_some())?,
-            swiglu.map_or_else(|| Ok(TensorMap::unused()), |h| output_map(h, false))?,
+            operand_map(a, TILE_ROWS)?,
+            // Each block of a cluster copies half of B's tile.
+            operand_map(b, TILE_COLS / 2)?,
+            output_map(out, swiglu.is_some(), OUT_BOX)?,
+            swiglu.map_or_else(|| Ok(TensorMap::unused()), |h| output_map(h, false, OUT_BOX))?,
         ]);
-        // A tile is 128 rows by 256 columns, or for SwiGLU 128 gate and 128 up columns.
+        // A tile is 128 rows by 192 columns, or for SwiGLU 96 gate and 96 up columns.
         let (span, flags) = if swiglu.is_some() {
             (n / 2, [true, false])
         } else {
@@ -170,7 +137,7 @@ impl Cuda {
         };
         // SAFETY: the maps describe a, b, out and swiglu, [m, k], [n, k], [m, n] and
         // [m, n / 2] (checked above), every one 16-byte aligned (`fits`).
-        unsafe { self.launch_gemm(maps, [flags[0], flags[1], pingpong], (m, span, k), n) }
+        unsafe { self.launch_gemm(maps, flags, (m, span, k), n) }
     }
 
     /// SwiGLU's backward through the down projection, in one kernel of ours: `dh = dy · w`
@@ -195,21 +162,22 @@ impl Cuda {
             w.shape,
             gate_up.shape
         );
-        let pingpong = self.pingpong(true, k);
         let maps = TensorMaps4([
-            operand_map(dy, a_rows(pingpong))?,
-            // w as [K, N], N contiguous: boxes of 64 columns by 64 rows of K.
+            operand_map(dy, TILE_ROWS)?,
+            // w as [K, N], N contiguous: boxes of 64 columns by 32 rows of K, each block of a
+            // cluster copying half of every k-block's rows.
             TensorMap::bf16_swizzled(
                 ptr(w),
                 [f as u64, k as u64],
                 &[f as u64 * 2],
-                [BOX_COLS, BOX_COLS],
+                [LINE, LINE / 2],
             )?,
-            output_map(gate_up, true)?,
+            // Read and written in pieces of 64 x 64 from each half.
+            output_map(gate_up, true, [LINE, 64])?,
             TensorMap::unused(),
         ]);
         // SAFETY: as in `gemm`, with w [k, f] and gate_up [m, 2f] (checked above).
-        unsafe { self.launch_gemm(maps, [false, true, pingpong], (m, f, k), f) }
+        unsafe { self.launch_gemm(maps, [false, true], (m, f, k), f) }
     }
 
     /// Launches `gemm_tn<flags>` over `tiles` = (rows, columns, K) (its columns: the output's,
@@ -220,7 +188,7 @@ impl Cuda {
     unsafe fn launch_gemm(
         &self,
         maps: TensorMaps4,
-        flags: [bool; 3],
+        flags: [bool; 2],
         (m, span, k): (usize, usize, usize),
         n: usize,
     ) -> Result<()> {
@@ -228,24 +196,14 @@ impl Cuda {
             [m, n, k].iter().all(|&d| i32::try_from(d).is_ok()),
             "gemm: {m} x {n} x {k} past the kernel's 32-bit indices"
         );
-        let tile_cols = if flags[0] { 128 } else { 256 };
-        let pingpong = flags[2];
-        let (stages, rows) = if pingpong {
-            (STAGES as u32 + 1, 64)
-        } else {
-            (STAGES as u32, 128)
-        };
+        let tile_cols = if flags[0] { TILE_COLS / 2 } else { TILE_COLS };
         // A cluster takes two tiles, one above the other, at a time. As many clusters as fit
         // at once walk them all.
-        let pairs = m.div_ceil(CLUSTER as usize * rows as usize) * span.div_ceil(tile_cols);
-        let smem = stages * (rows + 256) * 64 * 2
+        let pairs = m.div_ceil((CLUSTER * TILE_ROWS) as usize) * span.div_ceil(tile_cols as usize);
+        let smem = STAGES as u32 * (TILE_ROWS + TILE_COLS) * LINE * 2
             + 2 * EPI_BUFS as u32 * PIECE_BYTES
-            + (2 * stages + 6) * 8;
-        let targs = [
-            Arg::Flag(flags[0]),
-            Arg::Flag(flags[1]),
-            Arg::Flag(pingpong),
-        ];
+            + (2 * STAGES as u32 + 6) * 8;
+        let targs = [Arg::Flag(flags[0]), Arg::Flag(flags[1])];
         let inst = Kernel::GemmTn.instance(&targs)?;
         let resident =
             self.kernels

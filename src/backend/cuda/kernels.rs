@@ -276,7 +276,7 @@ kernel_table! {
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];
     QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag];
-    GemmTn => GEMM, "gemm_tn", [Flag, Flag, Flag];
+    GemmTn => GEMM, "gemm_tn", [Flag, Flag];
 }
 
 /// A kernel with its template arguments, e.g. `rmsnorm_forward<bf16, true>`.

@@ -70,8 +70,6 @@ pub struct Cuda {
     attention: Cell<attention::AttentionKernels>,
     /// Whether smelt's own matmul (gemm.rs) may run where the GPU has it.
     own_gemm: Cell<bool>,
-    /// Its schedule where `SMELT_GEMM_PINGPONG` forces one (gemm.rs).
-    gemm_pingpong: Option<bool>,
     op_timer: OpTimer,
 }
 
@@ -209,7 +207,6 @@ impl Cuda {
             multiprocessors,
             attention: Cell::new(attention::AttentionKernels::from_env()?),
             own_gemm: Cell::new(gemm::own_gemm_from_env()?),
-            gemm_pingpong: gemm::pingpong_from_env()?,
             op_timer: OpTimer::default(),
         })
     }

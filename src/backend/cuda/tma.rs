@@ -19,8 +19,9 @@ pub struct TensorMap(sys::CUtensorMap);
 impl TensorMap {
     /// The map of a bf16 tensor at `address` of `dims` elements (innermost first) with
     /// `strides` bytes between consecutive indices of each outer dimension, copied in boxes of
-    /// `boxes` elements into shared memory in the 128-byte swizzle (so `boxes[0]` is 64: one
-    /// 128-byte line). Boxes reaching past the tensor's edges read zeros there.
+    /// `boxes` elements into shared memory swizzled across a box's rows: `boxes[0]` is 64 (one
+    /// 128-byte line, the 128-byte swizzle) or 32 (the 64-byte one). Boxes reaching past the
+    /// tensor's edges read zeros there, and stores drop what lies past them.
     pub fn bf16_swizzled<const RANK: usize>(
         address: u64,
         dims: [u64; RANK],
@@ -28,6 +29,11 @@ impl TensorMap {
         boxes: [u32; RANK],
     ) -> Result<Self> {
         assert_eq!(strides.len() + 1, RANK, "one stride per outer dimension");
+        let swizzle = match boxes[0] {
+            64 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            32 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            other => anyhow::bail!("a TMA box row of {other} bf16: 64 or 32 are swizzled"),
+        };
         let steps = [1u32; RANK];
         let mut map = Self::unused();
         // SAFETY: dims, boxes and steps hold RANK values and strides RANK − 1, all outliving
@@ -44,7 +50,7 @@ impl TensorMap {
                 boxes.as_ptr(),
                 steps.as_ptr(),
                 CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                swizzle,
                 CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )
