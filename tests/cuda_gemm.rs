@@ -4,14 +4,16 @@
 //! within bf16 rounding, and its SwiGLU output must be, bit for bit, what swiglu.cu computes
 //! from its gate/up output. The down projection's input gradient with SwiGLU's backward must
 //! give what cuBLASLt's matmul and swiglu.cu's backward give, within bf16 rounding (on an H100
-//! it gave the same bits). The awkward shape leaves partial tiles in every dimension.
+//! it gave the same bits). The FP8 gate/up projection with SwiGLU (e4m3 operands) must give
+//! what cuBLASLt's FP8 matmul and swiglu.cu give, SwiGLU's abs-max included, within bf16
+//! rounding. The awkward shapes leave partial tiles in every dimension.
 
 mod common;
 
 use common::gpu::*;
 use smelt::backend::cpu::Cpu;
 use smelt::backend::cuda::Cuda;
-use smelt::backend::{Backend, Matmul};
+use smelt::backend::{Backend, Fp8Sum, Matmul, Scaled};
 use smelt::tensor::{DType, Tensor};
 
 /// An MLP's operands: x [m, k], w [2f, k], and the outputs gate/up [m, 2f] and SwiGLU [m, f].
@@ -51,19 +53,35 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-/// SwiGLU's output must be swiglu.cu's of the fused kernel's own gate/up, bit for bit.
-fn swiglu_of_its_gate_up(test: &str, gpu: &Cuda, mlp: &Mlp<Cuda>, fused: &Outputs) {
+/// SwiGLU's output (and with `amax`, its abs-max) must be swiglu.cu's of the fused kernel's own
+/// gate/up, bit for bit.
+fn swiglu_of_its_gate_up(
+    test: &str,
+    gpu: &Cuda,
+    gate_up: &Tensor<Cuda>,
+    fused: &Outputs,
+    amax: bool,
+) {
+    let f = gate_up.cols() / 2;
     let again = tensor(
         gpu,
-        &mlp.swiglu.shape,
+        &[gate_up.matrix_rows(), f],
         DType::BF16,
-        &vec![0.0; mlp.swiglu.numel()],
+        &vec![0.0; gate_up.numel() / 2],
     );
-    gpu.swiglu_forward(&again, &mlp.gate_up, None).unwrap();
+    let its_amax = tensor(gpu, &[1], DType::F32, &[0.0]);
+    gpu.swiglu_forward(&again, gate_up, amax.then_some(&its_amax))
+        .unwrap();
     assert!(
         same_bits(output(fused, "swiglu"), &gpu.download(&again).unwrap()),
         "{test}: the fused SwiGLU differs from swiglu.cu's of the same gate/up"
     );
+    if amax {
+        assert!(
+            same_bits(output(fused, "amax"), &gpu.download(&its_amax).unwrap()),
+            "{test}: the fused SwiGLU's abs-max differs from swiglu.cu's"
+        );
+    }
 }
 
 #[test]
@@ -75,7 +93,7 @@ fn fused_gate_up_swiglu_matches_the_cpu_at_an_awkward_shape() {
     let (on_gpu, on_cpu) = (Mlp::new(&gpu, shape, 7), Mlp::new(&cpu, shape, 7));
     let test = "gemm: gate_up_swiglu 300 x 2·200 x 136 against the CPU";
     let fused = check_op(test, || on_gpu.run(&gpu), || on_cpu.run(&cpu), |_| 1e-2);
-    swiglu_of_its_gate_up(test, &gpu, &on_gpu, &fused);
+    swiglu_of_its_gate_up(test, &gpu, &on_gpu.gate_up, &fused, false);
 
     // The plain kernel, with N not a multiple of its 192-column tiles.
     let (m, n, k) = (300, 520, 136);
@@ -118,7 +136,7 @@ fn fused_gate_up_swiglu_at_model_shapes() {
         let test = format!("gemm: {model} gate_up_swiglu {m} x 2·{f} x {k}");
         let cublaslt = || with_own_gemm(&gpu, false, || mlp.run(&gpu));
         let fused = check_op(&test, || mlp.run(&gpu), cublaslt, |_| 1e-2);
-        swiglu_of_its_gate_up(&test, &gpu, &mlp, &fused);
+        swiglu_of_its_gate_up(&test, &gpu, &mlp.gate_up, &fused, false);
 
         let flops = 2.0 * (m * 2 * f * k) as f64;
         let time = |own: bool| with_own_gemm(&gpu, own, || time_ms(&gpu, || mlp.run_only(&gpu)));
@@ -260,6 +278,121 @@ fn fused_swiglu_backward_matches_the_cpu_and_cublaslt() {
             format!(
                 "fused {fused_ms:.3} ms against cuBLASLt + swiglu.cu {separate_ms:.3} ms; \
                  bitwise equal: {bitwise}"
+            ),
+        );
+    }
+}
+
+/// The FP8 MLP's operands: x [m, k] and w [2f, k] in e4m3 with their descales (values of std
+/// ~1 and 1/√k once descaled, as the bf16 `Mlp`'s), and the outputs: gate/up [m, 2f], SwiGLU
+/// [m, f] and SwiGLU's abs-max.
+struct Fp8Mlp<B: Backend> {
+    x: Tensor<B>,
+    x_descale: Tensor<B>,
+    w: Tensor<B>,
+    w_descale: Tensor<B>,
+    gate_up: Tensor<B>,
+    swiglu: Tensor<B>,
+    amax: Tensor<B>,
+}
+
+impl<B: Backend> Fp8Mlp<B> {
+    fn new(b: &B, (m, f, k): (usize, usize, usize), seed: u64) -> Self {
+        let zeros =
+            |shape: &[usize]| tensor(b, shape, DType::BF16, &vec![0.0; shape.iter().product()]);
+        // Raw values of std 16, well inside e4m3's range (448), descaled by 1/16.
+        let one = |t: f64| tensor(b, &[1], DType::F32, &[t as f32]);
+        Fp8Mlp {
+            x: tensor(b, &[m, k], DType::E4M3, &normal(m * k, 16.0, seed)),
+            x_descale: one(1.0 / 16.0),
+            w: tensor(
+                b,
+                &[2 * f, k],
+                DType::E4M3,
+                &normal(2 * f * k, 16.0, seed + 1),
+            ),
+            w_descale: one(1.0 / 16.0 / (k as f64).sqrt()),
+            gate_up: zeros(&[m, 2 * f]),
+            swiglu: zeros(&[m, f]),
+            amax: one(0.0),
+        }
+    }
+
+    fn operands(&self) -> (Scaled<'_, B>, Scaled<'_, B>) {
+        (
+            Scaled::new(&self.x, &self.x_descale),
+            Scaled::new(&self.w, &self.w_descale),
+        )
+    }
+
+    fn run_only(&self, b: &B) {
+        let (x, w) = self.operands();
+        b.fill(&self.amax, 0.0).unwrap();
+        b.gate_up_swiglu_scaled(&self.gate_up, &self.swiglu, x, w, Some(&self.amax))
+            .unwrap();
+    }
+
+    fn run(&self, b: &B) -> Outputs {
+        self.run_only(b);
+        vec![
+            ("gate_up", b.download(&self.gate_up).unwrap()),
+            ("swiglu", b.download(&self.swiglu).unwrap()),
+            ("amax", b.download(&self.amax).unwrap()),
+        ]
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_fp8_gate_up_swiglu_matches_the_cpu_and_cublaslt() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // The CPU applies the descales to the operands and sums in another order: within bf16's
+    // rounding of the outputs.
+    let shape = (300, 200, 272);
+    let (on_gpu, on_cpu) = (Fp8Mlp::new(&gpu, shape, 60), Fp8Mlp::new(&cpu, shape, 60));
+    let test = "gemm: fp8 gate_up_swiglu 300 x 2·200 x 272 against the CPU";
+    let fused = check_op(test, || on_gpu.run(&gpu), || on_cpu.run(&cpu), |_| 1e-2);
+    swiglu_of_its_gate_up(test, &gpu, &on_gpu.gate_up, &fused, true);
+
+    for (i, (model, shape)) in MODEL_SHAPES.into_iter().enumerate() {
+        let (m, f, k) = shape;
+        let mlp = Fp8Mlp::new(&gpu, shape, 70 + i as u64);
+        let test = format!("gemm: {model} fp8 gate_up_swiglu {m} x 2·{f} x {k}");
+        // cuBLASLt's fast accumulation and the kernel's sum the same products in the tensor
+        // cores, perhaps in another order.
+        let cublaslt = || with_own_gemm(&gpu, false, || mlp.run(&gpu));
+        let fused = check_op(&test, || mlp.run(&gpu), cublaslt, |_| 1e-2);
+        swiglu_of_its_gate_up(&test, &gpu, &mlp.gate_up, &fused, true);
+        let bitwise = same_bits(output(&fused, "gate_up"), output(&cublaslt(), "gate_up"));
+
+        let flops = 2.0 * (m * 2 * f * k) as f64;
+        let time = |own: bool| with_own_gemm(&gpu, own, || time_ms(&gpu, || mlp.run_only(&gpu)));
+        let (fused_ms, separate_ms) = (time(true), time(false));
+        let (x, w) = mlp.operands();
+        let plain_ms = time_ms(&gpu, || {
+            gpu.own_matmul_scaled(&mlp.gate_up, x, w).unwrap();
+        });
+        // The plain kernel's product is the fused one's: the same main loop and scaling.
+        assert!(
+            same_bits(
+                &gpu.download(&mlp.gate_up).unwrap(),
+                output(&fused, "gate_up")
+            ),
+            "{test}: own_matmul_scaled differs from the fused kernel's gate/up"
+        );
+        let cublaslt_ms = time_ms(&gpu, || {
+            gpu.matmul_scaled(&mlp.gate_up, x, w, None, Fp8Sum::Fast, false)
+                .unwrap();
+        });
+        let tflops = |ms: f64| flops / ms * 1e-9;
+        figure(
+            &test,
+            format!(
+                "fused {fused_ms:.3} ms against cuBLASLt + swiglu.cu {separate_ms:.3} ms; gate/up \
+                 bitwise cuBLASLt's: {bitwise}; the matmul alone: own {plain_ms:.3} ms ({:.0} \
+                 TFLOP/s), cuBLASLt {cublaslt_ms:.3} ms ({:.0} TFLOP/s)",
+                tflops(plain_ms),
+                tflops(cublaslt_ms)
             ),
         );
     }

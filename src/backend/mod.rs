@@ -387,6 +387,20 @@ pub trait Backend: Sized {
     ) -> Result<()> {
         unfused_gate_up_swiglu(self, gate_up, out, x, w)
     }
+    /// `gate_up_swiglu` in FP8: `gate_up` is `matmul_scaled`'s product of x and w (the
+    /// forward's: e4m3, fast accumulation), `out` SwiGLU of it, and `amax`, where given,
+    /// receives `out`'s abs-max as `swiglu_forward` reports it (FP8 quantizes `out` next). A
+    /// backend with a kernel doing both at once overrides it.
+    fn gate_up_swiglu_scaled(
+        &self,
+        gate_up: &Tensor<Self>,
+        out: &Tensor<Self>,
+        x: Scaled<'_, Self>,
+        w: Scaled<'_, Self>,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        unfused_gate_up_swiglu_scaled(self, gate_up, out, x, w, amax)
+    }
     /// SwiGLU's backward through the down projection: `dh = dy · w` (`w` the down weight
     /// `[H, F]`, written into `dh`, which a backend may leave untouched), then gate/up's
     /// gradient over `gate_up`, as `matmul` and `swiglu_backward` compute them. A backend with
@@ -503,6 +517,19 @@ pub fn unfused_gate_up_swiglu<B: Backend>(
 ) -> Result<()> {
     b.matmul(gate_up, x, w, None, Matmul::FORWARD)?;
     b.swiglu_forward(out, gate_up, None)
+}
+
+/// `Backend::gate_up_swiglu_scaled` as two ops, likewise.
+pub fn unfused_gate_up_swiglu_scaled<B: Backend>(
+    b: &B,
+    gate_up: &Tensor<B>,
+    out: &Tensor<B>,
+    x: Scaled<'_, B>,
+    w: Scaled<'_, B>,
+    amax: Option<&Tensor<B>>,
+) -> Result<()> {
+    b.matmul_scaled(gate_up, x, w, None, Fp8Sum::Fast, false)?;
+    b.swiglu_forward(out, gate_up, amax)
 }
 
 /// `Backend::swiglu_backward_through_down` as two ops, likewise.

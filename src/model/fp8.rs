@@ -398,13 +398,43 @@ impl<B: Backend> Fp8State<B> {
         x: &Tensor<B>,
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
+        self.with_operands(b, (l, lin), x, |x8, w8| {
+            b.matmul_scaled(out, x8, w8, bias, Fp8Sum::Fast, false)
+        })
+    }
+
+    /// The gate/up projection of `x` (as `forward`) and SwiGLU of it into `swiglu`, reporting
+    /// its abs-max where the down projection's input quantization reads it; the backend may do
+    /// both in one kernel.
+    pub fn gate_up_swiglu(
+        &self,
+        b: &B,
+        l: usize,
+        gate_up: &Tensor<B>,
+        swiglu: &Tensor<B>,
+        x: &Tensor<B>,
+    ) -> Result<()> {
+        let amax = self.input_amax(l, Linear::Down);
+        self.with_operands(b, (l, Linear::GateUp), x, |x8, w8| {
+            b.gate_up_swiglu_scaled(gate_up, swiglu, x8, w8, Some(&amax))
+        })
+    }
+
+    /// Quantizes `x`, stashing it transposed for the backward, and runs `matmul` on it and the
+    /// weight's FP8 copy.
+    fn with_operands(
+        &self,
+        b: &B,
+        (l, lin): (usize, Linear),
+        x: &Tensor<B>,
+        matmul: impl FnOnce(Scaled<'_, B>, Scaled<'_, B>) -> Result<()>,
+    ) -> Result<()> {
         let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
         let xq = view(&self.input_q, x.matrix_rows(), x.cols());
         let xt = input.cols.reshape(&[x.cols(), x.matrix_rows()]);
         let xd = &input.descale;
         b.quantize(Some(&xq), Some(&xt), xd, x, &self.input_amax(l, lin))?;
-        let (x8, w8) = (Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale));
-        b.matmul_scaled(out, x8, w8, bias, Fp8Sum::Fast, false)
+        matmul(Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale))
     }
 
     /// `dx = dy · w` and `dw (+)= dyᵀ · x`, with dy in the gradient dtype (its abs-max taken by

@@ -124,8 +124,8 @@ impl<B: Backend> Transformer<B> {
         Ok((gate_up, swiglu))
     }
 
-    /// Steps 6 and 7 of block `l`: the gate/up projection of `ln2`, then SwiGLU of it. In
-    /// bf16 the backend may do both in one kernel; FP8 quantizes between the two.
+    /// Steps 6 and 7 of block `l`: the gate/up projection of `ln2`, then SwiGLU of it, which
+    /// the backend may do in one kernel.
     fn gate_up_swiglu(
         &self,
         b: &B,
@@ -134,9 +134,8 @@ impl<B: Backend> Transformer<B> {
         swiglu: &Tensor<B>,
         ln2: &Tensor<B>,
     ) -> Result<()> {
-        if self.fp8.is_some() {
-            self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?;
-            return self.swiglu(b, l, swiglu, gate_up);
+        if let Some(fp8) = &self.fp8 {
+            return fp8.gate_up_swiglu(b, l, gate_up, swiglu, ln2);
         }
         let w = Linear::GateUp.weight(&self.params.layers[l]);
         b.gate_up_swiglu(gate_up, swiglu, ln2, w)

@@ -114,8 +114,9 @@ impl TensorCoreKernels {
         let map = |t: &Tensor<Cuda>, heads: usize| {
             let cols = heads * s.head_dim;
             let row = (cols * 2) as u64;
-            TensorMap::bf16_swizzled(
+            TensorMap::swizzled(
                 ptr(t),
+                DType::BF16,
                 [cols as u64, s.seq as u64, s.batch as u64],
                 &[row, row * s.seq as u64],
                 [64, TC_TILE as u32, 1],

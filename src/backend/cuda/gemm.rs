@@ -7,9 +7,11 @@
 
 use anyhow::{Result, bail, ensure};
 
-use super::kernels::{Arg, KArg, Kernel};
+use super::fp8::amax_ptr;
+use super::kernels::{Arg, GemmKind, KArg, Kernel};
 use super::tma::{TensorMap, TensorMaps4};
 use super::{Cuda, ptr};
+use crate::backend::Scaled;
 use crate::tensor::{DType, Tensor};
 
 /// The ring of shared buffers the producer fills ahead of the products, 40 KB each.
@@ -21,8 +23,10 @@ const CLUSTER: u32 = 2;
 /// A tile's rows and columns (a consumer warpgroup's, in turns).
 const TILE_ROWS: u32 = 128;
 const TILE_COLS: u32 = 192;
-/// One 128-byte line of bf16: the k-block, and the 128-byte swizzle's width.
-const LINE: u32 = 64;
+/// A k-block's row: one line of the 128-byte swizzle.
+const LINE_BYTES: u32 = 128;
+/// One line of bf16.
+const LINE: u32 = LINE_BYTES / 2;
 /// An output box: 64 rows of 32 columns (64 bytes, so in the 64-byte swizzle), three to half a
 /// tile's row.
 const OUT_BOX: [u32; 2] = [32, 64];
@@ -30,11 +34,22 @@ const OUT_BOX: [u32; 2] = [32, 64];
 pub(super) const EPI_BUFS: usize = 2;
 const PIECE_BYTES: u32 = 64 * 64 * 2 * 2;
 
-/// An operand's map, `[rows, cols]` K-major in boxes of one 128-byte swizzled line by
-/// `box_rows`.
+/// An operand's map, `[rows, cols]` K-major in boxes of one 128-byte swizzled line (64 bf16
+/// or 128 FP8) by `box_rows`.
 fn operand_map(t: &Tensor<Cuda>, box_rows: u32) -> Result<TensorMap> {
-    let (rows, cols) = (t.matrix_rows() as u64, t.cols() as u64);
-    TensorMap::bf16_swizzled(ptr(t), [cols, rows], &[cols * 2], [LINE, box_rows])
+    let (rows, cols, size) = (
+        t.matrix_rows() as u64,
+        t.cols() as u64,
+        t.dtype.size_bytes(),
+    );
+    let line = LINE_BYTES / size as u32;
+    TensorMap::swizzled(
+        ptr(t),
+        t.dtype,
+        [cols, rows],
+        &[cols * size as u64],
+        [line, box_rows],
+    )
 }
 
 /// An output's map in boxes of `boxes` (columns, rows): `[rows, cols]`, or with `halves`
@@ -43,23 +58,39 @@ fn operand_map(t: &Tensor<Cuda>, box_rows: u32) -> Result<TensorMap> {
 fn output_map(t: &Tensor<Cuda>, halves: bool, [box_cols, box_rows]: [u32; 2]) -> Result<TensorMap> {
     let (rows, cols) = (t.matrix_rows() as u64, t.cols() as u64);
     if halves {
-        TensorMap::bf16_swizzled(
+        TensorMap::swizzled(
             ptr(t),
+            DType::BF16,
             [cols / 2, 2, rows],
             &[cols, cols * 2],
             [box_cols, 1, box_rows],
         )
     } else {
-        TensorMap::bf16_swizzled(ptr(t), [cols, rows], &[cols * 2], [box_cols, box_rows])
+        TensorMap::swizzled(
+            ptr(t),
+            DType::BF16,
+            [cols, rows],
+            &[cols * 2],
+            [box_cols, box_rows],
+        )
     }
 }
 
-/// Whether the kernel takes these operands: bf16, each starting 16-byte aligned (TMA's
+/// Whether the kernel takes these tensors as `dtype`: each starting 16-byte aligned (TMA's
 /// addresses and the epilogue's pairs), rows a whole number of 16 bytes (TMA's strides).
-fn fits(tensors: &[&Tensor<Cuda>]) -> bool {
-    tensors
-        .iter()
-        .all(|t| t.dtype == DType::BF16 && ptr(t).is_multiple_of(16) && t.cols().is_multiple_of(8))
+fn fits(dtype: DType, tensors: &[&Tensor<Cuda>]) -> bool {
+    tensors.iter().all(|t| {
+        t.dtype == dtype
+            && ptr(t).is_multiple_of(16)
+            && (t.cols() * dtype.size_bytes()).is_multiple_of(16)
+    })
+}
+
+/// The FP8 operands' descales, and where SwiGLU's output reports its abs-max.
+struct Fp8Scales {
+    a: u64,
+    b: u64,
+    amax: u64,
 }
 
 /// Whether `SMELT_GEMM` leaves smelt's own matmul on: unset or `own`, yes; `cublaslt`, no.
@@ -83,28 +114,89 @@ impl Cuda {
         self.own_gemm.set(on);
     }
 
-    /// Whether an MLP op fused by one kernel of ours runs on these operands.
+    /// Whether an MLP op fused by one kernel of ours runs on these bf16 operands.
     pub(super) fn fuses(&self, operands: &[&Tensor<Cuda>]) -> bool {
-        self.own_gemm() && fits(operands)
+        self.own_gemm() && fits(DType::BF16, operands)
+    }
+
+    /// Whether the FP8 gate/up projection with SwiGLU runs in one kernel of ours: e4m3 operands
+    /// (the forward's) and bf16 outputs.
+    pub(super) fn fuses_fp8(
+        &self,
+        outputs: &[&Tensor<Cuda>],
+        x: Scaled<'_, Cuda>,
+        w: Scaled<'_, Cuda>,
+    ) -> bool {
+        self.own_gemm() && fits(DType::BF16, outputs) && fits(DType::E4M3, &[x.data, w.data])
     }
 
     /// `out = a · bᵀ` by smelt's own kernel (Hopper only), for measuring it against cuBLASLt.
     pub fn own_matmul(&self, out: &Tensor<Cuda>, a: &Tensor<Cuda>, b: &Tensor<Cuda>) -> Result<()> {
         ensure!(
-            self.compute_capability.0 == 9 && fits(&[out, a, b]),
+            self.compute_capability.0 == 9 && fits(DType::BF16, &[out, a, b]),
             "own_matmul: needs a Hopper GPU and 16-byte aligned bf16 operands with rows of a \
              multiple of 8"
         );
         self.op("own_matmul", || self.gemm(out, None, a, b))
     }
 
-    /// `out = a · bᵀ`, and with `swiglu` also `swiglu = SwiGLU(out)`.
+    /// `out = (a · a.descale)(b · b.descale)ᵀ` by smelt's own kernel, a and b e4m3, for
+    /// measuring it against cuBLASLt.
+    pub fn own_matmul_scaled(
+        &self,
+        out: &Tensor<Cuda>,
+        a: Scaled<'_, Cuda>,
+        b: Scaled<'_, Cuda>,
+    ) -> Result<()> {
+        ensure!(
+            self.compute_capability.0 == 9
+                && fits(DType::BF16, &[out])
+                && fits(DType::E4M3, &[a.data, b.data]),
+            "own_matmul_scaled: needs a Hopper GPU, e4m3 operands and a bf16 output, 16-byte \
+             aligned, with rows of a multiple of 16 bytes"
+        );
+        self.op("own_matmul_scaled", || {
+            self.gemm_scaled(out, None, a, b, None)
+        })
+    }
+
+    /// `out = (x · x.descale)(w · w.descale)ᵀ` (x and w e4m3), and with `swiglu` also
+    /// `swiglu = SwiGLU(out)`, its abs-max into `amax` where given.
+    pub(super) fn gemm_scaled(
+        &self,
+        out: &Tensor<Cuda>,
+        swiglu: Option<&Tensor<Cuda>>,
+        x: Scaled<'_, Cuda>,
+        w: Scaled<'_, Cuda>,
+        amax: Option<&Tensor<Cuda>>,
+    ) -> Result<()> {
+        let scales = Fp8Scales {
+            a: ptr(x.descale),
+            b: ptr(w.descale),
+            amax: amax_ptr("gate_up_swiglu", amax)?,
+        };
+        self.gemm_tn(out, swiglu, x.data, w.data, Some(scales))
+    }
+
+    /// `out = a · bᵀ` (bf16), and with `swiglu` also `swiglu = SwiGLU(out)`.
     pub(super) fn gemm(
         &self,
         out: &Tensor<Cuda>,
         swiglu: Option<&Tensor<Cuda>>,
         a: &Tensor<Cuda>,
         b: &Tensor<Cuda>,
+    ) -> Result<()> {
+        self.gemm_tn(out, swiglu, a, b, None)
+    }
+
+    /// `gemm`, in bf16, or FP8 with `scales`.
+    fn gemm_tn(
+        &self,
+        out: &Tensor<Cuda>,
+        swiglu: Option<&Tensor<Cuda>>,
+        a: &Tensor<Cuda>,
+        b: &Tensor<Cuda>,
+        scales: Option<Fp8Scales>,
     ) -> Result<()> {
         let (m, k, n) = (a.matrix_rows(), a.cols(), b.matrix_rows());
         ensure!(
@@ -127,17 +219,23 @@ impl Cuda {
             // Each block of a cluster copies half of B's tile.
             operand_map(b, TILE_COLS / 2)?,
             output_map(out, swiglu.is_some(), OUT_BOX)?,
-            swiglu.map_or_else(|| Ok(TensorMap::unused()), |h| output_map(h, false, OUT_BOX))?,
+            swiglu.map_or_else(
+                || Ok(TensorMap::unused()),
+                |h| output_map(h, false, OUT_BOX),
+            )?,
         ]);
         // A tile is 128 rows by 192 columns, or for SwiGLU 96 gate and 96 up columns.
-        let (span, flags) = if swiglu.is_some() {
-            (n / 2, [true, false])
-        } else {
-            (n, [false, false])
+        let span = if swiglu.is_some() { n / 2 } else { n };
+        let kind = match (scales.is_some(), swiglu.is_some()) {
+            (false, false) => GemmKind::Plain,
+            (false, true) => GemmKind::SwiGlu,
+            (true, false) => GemmKind::Fp8Plain,
+            (true, true) => GemmKind::Fp8SwiGlu,
         };
         // SAFETY: the maps describe a, b, out and swiglu, [m, k], [n, k], [m, n] and
-        // [m, n / 2] (checked above), every one 16-byte aligned (`fits`).
-        unsafe { self.launch_gemm(maps, flags, (m, span, k), n) }
+        // [m, n / 2] (checked above), every one 16-byte aligned (`fits`); the scales point at
+        // one f32 each (`Scaled`, `amax_ptr`).
+        unsafe { self.launch_gemm(maps, kind, (m, span, k), n, scales) }
     }
 
     /// SwiGLU's backward through the down projection, in one kernel of ours: `dh = dy · w`
@@ -152,7 +250,7 @@ impl Cuda {
         let (m, k, f) = (dy.matrix_rows(), dy.cols(), w.cols());
         ensure!(
             self.compute_capability.0 == 9
-                && fits(&[gate_up, dy, w])
+                && fits(DType::BF16, &[gate_up, dy, w])
                 && w.matrix_rows() == k
                 && gate_up.cols() == 2 * f
                 && gate_up.numel() == m * 2 * f
@@ -166,8 +264,9 @@ impl Cuda {
             operand_map(dy, TILE_ROWS)?,
             // w as [K, N], N contiguous: boxes of 64 columns by 32 rows of K, each block of a
             // cluster copying half of every k-block's rows.
-            TensorMap::bf16_swizzled(
+            TensorMap::swizzled(
                 ptr(w),
+                DType::BF16,
                 [f as u64, k as u64],
                 &[f as u64 * 2],
                 [LINE, LINE / 2],
@@ -177,10 +276,10 @@ impl Cuda {
             TensorMap::unused(),
         ]);
         // SAFETY: as in `gemm`, with w [k, f] and gate_up [m, 2f] (checked above).
-        unsafe { self.launch_gemm(maps, [false, true], (m, f, k), f) }
+        unsafe { self.launch_gemm(maps, GemmKind::DSwiGlu, (m, f, k), f, None) }
     }
 
-    /// Launches `gemm_tn<flags>` over `tiles` = (rows, columns, K) (its columns: the output's,
+    /// Launches `gemm_tn<kind>` over `tiles` = (rows, columns, K) (its columns: the output's,
     /// or for SwiGLU the gate's) with N = `n`.
     ///
     /// # Safety
@@ -188,22 +287,24 @@ impl Cuda {
     unsafe fn launch_gemm(
         &self,
         maps: TensorMaps4,
-        flags: [bool; 2],
+        kind: GemmKind,
         (m, span, k): (usize, usize, usize),
         n: usize,
+        scales: Option<Fp8Scales>,
     ) -> Result<()> {
         ensure!(
             [m, n, k].iter().all(|&d| i32::try_from(d).is_ok()),
             "gemm: {m} x {n} x {k} past the kernel's 32-bit indices"
         );
-        let tile_cols = if flags[0] { TILE_COLS / 2 } else { TILE_COLS };
+        let swiglu = matches!(kind, GemmKind::SwiGlu | GemmKind::Fp8SwiGlu);
+        let tile_cols = if swiglu { TILE_COLS / 2 } else { TILE_COLS };
         // A cluster takes two tiles, one above the other, at a time. As many clusters as fit
         // at once walk them all.
         let pairs = m.div_ceil((CLUSTER * TILE_ROWS) as usize) * span.div_ceil(tile_cols as usize);
         let smem = STAGES as u32 * (TILE_ROWS + TILE_COLS) * LINE * 2
             + 2 * EPI_BUFS as u32 * PIECE_BYTES
             + (2 * STAGES as u32 + 6) * 8;
-        let targs = [Arg::Flag(flags[0]), Arg::Flag(flags[1])];
+        let targs = [Arg::Gemm(kind)];
         let inst = Kernel::GemmTn.instance(&targs)?;
         let resident =
             self.kernels
@@ -218,6 +319,9 @@ impl Cuda {
             (m as i32).into(),
             (n as i32).into(),
             (k as i32).into(),
+            scales.as_ref().map_or(0, |s| s.a).into(),
+            scales.as_ref().map_or(0, |s| s.b).into(),
+            scales.as_ref().map_or(0, |s| s.amax).into(),
         ];
         // SAFETY: the caller's maps; smem is the ring, the epilogue's buffers and the barriers.
         unsafe { self.launch_with_smem(Kernel::GemmTn, &targs, (grid, 1, 1), THREADS, smem, &args) }

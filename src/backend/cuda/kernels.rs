@@ -147,6 +147,8 @@ pub enum Param {
     Held,
     /// Consecutive elements a thread updates at once (1: one at a time).
     Width,
+    /// What the own matmul computes (`GemmKind`).
+    Gemm,
 }
 
 pub const HEAD_DIMS: [usize; 4] = [64, 80, 96, 128];
@@ -156,6 +158,38 @@ pub const HELD: [usize; 3] = [0, 4, 8];
 
 /// The values of `Param::Width`.
 pub const WIDTHS: [usize; 3] = [1, 4, 8];
+
+/// What one launch of the own matmul computes (gemm.cu's `gemm::Kind`): its operands' type and
+/// its epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmKind {
+    Plain,
+    SwiGlu,
+    /// SwiGLU's backward through the down projection.
+    DSwiGlu,
+    Fp8Plain,
+    Fp8SwiGlu,
+}
+
+impl GemmKind {
+    pub const ALL: [GemmKind; 5] = [
+        GemmKind::Plain,
+        GemmKind::SwiGlu,
+        GemmKind::DSwiGlu,
+        GemmKind::Fp8Plain,
+        GemmKind::Fp8SwiGlu,
+    ];
+
+    fn spelled(self) -> &'static str {
+        match self {
+            GemmKind::Plain => "gemm::Kind::PLAIN",
+            GemmKind::SwiGlu => "gemm::Kind::SWIGLU",
+            GemmKind::DSwiGlu => "gemm::Kind::DSWIGLU",
+            GemmKind::Fp8Plain => "gemm::Kind::FP8_PLAIN",
+            GemmKind::Fp8SwiGlu => "gemm::Kind::FP8_SWIGLU",
+        }
+    }
+}
 
 /// Whether the wgmma attention kernels take head size `d`: they multiply in blocks of 64
 /// columns.
@@ -172,6 +206,7 @@ pub enum Arg {
     Flag(bool),
     Held(usize),
     Width(usize),
+    Gemm(GemmKind),
 }
 
 impl Arg {
@@ -184,6 +219,7 @@ impl Arg {
             Arg::Fp8(_) => "__NV_E4M3".into(),
             Arg::Flag(f) => f.to_string(),
             Arg::Held(n) | Arg::Width(n) => n.to_string(),
+            Arg::Gemm(kind) => kind.spelled().into(),
         }
     }
 
@@ -196,6 +232,7 @@ impl Arg {
             (Arg::Flag(_), Param::Flag) => true,
             (Arg::Held(n), Param::Held) => HELD.contains(&n),
             (Arg::Width(n), Param::Width) => WIDTHS.contains(&n),
+            (Arg::Gemm(_), Param::Gemm) => true,
             _ => false,
         }
     }
@@ -215,6 +252,7 @@ impl Param {
             Param::Flag => vec![Arg::Flag(false), Arg::Flag(true)],
             Param::Held => HELD.map(Arg::Held).to_vec(),
             Param::Width => WIDTHS.map(Arg::Width).to_vec(),
+            Param::Gemm => GemmKind::ALL.map(Arg::Gemm).to_vec(),
         }
     }
 }
@@ -276,7 +314,7 @@ kernel_table! {
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];
     QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag];
-    GemmTn => GEMM, "gemm_tn", [Flag, Flag];
+    GemmTn => GEMM, "gemm_tn", [Gemm];
 }
 
 /// A kernel with its template arguments, e.g. `rmsnorm_forward<bf16, true>`.

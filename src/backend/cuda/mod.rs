@@ -618,6 +618,22 @@ impl Backend for Cuda {
         crate::backend::unfused_gate_up_swiglu(self, gate_up, out, x, w)
     }
 
+    fn gate_up_swiglu_scaled(
+        &self,
+        gate_up: &Tensor<Self>,
+        out: &Tensor<Self>,
+        x: Scaled<'_, Self>,
+        w: Scaled<'_, Self>,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        if self.fuses_fp8(&[gate_up, out], x, w) {
+            return self.op("gate_up_swiglu", || {
+                self.gemm_scaled(gate_up, Some(out), x, w, amax)
+            });
+        }
+        crate::backend::unfused_gate_up_swiglu_scaled(self, gate_up, out, x, w, amax)
+    }
+
     fn swiglu_backward_through_down(
         &self,
         gate_up: &Tensor<Self>,

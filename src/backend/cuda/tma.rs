@@ -5,34 +5,42 @@
 
 use std::ffi::c_void;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use cudarc::driver::DeviceRepr;
 use cudarc::driver::sys::{
     self, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 
+use crate::tensor::DType;
+
 /// One CUtensorMap.
 #[derive(Clone, Copy, Debug)]
 pub struct TensorMap(sys::CUtensorMap);
 
 impl TensorMap {
-    /// The map of a bf16 tensor at `address` of `dims` elements (innermost first) with
-    /// `strides` bytes between consecutive indices of each outer dimension, copied in boxes of
-    /// `boxes` elements into shared memory swizzled across a box's rows: `boxes[0]` is 64 (one
-    /// 128-byte line, the 128-byte swizzle) or 32 (the 64-byte one). Boxes reaching past the
-    /// tensor's edges read zeros there, and stores drop what lies past them.
-    pub fn bf16_swizzled<const RANK: usize>(
+    /// The map of a tensor of `dtype` (bf16, or FP8 as bytes) at `address` of `dims` elements
+    /// (innermost first) with `strides` bytes between consecutive indices of each outer
+    /// dimension, copied in boxes of `boxes` elements into shared memory swizzled across a box's
+    /// rows: a box row is 128 bytes (the 128-byte swizzle) or 64 (the 64-byte one). Boxes
+    /// reaching past the tensor's edges read zeros there, and stores drop what lies past them.
+    pub fn swizzled<const RANK: usize>(
         address: u64,
+        dtype: DType,
         dims: [u64; RANK],
         strides: &[u64],
         boxes: [u32; RANK],
     ) -> Result<Self> {
         assert_eq!(strides.len() + 1, RANK, "one stride per outer dimension");
-        let swizzle = match boxes[0] {
-            64 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            32 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
-            other => anyhow::bail!("a TMA box row of {other} bf16: 64 or 32 are swizzled"),
+        let element = match dtype {
+            DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            d if d.is_fp8() => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            d => bail!("a TMA map of {d}: bf16 or FP8 only"),
+        };
+        let swizzle = match boxes[0] as usize * dtype.size_bytes() {
+            128 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            64 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            other => bail!("a TMA box row of {other} bytes: 128 or 64 are swizzled"),
         };
         let steps = [1u32; RANK];
         let mut map = Self::unused();
@@ -42,7 +50,7 @@ impl TensorMap {
         unsafe {
             sys::cuTensorMapEncodeTiled(
                 &mut map.0,
-                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                element,
                 RANK as u32,
                 address as *mut c_void,
                 dims.as_ptr(),
@@ -57,7 +65,7 @@ impl TensorMap {
             .result()
         }
         .with_context(|| {
-            format!("encoding a TMA map of a bf16 tensor of {dims:?} in boxes of {boxes:?}")
+            format!("encoding a TMA map of a {dtype} tensor of {dims:?} in boxes of {boxes:?}")
         })?;
         Ok(map)
     }

@@ -47,16 +47,21 @@ namespace gemm {
 
 constexpr int BM = 128;          // rows of a tile: two products of 64
 constexpr int BN = 192;          // columns of a tile
-constexpr int BK = 64;           // k-block: one 128-byte line per row
+constexpr int LINE = 128;        // bytes of a k-block's row: one swizzled line
 constexpr int HALF = BN / 2;     // rows of B each block of the cluster copies
 constexpr int STAGES = GEMM_STAGES;
 constexpr int GROUP = 16;  // m-tile pairs walked together, so that their A rows stay in L2
-constexpr int A_BYTES = BM * BK * 2;
-constexpr int B_BYTES = BN * BK * 2;
+constexpr int A_BYTES = BM * LINE;
+constexpr int B_BYTES = BN * LINE;
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int CLUSTER = 2;  // blocks sharing a B tile
 constexpr int READERS = 4;  // warps reading each stage in each block: one consumer's
 static_assert(GEMM_THREADS == 3 * 128, "a producer warpgroup and two consumers");
+
+// What a launch computes (gemm.rs's `GemmKind`): bf16 or FP8 (e4m3) operands, and the
+// epilogue: none, SwiGLU, or SwiGLU's backward (bf16 only: it reads the weight MN-major, which
+// FP8 wgmma does not).
+enum class Kind { PLAIN, SWIGLU, DSWIGLU, FP8_PLAIN, FP8_SWIGLU };
 
 // A CUtensorMap, opaque: only its address reaches the TMA instructions.
 struct alignas(64) TensorMap {
@@ -180,6 +185,21 @@ __device__ __forceinline__ void mma_64x192(float (&d)[96], u64 a, u64 b, int add
         "%96, %97, p, 1, 1, 0, %99;\n}\n"
         : GEMM_ACC48(0), GEMM_ACC48(1)
         : "l"(a), "l"(b), "r"(add), "n"(N_MAJOR ? 1 : 0));
+}
+// As `mma_64x192`, in FP8 (e4m3 both) over k = 32, B K-major: FP8 wgmma takes no other layout.
+__device__ __forceinline__ void mma_64x192_e4m3(float (&d)[96], u64 a, u64 b, int add) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+        "%96, %97, p, 1, 1;\n}\n"
+        : GEMM_ACC48(0), GEMM_ACC48(1)
+        : "l"(a), "l"(b), "r"(add));
 }
 #undef GEMM_ACC48
 #undef GEMM_ACC8
@@ -337,21 +357,27 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* bars, in
 
 }  // namespace gemm
 
-// out [M, N] = a [M, K] · b [N, K]ᵀ (a_map and b_map: 2-D bf16 maps of a and b with boxes of
-// 64 columns x 128 or 96 rows, 128-byte swizzle). With SWIGLU, N = 2F, and h [M, F] receives
-// SwiGLU. N even, K a multiple of 8 (TMA's 16-byte strides); TMA fills what lies past K with
-// zeros.
+// out [M, N] = a [M, K] · b [N, K]ᵀ (a_map and b_map: 2-D maps of a and b with boxes of one
+// 128-byte line x 128 or 96 rows, 128-byte swizzle). With SWIGLU, N = 2F, and h [M, F] receives
+// SwiGLU. N even, K a multiple of 16 bytes (TMA's strides); TMA fills what lies past K with
+// zeros. FP8: a and b e4m3, each scaled by its descale, and with SWIGLU `amax` (if not null)
+// raised to h's largest |value|, as the FP8 forward quantizes h next.
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 #define GEMM_CLUSTER __cluster_dims__(2, 1, 1)
 #else
 #define GEMM_CLUSTER
 #endif
 
-template <bool SWIGLU, bool DSWIGLU>
+template <gemm::Kind KIND>
 __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
-    gemm_tn(const __grid_constant__ gemm::Maps maps, int M, int N, int K) {
+    gemm_tn(const __grid_constant__ gemm::Maps maps, int M, int N, int K, const float* a_descale,
+            const float* b_descale, float* amax) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     using namespace gemm;
+    constexpr bool FP8 = KIND == Kind::FP8_PLAIN || KIND == Kind::FP8_SWIGLU;
+    constexpr bool SWIGLU = KIND == Kind::SWIGLU || KIND == Kind::FP8_SWIGLU;
+    constexpr bool DSWIGLU = KIND == Kind::DSWIGLU;
+    constexpr int BK = FP8 ? LINE : LINE / 2;  // k-block: elements of one line
     unsigned char* epilogue = smem + STAGES * STAGE_BYTES;  // EPI_BUFS pieces per consumer
     u64* full = reinterpret_cast<u64*>(epilogue + 2 * EPI_BUFS * PIECE_BYTES);
     u64* empty = full + STAGES;
@@ -412,6 +438,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
         const int consumer = warpgroup - 1;
         const bool warp_leader = threadIdx.x % 32 == 0;
         float d[2][96];  // rows 0..63 and 64..127 of the tile
+        // FP8: the accumulators times both operands' descales are the product.
+        const float scale = FP8 ? *a_descale * *b_descale : 1.0f;
+        float largest = 0.0f;  // FP8 with SwiGLU: the largest |output| as stored, for `amax`
         unsigned char* bufs = epilogue + consumer * EPI_BUFS * PIECE_BYTES;
         int pieces = 0;  // pieces sent so far: the epilogue ring's position
         // Every other tile of the block's walk, the ring skipping the other consumer's k-blocks.
@@ -429,11 +458,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                 const unsigned char* b = a + A_BYTES;
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk)    // 16 columns: 32 bytes of each line
+                for (int kk = 0; kk < 4; ++kk)    // 16 bf16 or 32 FP8 columns: 32 bytes of each line
 #pragma unroll
                     for (int m = 0; m < 2; ++m) {  // A's rows 64m..: 8 KB on
                         const u64 a_desc = k_major(a + m * (64 * 128) + kk * 32);
-                        if constexpr (DSWIGLU)  // 16 rows of each slab: 2 KB
+                        if constexpr (FP8)
+                            mma_64x192_e4m3(d[m], a_desc, k_major(b + kk * 32), kb > 0 || kk > 0);
+                        else if constexpr (DSWIGLU)  // 16 rows of each slab: 2 KB
                             mma_64x192<true>(d[m], a_desc, mn_major(b + kk * 2048), kb > 0 || kk > 0);
                         else
                             mma_64x192<false>(d[m], a_desc, k_major(b + kk * 32), kb > 0 || kk > 0);
@@ -455,6 +486,11 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             products_pending<0>();
             if (warp_leader)
                 for (int r = 0; r < CLUSTER; ++r) barrier_arrive_at(&empty[previous], r);
+            if constexpr (FP8)
+#pragma unroll
+                for (int m = 0; m < 2; ++m)
+#pragma unroll
+                    for (int c = 0; c < 96; ++c) d[m][c] *= scale;
             // Accumulator blocks first.. of rows 64m..
             auto acc = [&](int m, int first) {
                 return [&d, m, first](int i, int half, int e) { return d[m][4 * (first + i) + 2 * half + e]; };
@@ -466,9 +502,11 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                     epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 1, true, acc(m, 12));
                     // SwiGLU of the gate and up values as stored, as swiglu.cu reads them.
                     epilogue_piece(bufs, pieces, consumer, &maps.h, col, row + 64 * m, 0, false,
-                                   [&d, m](int i, int half, int e) {
+                                   [&d, &largest, m](int i, int half, int e) {
                                        const int c = 4 * i + 2 * half + e;
-                                       return swiglu(rounded<bf16>(d[m][c]), rounded<bf16>(d[m][c + 48]));
+                                       const float h = swiglu(rounded<bf16>(d[m][c]), rounded<bf16>(d[m][c + 48]));
+                                       if constexpr (FP8) largest = fmaxf(largest, fabsf(rounded<bf16>(h)));
+                                       return h;
                                    });
                 } else if constexpr (!DSWIGLU) {
                     epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 0, false, acc(m, 0));
@@ -481,6 +519,11 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                     dswiglu_piece(bufs, &epi_bar[2 * consumer], consumer, &maps.out, p, j / 2, col, row,
                                   acc(p / 3, 0));
             }
+        }
+        // As swiglu.cu reports it: an integer max of non-negative floats, in any order.
+        if (FP8 && SWIGLU && amax != nullptr) {
+            largest = warp_max(largest);
+            if (warp_leader) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(largest));
         }
         // Shared memory stays until TMA has read the last pieces.
         if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
