@@ -1,9 +1,10 @@
 //! smelt's own Hopper matmul (kernels/gemm.cu): TMA copies, wgmma products and epilogues of
 //! our choosing, which cuBLASLt does not have. It runs the MLP's gate/up projection with
-//! SwiGLU in its epilogue, and the down projection's input gradient with SwiGLU's backward in
-//! its, so that neither SwiGLU pass reads its input back from memory. The plain variant is
-//! there to measure its main loop against cuBLASLt's. `SMELT_GEMM=cublaslt` runs cuBLASLt and
-//! the separate SwiGLU kernels instead (the same bits, slower).
+//! SwiGLU in its epilogue (bf16, or FP8 with SwiGLU's abs-max), and in bf16 the down
+//! projection's input gradient with SwiGLU's backward in its, so that neither SwiGLU pass
+//! reads its input back from memory. The plain variants are there to measure its main loop
+//! against cuBLASLt's. `SMELT_GEMM=cublaslt` runs cuBLASLt and the separate SwiGLU kernels
+//! instead (on an H100, the same bits, slower).
 
 use anyhow::{Result, bail, ensure};
 
