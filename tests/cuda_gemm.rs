@@ -6,7 +6,8 @@
 //! give what cuBLASLt's matmul and swiglu.cu's backward give, within bf16 rounding (on an H100
 //! it gave the same bits). The FP8 gate/up projection with SwiGLU (e4m3 operands) must give
 //! what cuBLASLt's FP8 matmul and swiglu.cu give, SwiGLU's abs-max included, within bf16
-//! rounding. The awkward shapes leave partial tiles in every dimension.
+//! rounding; so must the FP8 input gradient with SwiGLU's backward (dy e5m2 or e4m3), against
+//! cuBLASLt's fast accumulation. The awkward shapes leave partial tiles in every dimension.
 
 mod common;
 
@@ -205,73 +206,133 @@ fn time_ms(gpu: &Cuda, op: impl Fn()) -> f64 {
 }
 
 /// SwiGLU's backward through the down projection: dy [m, h], the down weight w [h, f] and
-/// gate/up [m, 2f] (host values, uploaded afresh for each run: the op overwrites gate/up).
+/// gate/up [m, 2f] (host values, uploaded afresh for each run: the op overwrites gate/up); in
+/// bf16, or with `fp8` set, dy in that format and w as its transposed e4m3 copy [f, h], each
+/// 16 times its values (e4m3's and e5m2's precision is relative, and their range wide) with
+/// the descale that undoes it.
 struct DownBackward {
     shape: (usize, usize, usize),
+    fp8: Option<DType>,
     dy: Vec<f32>,
     w: Vec<f32>,
     gate_up: Vec<f32>,
 }
 
+/// `DownBackward`'s tensors on one backend.
+struct DownOperands<B: Backend> {
+    fp8: Option<DType>,
+    gate_up: Tensor<B>,
+    dh: Tensor<B>,
+    dy: Tensor<B>,
+    w: Tensor<B>,
+    /// dy's and w's descales, and gate/up's gradient's abs-max (FP8).
+    descales: [Tensor<B>; 2],
+    amax: Tensor<B>,
+}
+
 impl DownBackward {
-    fn new((m, f, h): (usize, usize, usize), seed: u64) -> Self {
+    fn new((m, f, h): (usize, usize, usize), fp8: Option<DType>, seed: u64) -> Self {
         DownBackward {
             shape: (m, f, h),
+            fp8,
             dy: normal(m * h, 1.0, seed),
             w: normal(h * f, 1.0 / (h as f64).sqrt(), seed + 1),
             gate_up: normal(m * 2 * f, 1.0, seed + 2),
         }
     }
 
-    /// Gate/up's gradient, by `swiglu_backward_through_down`.
-    fn run<B: Backend>(&self, b: &B) -> Outputs {
+    fn upload<B: Backend>(&self, b: &B) -> DownOperands<B> {
         let (m, f, h) = self.shape;
-        let gate_up = tensor(b, &[m, 2 * f], DType::BF16, &self.gate_up);
-        let dh = tensor(b, &[m, f], DType::BF16, &vec![0.0; m * f]);
-        b.swiglu_backward_through_down(
-            &gate_up,
-            &dh,
-            &tensor(b, &[m, h], DType::BF16, &self.dy),
-            &tensor(b, &[h, f], DType::BF16, &self.w),
-        )
-        .unwrap();
-        vec![("dgate_up", b.download(&gate_up).unwrap())]
+        let one = |t: f32| tensor(b, &[1], DType::F32, &[t]);
+        let times = |xs: &[f32], s: f32| xs.iter().map(|x| x * s).collect::<Vec<_>>();
+        let (dy, w, descales) = match self.fp8 {
+            None => (
+                tensor(b, &[m, h], DType::BF16, &self.dy),
+                tensor(b, &[h, f], DType::BF16, &self.w),
+                [one(1.0), one(1.0)],
+            ),
+            Some(format) => {
+                let wt: Vec<f32> = (0..f * h).map(|i| self.w[(i % h) * f + i / h]).collect();
+                (
+                    tensor(b, &[m, h], format, &times(&self.dy, 16.0)),
+                    tensor(b, &[f, h], DType::E4M3, &times(&wt, 16.0)),
+                    [one(1.0 / 16.0), one(1.0 / 16.0)],
+                )
+            }
+        };
+        DownOperands {
+            fp8: self.fp8,
+            gate_up: tensor(b, &[m, 2 * f], DType::BF16, &self.gate_up),
+            dh: tensor(b, &[m, f], DType::BF16, &vec![0.0; m * f]),
+            dy,
+            w,
+            descales,
+            amax: one(0.0),
+        }
+    }
+
+    /// Gate/up's gradient (and in FP8 its abs-max), by `swiglu_backward_through_down`.
+    fn run<B: Backend>(&self, b: &B) -> Outputs {
+        let ops = self.upload(b);
+        ops.run_only(b);
+        let mut out = vec![("dgate_up", b.download(&ops.gate_up).unwrap())];
+        if self.fp8.is_some() {
+            out.push(("amax", b.download(&ops.amax).unwrap()));
+        }
+        out
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn fused_swiglu_backward_matches_the_cpu_and_cublaslt() {
+impl<B: Backend> DownOperands<B> {
+    fn run_only(&self, b: &B) {
+        let DownOperands {
+            gate_up, dh, dy, w, ..
+        } = self;
+        match self.fp8 {
+            None => b.swiglu_backward_through_down(gate_up, dh, dy, w).unwrap(),
+            Some(_) => {
+                let [dy_descale, w_descale] = &self.descales;
+                b.fill(&self.amax, 0.0).unwrap();
+                b.swiglu_backward_through_down_scaled(
+                    gate_up,
+                    dh,
+                    Scaled::new(dy, dy_descale),
+                    Scaled::new(w, w_descale),
+                    Some(&self.amax),
+                )
+                .unwrap()
+            }
+        }
+    }
+}
+
+/// The down projection's input gradient with SwiGLU's backward, against the CPU at an awkward
+/// shape and against cuBLASLt (fast accumulation in FP8) and swiglu.cu at the model shapes,
+/// and timed there: bf16, and FP8 with dy in each gradient format.
+fn fused_swiglu_backward_matches(fp8: Option<DType>, seed: u64) {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
-    let awkward = DownBackward::new((300, 200, 136), 40);
+    let name = fp8.map_or("bf16".into(), |g| format!("fp8 dy {g:?}"));
+    // FP8 rows are a whole number of 16 bytes.
+    let awkward = DownBackward::new((300, 200, 272), fp8, seed);
     check_op(
-        "gemm: swiglu_backward_through_down 300 x 200 x 136 against the CPU",
+        &format!("gemm: {name} swiglu_backward_through_down 300 x 200 x 272 against the CPU"),
         || awkward.run(&gpu),
         || awkward.run(&cpu),
         |_| 1e-2,
     );
     for (i, (model, shape)) in MODEL_SHAPES.into_iter().enumerate() {
         let (m, f, h) = shape;
-        let case = DownBackward::new(shape, 50 + i as u64);
-        let test = format!("gemm: {model} swiglu_backward_through_down {m} x {f} x {h}");
+        let case = DownBackward::new(shape, fp8, seed + 10 + i as u64);
+        let test = format!("gemm: {model} {name} swiglu_backward_through_down {m} x {f} x {h}");
         let separate = || with_own_gemm(&gpu, false, || case.run(&gpu));
         let fused = check_op(&test, || case.run(&gpu), separate, |_| 1e-2);
-        let bitwise = same_bits(output(&fused, "dgate_up"), output(&separate(), "dgate_up"));
+        let bitwise = fused
+            .iter()
+            .zip(&separate())
+            .all(|((_, a), (_, b))| same_bits(a, b));
         // Timed in place on one set of buffers: the values drift, the work does not.
-        let gate_up = tensor(&gpu, &[m, 2 * f], DType::BF16, &case.gate_up);
-        let dh = tensor(&gpu, &[m, f], DType::BF16, &vec![0.0; m * f]);
-        let (dy, w) = (
-            tensor(&gpu, &[m, h], DType::BF16, &case.dy),
-            tensor(&gpu, &[h, f], DType::BF16, &case.w),
-        );
-        let time = |own: bool| {
-            with_own_gemm(&gpu, own, || {
-                time_ms(&gpu, || {
-                    gpu.swiglu_backward_through_down(&gate_up, &dh, &dy, &w)
-                        .unwrap()
-                })
-            })
-        };
+        let ops = case.upload(&gpu);
+        let time = |own: bool| with_own_gemm(&gpu, own, || time_ms(&gpu, || ops.run_only(&gpu)));
         let (fused_ms, separate_ms) = (time(true), time(false));
         figure(
             &test,
@@ -281,6 +342,19 @@ fn fused_swiglu_backward_matches_the_cpu_and_cublaslt() {
             ),
         );
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_swiglu_backward_matches_the_cpu_and_cublaslt() {
+    fused_swiglu_backward_matches(None, 40);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_fp8_swiglu_backward_matches_the_cpu_and_cublaslt() {
+    fused_swiglu_backward_matches(Some(DType::E5M2), 80);
+    fused_swiglu_backward_matches(Some(DType::E4M3), 90);
 }
 
 /// The FP8 MLP's operands: x [m, k] and w [2f, k] in e4m3 with their descales (values of std

@@ -152,10 +152,11 @@ impl<'a, B: Backend> Scaled<'a, B> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fp8Sum {
     /// In the tensor cores' own accumulator, without promotion to f32 along the way: faster,
-    /// and what Transformer Engine does in the forward, where K is a model width.
+    /// and what Transformer Engine does in the forward. smelt sums so wherever K is a model
+    /// width: the forward and the input gradients.
     Fast,
-    /// Promoted to f32 at intervals along K: for the backward, whose weight gradients sum
-    /// over every token of the batch.
+    /// Promoted to f32 at intervals along K: for the weight gradients, which sum over every
+    /// token of the batch.
     Promoted,
 }
 
@@ -414,6 +415,20 @@ pub trait Backend: Sized {
     ) -> Result<()> {
         unfused_swiglu_backward_through_down(self, gate_up, dh, dy, w)
     }
+    /// `swiglu_backward_through_down` in FP8: `dh` is `matmul_scaled`'s product of dy (in the
+    /// gradient's format) and w, the down weight's transposed copy `[F, H]`, summed fast (K is
+    /// the hidden width), and `amax`, where given, receives gate/up's gradient's abs-max as
+    /// `swiglu_backward` reports it. A backend with a kernel doing both at once overrides it.
+    fn swiglu_backward_through_down_scaled(
+        &self,
+        gate_up: &Tensor<Self>,
+        dh: &Tensor<Self>,
+        dy: Scaled<'_, Self>,
+        w: Scaled<'_, Self>,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        unfused_swiglu_backward_through_down_scaled(self, gate_up, dh, dy, w, amax)
+    }
     /// `dgate_up` may be `gate_up` itself (in place). `amax`, where given, receives
     /// `dgate_up`'s abs-max: the gate/up projection's output gradient, which FP8 quantizes
     /// next.
@@ -542,4 +557,17 @@ pub fn unfused_swiglu_backward_through_down<B: Backend>(
 ) -> Result<()> {
     b.matmul(dh, dy, w, None, Matmul::BACKWARD_INPUT)?;
     b.swiglu_backward(gate_up, dh, gate_up, None)
+}
+
+/// `Backend::swiglu_backward_through_down_scaled` as two ops, likewise.
+pub fn unfused_swiglu_backward_through_down_scaled<B: Backend>(
+    b: &B,
+    gate_up: &Tensor<B>,
+    dh: &Tensor<B>,
+    dy: Scaled<'_, B>,
+    w: Scaled<'_, B>,
+    amax: Option<&Tensor<B>>,
+) -> Result<()> {
+    b.matmul_scaled(dh, dy, w, None, Fp8Sum::Fast, false)?;
+    b.swiglu_backward(gate_up, dh, gate_up, amax)
 }

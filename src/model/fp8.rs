@@ -437,9 +437,7 @@ impl<B: Backend> Fp8State<B> {
         matmul(Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale))
     }
 
-    /// `dx = dy · w` and `dw (+)= dyᵀ · x`, with dy in the gradient dtype (its abs-max taken by
-    /// a pass here unless its producer reported it) and quantized in both layouts in one
-    /// pass; w from its transposed copy, x from the forward's transposed stash.
+    /// `dx = dy · w` and `dw (+)= dyᵀ · x`, as `with_gradient` runs them.
     pub fn backward(
         &self,
         b: &B,
@@ -448,6 +446,44 @@ impl<B: Backend> Fp8State<B> {
         dw: &Tensor<B>,
         dy: &Tensor<B>,
         accumulate: bool,
+    ) -> Result<()> {
+        self.with_gradient(b, (l, lin), dw, dy, accumulate, |dy8, w8| {
+            b.matmul_scaled(dx, dy8, w8, None, Fp8Sum::Fast, false)
+        })
+    }
+
+    /// The down projection's backward and SwiGLU's: `dw (+)= dyᵀ · h`, and gate/up's gradient
+    /// over `gate_up` from `dy · w`, its abs-max reported where the gate/up projection's
+    /// backward quantizes it; the backend may do the second in one kernel, leaving `dh`
+    /// (where it would put `dy · w`) untouched.
+    pub fn down_swiglu_backward(
+        &self,
+        b: &B,
+        l: usize,
+        (gate_up, dh): (&Tensor<B>, &Tensor<B>),
+        dw: &Tensor<B>,
+        dy: &Tensor<B>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let amax = self.grad_amax(l, Linear::GateUp);
+        self.with_gradient(b, (l, Linear::Down), dw, dy, accumulate, |dy8, w8| {
+            b.swiglu_backward_through_down_scaled(gate_up, dh, dy8, w8, Some(&amax))
+        })
+    }
+
+    /// Quantizes dy into the gradient dtype in both layouts in one pass (its abs-max taken by
+    /// a pass here unless its producer reported it), runs `input_gradient` on it and the
+    /// weight's transposed copy, then `dw (+)= dyᵀ · x` from the forward's transposed stash of
+    /// x. The input gradient sums fast, as the forward does: its K is a model width. The
+    /// weight gradient's K is every token of the batch, so it is promoted.
+    fn with_gradient(
+        &self,
+        b: &B,
+        (l, lin): (usize, Linear),
+        dw: &Tensor<B>,
+        dy: &Tensor<B>,
+        accumulate: bool,
+        input_gradient: impl FnOnce(Scaled<'_, B>, Scaled<'_, B>) -> Result<()>,
     ) -> Result<()> {
         let (n, outs) = (dy.matrix_rows(), dy.cols());
         let amax = self.grad_amax(l, lin);
@@ -458,15 +494,8 @@ impl<B: Backend> Fp8State<B> {
         let (dyq, dyt) = (view(&self.grad_q, n, outs), view(&self.grad_qt, outs, n));
         b.quantize(Some(&dyq), Some(&dyt), dd, dy, &amax)?;
         let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
-        b.matmul_scaled(
-            dx,
-            Scaled::new(&dyq, dd),
-            Scaled::new(&w.cols, &w.descale),
-            None,
-            Fp8Sum::Promoted,
-            false,
-        )?;
-        let xt = input.cols.reshape(&[dx.cols(), n]);
+        input_gradient(Scaled::new(&dyq, dd), Scaled::new(&w.cols, &w.descale))?;
+        let xt = input.cols.reshape(&[w.cols.matrix_rows(), n]);
         b.matmul_scaled(
             dw,
             Scaled::new(&dyt, dd),

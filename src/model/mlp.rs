@@ -84,27 +84,26 @@ impl<B: Backend> Transformer<B> {
             }
             return Ok(());
         }
+        // 8) the down projection's weight gradient, then its input gradient and 7) SwiGLU's
+        // backward, which the backend may do in one kernel; gate/up's gradient overwrites
+        // gate/up
         let (swiglu, gate_up) = (a.swiglu.layer(l), a.gate_up.layer(l));
-        let (dswiglu, dgate_up) = (swiglu, gate_up);
-        if self.fp8.is_none() {
-            // 8) the down projection's weight gradient, then its input gradient and 7) SwiGLU's
-            // backward, which the backend may do in one kernel
-            let (w, dw) = (
-                Linear::Down.weight(&self.params.layers[l]),
-                Linear::Down.weight(&self.grads.layers[l]),
-            );
-            b.matmul(dw, &a.dresidual, swiglu, None, Matmul::backward_weight(acc))?;
-            b.swiglu_backward_through_down(gate_up, dswiglu, &a.dresidual, w)?;
-        } else {
-            // 8) down projection
-            self.linear_backward(b, (l, Linear::Down), dswiglu, &a.dresidual, swiglu, acc)?;
-            // 7) SwiGLU
-            let reported = self.grad_amax(l, Linear::GateUp);
-            b.swiglu_backward(dgate_up, dswiglu, gate_up, reported.as_ref())?;
+        let dswiglu = swiglu;
+        let dw = Linear::Down.weight(&self.grads.layers[l]);
+        match &self.fp8 {
+            Some(fp8) => {
+                let dres = &a.dresidual;
+                fp8.down_swiglu_backward(b, l, (gate_up, dswiglu), dw, dres, acc)?
+            }
+            None => {
+                let w = Linear::Down.weight(&self.params.layers[l]);
+                b.matmul(dw, &a.dresidual, swiglu, None, Matmul::backward_weight(acc))?;
+                b.swiglu_backward_through_down(gate_up, dswiglu, &a.dresidual, w)?;
+            }
         }
         // 6) gate/up projection
         let ln2 = a.ln2.layer(l);
-        self.linear_backward(b, (l, Linear::GateUp), &a.dln, dgate_up, ln2, acc)
+        self.linear_backward(b, (l, Linear::GateUp), &a.dln, gate_up, ln2, acc)
     }
 
     /// Steps 6 and 7 for the tokens `rows`, into the first rows of the shared buffers: the

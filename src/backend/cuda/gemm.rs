@@ -1,8 +1,8 @@
 //! smelt's own Hopper matmul (kernels/gemm.cu): TMA copies, wgmma products and epilogues of
 //! our choosing, which cuBLASLt does not have. It runs the MLP's gate/up projection with
-//! SwiGLU in its epilogue (bf16, or FP8 with SwiGLU's abs-max), and in bf16 the down
-//! projection's input gradient with SwiGLU's backward in its, so that neither SwiGLU pass
-//! reads its input back from memory. The plain variants are there to measure its main loop
+//! SwiGLU in its epilogue, and the down projection's input gradient with SwiGLU's backward in
+//! its (each in bf16, or in FP8 with the abs-max of what FP8 quantizes next), so that neither
+//! SwiGLU pass reads its input back from memory. The plain variants are there to measure its main loop
 //! against cuBLASLt's. `SMELT_GEMM=cublaslt` runs cuBLASLt and the separate SwiGLU kernels
 //! instead (on an H100, the same bits, slower).
 
@@ -120,15 +120,19 @@ impl Cuda {
         self.own_gemm() && fits(DType::BF16, operands)
     }
 
-    /// Whether the FP8 gate/up projection with SwiGLU runs in one kernel of ours: e4m3 operands
-    /// (the forward's) and bf16 outputs.
+    /// Whether an FP8 MLP op fused by one kernel of ours runs on these operands: bf16 outputs,
+    /// `a` in `a_dtype` (the forward's e4m3, or the gradient's format) and `b` e4m3.
     pub(super) fn fuses_fp8(
         &self,
         outputs: &[&Tensor<Cuda>],
-        x: Scaled<'_, Cuda>,
-        w: Scaled<'_, Cuda>,
+        (a, a_dtype): (&Tensor<Cuda>, DType),
+        b: &Tensor<Cuda>,
     ) -> bool {
-        self.own_gemm() && fits(DType::BF16, outputs) && fits(DType::E4M3, &[x.data, w.data])
+        self.own_gemm()
+            && a_dtype.is_fp8()
+            && fits(DType::BF16, outputs)
+            && fits(a_dtype, &[a])
+            && fits(DType::E4M3, &[b])
     }
 
     /// `out = a · bᵀ` by smelt's own kernel (Hopper only), for measuring it against cuBLASLt.
@@ -248,36 +252,86 @@ impl Cuda {
         dy: &Tensor<Cuda>,
         w: &Tensor<Cuda>,
     ) -> Result<()> {
-        let (m, k, f) = (dy.matrix_rows(), dy.cols(), w.cols());
+        let (k, f) = (dy.cols(), w.cols());
         ensure!(
             self.compute_capability.0 == 9
                 && fits(DType::BF16, &[gate_up, dy, w])
-                && w.matrix_rows() == k
-                && gate_up.cols() == 2 * f
-                && gate_up.numel() == m * 2 * f
-                && f.is_multiple_of(8),
-            "fused_swiglu_backward: dy {:?}, w {:?}, gate_up {:?}",
+                && w.matrix_rows() == k,
+            "fused_swiglu_backward: dy {:?}, w {:?}",
             dy.shape,
-            w.shape,
-            gate_up.shape
+            w.shape
+        );
+        // w as [K, N], N contiguous: boxes of 64 columns by 32 rows of K, each block of a
+        // cluster copying half of every k-block's rows.
+        let w_map = TensorMap::swizzled(
+            ptr(w),
+            DType::BF16,
+            [f as u64, k as u64],
+            &[f as u64 * 2],
+            [LINE, LINE / 2],
+        )?;
+        // SAFETY: w_map describes w, [k, f] (checked above).
+        unsafe { self.launch_dswiglu(gate_up, dy, (w_map, f), GemmKind::DSwiGlu, None) }
+    }
+
+    /// `fused_swiglu_backward` in FP8: `dh = (dy · dy.descale)(w · w.descale)ᵀ`, dy `[N, H]` in
+    /// the gradient's format and w the down weight's transposed e4m3 copy `[F, H]`, summed in
+    /// the tensor cores' own accumulator (`Fp8Sum::Fast`); gate/up's gradient's abs-max into
+    /// `amax` where given, as `swiglu_backward` reports it.
+    pub(super) fn fused_swiglu_backward_scaled(
+        &self,
+        gate_up: &Tensor<Cuda>,
+        dy: Scaled<'_, Cuda>,
+        w: Scaled<'_, Cuda>,
+        amax: Option<&Tensor<Cuda>>,
+    ) -> Result<()> {
+        let (k, f) = (dy.data.cols(), w.data.matrix_rows());
+        ensure!(
+            w.data.cols() == k,
+            "fused_swiglu_backward_scaled: dy {:?}, w {:?}",
+            dy.data.shape,
+            w.data.shape
+        );
+        let scales = Fp8Scales {
+            a: ptr(dy.descale),
+            b: ptr(w.descale),
+            amax: amax_ptr("swiglu_backward_through_down", amax)?,
+        };
+        let kind = GemmKind::Fp8DSwiGlu(dy.data.dtype);
+        let w_map = operand_map(w.data, TILE_COLS / 2)?;
+        // SAFETY: w_map describes w, [f, k] (checked above).
+        unsafe { self.launch_dswiglu(gate_up, dy.data, (w_map, f), kind, Some(scales)) }
+    }
+
+    /// Launches SwiGLU's backward through the down projection, of width `f`, on dy and the
+    /// weight's map `w_map`.
+    ///
+    /// # Safety
+    /// `w_map` must describe a live weight of `f` by dy's columns, in the layout `kind` reads.
+    unsafe fn launch_dswiglu(
+        &self,
+        gate_up: &Tensor<Cuda>,
+        dy: &Tensor<Cuda>,
+        (w_map, f): (TensorMap, usize),
+        kind: GemmKind,
+        scales: Option<Fp8Scales>,
+    ) -> Result<()> {
+        let (m, k) = (dy.matrix_rows(), dy.cols());
+        ensure!(
+            gate_up.cols() == 2 * f && gate_up.numel() == m * 2 * f && f.is_multiple_of(8),
+            "SwiGLU's backward: gate/up {:?} for dy {:?} and a width of {f}",
+            gate_up.shape,
+            dy.shape
         );
         let maps = TensorMaps4([
             operand_map(dy, TILE_ROWS)?,
-            // w as [K, N], N contiguous: boxes of 64 columns by 32 rows of K, each block of a
-            // cluster copying half of every k-block's rows.
-            TensorMap::swizzled(
-                ptr(w),
-                DType::BF16,
-                [f as u64, k as u64],
-                &[f as u64 * 2],
-                [LINE, LINE / 2],
-            )?,
+            w_map,
             // Read and written in pieces of 64 x 64 from each half.
             output_map(gate_up, true, [LINE, 64])?,
             TensorMap::unused(),
         ]);
-        // SAFETY: as in `gemm`, with w [k, f] and gate_up [m, 2f] (checked above).
-        unsafe { self.launch_gemm(maps, GemmKind::DSwiGlu, (m, f, k), f, None) }
+        // SAFETY: as in `gemm`, with gate_up [m, 2f] (checked above) and the caller's w_map.
+        unsafe { self.launch_gemm(maps, kind, (m, f, k), f, scales) }
     }
 
     /// Launches `gemm_tn<kind>` over `tiles` = (rows, columns, K) (its columns: the output's,

@@ -169,15 +169,19 @@ pub enum GemmKind {
     DSwiGlu,
     Fp8Plain,
     Fp8SwiGlu,
+    /// `DSwiGlu` in FP8, dy in this format (the gradient's).
+    Fp8DSwiGlu(DType),
 }
 
 impl GemmKind {
-    pub const ALL: [GemmKind; 5] = [
+    pub const ALL: [GemmKind; 7] = [
         GemmKind::Plain,
         GemmKind::SwiGlu,
         GemmKind::DSwiGlu,
         GemmKind::Fp8Plain,
         GemmKind::Fp8SwiGlu,
+        GemmKind::Fp8DSwiGlu(DType::E4M3),
+        GemmKind::Fp8DSwiGlu(DType::E5M2),
     ];
 
     fn spelled(self) -> &'static str {
@@ -187,6 +191,8 @@ impl GemmKind {
             GemmKind::DSwiGlu => "gemm::Kind::DSWIGLU",
             GemmKind::Fp8Plain => "gemm::Kind::FP8_PLAIN",
             GemmKind::Fp8SwiGlu => "gemm::Kind::FP8_SWIGLU",
+            GemmKind::Fp8DSwiGlu(DType::E5M2) => "gemm::Kind::FP8_DSWIGLU_E5M2",
+            GemmKind::Fp8DSwiGlu(_) => "gemm::Kind::FP8_DSWIGLU_E4M3",
         }
     }
 }

@@ -626,7 +626,7 @@ impl Backend for Cuda {
         w: Scaled<'_, Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        if self.fuses_fp8(&[gate_up, out], x, w) {
+        if self.fuses_fp8(&[gate_up, out], (x.data, DType::E4M3), w.data) {
             return self.op("gate_up_swiglu", || {
                 self.gemm_scaled(gate_up, Some(out), x, w, amax)
             });
@@ -647,6 +647,22 @@ impl Backend for Cuda {
             });
         }
         crate::backend::unfused_swiglu_backward_through_down(self, gate_up, dh, dy, w)
+    }
+
+    fn swiglu_backward_through_down_scaled(
+        &self,
+        gate_up: &Tensor<Self>,
+        dh: &Tensor<Self>,
+        dy: Scaled<'_, Self>,
+        w: Scaled<'_, Self>,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        if self.fuses_fp8(&[gate_up], (dy.data, dy.data.dtype), w.data) {
+            return self.op("swiglu_backward_through_down", || {
+                self.fused_swiglu_backward_scaled(gate_up, dy, w, amax)
+            });
+        }
+        crate::backend::unfused_swiglu_backward_through_down_scaled(self, gate_up, dh, dy, w, amax)
     }
 
     fn swiglu_backward(

@@ -1,12 +1,15 @@
-// smelt's own bf16 matmul for Hopper (sm_90a): out [M, N] = a [M, K] · b [N, K]ᵀ, both operands
-// row-major with K contiguous (the forward's `x · wᵀ`), f32 accumulation, bf16 output. It exists
-// for the epilogues cuBLASLt does not have:
+// smelt's own matmul for Hopper (sm_90a): out [M, N] = a [M, K] · b [N, K]ᵀ, both operands
+// row-major with K contiguous (the forward's `x · wᵀ`), bf16 or FP8, f32 accumulation, bf16
+// output. It exists for the epilogues cuBLASLt does not have:
 // - SWIGLU: the MLP's gate/up projection and SwiGLU in one kernel, which writes gate/up
 //   [M, 2F] and SwiGLU's output [M, F] from the accumulators, so that no separate pass reads
 //   gate/up back;
 // - DSWIGLU: the down projection's input gradient dh = dy · w (b given as [K, N], N contiguous:
 //   the down weight as stored) and SwiGLU's backward, which reads gate/up and overwrites it
 //   with its gradient, so that dh is never written or read (`dswiglu_piece`).
+// Each also runs in FP8 (e4m3 operands; SwiGLU's backward takes dy in the gradient's format
+// and the weight's transposed copy, [N, K]), where the epilogue also reports the abs-max of
+// what the FP8 step quantizes next.
 //
 // The design is that of CUTLASS's warp-specialised Hopper kernels, written small. A persistent
 // grid of clusters of two blocks (a block per SM) walks the output tiles, 128 rows by 192
@@ -58,19 +61,19 @@ constexpr int CLUSTER = 2;  // blocks sharing a B tile
 constexpr int READERS = 4;  // warps reading each stage in each block: one consumer's
 static_assert(GEMM_THREADS == 3 * 128, "a producer warpgroup and two consumers");
 
-// What a launch computes (gemm.rs's `GemmKind`): bf16 or FP8 (e4m3) operands, and the
-// epilogue: none, SwiGLU, or SwiGLU's backward (bf16 only: it reads the weight MN-major, which
-// FP8 wgmma does not).
-enum class Kind { PLAIN, SWIGLU, DSWIGLU, FP8_PLAIN, FP8_SWIGLU };
+// What a launch computes (gemm.rs's `GemmKind`): bf16 or FP8 operands, and the epilogue: none,
+// SwiGLU, or SwiGLU's backward. FP8 operands are e4m3 but for SwiGLU's backward's dy, which is
+// in the gradient's format.
+enum class Kind { PLAIN, SWIGLU, DSWIGLU, FP8_PLAIN, FP8_SWIGLU, FP8_DSWIGLU_E4M3, FP8_DSWIGLU_E5M2 };
 
 // A CUtensorMap, opaque: only its address reaches the TMA instructions.
 struct alignas(64) TensorMap {
     u64 opaque[16];
 };
-// The operands' maps (boxes of 64 columns x 128 rows for A, 96 for B; with SwiGLU's backward,
-// B as [K, N] in boxes of 64 x 32) and the outputs' (boxes of 32 columns x 64 rows; out is 3-D
-// [M, 2, F] with SwiGLU, so that a gate box never spills into the up columns, and with its
-// backward in boxes of 64 x 64).
+// The operands' maps (boxes of one line x 128 rows for A, 96 for B; with SwiGLU's backward in
+// bf16, B as [K, N] in boxes of 64 x 32) and the outputs' (boxes of 32 columns x 64 rows; out
+// is 3-D [M, 2, F] with SwiGLU, so that a gate box never spills into the up columns, and with
+// its backward in boxes of 64 x 64).
 struct Maps {
     TensorMap a, b, out, h;
 };
@@ -189,16 +192,23 @@ __device__ __forceinline__ void mma_64x192(float (&d)[96], u64 a, u64 b, int add
         : GEMM_ACC48(0), GEMM_ACC48(1)
         : "l"(a), "l"(b), "r"(add), "n"(N_MAJOR ? 1 : 0));
 }
-// As `mma_64x192`, in FP8 (e4m3 both) over k = 32, B K-major: FP8 wgmma takes no other layout.
-__device__ __forceinline__ void mma_64x192_e4m3(float (&d)[96], u64 a, u64 b, int add) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {"
-        GEMM_D96 "}, "
-        "%96, %97, p, 1, 1;\n}\n"
-        : GEMM_ACC48(0), GEMM_ACC48(1)
-        : "l"(a), "l"(b), "r"(add));
+// As `mma_64x192`, in FP8 over k = 32, B e4m3 and A e4m3 or (A_E5M2) e5m2, both K-major: FP8
+// wgmma takes no other layout.
+#define GEMM_MMA_FP8(A_TYPE)                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"                 \
+                 "wgmma.mma_async.sync.aligned.m64n192k32.f32." A_TYPE ".e4m3 {" \
+                 GEMM_D96 "}, "                                                \
+                 "%96, %97, p, 1, 1;\n}\n"                                      \
+                 : GEMM_ACC48(0), GEMM_ACC48(1)                                \
+                 : "l"(a), "l"(b), "r"(add))
+template <bool A_E5M2>
+__device__ __forceinline__ void mma_64x192_fp8(float (&d)[96], u64 a, u64 b, int add) {
+    if constexpr (A_E5M2)
+        GEMM_MMA_FP8("e5m2");
+    else
+        GEMM_MMA_FP8("e4m3");
 }
+#undef GEMM_MMA_FP8
 #undef GEMM_ACC48
 #undef GEMM_ACC8
 #undef GEMM_D96
@@ -311,10 +321,11 @@ __device__ __forceinline__ void dswiglu_load(unsigned char* bufs, u64* bars, con
 
 // Piece p of the warpgroup's `tile`-th tile: waits for its values, computes, and sends them;
 // then (leader) starts piece p + 2's loads into the same buffer. `dh(i, half, e)` reads the
-// accumulator blocks of the piece's rows.
-template <typename Dh>
+// accumulator blocks of the piece's rows. With AMAX, `largest` is raised to the largest
+// |gradient| as stored.
+template <bool AMAX, typename Dh>
 __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* bars, int consumer, const TensorMap* gate_up,
-                                              int p, int tile, int col, int row, Dh dh) {
+                                              int p, int tile, int col, int row, Dh dh, float& largest) {
     static_assert(EPI_BUFS == 2, "two buffers take turns");
     unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
     // Each buffer fills three times a tile: its fills so far give the phase.
@@ -332,8 +343,13 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* bars, in
             const int i = 8 * (p % 3) + j;
             swiglu_grads(__low2float(g), __low2float(u), rounded<bf16>(dh(i, half, 0)), dg[0], du[0]);
             swiglu_grads(__high2float(g), __high2float(u), rounded<bf16>(dh(i, half, 1)), dg[1], du[1]);
-            *gp = __floats2bfloat162_rn(dg[0], dg[1]);
-            *up = __floats2bfloat162_rn(du[0], du[1]);
+            const __nv_bfloat162 dg2 = __floats2bfloat162_rn(dg[0], dg[1]);
+            const __nv_bfloat162 du2 = __floats2bfloat162_rn(du[0], du[1]);
+            *gp = dg2;
+            *up = du2;
+            if constexpr (AMAX)
+                largest = fmaxf(fmaxf(largest, fmaxf(fabsf(__low2float(dg2)), fabsf(__high2float(dg2)))),
+                                fmaxf(fabsf(__low2float(du2)), fabsf(__high2float(du2))));
         }
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -359,8 +375,9 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* bars, in
 // out [M, N] = a [M, K] · b [N, K]ᵀ (a_map and b_map: 2-D maps of a and b with boxes of one
 // 128-byte line x 128 or 96 rows, 128-byte swizzle). With SWIGLU, N = 2F, and h [M, F] receives
 // SwiGLU. N even, K a multiple of 16 bytes (TMA's strides); TMA fills what lies past K with
-// zeros. FP8: a and b e4m3, each scaled by its descale, and with SWIGLU `amax` (if not null)
-// raised to h's largest |value|, as the FP8 forward quantizes h next.
+// zeros. FP8: a and b e4m3 (a in the gradient's format for SwiGLU's backward), each scaled by
+// its descale, and `amax` (if not null) raised to the largest |value| of what the FP8 step
+// quantizes next: h with SWIGLU, gate/up's gradient with DSWIGLU.
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 #define GEMM_CLUSTER __cluster_dims__(2, 1, 1)
 #else
@@ -373,9 +390,11 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             const float* b_descale, float* amax) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     using namespace gemm;
-    constexpr bool FP8 = KIND == Kind::FP8_PLAIN || KIND == Kind::FP8_SWIGLU;
+    constexpr bool A_E5M2 = KIND == Kind::FP8_DSWIGLU_E5M2;
+    constexpr bool DSWIGLU = KIND == Kind::DSWIGLU || KIND == Kind::FP8_DSWIGLU_E4M3 || A_E5M2;
+    constexpr bool FP8 = KIND != Kind::PLAIN && KIND != Kind::SWIGLU && KIND != Kind::DSWIGLU;
     constexpr bool SWIGLU = KIND == Kind::SWIGLU || KIND == Kind::FP8_SWIGLU;
-    constexpr bool DSWIGLU = KIND == Kind::DSWIGLU;
+    constexpr bool B_MN_MAJOR = DSWIGLU && !FP8;  // the bf16 down weight as stored
     constexpr int BK = FP8 ? LINE : LINE / 2;  // k-block: elements of one line
     unsigned char* epilogue = smem + STAGES * STAGE_BYTES;  // EPI_BUFS pieces per consumer
     u64* full = reinterpret_cast<u64*>(epilogue + 2 * EPI_BUFS * PIECE_BYTES);
@@ -420,7 +439,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                     unsigned char* stage = smem + s * STAGE_BYTES;
                     barrier_expect(&full[s], STAGE_BYTES);
                     tma_load(stage, &maps.a, kb * BK, (CLUSTER * pm + rank) * BM, &full[s]);
-                    if constexpr (DSWIGLU) {
+                    if constexpr (B_MN_MAJOR) {
                         // b is [K, N]: three slabs of 64 columns, this block copying the half
                         // of each slab's 64 rows of K at its rank.
                         for (int j = 0; j < 3; ++j)
@@ -439,7 +458,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
         float d[2][96];  // rows 0..63 and 64..127 of the tile
         // FP8: the accumulators times both operands' descales are the product.
         const float scale = FP8 ? *a_descale * *b_descale : 1.0f;
-        float largest = 0.0f;  // FP8 with SwiGLU: the largest |output| as stored, for `amax`
+        float largest = 0.0f;  // FP8 with an epilogue: the largest |output| as stored, for `amax`
         unsigned char* bufs = epilogue + consumer * EPI_BUFS * PIECE_BYTES;
         int pieces = 0;  // pieces sent so far: the epilogue ring's position
         // Every other tile of the block's walk, the ring skipping the other consumer's k-blocks.
@@ -462,8 +481,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                     for (int m = 0; m < 2; ++m) {  // A's rows 64m..: 8 KB on
                         const u64 a_desc = k_major(a + m * (64 * 128) + kk * 32);
                         if constexpr (FP8)
-                            mma_64x192_e4m3(d[m], a_desc, k_major(b + kk * 32), kb > 0 || kk > 0);
-                        else if constexpr (DSWIGLU)  // 16 rows of each slab: 2 KB
+                            mma_64x192_fp8<A_E5M2>(d[m], a_desc, k_major(b + kk * 32), kb > 0 || kk > 0);
+                        else if constexpr (B_MN_MAJOR)  // 16 rows of each slab: 2 KB
                             mma_64x192<true>(d[m], a_desc, mn_major(b + kk * 2048), kb > 0 || kk > 0);
                         else
                             mma_64x192<false>(d[m], a_desc, k_major(b + kk * 32), kb > 0 || kk > 0);
@@ -515,12 +534,12 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             if constexpr (DSWIGLU) {
 #pragma unroll
                 for (int p = 0; p < DSWIGLU_PIECES; ++p)
-                    dswiglu_piece(bufs, &epi_bar[2 * consumer], consumer, &maps.out, p, j / 2, col, row,
-                                  acc(p / 3, 0));
+                    dswiglu_piece<FP8>(bufs, &epi_bar[2 * consumer], consumer, &maps.out, p, j / 2, col, row,
+                                       acc(p / 3, 0), largest);
             }
         }
         // As swiglu.cu reports it: an integer max of non-negative floats, in any order.
-        if (FP8 && SWIGLU && amax != nullptr) {
+        if (FP8 && (SWIGLU || DSWIGLU) && amax != nullptr) {
             largest = warp_max(largest);
             if (warp_leader) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(largest));
         }
