@@ -225,7 +225,7 @@ struct DownOperands<B: Backend> {
     dh: Tensor<B>,
     dy: Tensor<B>,
     w: Tensor<B>,
-    /// dy's and w's descales, and gate/up's gradient's abs-max (FP8).
+    /// FP8 only: dy's and w's descales, and what receives gate/up's gradient's abs-max.
     descales: [Tensor<B>; 2],
     amax: Tensor<B>,
 }

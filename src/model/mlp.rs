@@ -84,9 +84,9 @@ impl<B: Backend> Transformer<B> {
             }
             return Ok(());
         }
-        // 8) the down projection's weight gradient, then its input gradient and 7) SwiGLU's
-        // backward, which the backend may do in one kernel; gate/up's gradient overwrites
-        // gate/up
+        // 8) the down projection's gradients and 7) SwiGLU's backward, the backend perhaps
+        // doing the input gradient and SwiGLU's backward in one kernel; gate/up's gradient
+        // overwrites gate/up
         let (swiglu, gate_up) = (a.swiglu.layer(l), a.gate_up.layer(l));
         let dswiglu = swiglu;
         let dw = Linear::Down.weight(&self.grads.layers[l]);

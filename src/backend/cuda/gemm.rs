@@ -2,9 +2,9 @@
 //! our choosing, which cuBLASLt does not have. It runs the MLP's gate/up projection with
 //! SwiGLU in its epilogue, and the down projection's input gradient with SwiGLU's backward in
 //! its (each in bf16, or in FP8 with the abs-max of what FP8 quantizes next), so that neither
-//! SwiGLU pass reads its input back from memory. The plain variants are there to measure its main loop
-//! against cuBLASLt's. `SMELT_GEMM=cublaslt` runs cuBLASLt and the separate SwiGLU kernels
-//! instead (on an H100, the same bits, slower).
+//! SwiGLU pass reads its input back from memory. The plain variants are there to measure its
+//! main loop against cuBLASLt's. `SMELT_GEMM=cublaslt` runs cuBLASLt and the separate SwiGLU
+//! kernels instead (on an H100, the same bits, slower).
 
 use anyhow::{Result, bail, ensure};
 
