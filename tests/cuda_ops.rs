@@ -410,7 +410,9 @@ fn rope_forward_and_backward() {
     // in a view one element into its storage, element by element.
     for (s, skip) in [(qwen, 0), (small, 0), (small, 1)] {
         let n = s.batch * s.seq * s.qkv_width();
-        let (x, table) = (normal(n, 1.0, 19), rope_table(s.seq, s.head_dim));
+        let (mut x, table) = (normal(n, 1.0, 19), rope_table(s.seq, s.head_dim));
+        // The largest value in a value head, which the backward's abs-max must still see.
+        x[5 * s.qkv_width() + (s.q_heads + s.kv_heads) * s.head_dim + 3] = -40.0;
         fn run<B: Backend>(
             b: &B,
             dtype: DType,
@@ -423,19 +425,24 @@ fn rope_forward_and_backward() {
             let fwd = shifted(b, &shape, dtype, x, skip);
             b.rope_forward(&fwd, &freqs, s).unwrap();
             let bwd = shifted(b, &shape, dtype, x, skip);
-            b.rope_backward(&bwd, &freqs, s).unwrap();
+            let found = amax(b);
+            b.rope_backward(&bwd, &freqs, s, Some(&found)).unwrap();
             vec![
                 ("forward", download(b, &fwd)),
                 ("backward", download(b, &bwd)),
+                ("backward amax", download(b, &found)),
             ]
         }
         for dtype in [DType::BF16, DType::F32] {
-            check_op(
-                &format!("rope D={} skip {skip} {dtype}", s.head_dim),
+            let test = format!("rope D={} skip {skip} {dtype}", s.head_dim);
+            let outputs = check_op(
+                &test,
                 || run(&gpu, dtype, (s, skip), &x, &table),
                 || run(&cpu, dtype, (s, skip), &x, &table),
                 |_| tol(dtype),
             );
+            // Over the rotated heads and the value heads it only reads.
+            check_amax(&test, &outputs, "backward", "backward amax");
         }
     }
 }
@@ -983,6 +990,74 @@ fn quantize_matches_the_cpu_bit_for_bit() {
                         |_| 0.0,
                     );
                     for ((output, g), (_, c)) in gpu_out.iter().zip(&cpu_out) {
+                        assert!(same_bits(g, c), "{name} {output}: bits differ from the CPU");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantize_summing_columns_matches_the_cpu() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // The 0.5B QKV gradient's width on the 16-byte path, and an odd shape with partial tiles
+    // element by element.
+    for (r, c) in [(4096, 1152), (300, 37)] {
+        let (x, db0) = (normal(r * c, 1.0, 52), normal(c, 1.0, 53));
+        #[allow(clippy::too_many_arguments)]
+        fn run<B: Backend>(
+            b: &B,
+            x_dtype: DType,
+            (rows, cols): (bool, bool),
+            accumulate: bool,
+            (r, c): (usize, usize),
+            x: &[f32],
+            db0: &[f32],
+        ) -> Outputs {
+            let xt = tensor(b, &[r, c], x_dtype, x);
+            let found = amax(b);
+            b.abs_max(&found, &xt).unwrap();
+            let out = |wanted: bool, shape: [usize; 2]| {
+                wanted.then(|| tensor(b, &shape, DType::E5M2, &vec![0.0; r * c]))
+            };
+            let (rows_out, cols_out) = (out(rows, [r, c]), out(cols, [c, r]));
+            let descale = tensor(b, &[1], DType::F32, &[0.0]);
+            let db = tensor(b, &[c], x_dtype, db0);
+            b.quantize_summing_columns(
+                rows_out.as_ref(),
+                cols_out.as_ref(),
+                &descale,
+                &xt,
+                &found,
+                (&db, accumulate),
+            )
+            .unwrap();
+            let mut outs = vec![("dbias", download(b, &db))];
+            outs.extend(rows_out.map(|t| ("rows", download(b, &t))));
+            outs.extend(cols_out.map(|t| ("cols", download(b, &t))));
+            outs.push(("descale", download(b, &descale)));
+            outs
+        }
+        for x_dtype in [DType::BF16, DType::F32] {
+            for layouts in [(true, true), (false, true), (true, false)] {
+                for accumulate in [false, true] {
+                    let name = format!(
+                        "quantize {r}x{c} {x_dtype} (rows, cols) {layouts:?} summing columns, \
+                         accumulate={accumulate}"
+                    );
+                    let args = (x_dtype, layouts, accumulate, (r, c));
+                    let cpu_out = run(&cpu, args.0, args.1, args.2, args.3, &x, &db0);
+                    // The codes are the plain quantization's, bit for bit; the column sums
+                    // are f32 sums in another order than the CPU's.
+                    let gpu_out = check_op(
+                        &name,
+                        || run(&gpu, args.0, args.1, args.2, args.3, &x, &db0),
+                        || cpu_out.clone(),
+                        |output| if output == "dbias" { tol(x_dtype) } else { 0.0 },
+                    );
+                    for ((output, g), (_, c)) in gpu_out.iter().zip(&cpu_out).skip(1) {
                         assert!(same_bits(g, c), "{name} {output}: bits differ from the CPU");
                     }
                 }

@@ -339,12 +339,15 @@ pub trait Backend: Sized {
         freqs: &Tensor<Self>,
         shape: AttnShape,
     ) -> Result<()>;
-    /// The inverse rotation, applied in place to the gradient.
+    /// The inverse rotation, applied in place to the gradient. With `amax`, also
+    /// `amax[0] = max(amax[0], max |dqkv|)` over all of dqkv as stored, value heads included:
+    /// the QKV projection's output gradient, whose FP8 copy scales by it.
     fn rope_backward(
         &self,
         dqkv: &Tensor<Self>,
         freqs: &Tensor<Self>,
         shape: AttnShape,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
 
     /// Causal grouped-query attention with scale `1/sqrt(head_dim)`.
@@ -488,6 +491,21 @@ pub trait Backend: Sized {
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
     ) -> Result<()>;
+    /// `quantize`, and `dbias (+)= Σ_m x[m, N]` (`bias_backward`) from the same read of x: a
+    /// linear's output gradient is both the FP8 input of its backward's matmuls and, summed
+    /// over rows, its bias's gradient.
+    fn quantize_summing_columns(
+        &self,
+        rows: Option<&Tensor<Self>>,
+        cols: Option<&Tensor<Self>>,
+        descale: &Tensor<Self>,
+        x: &Tensor<Self>,
+        amax: &Tensor<Self>,
+        (dbias, accumulate): (&Tensor<Self>, bool),
+    ) -> Result<()> {
+        self.quantize(rows, cols, descale, x, amax)?;
+        self.bias_backward(dbias, x, accumulate)
+    }
     /// `out[M, N] (+)= (a[M, K] · a.descale) · (b[N, K] · b.descale)ᵀ (+ bias[N])`, the one
     /// form FP8 matmuls take on Hopper (K contiguous in both operands). a and b are e4m3 or
     /// e5m2, not both e5m2; out and bias are bf16. `sum` may be ignored by a backend that

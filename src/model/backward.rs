@@ -139,10 +139,8 @@ impl<B: Backend> Transformer<B> {
             a.lse.layer(l),
             shape,
         )?;
-        b.rope_backward(&a.dqkv, &self.rope, shape)?;
-        if let Some(dbias) = &g.qkv_bias {
-            b.bias_backward(dbias, &a.dqkv, acc)?;
-        }
+        let amax = self.grad_amax(l, Linear::Qkv);
+        b.rope_backward(&a.dqkv, &self.rope, shape, amax.as_ref())?;
         self.linear_backward(b, (l, Linear::Qkv), &a.dln, &a.dqkv, a.ln1.layer(l), acc)?;
         // 1) input norm, into the residual gradient: the down projection's output gradient
         // in the block below

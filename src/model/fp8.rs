@@ -93,12 +93,12 @@ impl Linear {
         }
     }
 
-    /// Whether the op producing this linear's output gradient reports its abs-max: SwiGLU's
-    /// backward for gate/up, the residual stream's norm backwards for the output and down
-    /// projections. QKV's gradient comes out of attention's backward, then RoPE's, which
-    /// see only parts of it, and gets a pass.
-    pub fn gradient_reported(self) -> bool {
-        self != Linear::Qkv
+    /// The bias of this linear, if it has one.
+    pub fn bias<T>(self, layer: &LayerParams<T>) -> Option<&T> {
+        match self {
+            Linear::Qkv => layer.qkv_bias.as_ref(),
+            _ => None,
+        }
     }
 
     /// Whether the backward's recompute pass reruns this linear's forward (`block_forward`,
@@ -437,17 +437,17 @@ impl<B: Backend> Fp8State<B> {
         matmul(Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale))
     }
 
-    /// `dx = dy · w` and `dw (+)= dyᵀ · x`, as `with_gradient` runs them.
+    /// `dx = dy · w`, `dw (+)= dyᵀ · x` and `db (+)= Σ dy`, as `with_gradient` runs them.
     pub fn backward(
         &self,
         b: &B,
         (l, lin): (usize, Linear),
         dx: &Tensor<B>,
-        dw: &Tensor<B>,
+        grads: (&Tensor<B>, Option<&Tensor<B>>),
         dy: &Tensor<B>,
         accumulate: bool,
     ) -> Result<()> {
-        self.with_gradient(b, (l, lin), dw, dy, accumulate, |dy8, w8| {
+        self.with_gradient(b, (l, lin), grads, dy, accumulate, |dy8, w8| {
             b.matmul_scaled(dx, dy8, w8, None, Fp8Sum::Fast, false)
         })
     }
@@ -466,33 +466,41 @@ impl<B: Backend> Fp8State<B> {
         accumulate: bool,
     ) -> Result<()> {
         let amax = self.grad_amax(l, Linear::GateUp);
-        self.with_gradient(b, (l, Linear::Down), dw, dy, accumulate, |dy8, w8| {
-            b.swiglu_backward_through_down_scaled(gate_up, dh, dy8, w8, Some(&amax))
-        })
+        self.with_gradient(
+            b,
+            (l, Linear::Down),
+            (dw, None),
+            dy,
+            accumulate,
+            |dy8, w8| b.swiglu_backward_through_down_scaled(gate_up, dh, dy8, w8, Some(&amax)),
+        )
     }
 
-    /// Quantizes dy into the gradient dtype in both layouts in one pass (its abs-max taken by
-    /// a pass here unless its producer reported it), runs `input_gradient` on it and the
-    /// weight's transposed copy, then `dw (+)= dyᵀ · x` from the forward's transposed stash of
-    /// x. The input gradient sums fast, as the forward does: its K is a model width. The
-    /// weight gradient's K is every token of the batch, so it is promoted.
+    /// Quantizes dy into the gradient dtype in both layouts in one pass, by the abs-max its
+    /// producer reported (and sums it over rows into the bias's gradient `db` in the same
+    /// pass, if the linear has a bias), runs `input_gradient` on it and the weight's
+    /// transposed copy, then `dw (+)= dyᵀ · x` from the forward's transposed stash of x. The
+    /// input gradient sums fast, as the forward does: its K is a model width. The weight
+    /// gradient's K is every token of the batch, so it is promoted.
     fn with_gradient(
         &self,
         b: &B,
         (l, lin): (usize, Linear),
-        dw: &Tensor<B>,
+        (dw, db): (&Tensor<B>, Option<&Tensor<B>>),
         dy: &Tensor<B>,
         accumulate: bool,
         input_gradient: impl FnOnce(Scaled<'_, B>, Scaled<'_, B>) -> Result<()>,
     ) -> Result<()> {
         let (n, outs) = (dy.matrix_rows(), dy.cols());
         let amax = self.grad_amax(l, lin);
-        if !lin.gradient_reported() {
-            b.abs_max(&amax, dy)?;
-        }
         let dd = &self.grad_descale;
         let (dyq, dyt) = (view(&self.grad_q, n, outs), view(&self.grad_qt, outs, n));
-        b.quantize(Some(&dyq), Some(&dyt), dd, dy, &amax)?;
+        match db {
+            Some(db) => {
+                b.quantize_summing_columns(Some(&dyq), Some(&dyt), dd, dy, &amax, (db, accumulate))?
+            }
+            None => b.quantize(Some(&dyq), Some(&dyt), dd, dy, &amax)?,
+        }
         let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
         input_gradient(Scaled::new(&dyq, dd), Scaled::new(&w.cols, &w.descale))?;
         let xt = input.cols.reshape(&[w.cols.matrix_rows(), n]);

@@ -15,12 +15,8 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// Where the op that produces layer `l`'s output gradient of `lin` reports its abs-max,
-    /// with FP8, for the linears whose gradient producer does (`Linear::gradient_reported`).
+    /// with FP8.
     pub(crate) fn grad_amax(&self, l: usize, lin: Linear) -> Option<Tensor<B>> {
-        assert!(
-            lin.gradient_reported(),
-            "{lin:?}'s gradient amax is a pass of its own"
-        );
         self.fp8.as_ref().map(|f| f.grad_amax(l, lin))
     }
 
@@ -42,8 +38,8 @@ impl<B: Backend> Transformer<B> {
         }
     }
 
-    /// `dw (+)= dyᵀ · x`, then `dx = dy · w`, for layer `l`'s `lin`, `dw` being its gradient;
-    /// `dx` may be `x`, which is read first. With FP8, x is read from the forward's stash and
+    /// `dw (+)= dyᵀ · x` (and `db (+)= Σ dy` if it has a bias), then `dx = dy · w`, for layer
+    /// `l`'s `lin`, `dw` and `db` being its gradients; `dx` may be `x`, which is read first. With FP8, x is read from the forward's stash and
     /// the `x` given here is unused.
     pub(crate) fn linear_backward(
         &self,
@@ -54,10 +50,14 @@ impl<B: Backend> Transformer<B> {
         x: &Tensor<B>,
         accumulate: bool,
     ) -> Result<()> {
-        let dw = lin.weight(&self.grads.layers[l]);
+        let g = &self.grads.layers[l];
+        let (dw, db) = (lin.weight(g), lin.bias(g));
         match &self.fp8 {
-            Some(fp8) => fp8.backward(b, (l, lin), dx, dw, dy, accumulate),
+            Some(fp8) => fp8.backward(b, (l, lin), dx, (dw, db), dy, accumulate),
             None => {
+                if let Some(db) = db {
+                    b.bias_backward(db, dy, accumulate)?;
+                }
                 let w = lin.weight(&self.params.layers[l]);
                 b.matmul(dw, dy, x, None, Matmul::backward_weight(accumulate))?;
                 b.matmul(dx, dy, w, None, Matmul::BACKWARD_INPUT)

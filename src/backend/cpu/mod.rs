@@ -356,9 +356,11 @@ impl<T: Scalar> Backend for Cpu<T> {
         dqkv: &Tensor<Self>,
         freqs: &Tensor<Self>,
         shape: AttnShape,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         let freqs = self.floats(freqs)?;
-        self.update(dqkv, |x| rope::rope_rotate(x, &freqs, shape, true))
+        self.update(dqkv, |x| rope::rope_rotate(x, &freqs, shape, true))?;
+        self.report_abs_max(amax, dqkv)
     }
 
     fn attention_forward(

@@ -7,7 +7,8 @@ use anyhow::{Result, bail, ensure};
 use super::cublaslt::{GemmKey, GemmPtrs};
 use super::kernels::{Arg, Kernel};
 use super::{
-    BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, float, ptr, unsupported_dtype, vec16, width,
+    BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, ensure_same_dtype, float, ptr,
+    unsupported_dtype, vec16, width,
 };
 use crate::backend::cpu::rounding::round_fp8;
 use crate::backend::{Fp8Sum, Scaled};
@@ -31,6 +32,22 @@ pub(super) fn amax_ptr(op: &'static str, amax: Option<&Tensor<Cuda>>) -> Result<
         amax.shape
     );
     Ok(ptr(amax))
+}
+
+/// The name a quantization's time is filed under: by shape and layouts, as matmuls are, since
+/// the transposed passes differ by shape; `extra` marks what else the pass does.
+pub(super) fn quantize_name(
+    rows: Option<&Tensor<Cuda>>,
+    cols: Option<&Tensor<Cuda>>,
+    x: &Tensor<Cuda>,
+    extra: &str,
+) -> String {
+    let layouts = match (rows.is_some(), cols.is_some()) {
+        (true, true) => "rows+cols",
+        (false, true) => "cols",
+        _ => "rows",
+    };
+    format!("quantize {}×{} {layouts}{extra}", x.matrix_rows(), x.cols())
 }
 
 /// (mantissa bits, exponent bias) of an FP8 format.
@@ -107,6 +124,8 @@ impl Cuda {
         }
     }
 
+    /// `quantize`, and with `column_sums` = (dbias, accumulate) `bias_backward` too: from
+    /// the transposing pass's read of x when there is one.
     pub(super) fn quantize_impl(
         &self,
         rows: Option<&Tensor<Cuda>>,
@@ -114,7 +133,12 @@ impl Cuda {
         descale: &Tensor<Cuda>,
         x: &Tensor<Cuda>,
         amax: &Tensor<Cuda>,
+        column_sums: Option<(&Tensor<Cuda>, bool)>,
     ) -> Result<()> {
+        if let (None, Some((dbias, accumulate))) = (cols, column_sums) {
+            self.quantize_impl(rows, None, descale, x, amax, None)?;
+            return self.column_sum(dbias, x, accumulate);
+        }
         let amax = amax_ptr("quantize (amax)", Some(amax))?;
         ensure_dtype(descale, DType::F32, "quantize (descale)")?;
         let (r, c) = (x.matrix_rows(), x.cols());
@@ -173,26 +197,52 @@ impl Cuda {
             && r.is_multiple_of(4)
             && ptr(cols).is_multiple_of(4)
             && rows_ptr.is_multiple_of(codes);
+        let row_tiles = r.div_ceil(TILE);
+        let sums = match column_sums {
+            Some((dbias, _)) => {
+                ensure_same_dtype("quantize (column sums)", &[dbias, x])?;
+                ensure!(
+                    dbias.numel() == c,
+                    "quantize: column sums of x {:?} into {:?}",
+                    x.shape,
+                    dbias.shape
+                );
+                self.scratch_f32(row_tiles * c)?
+            }
+            None => 0,
+        };
         let args = [
             ptr(cols).into(),
             rows_ptr.into(),
+            sums.into(),
             ptr(descale).into(),
             x_ptr.into(),
             amax.into(),
         ];
-        // SAFETY: quantize_transposed<T, F, VEC>(out, rows_out, descale, x, amax, R, C): block
-        // (i, j) reads rows [Tj, Tj + T) × columns [Ti, Ti + T) of x [R, C] (T = TILE), writes
-        // them to rows_out [R, C] when it is not null and the transposed tile to out [C, R],
-        // bounds-checked, with vector accesses only when the shapes and addresses allow them
-        // (as checked above); T × (T + 4) bytes of static shared memory.
+        // SAFETY: quantize_transposed<T, F, VEC, SUMS>(out, rows_out, col_sums, descale, x,
+        // amax, R, C): the block of tile (i, j) reads rows [Tj, Tj + T) × columns [Ti, Ti + T)
+        // of x [R, C] (T = TILE), writes them to rows_out [R, C] when it is not null, the
+        // transposed tile to out [C, R] and, with SUMS (col_sums not null), the tile's column
+        // sums to row j of col_sums [ceil(R / T), C] (the scratch, sized so), bounds-checked,
+        // with vector accesses only when the shapes and addresses allow them (as checked
+        // above); under 13 KB of static shared memory.
         unsafe {
             self.launch(
                 Kernel::QuantizeTransposed,
-                &[float(x), Arg::Fp8(first.dtype), Arg::Flag(vec)],
-                (blocks(c, TILE), blocks(r, TILE), 1),
+                &[
+                    float(x),
+                    Arg::Fp8(first.dtype),
+                    Arg::Flag(vec),
+                    Arg::Flag(sums != 0),
+                ],
+                (blocks(c, TILE), row_tiles as u32, 1),
                 TILE_THREADS,
                 &[args.as_slice(), &[(r as i32).into(), (c as i32).into()]].concat(),
-            )
+            )?;
+        }
+        match column_sums {
+            Some((dbias, accumulate)) => self.colsum_finish(dbias, sums, row_tiles, accumulate),
+            None => Ok(()),
         }
     }
 

@@ -555,7 +555,9 @@ impl Backend for Cuda {
         freqs: &Tensor<Self>,
         shape: AttnShape,
     ) -> Result<()> {
-        self.op("rope_forward", || self.rope_impl(qkv, freqs, shape, false))
+        self.op("rope_forward", || {
+            self.rope_impl(qkv, freqs, shape, false, None)
+        })
     }
 
     fn rope_backward(
@@ -563,8 +565,11 @@ impl Backend for Cuda {
         dqkv: &Tensor<Self>,
         freqs: &Tensor<Self>,
         shape: AttnShape,
+        amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
-        self.op("rope_backward", || self.rope_impl(dqkv, freqs, shape, true))
+        self.op("rope_backward", || {
+            self.rope_impl(dqkv, freqs, shape, true, amax)
+        })
     }
 
     fn attention_forward(
@@ -719,15 +724,24 @@ impl Backend for Cuda {
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
     ) -> Result<()> {
-        // By shape and layouts, as matmuls are: the transposed passes differ by shape.
-        let layouts = match (rows.is_some(), cols.is_some()) {
-            (true, true) => "rows+cols",
-            (false, true) => "cols",
-            _ => "rows",
-        };
         self.op_named(
-            || format!("quantize {}×{} {layouts}", x.matrix_rows(), x.cols()),
-            || self.quantize_impl(rows, cols, descale, x, amax),
+            || fp8::quantize_name(rows, cols, x, ""),
+            || self.quantize_impl(rows, cols, descale, x, amax, None),
+        )
+    }
+
+    fn quantize_summing_columns(
+        &self,
+        rows: Option<&Tensor<Self>>,
+        cols: Option<&Tensor<Self>>,
+        descale: &Tensor<Self>,
+        x: &Tensor<Self>,
+        amax: &Tensor<Self>,
+        column_sums: (&Tensor<Self>, bool),
+    ) -> Result<()> {
+        self.op_named(
+            || fp8::quantize_name(rows, cols, x, "+sums"),
+            || self.quantize_impl(rows, cols, descale, x, amax, Some(column_sums)),
         )
     }
 

@@ -230,7 +230,7 @@ impl Cuda {
     }
 
     /// `out[c] (+)= Σ_k partials[k, c]` over `chunks` rows of f32 partials.
-    fn colsum_finish(
+    pub(super) fn colsum_finish(
         &self,
         out: &Tensor<Cuda>,
         partials: u64,

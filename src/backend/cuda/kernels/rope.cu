@@ -9,17 +9,29 @@
 #include "common.cuh"
 
 // qkv: [rows, width]; the q and k heads at the start of each row are rotated, the value
-// heads are left alone. A block has `rows_per_block` rows of `units` = (q and k heads)·D/(2W)
-// threads' work each (one row's work may take several passes of the block when it is wider).
+// heads are left alone. A block has `rows_per_block` rows of `units` threads' work each (one
+// row's work may take several passes of the block when it is wider): the first `rotated` =
+// (q and k heads)·D/(2W) units rotate, and any beyond them read the value heads W at a time.
+// With `amax`, every unit reports max |x| over what it rotated (as stored) or read, so that
+// over the whole gradient, value heads included, it is the QKV projection's output gradient's
+// abs-max, and no pass of its own is needed for its FP8 copy.
 template <typename T, bool VEC>
 __global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int D, int width,
-                     int units, int rows_per_block, int inverse) {
+                     int rotated, int units, int rows_per_block, int inverse, float* amax) {
     constexpr int W = access_width<T, VEC>();
     const int half = D / 2, per_head = half / W;
+    float largest = 0.0f;
     for (int k = threadIdx.x; k < rows_per_block * units; k += blockDim.x) {
         const long long n = (long long)blockIdx.x * rows_per_block + k / units;
-        if (n >= rows) return;
+        if (n >= rows) break;
         const int unit = k % units;
+        if (unit >= rotated) {
+            float v[W];
+            load_vec<T, W>(v, qkv + n * width + 2 * rotated * W + (unit - rotated) * W);
+#pragma unroll
+            for (int j = 0; j < W; j++) largest = fmaxf(largest, fabsf(v[j]));
+            continue;
+        }
         const int head = unit / per_head, i = unit % per_head * W;
         const int t = (int)(n % seq);
         float cs[2 * W], a[W], b[W], x1[W], x2[W];
@@ -34,8 +46,10 @@ __global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int D,
             const float co = cs[2 * j], si = inverse ? -cs[2 * j + 1] : cs[2 * j + 1];
             x1[j] = a[j] * co - b[j] * si;
             x2[j] = b[j] * co + a[j] * si;
+            largest = fmaxf(largest, fmaxf(fabsf(rounded<T>(x1[j])), fabsf(rounded<T>(x2[j]))));
         }
         store_vec<T, W>(x, x1);
         store_vec<T, W>(x + half, x2);
     }
+    report_amax(amax, largest);
 }
