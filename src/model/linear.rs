@@ -39,8 +39,8 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// `dw (+)= dyᵀ · x` (and `db (+)= Σ dy` if it has a bias), then `dx = dy · w`, for layer
-    /// `l`'s `lin`, `dw` and `db` being its gradients; `dx` may be `x`, which is read first. With FP8, x is read from the forward's stash and
-    /// the `x` given here is unused.
+    /// `l`'s `lin`, `dw` and `db` being its gradients; `dx` may be `x`, which is read first.
+    /// With FP8, x is read from the forward's stash and the `x` given here is unused.
     pub(crate) fn linear_backward(
         &self,
         b: &B,
