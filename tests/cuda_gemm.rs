@@ -17,40 +17,102 @@ use smelt::backend::cuda::Cuda;
 use smelt::backend::{Backend, Fp8Sum, Matmul, Scaled};
 use smelt::tensor::{DType, Tensor};
 
-/// An MLP's operands: x [m, k], w [2f, k], and the outputs gate/up [m, 2f] and SwiGLU [m, f].
+/// An MLP's operands: x [m, k] and w [2f, k], in bf16 or, with `fp8`, in e4m3 with the
+/// descales that undo their 16-fold values (e4m3's precision is relative, and its range wide);
+/// once descaled, x of std 1 and w of std 1/√k either way, so that gate/up values have std ~1,
+/// where SwiGLU is far from linear. The outputs: gate/up [m, 2f], SwiGLU [m, f] and, in FP8,
+/// SwiGLU's abs-max.
 struct Mlp<B: Backend> {
+    fp8: bool,
     x: Tensor<B>,
     w: Tensor<B>,
+    /// x's and w's (1 in bf16).
+    descales: [Tensor<B>; 2],
     gate_up: Tensor<B>,
     swiglu: Tensor<B>,
+    amax: Tensor<B>,
 }
 
 impl<B: Backend> Mlp<B> {
-    fn new(b: &B, (m, f, k): (usize, usize, usize), seed: u64) -> Self {
+    fn new(b: &B, (m, f, k): (usize, usize, usize), fp8: bool, seed: u64) -> Self {
         let zeros =
             |shape: &[usize]| tensor(b, shape, DType::BF16, &vec![0.0; shape.iter().product()]);
-        // Unit-variance inputs and weights of std 1/√k: gate/up values of std ~1, where SwiGLU
-        // is far from linear.
+        let one = |t: f64| tensor(b, &[1], DType::F32, &[t as f32]);
+        let w_std = 1.0 / (k as f64).sqrt();
+        let (dtype, x_std, w_std, descales) = if fp8 {
+            (
+                DType::E4M3,
+                16.0,
+                16.0,
+                [one(1.0 / 16.0), one(w_std / 16.0)],
+            )
+        } else {
+            (DType::BF16, 1.0, w_std, [one(1.0), one(1.0)])
+        };
         Mlp {
-            x: tensor(b, &[m, k], DType::BF16, &normal(m * k, 1.0, seed)),
-            w: tensor(
-                b,
-                &[2 * f, k],
-                DType::BF16,
-                &normal(2 * f * k, 1.0 / (k as f64).sqrt(), seed + 1),
-            ),
+            fp8,
+            x: tensor(b, &[m, k], dtype, &normal(m * k, x_std, seed)),
+            w: tensor(b, &[2 * f, k], dtype, &normal(2 * f * k, w_std, seed + 1)),
+            descales,
             gate_up: zeros(&[m, 2 * f]),
             swiglu: zeros(&[m, f]),
+            amax: one(0.0),
         }
     }
 
+    fn operands(&self) -> (Scaled<'_, B>, Scaled<'_, B>) {
+        let [x_descale, w_descale] = &self.descales;
+        (
+            Scaled::new(&self.x, x_descale),
+            Scaled::new(&self.w, w_descale),
+        )
+    }
+
+    fn run_only(&self, b: &B) {
+        if self.fp8 {
+            let (x, w) = self.operands();
+            b.fill(&self.amax, 0.0).unwrap();
+            b.gate_up_swiglu_scaled(&self.gate_up, &self.swiglu, x, w, Some(&self.amax))
+        } else {
+            b.gate_up_swiglu(&self.gate_up, &self.swiglu, &self.x, &self.w)
+        }
+        .unwrap();
+    }
+
     fn run(&self, b: &B) -> Outputs {
-        b.gate_up_swiglu(&self.gate_up, &self.swiglu, &self.x, &self.w)
-            .unwrap();
-        vec![
+        self.run_only(b);
+        let mut out = vec![
             ("gate_up", b.download(&self.gate_up).unwrap()),
             ("swiglu", b.download(&self.swiglu).unwrap()),
-        ]
+        ];
+        if self.fp8 {
+            out.push(("amax", b.download(&self.amax).unwrap()));
+        }
+        out
+    }
+
+    /// The gate/up matmul alone, by cuBLASLt (fast accumulation in FP8), into `gate_up`.
+    fn cublaslt_matmul(&self, b: &B) {
+        if self.fp8 {
+            let (x, w) = self.operands();
+            b.matmul_scaled(&self.gate_up, x, w, None, Fp8Sum::Fast, false)
+        } else {
+            b.matmul(&self.gate_up, &self.x, &self.w, None, Matmul::FORWARD)
+        }
+        .unwrap();
+    }
+}
+
+impl Mlp<Cuda> {
+    /// The gate/up matmul alone, by the own kernel, into `gate_up`.
+    fn own_matmul(&self, gpu: &Cuda) {
+        if self.fp8 {
+            let (x, w) = self.operands();
+            gpu.own_matmul_scaled(&self.gate_up, x, w)
+        } else {
+            gpu.own_matmul(&self.gate_up, &self.x, &self.w)
+        }
+        .unwrap();
     }
 }
 
@@ -85,18 +147,81 @@ fn swiglu_of_its_gate_up(
     }
 }
 
+/// The gate/up projection with SwiGLU, against the CPU at an awkward shape and against
+/// cuBLASLt (fast accumulation in FP8) and swiglu.cu at the model shapes, and timed there with
+/// the matmul alone: bf16, or FP8 with e4m3 operands.
+fn fused_gate_up_swiglu_matches(fp8: bool, seed: u64) {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let name = if fp8 { "fp8" } else { "bf16" };
+    // Rows, F and K that are not whole tiles (128 rows, 96 gate columns, 64 of K in bf16 and
+    // 128 in FP8, whose rows are a whole number of 16 bytes). The CPU applies the descales to
+    // the operands and sums in another order: within bf16's rounding of the outputs.
+    let shape = (300, 200, if fp8 { 272 } else { 136 });
+    let (on_gpu, on_cpu) = (
+        Mlp::new(&gpu, shape, fp8, seed),
+        Mlp::new(&cpu, shape, fp8, seed),
+    );
+    let test = format!(
+        "gemm: {name} gate_up_swiglu 300 x 2·200 x {} against the CPU",
+        shape.2
+    );
+    let fused = check_op(&test, || on_gpu.run(&gpu), || on_cpu.run(&cpu), |_| 1e-2);
+    swiglu_of_its_gate_up(&test, &gpu, &on_gpu.gate_up, &fused, fp8);
+
+    for (i, (model, shape)) in MODEL_SHAPES.into_iter().enumerate() {
+        let (m, f, k) = shape;
+        let mlp = Mlp::new(&gpu, shape, fp8, seed + 10 + i as u64);
+        let test = format!("gemm: {model} {name} gate_up_swiglu {m} x 2·{f} x {k}");
+        // cuBLASLt's sum and the kernel's take the same products, perhaps in another order.
+        let cublaslt = || with_own_gemm(&gpu, false, || mlp.run(&gpu));
+        let fused = check_op(&test, || mlp.run(&gpu), cublaslt, |_| 1e-2);
+        swiglu_of_its_gate_up(&test, &gpu, &mlp.gate_up, &fused, fp8);
+        let bitwise = same_bits(output(&fused, "gate_up"), output(&cublaslt(), "gate_up"));
+
+        let flops = 2.0 * (m * 2 * f * k) as f64;
+        let time = |own: bool| with_own_gemm(&gpu, own, || time_ms(&gpu, || mlp.run_only(&gpu)));
+        let (fused_ms, separate_ms) = (time(true), time(false));
+        let plain_ms = time_ms(&gpu, || mlp.own_matmul(&gpu));
+        // The plain kernel's product is the fused one's: the same main loop and scaling.
+        assert!(
+            same_bits(
+                &gpu.download(&mlp.gate_up).unwrap(),
+                output(&fused, "gate_up")
+            ),
+            "{test}: the own plain matmul differs from the fused kernel's gate/up"
+        );
+        let cublaslt_ms = time_ms(&gpu, || mlp.cublaslt_matmul(&gpu));
+        let tflops = |ms: f64| flops / ms * 1e-9;
+        figure(
+            &test,
+            format!(
+                "fused {fused_ms:.3} ms against cuBLASLt + swiglu.cu {separate_ms:.3} ms; gate/up \
+                 bitwise cuBLASLt's: {bitwise}; the matmul alone: own {plain_ms:.3} ms ({:.0} \
+                 TFLOP/s), cuBLASLt {cublaslt_ms:.3} ms ({:.0} TFLOP/s)",
+                tflops(plain_ms),
+                tflops(cublaslt_ms)
+            ),
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn fused_gate_up_swiglu_matches_the_cpu_at_an_awkward_shape() {
-    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
-    // Rows, F and K that are not whole tiles (128 rows, 96 gate columns, 64 of K).
-    let shape = (300, 200, 136);
-    let (on_gpu, on_cpu) = (Mlp::new(&gpu, shape, 7), Mlp::new(&cpu, shape, 7));
-    let test = "gemm: gate_up_swiglu 300 x 2·200 x 136 against the CPU";
-    let fused = check_op(test, || on_gpu.run(&gpu), || on_cpu.run(&cpu), |_| 1e-2);
-    swiglu_of_its_gate_up(test, &gpu, &on_gpu.gate_up, &fused, false);
+fn fused_gate_up_swiglu_matches_the_cpu_and_cublaslt() {
+    fused_gate_up_swiglu_matches(false, 10);
+}
 
-    // The plain kernel, with N not a multiple of its 192-column tiles.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_fp8_gate_up_swiglu_matches_the_cpu_and_cublaslt() {
+    fused_gate_up_swiglu_matches(true, 60);
+}
+
+/// The plain kernel against the CPU, with N not a multiple of its 192-column tiles.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn own_matmul_matches_the_cpu_at_an_awkward_shape() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
     let (m, n, k) = (300, 520, 136);
     let (a, b) = (normal(m * k, 1.0, 9), normal(n * k, 0.1, 10));
     let zeros = vec![0.0; m * n];
@@ -125,49 +250,6 @@ fn fused_gate_up_swiglu_matches_the_cpu_at_an_awkward_shape() {
         format!("rel err {err:.2e}"),
     );
     assert!(err < 1e-2, "own_matmul: relative error {err:e}");
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn fused_gate_up_swiglu_at_model_shapes() {
-    let gpu = cuda();
-    for (i, (model, shape)) in MODEL_SHAPES.into_iter().enumerate() {
-        let (m, f, k) = shape;
-        let mlp = Mlp::new(&gpu, shape, 20 + i as u64);
-        let test = format!("gemm: {model} gate_up_swiglu {m} x 2·{f} x {k}");
-        let cublaslt = || with_own_gemm(&gpu, false, || mlp.run(&gpu));
-        let fused = check_op(&test, || mlp.run(&gpu), cublaslt, |_| 1e-2);
-        swiglu_of_its_gate_up(&test, &gpu, &mlp.gate_up, &fused, false);
-
-        let flops = 2.0 * (m * 2 * f * k) as f64;
-        let time = |own: bool| with_own_gemm(&gpu, own, || time_ms(&gpu, || mlp.run_only(&gpu)));
-        let (fused_ms, separate_ms) = (time(true), time(false));
-        let plain_ms = time_ms(&gpu, || {
-            gpu.own_matmul(&mlp.gate_up, &mlp.x, &mlp.w).unwrap();
-        });
-        let cublaslt_ms = time_ms(&gpu, || {
-            gpu.matmul(&mlp.gate_up, &mlp.x, &mlp.w, None, Matmul::FORWARD)
-                .unwrap();
-        });
-        let tflops = |ms: f64| flops / ms * 1e-9;
-        figure(
-            &test,
-            format!(
-                "fused {fused_ms:.3} ms against cuBLASLt + swiglu.cu {separate_ms:.3} ms; the \
-                 matmul alone: own {plain_ms:.3} ms ({:.0} TFLOP/s), cuBLASLt {cublaslt_ms:.3} \
-                 ms ({:.0} TFLOP/s)",
-                tflops(plain_ms),
-                tflops(cublaslt_ms)
-            ),
-        );
-    }
-}
-
-impl Mlp<Cuda> {
-    fn run_only(&self, gpu: &Cuda) {
-        gpu.gate_up_swiglu(&self.gate_up, &self.swiglu, &self.x, &self.w)
-            .unwrap();
-    }
 }
 
 /// (tokens, F, hidden) of the MLP in Qwen2.5-0.5B at batch 32, 1.5B at 16 and 3B at 8.
@@ -355,119 +437,4 @@ fn fused_swiglu_backward_matches_the_cpu_and_cublaslt() {
 fn fused_fp8_swiglu_backward_matches_the_cpu_and_cublaslt() {
     fused_swiglu_backward_matches(Some(DType::E5M2), 80);
     fused_swiglu_backward_matches(Some(DType::E4M3), 90);
-}
-
-/// The FP8 MLP's operands: x [m, k] and w [2f, k] in e4m3 with their descales (values of std
-/// ~1 and 1/√k once descaled, as the bf16 `Mlp`'s), and the outputs: gate/up [m, 2f], SwiGLU
-/// [m, f] and SwiGLU's abs-max.
-struct Fp8Mlp<B: Backend> {
-    x: Tensor<B>,
-    x_descale: Tensor<B>,
-    w: Tensor<B>,
-    w_descale: Tensor<B>,
-    gate_up: Tensor<B>,
-    swiglu: Tensor<B>,
-    amax: Tensor<B>,
-}
-
-impl<B: Backend> Fp8Mlp<B> {
-    fn new(b: &B, (m, f, k): (usize, usize, usize), seed: u64) -> Self {
-        let zeros =
-            |shape: &[usize]| tensor(b, shape, DType::BF16, &vec![0.0; shape.iter().product()]);
-        // Raw values of std 16, well inside e4m3's range (448), descaled by 1/16.
-        let one = |t: f64| tensor(b, &[1], DType::F32, &[t as f32]);
-        Fp8Mlp {
-            x: tensor(b, &[m, k], DType::E4M3, &normal(m * k, 16.0, seed)),
-            x_descale: one(1.0 / 16.0),
-            w: tensor(
-                b,
-                &[2 * f, k],
-                DType::E4M3,
-                &normal(2 * f * k, 16.0, seed + 1),
-            ),
-            w_descale: one(1.0 / 16.0 / (k as f64).sqrt()),
-            gate_up: zeros(&[m, 2 * f]),
-            swiglu: zeros(&[m, f]),
-            amax: one(0.0),
-        }
-    }
-
-    fn operands(&self) -> (Scaled<'_, B>, Scaled<'_, B>) {
-        (
-            Scaled::new(&self.x, &self.x_descale),
-            Scaled::new(&self.w, &self.w_descale),
-        )
-    }
-
-    fn run_only(&self, b: &B) {
-        let (x, w) = self.operands();
-        b.fill(&self.amax, 0.0).unwrap();
-        b.gate_up_swiglu_scaled(&self.gate_up, &self.swiglu, x, w, Some(&self.amax))
-            .unwrap();
-    }
-
-    fn run(&self, b: &B) -> Outputs {
-        self.run_only(b);
-        vec![
-            ("gate_up", b.download(&self.gate_up).unwrap()),
-            ("swiglu", b.download(&self.swiglu).unwrap()),
-            ("amax", b.download(&self.amax).unwrap()),
-        ]
-    }
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn fused_fp8_gate_up_swiglu_matches_the_cpu_and_cublaslt() {
-    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
-    // The CPU applies the descales to the operands and sums in another order: within bf16's
-    // rounding of the outputs.
-    let shape = (300, 200, 272);
-    let (on_gpu, on_cpu) = (Fp8Mlp::new(&gpu, shape, 60), Fp8Mlp::new(&cpu, shape, 60));
-    let test = "gemm: fp8 gate_up_swiglu 300 x 2·200 x 272 against the CPU";
-    let fused = check_op(test, || on_gpu.run(&gpu), || on_cpu.run(&cpu), |_| 1e-2);
-    swiglu_of_its_gate_up(test, &gpu, &on_gpu.gate_up, &fused, true);
-
-    for (i, (model, shape)) in MODEL_SHAPES.into_iter().enumerate() {
-        let (m, f, k) = shape;
-        let mlp = Fp8Mlp::new(&gpu, shape, 70 + i as u64);
-        let test = format!("gemm: {model} fp8 gate_up_swiglu {m} x 2·{f} x {k}");
-        // cuBLASLt's fast accumulation and the kernel's sum the same products in the tensor
-        // cores, perhaps in another order.
-        let cublaslt = || with_own_gemm(&gpu, false, || mlp.run(&gpu));
-        let fused = check_op(&test, || mlp.run(&gpu), cublaslt, |_| 1e-2);
-        swiglu_of_its_gate_up(&test, &gpu, &mlp.gate_up, &fused, true);
-        let bitwise = same_bits(output(&fused, "gate_up"), output(&cublaslt(), "gate_up"));
-
-        let flops = 2.0 * (m * 2 * f * k) as f64;
-        let time = |own: bool| with_own_gemm(&gpu, own, || time_ms(&gpu, || mlp.run_only(&gpu)));
-        let (fused_ms, separate_ms) = (time(true), time(false));
-        let (x, w) = mlp.operands();
-        let plain_ms = time_ms(&gpu, || {
-            gpu.own_matmul_scaled(&mlp.gate_up, x, w).unwrap();
-        });
-        // The plain kernel's product is the fused one's: the same main loop and scaling.
-        assert!(
-            same_bits(
-                &gpu.download(&mlp.gate_up).unwrap(),
-                output(&fused, "gate_up")
-            ),
-            "{test}: own_matmul_scaled differs from the fused kernel's gate/up"
-        );
-        let cublaslt_ms = time_ms(&gpu, || {
-            gpu.matmul_scaled(&mlp.gate_up, x, w, None, Fp8Sum::Fast, false)
-                .unwrap();
-        });
-        let tflops = |ms: f64| flops / ms * 1e-9;
-        figure(
-            &test,
-            format!(
-                "fused {fused_ms:.3} ms against cuBLASLt + swiglu.cu {separate_ms:.3} ms; gate/up \
-                 bitwise cuBLASLt's: {bitwise}; the matmul alone: own {plain_ms:.3} ms ({:.0} \
-                 TFLOP/s), cuBLASLt {cublaslt_ms:.3} ms ({:.0} TFLOP/s)",
-                tflops(plain_ms),
-                tflops(cublaslt_ms)
-            ),
-        );
-    }
 }
