@@ -12,7 +12,7 @@ mod common;
 use common::gpu::*;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::backend::cuda::attention::AttentionKernels;
-use smelt::backend::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled};
+use smelt::backend::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Normalized, Scaled};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor};
 
@@ -197,13 +197,17 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
         let zeros = vec![0.0; n * c];
         let (x, branch, w) = (t(x), t(branch), tensor(b, &[c], dtype, w));
         let (out, rstd, out_amax) = (t(&zeros), stat(), amax(b));
-        b.rmsnorm_forward(&out, &rstd, &x, &w, 1e-6, Some(&out_amax))
+        b.rmsnorm_forward(Some(&out), &rstd, &x, &w, 1e-6, Some(&out_amax))
+            .unwrap();
+        // Without an output: FP8's norms, whose projections normalize as they quantize.
+        let (unstored_rstd, unstored_amax) = (stat(), amax(b));
+        b.rmsnorm_forward(None, &unstored_rstd, &x, &w, 1e-6, Some(&unstored_amax))
             .unwrap();
         let (res, fused, fused_rstd) = (t(&zeros), t(&zeros), stat());
         let fused_amax = amax(b);
         b.residual_rmsnorm_forward(
             &res,
-            &fused,
+            Some(&fused),
             &fused_rstd,
             &x,
             &branch,
@@ -214,7 +218,7 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
         .unwrap();
         // The plain norm of the fused kernel's rounded residual.
         let (replain, replain_rstd) = (t(&zeros), stat());
-        b.rmsnorm_forward(&replain, &replain_rstd, &res, &w, 1e-6, None)
+        b.rmsnorm_forward(Some(&replain), &replain_rstd, &res, &w, 1e-6, None)
             .unwrap();
         let (dy, dx, dw, dx_amax) = (t(dy), t(dx0), tensor(b, &[c], dtype, dw0), amax(b));
         b.rmsnorm_backward(&dx, &dw, &dy, &res, &w, &fused_rstd, acc, Some(&dx_amax))
@@ -223,6 +227,8 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
             ("out", download(b, &out)),
             ("out amax", download(b, &out_amax)),
             ("rstd", download(b, &rstd)),
+            ("unstored rstd", download(b, &unstored_rstd)),
+            ("unstored out amax", download(b, &unstored_amax)),
             ("residual", download(b, &res)),
             ("fused out", download(b, &fused)),
             ("fused out amax", download(b, &fused_amax)),
@@ -254,6 +260,13 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
             check_amax(&name, &gpu_out, "out", "out amax");
             check_amax(&name, &gpu_out, "fused out", "fused out amax");
             check_amax(&name, &gpu_out, "dinp", "dinp amax");
+            for (unstored, stored) in [("unstored rstd", "rstd"), ("unstored out amax", "out amax")]
+            {
+                assert!(same_bits(
+                    output(&gpu_out, unstored),
+                    output(&gpu_out, stored)
+                ));
+            }
             // Recompute relies on this: the fused kernel normalizes exactly like the plain one.
             assert!(same_bits(
                 output(&gpu_out, "fused out"),
@@ -1062,6 +1075,79 @@ fn quantize_summing_columns_matches_the_cpu() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantize_normalized_is_the_norm_then_its_quantization() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // The 0.5B width on the 16-byte path, and an odd one element by element in partial tiles.
+    for (r, c) in [(4096, 896), (300, 37)] {
+        let (x, w) = (normal(r * c, 1.0, 54), normal(c, 0.2, 55));
+        let w: Vec<f32> = w.iter().map(|v| 1.0 + v).collect();
+        fn run<B: Backend>(
+            b: &B,
+            x_dtype: DType,
+            (r, c): (usize, usize),
+            x: &[f32],
+            w: &[f32],
+        ) -> Outputs {
+            let (xt, wt) = (tensor(b, &[r, c], x_dtype, x), tensor(b, &[c], x_dtype, w));
+            let (y, rstd, y_amax) = (
+                tensor(b, &[r, c], x_dtype, &vec![0.0; r * c]),
+                tensor(b, &[r], DType::F32, &vec![0.0; r]),
+                amax(b),
+            );
+            b.rmsnorm_forward(Some(&y), &rstd, &xt, &wt, 1e-6, Some(&y_amax))
+                .unwrap();
+            let q = || {
+                let out = |shape: [usize; 2]| tensor(b, &shape, DType::E4M3, &vec![0.0; r * c]);
+                (
+                    out([r, c]),
+                    out([c, r]),
+                    tensor(b, &[1], DType::F32, &[0.0]),
+                )
+            };
+            let (rows, cols, descale) = q();
+            b.quantize(Some(&rows), Some(&cols), &descale, &y, &y_amax)
+                .unwrap();
+            let (n_rows, n_cols, n_descale) = q();
+            let normalized = Normalized {
+                x: &xt,
+                rstd: &rstd,
+                weight: &wt,
+            };
+            b.quantize_normalized(&n_rows, &n_cols, &n_descale, normalized, &y_amax)
+                .unwrap();
+            vec![
+                ("stored rows", download(b, &rows)),
+                ("stored cols", download(b, &cols)),
+                ("stored descale", download(b, &descale)),
+                ("normalized rows", download(b, &n_rows)),
+                ("normalized cols", download(b, &n_cols)),
+                ("normalized descale", download(b, &n_descale)),
+            ]
+        }
+        for x_dtype in [DType::BF16, DType::F32] {
+            let name = format!("quantize_normalized {r}x{c} {x_dtype} to e4m3");
+            // The CPU's rstd is its own f32 rounding of a sum in another order, which may move
+            // an output across a rounding boundary: a few codes one step apart.
+            let gpu_out = check_op(
+                &name,
+                || run(&gpu, x_dtype, (r, c), &x, &w),
+                || run(&cpu, x_dtype, (r, c), &x, &w),
+                |_| 1e-2,
+            );
+            for part in ["rows", "cols", "descale"] {
+                let (stored, normalized) = (format!("stored {part}"), format!("normalized {part}"));
+                assert!(
+                    same_bits(output(&gpu_out, &stored), output(&gpu_out, &normalized)),
+                    "{name}: the normalized {part} differ from the stored norm's"
+                );
+            }
+            figure(&name, "bitwise the stored norm's quantization");
         }
     }
 }

@@ -148,6 +148,23 @@ impl<'a, B: Backend> Scaled<'a, B> {
     }
 }
 
+/// The output of `rmsnorm_forward` described by its input rows `x` `[N, C]`, their `rstd`
+/// `[N]` (f32) and the norm's `weight` `[C]`, for an op that normalizes as it reads instead
+/// of reading the stored output.
+#[derive(Debug)]
+pub struct Normalized<'a, B: Backend> {
+    pub x: &'a Tensor<B>,
+    pub rstd: &'a Tensor<B>,
+    pub weight: &'a Tensor<B>,
+}
+
+impl<B: Backend> Clone for Normalized<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for Normalized<'_, B> {}
+
 /// How an FP8 matmul sums along K.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fp8Sum {
@@ -274,10 +291,12 @@ pub trait Backend: Sized {
     ) -> Result<()>;
 
     /// `out = inp · rstd · weight` with `rstd[n] = 1/sqrt(mean(inp[n]²) + eps)`.
-    /// inp, out: `[N, C]`; weight: `[C]`; rstd: `[N]` f32.
+    /// inp, out: `[N, C]`; weight: `[C]`; rstd: `[N]` f32. Without `out`, only rstd (and the
+    /// abs-max of the output it would have stored), for a consumer that normalizes as it
+    /// reads (`quantize_normalized`).
     fn rmsnorm_forward(
         &self,
-        out: &Tensor<Self>,
+        out: Option<&Tensor<Self>>,
         rstd: &Tensor<Self>,
         inp: &Tensor<Self>,
         weight: &Tensor<Self>,
@@ -289,7 +308,7 @@ pub trait Backend: Sized {
     fn residual_rmsnorm_forward(
         &self,
         residual_out: &Tensor<Self>,
-        out: &Tensor<Self>,
+        out: Option<&Tensor<Self>>,
         rstd: &Tensor<Self>,
         residual: &Tensor<Self>,
         branch: &Tensor<Self>,
@@ -489,6 +508,17 @@ pub trait Backend: Sized {
         cols: Option<&Tensor<Self>>,
         descale: &Tensor<Self>,
         x: &Tensor<Self>,
+        amax: &Tensor<Self>,
+    ) -> Result<()>;
+    /// `quantize` of both layouts of `rmsnorm_forward`'s output, as it would have stored it,
+    /// from its input: the FP8 forward's quantization of a norm's output, which then is never
+    /// stored. `amax` is the norm's report.
+    fn quantize_normalized(
+        &self,
+        rows: &Tensor<Self>,
+        cols: &Tensor<Self>,
+        descale: &Tensor<Self>,
+        x: Normalized<'_, Self>,
         amax: &Tensor<Self>,
     ) -> Result<()>;
     /// `quantize`, and `dbias (+)= Σ_m x[m, N]` (`bias_backward`) from the same read of x: a

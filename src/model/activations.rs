@@ -91,30 +91,6 @@ impl Recompute {
     }
 }
 
-/// Which norm and SwiGLU outputs the backward reads again. In bf16 it reads each (the
-/// weight gradients of QKV, gate/up and down take them as inputs). With FP8 matmuls those
-/// read the FP8 copies their forward made, so an output is read again only as the input of a
-/// projection that the recompute pass reruns; otherwise one buffer serves every layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReadAgain {
-    /// The input norm's output, QKV's input.
-    pub ln1: bool,
-    /// The post-attention norm's output, gate/up's input.
-    pub ln2: bool,
-    /// The SwiGLU output, down's input.
-    pub swiglu: bool,
-}
-
-impl ReadAgain {
-    pub fn new(recompute: Recompute, fp8: bool) -> Self {
-        ReadAgain {
-            ln1: !fp8 || recompute.qkv(),
-            ln2: !fp8 || recompute.gate_up(),
-            swiglu: !fp8,
-        }
-    }
-}
-
 /// Collects the specs of one allocation; each `add` returns where its tensors will be.
 struct Plan {
     specs: Vec<TensorSpec>,
@@ -296,12 +272,15 @@ pub struct ActivationOffload {
 }
 
 impl ActivationPlan {
-    /// The specs of every buffer, kept per layer or shared as `recompute` and `read_again`
-    /// say, and offloaded as `offload` says.
+    /// The specs of every buffer, kept per layer or shared as `recompute` says, and offloaded
+    /// as `offload` says. With `fp8` matmuls the backward does not read the norms' and
+    /// SwiGLU's outputs again, as bf16's weight gradients do (FP8's read the FP8 copies their
+    /// forward made), and the norms' outputs are not even stored (their projections normalize
+    /// as they quantize, `linear::Input`): one buffer of each serves every layer.
     pub fn new(
         s: &ActivationShape,
         recompute: Recompute,
-        read_again: ReadAgain,
+        fp8: bool,
         offload: ActivationOffload,
         dtype: DType,
         stat_dtype: DType,
@@ -317,7 +296,7 @@ impl ActivationPlan {
         let targets = p.device.add("targets", &[n], DType::I32, 1);
         let residual = p.stash("residual", &[n, s.hidden], dtype, false, offload.residual);
         let residual_out = p.device.add("residual_out", &[n, s.hidden], dtype, 1);
-        let kept_ln1 = read_again.ln1 && !recompute.norms();
+        let kept_ln1 = !fp8 && !recompute.norms();
         let ln1 = p.stash("ln1", &[n, s.hidden], dtype, !kept_ln1, kept);
         let rstd1 = p.stash("rstd1", &[n], stat_dtype, false, kept);
         let qkv = p.stash("qkv", &[n, s.qkv_dim], dtype, recompute.qkv(), kept);
@@ -326,13 +305,13 @@ impl ActivationPlan {
         let lse = p.stash("lse", &lse_shape, stat_dtype, recompute.attention(), kept);
         let mid_recomputed = recompute.residual_mid();
         let residual_mid = p.stash("residual_mid", &[n, s.hidden], dtype, mid_recomputed, kept);
-        let kept_ln2 = read_again.ln2 && !recompute.norms();
+        let kept_ln2 = !fp8 && !recompute.norms();
         let ln2 = p.stash("ln2", &[n, s.hidden], dtype, !kept_ln2, kept);
         let rstd2 = p.stash("rstd2", &[n], stat_dtype, false, kept);
         let gate_up_shape = [s.ffn_rows, 2 * s.intermediate];
         let gate_up = p.stash("gate_up", &gate_up_shape, dtype, recompute.gate_up(), kept);
         let swiglu_shape = [s.ffn_rows, s.intermediate];
-        let kept_swiglu = read_again.swiglu && !recompute.swiglu_out();
+        let kept_swiglu = !fp8 && !recompute.swiglu_out();
         let swiglu = p.stash("swiglu", &swiglu_shape, dtype, !kept_swiglu, kept);
         let d = &mut p.device;
         ActivationPlan {

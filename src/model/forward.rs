@@ -7,8 +7,9 @@
 use anyhow::Result;
 
 use super::fp8::Linear;
+use super::linear::Input;
 use super::transformer::Transformer;
-use crate::backend::{Backend, Range};
+use crate::backend::{Backend, Normalized, Range};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
@@ -38,7 +39,7 @@ impl<B: Backend> Transformer<B> {
         let (a, p, last) = (&self.acts, &self.params, self.config.num_layers);
         b.residual_rmsnorm_forward(
             a.residual.layer(last),
-            &a.lnf,
+            Some(&a.lnf),
             &a.rstdf,
             a.residual_mid.layer(last - 1),
             &a.branch,
@@ -56,7 +57,8 @@ impl<B: Backend> Transformer<B> {
         let eps = self.config.rms_norm_eps as f32;
         let shape = self.attn_shape();
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
-        let again = self.options.read_again();
+        // bf16's backward reads the norms' outputs again; FP8 never stores them.
+        let stored = self.fp8.is_none();
         let amax = |lin| self.input_amax(l, lin);
         let (amax_qkv, amax_out, amax_gate_up) =
             (amax(Linear::Qkv), amax(Linear::Out), amax(Linear::GateUp));
@@ -77,7 +79,7 @@ impl<B: Backend> Transformer<B> {
             a.residual.before_write(b, l)?;
             b.residual_rmsnorm_forward(
                 a.residual.layer(l),
-                ln1,
+                self.norm_out(ln1),
                 a.rstd1.layer(l),
                 prev_mid,
                 &a.branch,
@@ -86,14 +88,22 @@ impl<B: Backend> Transformer<B> {
                 amax_qkv.as_ref(),
             )?;
             a.residual.written(b, l)?;
-        } else if run(rc.norms() && again.ln1) {
-            let inp = a.residual.layer(l);
-            b.rmsnorm_forward(ln1, a.rstd1.layer(l), inp, &w.ln1, eps, amax_qkv.as_ref())?;
+        } else if run(rc.norms() && stored) {
+            let (out, inp, rstd) = (self.norm_out(ln1), a.residual.layer(l), a.rstd1.layer(l));
+            b.rmsnorm_forward(out, rstd, inp, &w.ln1, eps, amax_qkv.as_ref())?;
         }
         // 2) QKV projection (+ bias), then RoPE on q and k
         if run(rc.qkv()) {
             let bias = w.qkv_bias.as_ref();
-            self.linear_forward(b, (l, Linear::Qkv), qkv, ln1, bias)?;
+            let x = Input::Norm {
+                stored: ln1,
+                normalized: Normalized {
+                    x: a.residual.layer(l),
+                    rstd: a.rstd1.layer(l),
+                    weight: &w.ln1,
+                },
+            };
+            self.linear_forward(b, (l, Linear::Qkv), qkv, x, bias)?;
             b.rope_forward(qkv, &self.rope, shape)?;
         }
         // 3) causal attention
@@ -102,10 +112,10 @@ impl<B: Backend> Transformer<B> {
         }
         // 4) output projection, 5) residual add and post-attention norm
         if run(rc.residual_mid()) {
-            self.linear_forward(b, (l, Linear::Out), &a.branch, att, None)?;
+            self.linear_forward(b, (l, Linear::Out), &a.branch, Input::Tensor(att), None)?;
             b.residual_rmsnorm_forward(
                 mid,
-                ln2,
+                self.norm_out(ln2),
                 a.rstd2.layer(l),
                 a.residual.layer(l),
                 &a.branch,
@@ -113,9 +123,9 @@ impl<B: Backend> Transformer<B> {
                 eps,
                 amax_gate_up.as_ref(),
             )?;
-        } else if run(rc.norms() && again.ln2) {
-            let rstd = a.rstd2.layer(l);
-            b.rmsnorm_forward(ln2, rstd, mid, &w.ln2, eps, amax_gate_up.as_ref())?;
+        } else if run(rc.norms() && stored) {
+            let (out, rstd) = (self.norm_out(ln2), a.rstd2.layer(l));
+            b.rmsnorm_forward(out, rstd, mid, &w.ln2, eps, amax_gate_up.as_ref())?;
         }
         // 6)–8) the MLP
         self.mlp_forward(b, l, pass)?;

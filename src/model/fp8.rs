@@ -6,6 +6,7 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::activations::Recompute;
+use super::linear::Input;
 use super::params::{LayerParams, ParamSpec, Params};
 use crate::backend::{Backend, Fp8Sum, Scaled};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -395,7 +396,7 @@ impl<B: Backend> Fp8State<B> {
         b: &B,
         (l, lin): (usize, Linear),
         out: &Tensor<B>,
-        x: &Tensor<B>,
+        x: Input<'_, B>,
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
         self.with_operands(b, (l, lin), x, |x8, w8| {
@@ -412,7 +413,7 @@ impl<B: Backend> Fp8State<B> {
         l: usize,
         gate_up: &Tensor<B>,
         swiglu: &Tensor<B>,
-        x: &Tensor<B>,
+        x: Input<'_, B>,
     ) -> Result<()> {
         let amax = self.input_amax(l, Linear::Down);
         self.with_operands(b, (l, Linear::GateUp), x, |x8, w8| {
@@ -420,20 +421,26 @@ impl<B: Backend> Fp8State<B> {
         })
     }
 
-    /// Quantizes `x`, stashing it transposed for the backward, and runs `matmul` on it and the
-    /// weight's FP8 copy.
+    /// Quantizes `x` (normalizing it first, if it is a norm's output), stashing it transposed
+    /// for the backward, and runs `matmul` on it and the weight's FP8 copy.
     fn with_operands(
         &self,
         b: &B,
         (l, lin): (usize, Linear),
-        x: &Tensor<B>,
+        x: Input<'_, B>,
         matmul: impl FnOnce(Scaled<'_, B>, Scaled<'_, B>) -> Result<()>,
     ) -> Result<()> {
         let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
-        let xq = view(&self.input_q, x.matrix_rows(), x.cols());
-        let xt = input.cols.reshape(&[x.cols(), x.matrix_rows()]);
-        let xd = &input.descale;
-        b.quantize(Some(&xq), Some(&xt), xd, x, &self.input_amax(l, lin))?;
+        let (rows, cols) = x.dims();
+        let xq = view(&self.input_q, rows, cols);
+        let xt = input.cols.reshape(&[cols, rows]);
+        let (xd, amax) = (&input.descale, &self.input_amax(l, lin));
+        match x {
+            Input::Tensor(x) => b.quantize(Some(&xq), Some(&xt), xd, x, amax)?,
+            Input::Norm { normalized, .. } => {
+                b.quantize_normalized(&xq, &xt, xd, normalized, amax)?
+            }
+        }
         matmul(Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale))
     }
 

@@ -5,8 +5,55 @@ use anyhow::Result;
 
 use super::fp8::Linear;
 use super::transformer::Transformer;
-use crate::backend::{Backend, Matmul};
+use crate::backend::{Backend, Matmul, Normalized};
 use crate::tensor::Tensor;
+
+/// What a linear layer reads: a tensor, or a norm's output. A norm stores its output in
+/// `stored` for bf16 matmuls only: with FP8, the projection's quantization normalizes the
+/// norm's input as it reads it (`Backend::quantize_normalized`), which saves writing the
+/// output and reading it back.
+pub(crate) enum Input<'a, B: Backend> {
+    Tensor(&'a Tensor<B>),
+    Norm {
+        stored: &'a Tensor<B>,
+        normalized: Normalized<'a, B>,
+    },
+}
+
+impl<B: Backend> Input<'_, B> {
+    /// The tensor bf16 matmuls read.
+    pub fn stored(&self) -> &Tensor<B> {
+        match self {
+            Input::Tensor(t) | Input::Norm { stored: t, .. } => t,
+        }
+    }
+
+    /// The input's rows and columns.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.stored().matrix_rows(), self.stored().cols())
+    }
+}
+
+/// Views of a norm's output over some rows, `Input::Norm`'s parts.
+pub(crate) struct NormRows<'a, B: Backend> {
+    pub stored: Tensor<B>,
+    pub x: Tensor<B>,
+    pub rstd: Tensor<B>,
+    pub weight: &'a Tensor<B>,
+}
+
+impl<B: Backend> NormRows<'_, B> {
+    pub fn input(&self) -> Input<'_, B> {
+        Input::Norm {
+            stored: &self.stored,
+            normalized: Normalized {
+                x: &self.x,
+                rstd: &self.rstd,
+                weight: self.weight,
+            },
+        }
+    }
+}
 
 impl<B: Backend> Transformer<B> {
     /// Where the op that produces layer `l`'s input to `lin` reports its abs-max, with FP8.
@@ -20,20 +67,25 @@ impl<B: Backend> Transformer<B> {
         self.fp8.as_ref().map(|f| f.grad_amax(l, lin))
     }
 
+    /// Where a norm stores its output: nowhere with FP8 (`Input`).
+    pub(crate) fn norm_out<'a>(&self, stored: &'a Tensor<B>) -> Option<&'a Tensor<B>> {
+        self.fp8.is_none().then_some(stored)
+    }
+
     /// `out = x · wᵀ (+ bias)` for layer `l`'s `lin`.
     pub(crate) fn linear_forward(
         &self,
         b: &B,
         (l, lin): (usize, Linear),
         out: &Tensor<B>,
-        x: &Tensor<B>,
+        x: Input<'_, B>,
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
         match &self.fp8 {
             Some(fp8) => fp8.forward(b, (l, lin), out, x, bias),
             None => {
                 let w = lin.weight(&self.params.layers[l]);
-                b.matmul(out, x, w, bias, Matmul::FORWARD)
+                b.matmul(out, x.stored(), w, bias, Matmul::FORWARD)
             }
         }
     }

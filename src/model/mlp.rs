@@ -14,6 +14,7 @@ use anyhow::Result;
 
 use super::forward::Pass;
 use super::fp8::Linear;
+use super::linear::{Input, NormRows};
 use super::transformer::Transformer;
 use crate::backend::{Backend, Matmul};
 use crate::tensor::Tensor;
@@ -38,26 +39,31 @@ impl<B: Backend> Transformer<B> {
                 for rows in self.ffn_chunks() {
                     let (_, swiglu) = self.mlp_chunk_inner(b, l, &rows)?;
                     let out = a.branch.narrow_rows(rows.start, rows.end);
-                    self.linear_forward(b, (l, Linear::Down), &out, &swiglu, None)?;
+                    let x = Input::Tensor(&swiglu);
+                    self.linear_forward(b, (l, Linear::Down), &out, x, None)?;
                 }
             }
             return Ok(());
         }
-        let (ln2, gate_up, swiglu) = (a.ln2.layer(l), a.gate_up.layer(l), a.swiglu.layer(l));
+        let (gate_up, swiglu) = (a.gate_up.layer(l), a.swiglu.layer(l));
+        let ln2 = self.ln2_rows(l, 0..self.options.batch * self.options.seq);
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
         // 6) gate/up projection, 7) SwiGLU
         match (
             run(rc.gate_up()),
-            run(rc.swiglu_out() && self.options.read_again().swiglu),
+            run(rc.swiglu_out() && self.fp8.is_none()),
         ) {
-            (true, true) => self.gate_up_swiglu(b, l, gate_up, swiglu, ln2)?,
-            (true, false) => self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2, None)?,
+            (true, true) => self.gate_up_swiglu(b, l, gate_up, swiglu, ln2.input())?,
+            (true, false) => {
+                self.linear_forward(b, (l, Linear::GateUp), gate_up, ln2.input(), None)?
+            }
             (false, true) => self.swiglu(b, l, swiglu, gate_up)?,
             (false, false) => {}
         }
         // 8) down projection; the backward never needs it again
         if pass == Pass::Forward {
-            self.linear_forward(b, (l, Linear::Down), &a.branch, swiglu, None)?;
+            let x = Input::Tensor(swiglu);
+            self.linear_forward(b, (l, Linear::Down), &a.branch, x, None)?;
         }
         Ok(())
     }
@@ -118,9 +124,21 @@ impl<B: Backend> Transformer<B> {
         let len = rows.end - rows.start;
         let gate_up = a.gate_up.layer(l).narrow_rows(0, len);
         let swiglu = a.swiglu.layer(l).narrow_rows(0, len);
-        let ln2 = a.ln2.layer(l).narrow_rows(rows.start, rows.end);
-        self.gate_up_swiglu(b, l, &gate_up, &swiglu, &ln2)?;
+        let ln2 = self.ln2_rows(l, rows.clone());
+        self.gate_up_swiglu(b, l, &gate_up, &swiglu, ln2.input())?;
         Ok((gate_up, swiglu))
+    }
+
+    /// Block `l`'s post-attention norm output for the tokens `rows`, gate/up's input.
+    fn ln2_rows(&self, l: usize, rows: Range<usize>) -> NormRows<'_, B> {
+        let (a, w) = (&self.acts, &self.params.layers[l].ln2);
+        let narrow = |t: &Tensor<B>| t.narrow_rows(rows.start, rows.end);
+        NormRows {
+            stored: narrow(a.ln2.layer(l)),
+            x: narrow(a.residual_mid.layer(l)),
+            rstd: narrow(a.rstd2.layer(l)),
+            weight: w,
+        }
     }
 
     /// Steps 6 and 7 of block `l`: the gate/up projection of `ln2`, then SwiGLU of it, which
@@ -131,13 +149,13 @@ impl<B: Backend> Transformer<B> {
         l: usize,
         gate_up: &Tensor<B>,
         swiglu: &Tensor<B>,
-        ln2: &Tensor<B>,
+        ln2: Input<'_, B>,
     ) -> Result<()> {
         if let Some(fp8) = &self.fp8 {
             return fp8.gate_up_swiglu(b, l, gate_up, swiglu, ln2);
         }
         let w = Linear::GateUp.weight(&self.params.layers[l]);
-        b.gate_up_swiglu(gate_up, swiglu, ln2, w)
+        b.gate_up_swiglu(gate_up, swiglu, ln2.stored(), w)
     }
 
     /// Step 7 alone, reporting its output's abs-max where FP8 quantizes it next.

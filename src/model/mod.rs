@@ -18,7 +18,7 @@ mod residuals;
 mod stash;
 mod transformer;
 
-pub use activations::{ReadAgain, Recompute};
+pub use activations::Recompute;
 pub use backward::{GradEvent, GradEvents};
 pub use config::{Architecture, ModelConfig};
 pub use fp8::MatmulPrecision;

@@ -4,7 +4,7 @@
 use anyhow::{Result, ensure};
 
 use super::activations::{
-    ActivationOffload, ActivationPlan, ActivationShape, Activations, ReadAgain, Recompute,
+    ActivationOffload, ActivationPlan, ActivationShape, Activations, Recompute,
 };
 use super::config::ModelConfig;
 use super::fp8::{Fp8Plan, Fp8Shape, Fp8State, MatmulPrecision};
@@ -56,11 +56,6 @@ impl ModelOptions {
             matmul: MatmulPrecision::Native,
             kept_grads: None,
         }
-    }
-
-    /// Which norm and SwiGLU outputs the backward reads again.
-    pub(crate) fn read_again(&self) -> ReadAgain {
-        ReadAgain::new(self.recompute, self.matmul.is_fp8())
     }
 }
 
@@ -167,7 +162,7 @@ impl ModelPlan {
         let activations = ActivationPlan::new(
             &shape,
             options.recompute,
-            options.read_again(),
+            options.matmul.is_fp8(),
             ActivationOffload {
                 residual: options.offload_residual,
                 kept: options.offload_activations,

@@ -26,7 +26,9 @@ use anyhow::{Result, anyhow, bail, ensure};
 pub use classifier::IGNORE_INDEX;
 pub use scalar::Scalar;
 
-use super::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
+use super::{
+    AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Normalized, Scaled, UnsupportedDtype,
+};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub enum Buffer<T> {
@@ -109,6 +111,60 @@ impl<T: Scalar> Cpu<T> {
     /// The tensor's values at full precision.
     pub fn values(&self, t: &Tensor<Self>) -> Result<Vec<T>> {
         Ok(self.floats(t)?.to_vec())
+    }
+
+    /// The norm's output `x` describes, rounded to x's dtype as `rmsnorm_forward` stores it.
+    fn normalized(&self, x: Normalized<'_, Self>) -> Result<Vec<T>> {
+        let (inp, rstd, weight) = (
+            self.floats(x.x)?,
+            self.floats(x.rstd)?,
+            self.floats(x.weight)?,
+        );
+        ensure!(
+            inp.len() == rstd.len() * weight.len(),
+            "the norm of {:?} with rstd {:?} and weight {:?}",
+            x.x.shape,
+            x.rstd.shape,
+            x.weight.shape
+        );
+        let mut y = vec![T::zero(); inp.len()];
+        rmsnorm::normalize(&mut y, &inp, &rstd, &weight);
+        rounding::round_slice(x.x.dtype, &mut y);
+        Ok(y)
+    }
+
+    /// `quantize` of the values `xs` of an `[r, c]` tensor.
+    fn quantize_values(
+        &self,
+        (rows, cols): (Option<&Tensor<Self>>, Option<&Tensor<Self>>),
+        descale: &Tensor<Self>,
+        xs: &[T],
+        [r, c]: [usize; 2],
+        amax: &Tensor<Self>,
+    ) -> Result<()> {
+        let outputs = [(rows, false, [r, c]), (cols, true, [c, r])];
+        let outputs: Vec<_> = outputs
+            .into_iter()
+            .filter_map(|(t, transpose, shape)| t.map(|t| (t, transpose, shape)))
+            .collect();
+        let Some(&(first, _, _)) = outputs.first() else {
+            bail!("quantize: neither layout of [{r}, {c}] asked for");
+        };
+        let scale = fp8::scale(first.dtype, self.scalar(amax)?);
+        for (out, transpose, shape) in outputs {
+            ensure!(
+                out.numel() == xs.len()
+                    && (out.shape.len() != 2 || out.shape == shape)
+                    && out.dtype == first.dtype,
+                "quantize: [{r}, {c}] into {:?} {} (transposed: {transpose})",
+                out.shape,
+                out.dtype
+            );
+            self.update(out, |o| {
+                fp8::quantize(o, xs, c, out.dtype, scale, transpose)
+            })?;
+        }
+        self.update(descale, |d| d[0] = T::of((1.0 / scale) as f64))
     }
 }
 
@@ -235,28 +291,44 @@ impl<T: Scalar> Backend for Cpu<T> {
 
     fn rmsnorm_forward(
         &self,
-        out: &Tensor<Self>,
+        out: Option<&Tensor<Self>>,
         rstd: &Tensor<Self>,
         inp: &Tensor<Self>,
         weight: &Tensor<Self>,
         eps: f32,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
+        ensure!(
+            out.is_none_or(|o| o.dtype == inp.dtype),
+            "rmsnorm_forward: out {:?} is not inp's {}",
+            out.map(|o| o.dtype),
+            inp.dtype
+        );
         {
-            let (inp, weight) = (self.floats(inp)?, self.floats(weight)?);
-            let mut rstd_v = self.floats_mut(rstd)?;
-            self.update(out, |o| {
-                rmsnorm::rmsnorm_forward(o, &mut rstd_v, &inp, &weight, eps as f64)
-            })?;
-            rounding::round_slice(rstd.dtype, &mut rstd_v);
+            let inp_v = self.floats(inp)?;
+            let c = weight.numel();
+            self.update(rstd, |r| rmsnorm::rstd(r, &inp_v, c, eps as f64))?;
         }
-        self.report_abs_max(amax, out)
+        // From rstd as stored, as `quantize_normalized` reads it.
+        let y = self.normalized(Normalized {
+            x: inp,
+            rstd,
+            weight,
+        })?;
+        if let Some(amax) = amax {
+            let found = fp8::abs_max(&y);
+            self.update(amax, |a| a[0] = a[0].max(T::of(found as f64)))?;
+        }
+        match out {
+            Some(out) => self.update(out, |o| o.copy_from_slice(&y)),
+            None => Ok(()),
+        }
     }
 
     fn residual_rmsnorm_forward(
         &self,
         residual_out: &Tensor<Self>,
-        out: &Tensor<Self>,
+        out: Option<&Tensor<Self>>,
         rstd: &Tensor<Self>,
         residual: &Tensor<Self>,
         branch: &Tensor<Self>,
@@ -525,6 +597,19 @@ impl<T: Scalar> Backend for Cpu<T> {
         self.update(amax, |a| a[0] = a[0].max(T::of(found as f64)))
     }
 
+    fn quantize_normalized(
+        &self,
+        rows: &Tensor<Self>,
+        cols: &Tensor<Self>,
+        descale: &Tensor<Self>,
+        x: Normalized<'_, Self>,
+        amax: &Tensor<Self>,
+    ) -> Result<()> {
+        let y = self.normalized(x)?;
+        let shape = [x.x.matrix_rows(), x.x.cols()];
+        self.quantize_values((Some(rows), Some(cols)), descale, &y, shape, amax)
+    }
+
     fn quantize(
         &self,
         rows: Option<&Tensor<Self>>,
@@ -533,32 +618,14 @@ impl<T: Scalar> Backend for Cpu<T> {
         x: &Tensor<Self>,
         amax: &Tensor<Self>,
     ) -> Result<()> {
-        let (r, c) = (x.matrix_rows(), x.cols());
-        let outputs = [(rows, false, [r, c]), (cols, true, [c, r])];
-        let outputs: Vec<_> = outputs
-            .into_iter()
-            .filter_map(|(t, transpose, shape)| t.map(|t| (t, transpose, shape)))
-            .collect();
-        let Some(&(first, _, _)) = outputs.first() else {
-            bail!("quantize: neither layout of x {:?} asked for", x.shape);
-        };
-        let scale = fp8::scale(first.dtype, self.scalar(amax)?);
         let xs = self.floats(x)?;
-        for (out, transpose, shape) in outputs {
-            ensure!(
-                out.numel() == x.numel()
-                    && (out.shape.len() != 2 || out.shape == shape)
-                    && out.dtype == first.dtype,
-                "quantize: x {:?} into {:?} {} (transposed: {transpose})",
-                x.shape,
-                out.shape,
-                out.dtype
-            );
-            self.update(out, |o| {
-                fp8::quantize(o, &xs, c, out.dtype, scale, transpose)
-            })?;
-        }
-        self.update(descale, |d| d[0] = T::of((1.0 / scale) as f64))
+        self.quantize_values(
+            (rows, cols),
+            descale,
+            &xs,
+            [x.matrix_rows(), x.cols()],
+            amax,
+        )
     }
 
     fn matmul_scaled(

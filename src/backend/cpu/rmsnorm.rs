@@ -4,23 +4,25 @@ use rayon::prelude::*;
 
 use super::Scalar;
 
-/// inp, out: `[N, C]`; weight: `[C]`; rstd: `[N]`.
-pub fn rmsnorm_forward<T: Scalar>(
-    out: &mut [T],
-    rstd: &mut [T],
-    inp: &[T],
-    weight: &[T],
-    eps: f64,
-) {
-    let c = weight.len();
-    out.par_chunks_mut(c)
-        .zip(rstd.par_iter_mut())
+/// `rstd[n] = 1/sqrt(mean(inp[n]²) + eps)`; inp: `[N, C]`; rstd: `[N]`.
+pub fn rstd<T: Scalar>(rstd: &mut [T], inp: &[T], c: usize, eps: f64) {
+    rstd.par_iter_mut()
         .zip(inp.par_chunks(c))
-        .for_each(|((y, r), x)| {
+        .for_each(|(r, x)| {
             let mean_sq = x.iter().map(|&v| v * v).sum::<T>() / T::of(c as f64);
             *r = (mean_sq + T::of(eps)).sqrt().recip();
+        });
+}
+
+/// `out[n] = inp[n] · rstd[n] · weight`; inp, out: `[N, C]`; weight: `[C]`.
+pub fn normalize<T: Scalar>(out: &mut [T], inp: &[T], rstd: &[T], weight: &[T]) {
+    let c = weight.len();
+    out.par_chunks_mut(c)
+        .zip(rstd.par_iter())
+        .zip(inp.par_chunks(c))
+        .for_each(|((y, &r), x)| {
             for ((y, &x), &w) in y.iter_mut().zip(x).zip(weight) {
-                *y = x * *r * w;
+                *y = x * r * w;
             }
         });
 }

@@ -105,6 +105,20 @@ pub(super) fn decode(code: u8, dtype: DType) -> f32 {
     (sign * value) as f32
 }
 
+/// What a quantization pass does besides quantizing x.
+#[derive(Clone, Copy)]
+pub(super) enum Fused<'a> {
+    Nothing,
+    /// `bias_backward(dbias, x, accumulate)` from the same read of x.
+    ColumnSums(&'a Tensor<Cuda>, bool),
+    /// x is a norm's input: quantize its output, `x · rstd · weight` as `rmsnorm_forward`
+    /// stores it.
+    Norm {
+        rstd: &'a Tensor<Cuda>,
+        weight: &'a Tensor<Cuda>,
+    },
+}
+
 impl Cuda {
     pub(super) fn abs_max_impl(&self, amax: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
         let amax = amax_ptr("abs_max", Some(amax))?;
@@ -124,8 +138,8 @@ impl Cuda {
         }
     }
 
-    /// `quantize`, and with `column_sums` = (dbias, accumulate) `bias_backward` too: from
-    /// the transposing pass's read of x when there is one.
+    /// `quantize`, and what `fused` asks: from the transposing pass's read of x, which a
+    /// norm's output needs.
     pub(super) fn quantize_impl(
         &self,
         rows: Option<&Tensor<Cuda>>,
@@ -133,11 +147,17 @@ impl Cuda {
         descale: &Tensor<Cuda>,
         x: &Tensor<Cuda>,
         amax: &Tensor<Cuda>,
-        column_sums: Option<(&Tensor<Cuda>, bool)>,
+        fused: Fused<'_>,
     ) -> Result<()> {
-        if let (None, Some((dbias, accumulate))) = (cols, column_sums) {
-            self.quantize_impl(rows, None, descale, x, amax, None)?;
-            return self.column_sum(dbias, x, accumulate);
+        match (cols, fused) {
+            (None, Fused::ColumnSums(dbias, accumulate)) => {
+                self.quantize_impl(rows, None, descale, x, amax, Fused::Nothing)?;
+                return self.column_sum(dbias, x, accumulate);
+            }
+            (None, Fused::Norm { .. }) => {
+                bail!("quantize: a norm's output is quantized in both layouts")
+            }
+            _ => {}
         }
         let amax = amax_ptr("quantize (amax)", Some(amax))?;
         ensure_dtype(descale, DType::F32, "quantize (descale)")?;
@@ -193,13 +213,30 @@ impl Cuda {
             "quantize: x {:?} has too many rows to transpose in one launch",
             x.shape
         );
-        let vec = vec16(&[x], c)
-            && r.is_multiple_of(4)
+        let norm = match fused {
+            Fused::Norm { rstd, weight } => {
+                ensure_dtype(rstd, DType::F32, "quantize (rstd)")?;
+                ensure_same_dtype("quantize (norm weight)", &[weight, x])?;
+                ensure!(
+                    rstd.numel() == r && weight.numel() == c,
+                    "quantize: the norm of x {:?} with rstd {:?} and weight {:?}",
+                    x.shape,
+                    rstd.shape,
+                    weight.shape
+                );
+                Some((rstd, weight))
+            }
+            _ => None,
+        };
+        let vec = vec16(
+            &[x].into_iter().chain(norm.map(|n| n.1)).collect::<Vec<_>>(),
+            c,
+        ) && r.is_multiple_of(4)
             && ptr(cols).is_multiple_of(4)
             && rows_ptr.is_multiple_of(codes);
         let row_tiles = r.div_ceil(TILE);
-        let sums = match column_sums {
-            Some((dbias, _)) => {
+        let sums = match fused {
+            Fused::ColumnSums(dbias, _) => {
                 ensure_same_dtype("quantize (column sums)", &[dbias, x])?;
                 ensure!(
                     dbias.numel() == c,
@@ -209,7 +246,7 @@ impl Cuda {
                 );
                 self.scratch_f32(row_tiles * c)?
             }
-            None => 0,
+            _ => 0,
         };
         let args = [
             ptr(cols).into(),
@@ -218,14 +255,17 @@ impl Cuda {
             ptr(descale).into(),
             x_ptr.into(),
             amax.into(),
+            norm.map_or(0, |n| ptr(n.0)).into(),
+            norm.map_or(0, |n| ptr(n.1)).into(),
         ];
-        // SAFETY: quantize_transposed<T, F, VEC, SUMS>(out, rows_out, col_sums, descale, x,
-        // amax, R, C): the block of tile (i, j) reads rows [Tj, Tj + T) × columns [Ti, Ti + T)
-        // of x [R, C] (T = TILE), writes them to rows_out [R, C] when it is not null, the
-        // transposed tile to out [C, R] and, with SUMS (col_sums not null), the tile's column
-        // sums to row j of col_sums [ceil(R / T), C] (the scratch, sized so), bounds-checked,
-        // with vector accesses only when the shapes and addresses allow them (as checked
-        // above); under 13 KB of static shared memory.
+        // SAFETY: quantize_transposed<T, F, VEC, SUMS, NORM>(out, rows_out, col_sums,
+        // descale, x, amax, rstd, norm_weight, R, C): the block of tile (i, j) reads rows
+        // [Tj, Tj + T) × columns [Ti, Ti + T) of x [R, C] (T = TILE) and, with NORM, the same
+        // rows of rstd [R] and columns of norm_weight [C], writes them to rows_out [R, C] when
+        // it is not null, the transposed tile to out [C, R] and, with SUMS (col_sums not
+        // null), the tile's column sums to row j of col_sums [ceil(R / T), C] (the scratch,
+        // sized so), bounds-checked, with vector accesses only when the shapes and addresses
+        // allow them (as checked above); under 13 KB of static shared memory.
         unsafe {
             self.launch(
                 Kernel::QuantizeTransposed,
@@ -234,15 +274,18 @@ impl Cuda {
                     Arg::Fp8(first.dtype),
                     Arg::Flag(vec),
                     Arg::Flag(sums != 0),
+                    Arg::Flag(norm.is_some()),
                 ],
                 (blocks(c, TILE), row_tiles as u32, 1),
                 TILE_THREADS,
                 &[args.as_slice(), &[(r as i32).into(), (c as i32).into()]].concat(),
             )?;
         }
-        match column_sums {
-            Some((dbias, accumulate)) => self.colsum_finish(dbias, sums, row_tiles, accumulate),
-            None => Ok(()),
+        match fused {
+            Fused::ColumnSums(dbias, accumulate) => {
+                self.colsum_finish(dbias, sums, row_tiles, accumulate)
+            }
+            _ => Ok(()),
         }
     }
 

@@ -319,7 +319,7 @@ kernel_table! {
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Width];
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];
-    QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag, Flag];
+    QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag, Flag, Flag];
     GemmTn => GEMM, "gemm_tn", [Gemm];
 }
 

@@ -45,13 +45,16 @@ use cudarc::driver::{CudaContext, CudaStream};
 use half::bf16;
 
 use self::cublaslt::Blas;
+use self::fp8::Fused;
 use self::kernels::{Arg, KArg, Kernel, Kernels};
 use self::matmul::op_dims;
 use self::memory::{CudaStorage, Memory, MemoryReport, Place, carve};
 use self::op_timer::OpTimer;
 use super::datasheet::datasheet;
 use super::op_times::{OpTime, matmul_name};
-use super::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled, UnsupportedDtype};
+use super::{
+    AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Normalized, Scaled, UnsupportedDtype,
+};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub struct Cuda {
@@ -474,7 +477,7 @@ impl Backend for Cuda {
 
     fn rmsnorm_forward(
         &self,
-        out: &Tensor<Self>,
+        out: Option<&Tensor<Self>>,
         rstd: &Tensor<Self>,
         inp: &Tensor<Self>,
         weight: &Tensor<Self>,
@@ -489,7 +492,7 @@ impl Backend for Cuda {
     fn residual_rmsnorm_forward(
         &self,
         residual_out: &Tensor<Self>,
-        out: &Tensor<Self>,
+        out: Option<&Tensor<Self>>,
         rstd: &Tensor<Self>,
         residual: &Tensor<Self>,
         branch: &Tensor<Self>,
@@ -726,7 +729,26 @@ impl Backend for Cuda {
     ) -> Result<()> {
         self.op_named(
             || fp8::quantize_name(rows, cols, x, ""),
-            || self.quantize_impl(rows, cols, descale, x, amax, None),
+            || self.quantize_impl(rows, cols, descale, x, amax, Fused::Nothing),
+        )
+    }
+
+    fn quantize_normalized(
+        &self,
+        rows: &Tensor<Self>,
+        cols: &Tensor<Self>,
+        descale: &Tensor<Self>,
+        x: Normalized<'_, Self>,
+        amax: &Tensor<Self>,
+    ) -> Result<()> {
+        let (rows, cols) = (Some(rows), Some(cols));
+        let norm = Fused::Norm {
+            rstd: x.rstd,
+            weight: x.weight,
+        };
+        self.op_named(
+            || fp8::quantize_name(rows, cols, x.x, "+norm"),
+            || self.quantize_impl(rows, cols, descale, x.x, amax, norm),
         )
     }
 
@@ -741,7 +763,11 @@ impl Backend for Cuda {
     ) -> Result<()> {
         self.op_named(
             || fp8::quantize_name(rows, cols, x, "+sums"),
-            || self.quantize_impl(rows, cols, descale, x, amax, Some(column_sums)),
+            || {
+                let (dbias, accumulate) = column_sums;
+                let sums = Fused::ColumnSums(dbias, accumulate);
+                self.quantize_impl(rows, cols, descale, x, amax, sums)
+            },
         )
     }
 

@@ -11,15 +11,6 @@ use crate::tensor::{DType, Tensor};
 /// Rows per block of the forward: one per warp.
 const FORWARD_ROWS: usize = BLOCK as usize / 32;
 
-/// Rows per warp of the backward: each block's rows make one row of weight-gradient
-/// partials, so this trades the partials' size against the number of blocks. At 0.5B
-/// (32768 rows of 896) 4 gives 1024 blocks, ~2.6 waves of 3 blocks per SM, and 3.7 MB of
-/// partials against 235 MB of rows moved. Where 4 would leave an SM with fewer than two
-/// blocks (a batch of one or a few sequences), 1: at 1024 rows, 4 gave 32 blocks, and each
-/// call took 22 µs for 7 MB.
-const BACKWARD_ROWS_PER_WARP: usize = 4;
-const BACKWARD_ROWS_PER_WARP_SMALL: usize = 1;
-
 /// Shared memory a backward block may take for its warps' weight-gradient sums: the limit
 /// that needs no opt-in, which holds a full block's sums up to C = 1536. Where the sums fill
 /// it (at C = 1536, say), the static shared memory of `report_amax` comes on top, so
@@ -30,22 +21,18 @@ const BACKWARD_SMEM: usize = DEFAULT_SHARED_LIMIT as usize;
 /// sm_86 and sm_89 99 KB).
 const MAX_SMEM: usize = 99 * 1024;
 
-/// Rows per chunk of the bias column-sum partials: 8 warps of 16 rows each. At 0.5B (32768
-/// rows of 1152) that is 5 strips × 256 chunks = 1280 blocks, ~2.4 waves of 4 per SM, and
-/// 1.2 MB of partials.
-const COLSUM_ROWS: usize = 128;
-
 /// Threads of a `colsum_finish` block (colsum.cu compiles with it): 32 warps each add a share
 /// of the partials of the block's 32 columns.
 pub(super) const COLSUM_FINISH_THREADS: u32 = 1024;
 
 impl Cuda {
     /// `out = rmsnorm(inp) · weight`; with `residual_add = Some((residual_out, branch))`,
-    /// `residual_out = inp + branch` first, and `out` its norm.
+    /// `residual_out = inp + branch` first, and `out` its norm. Without `out`, rstd and the
+    /// abs-max only.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rmsnorm_forward_impl(
         &self,
-        out: &Tensor<Cuda>,
+        out: Option<&Tensor<Cuda>>,
         rstd: &Tensor<Cuda>,
         inp: &Tensor<Cuda>,
         residual_add: Option<(&Tensor<Cuda>, &Tensor<Cuda>)>,
@@ -55,18 +42,19 @@ impl Cuda {
     ) -> Result<()> {
         let amax = amax_ptr("rmsnorm_forward", amax)?;
         ensure_dtype(rstd, DType::F32, "rmsnorm_forward (rstd)")?;
-        ensure_same_dtype("rmsnorm_forward", &[out, inp, weight])?;
+        let mut rows: Vec<&Tensor<Cuda>> = out.into_iter().chain([inp, weight]).collect();
+        ensure_same_dtype("rmsnorm_forward", &rows)?;
         let (n, c) = (inp.matrix_rows(), weight.numel());
         ensure!(
-            inp.cols() == c && out.numel() == n * c && rstd.numel() == n,
+            inp.cols() == c && out.is_none_or(|o| o.numel() == n * c) && rstd.numel() == n,
             "rmsnorm_forward: inp {:?}, out {:?}, rstd {:?}, weight {:?}",
             inp.shape,
-            out.shape,
+            out.map(|o| &o.shape),
             rstd.shape,
             weight.shape
         );
         if let Some((r, b)) = residual_add {
-            ensure_same_dtype("residual_rmsnorm_forward", &[out, r, b])?;
+            ensure_same_dtype("residual_rmsnorm_forward", &[inp, r, b])?;
             ensure!(
                 r.numel() == n * c && b.numel() == n * c,
                 "residual_rmsnorm_forward: residual_out {:?}, branch {:?}, inp {:?}",
@@ -76,24 +64,23 @@ impl Cuda {
             );
         }
         let (res_ptr, branch_ptr) = residual_add.map_or((0, 0), |(r, b)| (ptr(r), ptr(b)));
-        let mut rows = vec![out, inp, weight];
         rows.extend(residual_add.iter().flat_map(|(r, b)| [*r, *b]));
         let vec = vec16(&rows, c);
         // SAFETY: warp i reads row i of inp (and branch) and all of weight [c], writes row i
-        // of out (and residual_out) and rstd[i]; the rows are [n, c] (rstd [n]), all 16-byte
-        // aligned with `vec`; amax is one f32 or null.
+        // of out (unless null; and residual_out) and rstd[i]; the rows are [n, c] (rstd [n]),
+        // all 16-byte aligned with `vec`; amax is one f32 or null.
         unsafe {
             self.launch(
                 Kernel::RmsnormForward,
                 &[
-                    float(out),
+                    float(inp),
                     Arg::Flag(residual_add.is_some()),
                     Arg::Flag(vec),
                 ],
                 (blocks(n, FORWARD_ROWS), 1, 1),
                 BLOCK,
                 &[
-                    ptr(out).into(),
+                    out.map_or(0, ptr).into(),
                     ptr(rstd).into(),
                     res_ptr.into(),
                     ptr(inp).into(),
@@ -142,16 +129,6 @@ impl Cuda {
             smem <= MAX_SMEM,
             "rmsnorm_backward: a row of {c} is wider than this kernel supports"
         );
-        let few_blocks =
-            n.div_ceil(warps * BACKWARD_ROWS_PER_WARP) < 2 * self.multiprocessors as usize;
-        let rows_per_block = warps
-            * if few_blocks {
-                BACKWARD_ROWS_PER_WARP_SMALL
-            } else {
-                BACKWARD_ROWS_PER_WARP
-            };
-        let chunks = n.div_ceil(rows_per_block);
-        let partials = self.scratch_f32(chunks * c)?;
         // The fewest accesses per lane that hold a whole row, where some do. Holding 8 takes
         // 128 registers and so 2 blocks per SM, which pays with full blocks (16 warps per SM;
         // at 1536 columns 8% faster than streaming) and not with fewer (at 2048 columns, 6
@@ -161,6 +138,19 @@ impl Cuda {
             .into_iter()
             .find(|&h| h > 0 && c <= 32 * width(dinp, vec) * h && (h <= 4 || full_blocks))
             .unwrap_or(0);
+        let targs = [float(dinp), Arg::Flag(vec), Arg::Held(held)];
+        // One wave: as many blocks as the GPU holds at once, each with an equal share of the
+        // rows (at least one a warp), so that no partly filled last wave runs on alone and
+        // the partials, one row a block, are as few as can keep every SM busy.
+        let slots = self.block_slots(
+            Kernel::RmsnormBackward,
+            &targs,
+            (warps * 32) as u32,
+            smem as u32,
+        )?;
+        let rows_per_block = n.div_ceil(slots).max(warps);
+        let chunks = n.div_ceil(rows_per_block);
+        let partials = self.scratch_f32(chunks * c)?;
         // SAFETY: block i updates rows [i·R, (i+1)·R) of dinp [n, c] from the same rows of
         // dout and inp [n, c] and rstd [n], reads weight [c], and writes row i of partials
         // [chunks, c] (scratch); `smem` is its warps' sums; 16-byte aligned with `vec`; amax
@@ -168,7 +158,7 @@ impl Cuda {
         unsafe {
             self.launch_with_smem(
                 Kernel::RmsnormBackward,
-                &[float(dinp), Arg::Flag(vec), Arg::Held(held)],
+                &targs,
                 (chunks as u32, 1, 1),
                 (warps * 32) as u32,
                 smem as u32,
@@ -205,24 +195,31 @@ impl Cuda {
             out.shape
         );
         let n = dy.matrix_rows();
-        let chunks = n.div_ceil(COLSUM_ROWS).max(1);
-        let partials = self.scratch_f32(chunks * c)?;
         let vec = vec16(&[dy], c);
+        let (targs, strips) = ([float(dy), Arg::Flag(vec)], blocks(c, 32 * width(dy, vec)));
+        // One wave, as `rmsnorm_backward_impl`: each strip of columns split into as many
+        // chunks of rows as fill the GPU's block slots, at least a row a warp.
+        let slots = self.block_slots(Kernel::ColsumPartial, &targs, BLOCK, 0)?;
+        let rows_per_chunk = n
+            .div_ceil(slots.div_ceil(strips as usize))
+            .max(BLOCK as usize / 32);
+        let chunks = n.div_ceil(rows_per_chunk).max(1);
+        let partials = self.scratch_f32(chunks * c)?;
         // SAFETY: partials are [chunks, c] f32 of scratch; block (s, k) reads rows of chunk k
         // of dy [n, c] in the strip s of 32 accesses' columns (16-byte aligned with `vec`),
         // and writes those columns of partials row k.
         unsafe {
             self.launch(
                 Kernel::ColsumPartial,
-                &[float(dy), Arg::Flag(vec)],
-                (blocks(c, 32 * width(dy, vec)), chunks as u32, 1),
+                &targs,
+                (strips, chunks as u32, 1),
                 BLOCK,
                 &[
                     partials.into(),
                     ptr(dy).into(),
                     (n as i32).into(),
                     (c as i32).into(),
-                    (COLSUM_ROWS as i32).into(),
+                    (rows_per_chunk as i32).into(),
                 ],
             )?;
         }

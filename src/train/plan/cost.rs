@@ -5,7 +5,7 @@
 
 use super::Choice;
 use crate::backend::datasheet::Datasheet;
-use crate::model::{ModelConfig, ReadAgain, Recompute};
+use crate::model::{ModelConfig, Recompute};
 
 /// The step but for attention's products (its matmuls, memory-bound kernels and update), as a
 /// share of the bf16 peak: 0.51–0.57 on the bench rows, with attention taken out at the rate
@@ -57,7 +57,7 @@ pub struct Workload<'a> {
     /// Bytes of an activation element (the model dtype).
     pub element_bytes: usize,
     /// Whether the blocks' matmuls are FP8, whose recompute pass skips the outputs the
-    /// backward does not read again (`ReadAgain`).
+    /// backward does not read again (`ActivationPlan::new`).
     pub fp8: bool,
 }
 
@@ -119,12 +119,13 @@ impl Workload<'_> {
             c.kv_dim() as f64,
             c.intermediate_size as f64,
         );
-        let again = ReadAgain::new(r, self.fp8);
+        // FP8's backward reads no norm or SwiGLU output again (`ActivationPlan::new`).
+        let again = !self.fp8;
         let mut matmul_flops = 0.0;
         let mut attention_flops = 0.0;
         // Elements read and written by the memory-bound kernels.
         let mut elements = 0.0;
-        if r.norms() && again.ln1 {
+        if r.norms() && again {
             elements += 2.0 * hidden; // the input norm
         }
         if r.qkv() {
@@ -138,13 +139,13 @@ impl Workload<'_> {
         if r.residual_mid() {
             matmul_flops += 2.0 * q * hidden;
             elements += 4.0 * hidden; // residual add and norm: two in, two out
-        } else if r.norms() && again.ln2 {
+        } else if r.norms() && again {
             elements += 2.0 * hidden;
         }
         if r.gate_up() {
             matmul_flops += 2.0 * hidden * 2.0 * f;
         }
-        if r.swiglu_out() && again.swiglu {
+        if r.swiglu_out() && again {
             elements += 3.0 * f;
         }
         c.num_layers as f64

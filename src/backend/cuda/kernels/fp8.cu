@@ -106,16 +106,22 @@ constexpr int PITCH = TILE + 4;
 // 16, R of 4, x is 16-byte, out 4-byte and rows_out W-byte aligned; otherwise every access
 // is one element.
 //
+// With NORM, x is a norm's input and what is quantized is the norm's output as
+// rmsnorm_forward stores it: x[r, c] · rstd[r] · weight[c], rounded to T (the same product in
+// the same order, so the same bits), so that the norm's output is never written and read
+// back.
+//
 // With SUMS, block row t also writes col_sums[t, c] = Σ x[r, c] over its tile's rows, in f32
 // and a fixed order, for colsum_finish to add up: the QKV projection's output gradient is its
 // bias's gradient summed over rows, so one read of it serves both. A flag of the template,
 // not a null test: the sums take 11 more registers, which would cost the other passes
 // occupancy; with them the kernel is held to 32 registers, so that 8 blocks still fit an SM
 // (ptxas spills one word; 1.85 → 1.77 ms per 0.5B step, measured).
-template <typename T, __nv_fp8_interpretation_t F, bool VEC, bool SUMS>
+template <typename T, __nv_fp8_interpretation_t F, bool VEC, bool SUMS, bool NORM>
 __global__ void __launch_bounds__(qt::THREADS, SUMS ? 8 : 1)
     quantize_transposed(fp8* out, fp8* rows_out, float* col_sums, float* descale, const T* x,
-                        const float* amax, int R, int C) {
+                        const float* amax, const float* rstd, const T* norm_weight, int R,
+                        int C) {
     using namespace qt;
     constexpr int W = access_width<T, VEC>();
     // A thread's units all lie in the same W columns (THREADS is a multiple of a tile row's
@@ -133,6 +139,10 @@ __global__ void __launch_bounds__(qt::THREADS, SUMS ? 8 : 1)
     const int c0 = blockIdx.x * TILE, r0 = blockIdx.y * TILE;
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) descale[0] = __frcp_rn(scale);
     float sums[W] = {};
+    // With NORM, the norm's weight at this thread's columns, read once for all its units.
+    float norm_w[W] = {};
+    const int own_cols = c0 + threadIdx.x % UNITS * W;
+    if (NORM && own_cols < C) load_vec<T, W>(norm_w, norm_weight + own_cols);
 
 #pragma unroll
     for (int i = threadIdx.x; i < TILE * UNITS; i += THREADS) {
@@ -143,6 +153,11 @@ __global__ void __launch_bounds__(qt::THREADS, SUMS ? 8 : 1)
         if (gr < R && gc < C) {
             float v[W];
             load_vec<T, W>(v, x + (long long)gr * C + gc);
+            if constexpr (NORM) {
+                const float r = rstd[gr];
+#pragma unroll
+                for (int k = 0; k < W; k++) v[k] = rounded<T>(v[k] * r * norm_w[k]);
+            }
 #pragma unroll
             for (int k = 0; k < W; k++) {
                 q[k] = to_fp8<F>(v[k], scale);

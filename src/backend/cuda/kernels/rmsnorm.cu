@@ -13,7 +13,9 @@
 //
 // The plain and the fused forward are one kernel: the fused one first rounds `inp + branch`
 // to T and stores it in `residual_out`, then both normalize the same values with the same
-// per-lane split and reduction tree, so their outputs and rstd agree bit for bit.
+// per-lane split and reduction tree, so their outputs and rstd agree bit for bit. With `out`
+// null the forward stores only rstd (and residual_out) and reports the abs-max: FP8's
+// quantization then normalizes the rows itself (fp8.cu, NORM), with the same product.
 #include "common.cuh"
 
 // Accesses per lane and operand issued before the first is used: 4 in the forward (2 or 4
@@ -86,7 +88,7 @@ __global__ void rmsnorm_forward(T* out, float* rstd, T* residual_out, const T* i
                     y[k] = a[u][k] * r * b[u][k];
                     largest = fmaxf(largest, fabsf(rounded<T>(y[k])));
                 }
-                store_vec<T, W>(out + row + c, y);
+                if (out != nullptr) store_vec<T, W>(out + row + c, y);
             });
     }
     report_amax(amax, largest);
