@@ -4,13 +4,15 @@
 
 mod common;
 
-use common::gpu::{bf16_adamw, cosine, normal, tensor};
+use common::gpu::{
+    bf16_adamw, cosine, norm_quantizations, norm_quantizations_agree, normal, output,
+};
 use common::*;
+use smelt::backend::Backend;
 use smelt::backend::cpu::Cpu;
-use smelt::backend::{Backend, Normalized};
 use smelt::comm::Solo;
 use smelt::model::{LossOptions, MatmulPrecision, ModelConfig, Recompute, Transformer};
-use smelt::tensor::{DType, Tensor};
+use smelt::tensor::DType;
 
 const BATCH: usize = 2;
 const SEQ: usize = 16;
@@ -123,51 +125,10 @@ fn fp8_weight_copies_follow_the_optimizer() {
 /// output gives the same rstd and abs-max as with one.
 #[test]
 fn a_norm_quantized_as_it_is_normalized_matches_its_stored_output() {
-    let cpu = Cpu::new();
     let (r, c) = (24, 40);
     let w: Vec<f32> = normal(c, 0.2, 2).iter().map(|v| 1.0 + v).collect();
-    let (x, w) = (
-        tensor(&cpu, &[r, c], DType::BF16, &normal(r * c, 3.0, 1)),
-        tensor(&cpu, &[c], DType::BF16, &w),
-    );
-    let zeros = |shape: &[usize], dtype: DType| {
-        tensor(&cpu, shape, dtype, &vec![0.0; shape.iter().product()])
-    };
-    let norm = |stored: bool| {
-        let y = zeros(&[r, c], DType::BF16);
-        let (rstd, amax) = (zeros(&[r], DType::F32), zeros(&[1], DType::F32));
-        cpu.rmsnorm_forward(stored.then_some(&y), &rstd, &x, &w, 1e-6, Some(&amax))
-            .unwrap();
-        (y, rstd, amax)
-    };
-    let ((y, rstd, amax), (_, unstored_rstd, unstored_amax)) = (norm(true), norm(false));
-    let values = |t: &Tensor<Cpu>| cpu.download(t).unwrap();
-    assert_eq!(values(&rstd), values(&unstored_rstd));
-    assert_eq!(values(&amax), values(&unstored_amax));
-    let codes = || {
-        let descale = zeros(&[1], DType::F32);
-        (
-            zeros(&[r, c], DType::E4M3),
-            zeros(&[c, r], DType::E4M3),
-            descale,
-        )
-    };
-    let (rows, cols, descale) = codes();
-    cpu.quantize(Some(&rows), Some(&cols), &descale, &y, &amax)
-        .unwrap();
-    let (n_rows, n_cols, n_descale) = codes();
-    let normalized = Normalized {
-        x: &x,
-        rstd: &unstored_rstd,
-        weight: &w,
-    };
-    cpu.quantize_normalized(&n_rows, &n_cols, &n_descale, normalized, &unstored_amax)
-        .unwrap();
-    for (stored, normalized) in [(rows, n_rows), (cols, n_cols), (descale, n_descale)] {
-        assert_eq!(values(&stored), values(&normalized));
-    }
-    assert!(
-        values(&y).iter().any(|v| *v != 0.0),
-        "the norm wrote nothing"
-    );
+    let x = normal(r * c, 3.0, 1);
+    let outputs = norm_quantizations(&Cpu::<f32>::new(), DType::BF16, (r, c), &x, &w);
+    assert!(norm_quantizations_agree(&outputs));
+    assert!(output(&outputs, "stored rows").iter().any(|v| *v != 0.0));
 }

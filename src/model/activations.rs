@@ -275,8 +275,9 @@ impl ActivationPlan {
     /// The specs of every buffer, kept per layer or shared as `recompute` says, and offloaded
     /// as `offload` says. With `fp8` matmuls the backward does not read the norms' and
     /// SwiGLU's outputs again, as bf16's weight gradients do (FP8's read the FP8 copies their
-    /// forward made), and the norms' outputs are not even stored (their projections normalize
-    /// as they quantize, `linear::Input`): one buffer of each serves every layer.
+    /// forward made): one buffer of each serves every layer. FP8 does not even write the
+    /// norms' (their projections normalize as they quantize, `linear::Input`), so theirs go
+    /// unused.
     pub fn new(
         s: &ActivationShape,
         recompute: Recompute,

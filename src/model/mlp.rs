@@ -48,7 +48,7 @@ impl<B: Backend> Transformer<B> {
         let (gate_up, swiglu) = (a.gate_up.layer(l), a.swiglu.layer(l));
         let ln2 = self.ln2_rows(l, 0..self.options.batch * self.options.seq);
         let run = |recomputed: bool| pass == Pass::Forward || recomputed;
-        // 6) gate/up projection, 7) SwiGLU
+        // 6) gate/up projection, 7) SwiGLU (whose output FP8's backward does not read again)
         match (
             run(rc.gate_up()),
             run(rc.swiglu_out() && self.fp8.is_none()),

@@ -2,8 +2,8 @@
 //! that print their figures (the GPU script collects `[figure]` lines), and model weights
 //! drawn once on the host.
 
-use smelt::backend::Backend;
 use smelt::backend::cuda::Cuda;
+use smelt::backend::{Backend, Normalized};
 use smelt::comm::Solo;
 use smelt::model::{LossOptions, ParamKind, Transformer};
 use smelt::rng::Rng;
@@ -212,4 +212,71 @@ pub fn train_steps<B: Backend>(
 /// The trainer's AdamW as the benchmark rows define it: bf16 weights and bf16 Adam states.
 pub fn bf16_adamw<B: Backend>(b: &B, model: &Transformer<B>) -> AdamWState<B> {
     AdamWState::new(b, &Solo, model, bench::bf16_adamw_options()).unwrap()
+}
+
+/// A norm's output quantized to e4m3 two ways: stored by `rmsnorm_forward` and quantized,
+/// and (`quantize_normalized`) from the norm's input by a norm that stores nothing; with both
+/// norms' rstd and abs-max. The two ways must give the same bits.
+pub fn norm_quantizations<B: Backend>(
+    b: &B,
+    x_dtype: DType,
+    (r, c): (usize, usize),
+    x: &[f32],
+    w: &[f32],
+) -> Outputs {
+    let (x, w) = (tensor(b, &[r, c], x_dtype, x), tensor(b, &[c], x_dtype, w));
+    let zeros =
+        |shape: &[usize], dtype| tensor(b, shape, dtype, &vec![0.0; shape.iter().product()]);
+    let norm = |out: Option<&Tensor<B>>| {
+        let (rstd, amax) = (zeros(&[r], DType::F32), zeros(&[1], DType::F32));
+        b.rmsnorm_forward(out, &rstd, &x, &w, 1e-6, Some(&amax))
+            .unwrap();
+        (rstd, amax)
+    };
+    let y = zeros(&[r, c], x_dtype);
+    let ((rstd, amax), (unstored_rstd, unstored_amax)) = (norm(Some(&y)), norm(None));
+    let codes = || {
+        let descale = zeros(&[1], DType::F32);
+        (
+            zeros(&[r, c], DType::E4M3),
+            zeros(&[c, r], DType::E4M3),
+            descale,
+        )
+    };
+    let (rows, cols, descale) = codes();
+    b.quantize(Some(&rows), Some(&cols), &descale, &y, &amax)
+        .unwrap();
+    let (n_rows, n_cols, n_descale) = codes();
+    let normalized = Normalized {
+        x: &x,
+        rstd: &unstored_rstd,
+        weight: &w,
+    };
+    b.quantize_normalized(&n_rows, &n_cols, &n_descale, normalized, &unstored_amax)
+        .unwrap();
+    let values = |t: &Tensor<B>| b.download(t).unwrap();
+    vec![
+        ("stored rstd", values(&rstd)),
+        ("stored amax", values(&amax)),
+        ("stored rows", values(&rows)),
+        ("stored cols", values(&cols)),
+        ("stored descale", values(&descale)),
+        ("normalized rstd", values(&unstored_rstd)),
+        ("normalized amax", values(&unstored_amax)),
+        ("normalized rows", values(&n_rows)),
+        ("normalized cols", values(&n_cols)),
+        ("normalized descale", values(&n_descale)),
+    ]
+}
+
+/// Whether `norm_quantizations` gave the same bits both ways.
+pub fn norm_quantizations_agree(outputs: &Outputs) -> bool {
+    ["rstd", "amax", "rows", "cols", "descale"]
+        .iter()
+        .all(|part| {
+            same_bits(
+                output(outputs, &format!("stored {part}")),
+                output(outputs, &format!("normalized {part}")),
+            )
+        })
 }
