@@ -90,6 +90,12 @@ impl<T: Scalar> Cpu<T> {
         Ok(())
     }
 
+    /// Raises `amax[0]` to the abs-max of `values`.
+    fn raise_abs_max(&self, amax: &Tensor<Self>, values: &[T]) -> Result<()> {
+        let found = fp8::abs_max(values);
+        self.update(amax, |a| a[0] = a[0].max(T::of(found as f64)))
+    }
+
     /// Raises `amax[0]` to the abs-max of `t`: the `amax` argument of the producing ops.
     fn report_abs_max(&self, amax: Option<&Tensor<Self>>, t: &Tensor<Self>) -> Result<()> {
         match amax {
@@ -316,8 +322,7 @@ impl<T: Scalar> Backend for Cpu<T> {
             weight,
         })?;
         if let Some(amax) = amax {
-            let found = fp8::abs_max(&y);
-            self.update(amax, |a| a[0] = a[0].max(T::of(found as f64)))?;
+            self.raise_abs_max(amax, &y)?;
         }
         match out {
             Some(out) => self.update(out, |o| o.copy_from_slice(&y)),
@@ -593,8 +598,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     }
 
     fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
-        let found = fp8::abs_max(&self.floats(x)?);
-        self.update(amax, |a| a[0] = a[0].max(T::of(found as f64)))
+        self.raise_abs_max(amax, &self.floats(x)?)
     }
 
     fn quantize_normalized(
