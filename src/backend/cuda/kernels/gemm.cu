@@ -243,12 +243,30 @@ __device__ __forceinline__ void warpgroup_sync(int consumer) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(consumer + 1) : "memory");
 }
 
-// Writes 12 accumulator blocks (96 columns), the values `value(i, half, e)` of block i, into
+// Two bf16 values in one register, the first in the low half, as they lie in memory: the form
+// the epilogues hold the tile in.
+using Pair = u32;
+__device__ __forceinline__ Pair pair_of(float lo, float hi) {
+    Pair p;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(p) : "f"(hi), "f"(lo));
+    return p;
+}
+__device__ __forceinline__ float low_of(Pair p) { return __uint_as_float(p << 16); }
+__device__ __forceinline__ float high_of(Pair p) { return __uint_as_float(p & 0xffff0000u); }
+// Each half of `largest` raised to |that half of p|, in bf16, which is exact; a NaN is dropped,
+// as fmaxf drops it.
+__device__ __forceinline__ Pair raise_abs_max(Pair largest, Pair p) {
+    Pair r;
+    asm("max.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(largest), "r"(p & 0x7fff7fffu));
+    return r;
+}
+
+// Writes 12 accumulator blocks (96 columns), the bf16 pairs `pair(i, half)` of block i, into
 // the three slabs at `buf`: this thread's rows 16·warp + lane/4 (+ 8), columns 8i + 2(lane % 4)
 // (+1). The swizzle puts a warp's 8 rows of one block in 8 different 16-byte bank groups (rows
 // of 64 bytes, chunks permuted by (r / 2) % 4): no bank conflicts.
-template <typename Value>
-__device__ __forceinline__ void write_piece(unsigned char* buf, Value value) {
+template <typename Pairs>
+__device__ __forceinline__ void write_piece(unsigned char* buf, Pairs pair) {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -256,8 +274,7 @@ __device__ __forceinline__ void write_piece(unsigned char* buf, Value value) {
         unsigned char* line = buf + r * 64 + 4 * (lane % 4);
 #pragma unroll
         for (int i = 0; i < 12; ++i)
-            *reinterpret_cast<__nv_bfloat162*>(line + (i / 4) * SLAB_BYTES + (((i % 4) ^ ((r / 2) % 4)) * 16)) =
-                __floats2bfloat162_rn(value(i, half, 0), value(i, half, 1));
+            *reinterpret_cast<Pair*>(line + (i / 4) * SLAB_BYTES + (((i % 4) ^ ((r / 2) % 4)) * 16)) = pair(i, half);
     }
 }
 
@@ -284,14 +301,14 @@ __device__ __forceinline__ void store_piece(const TensorMap* map, const unsigned
 
 // One piece through buffer `n % EPI_BUFS`: waits until TMA has read the piece that last used
 // it, writes, and sends.
-template <typename Value>
+template <typename Pairs>
 __device__ __forceinline__ void epilogue_piece(unsigned char* bufs, int& n, int consumer, const TensorMap* map, int x,
-                                               int y, int z, bool three_d, Value value) {
+                                               int y, int z, bool three_d, Pairs pair) {
     unsigned char* buf = bufs + (n % EPI_BUFS) * PIECE_BYTES;
     const bool leader = threadIdx.x % 128 == 0;
     if (leader) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(EPI_BUFS - 1) : "memory");
     warpgroup_sync(consumer);
-    write_piece(buf, value);
+    write_piece(buf, pair);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by TMA
     warpgroup_sync(consumer);
     if (leader) store_piece(map, buf, x, y, z, three_d);
@@ -320,12 +337,12 @@ __device__ __forceinline__ void dswiglu_load(unsigned char* bufs, u64* bars, con
 }
 
 // Piece p of the warpgroup's `tile`-th tile: waits for its values, computes, and sends them;
-// then (leader) starts piece p + 2's loads into the same buffer. `dh(i, half, e)` reads the
-// accumulator blocks of the piece's rows. With AMAX, `largest` is raised to the largest
-// |gradient| as stored.
+// then (leader) starts piece p + 2's loads into the same buffer. `dh(i, half)` reads the bf16
+// pairs of the piece's rows. With AMAX, `largest` is raised to the largest |gradient| as stored,
+// in each half.
 template <bool AMAX, typename Dh>
 __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* bars, int consumer, const TensorMap* gate_up,
-                                              int p, int tile, int col, int row, Dh dh, float& largest) {
+                                              int p, int tile, int col, int row, Dh dh, Pair& largest) {
     static_assert(EPI_BUFS == 2, "two buffers take turns");
     unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
     // Each buffer fills three times a tile: its fills so far give the phase.
@@ -336,20 +353,16 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* bars, in
         const int r = warp * 16 + lane / 4 + 8 * half;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            auto* gp = reinterpret_cast<__nv_bfloat162*>(buf + r * 128 + ((j ^ (r % 8)) * 16) + 4 * (lane % 4));
-            auto* up = reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<unsigned char*>(gp) + DSWIGLU_SLAB);
-            const __nv_bfloat162 g = *gp, u = *up;
+            auto* gp = reinterpret_cast<Pair*>(buf + r * 128 + ((j ^ (r % 8)) * 16) + 4 * (lane % 4));
+            auto* up = reinterpret_cast<Pair*>(reinterpret_cast<unsigned char*>(gp) + DSWIGLU_SLAB);
+            const Pair g = *gp, u = *up, d = dh(8 * (p % 3) + j, half);
             float dg[2], du[2];
-            const int i = 8 * (p % 3) + j;
-            swiglu_grads(__low2float(g), __low2float(u), rounded<bf16>(dh(i, half, 0)), dg[0], du[0]);
-            swiglu_grads(__high2float(g), __high2float(u), rounded<bf16>(dh(i, half, 1)), dg[1], du[1]);
-            const __nv_bfloat162 dg2 = __floats2bfloat162_rn(dg[0], dg[1]);
-            const __nv_bfloat162 du2 = __floats2bfloat162_rn(du[0], du[1]);
+            swiglu_grads(low_of(g), low_of(u), low_of(d), dg[0], du[0]);
+            swiglu_grads(high_of(g), high_of(u), high_of(d), dg[1], du[1]);
+            const Pair dg2 = pair_of(dg[0], dg[1]), du2 = pair_of(du[0], du[1]);
             *gp = dg2;
             *up = du2;
-            if constexpr (AMAX)
-                largest = fmaxf(fmaxf(largest, fmaxf(fabsf(__low2float(dg2)), fabsf(__high2float(dg2)))),
-                                fmaxf(fabsf(__low2float(du2)), fabsf(__high2float(du2))));
+            if constexpr (AMAX) largest = raise_abs_max(raise_abs_max(largest, dg2), du2);
         }
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -458,7 +471,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
         float d[2][96];  // rows 0..63 and 64..127 of the tile
         // FP8: the accumulators times both operands' descales are the product.
         const float scale = FP8 ? *a_descale * *b_descale : 1.0f;
-        float largest = 0.0f;  // FP8 with an epilogue: the largest |output| as stored, for `amax`
+        // FP8 with an epilogue: the largest |output| as stored in each half of a pair, for `amax`.
+        Pair largest = 0;
         unsigned char* bufs = epilogue + consumer * EPI_BUFS * PIECE_BYTES;
         int pieces = 0;  // pieces sent so far: the epilogue ring's position
         // Every other tile of the block's walk, the ring skipping the other consumer's k-blocks.
@@ -510,38 +524,45 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
 #pragma unroll
                     for (int c = 0; c < 96; ++c) d[m][c] *= scale;
             // Accumulator blocks first.. of rows 64m..
-            auto acc = [&](int m, int first) {
-                return [&d, m, first](int i, int half, int e) { return d[m][4 * (first + i) + 2 * half + e]; };
+            auto pairs = [&](int m, int first) {
+                return [&d, m, first](int i, int half) {
+                    const int c = 4 * (first + i) + 2 * half;
+                    return pair_of(d[m][c], d[m][c + 1]);
+                };
             };
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
                 if constexpr (SWIGLU) {
-                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 0, true, acc(m, 0));
-                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 1, true, acc(m, 12));
+                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 0, true, pairs(m, 0));
+                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 1, true, pairs(m, 12));
                     // SwiGLU of the gate and up values as stored, as swiglu.cu reads them.
                     epilogue_piece(bufs, pieces, consumer, &maps.h, col, row + 64 * m, 0, false,
-                                   [&d, &largest, m](int i, int half, int e) {
-                                       const int c = 4 * i + 2 * half + e;
-                                       const float h = swiglu(rounded<bf16>(d[m][c]), rounded<bf16>(d[m][c + 48]));
-                                       if constexpr (FP8) largest = fmaxf(largest, fabsf(rounded<bf16>(h)));
+                                   [&d, &largest, m](int i, int half) {
+                                       const int c = 4 * i + 2 * half;
+                                       auto value = [&](int e) {
+                                           return swiglu(rounded<bf16>(d[m][c + e]), rounded<bf16>(d[m][c + e + 48]));
+                                       };
+                                       const Pair h = pair_of(value(0), value(1));
+                                       if constexpr (FP8) largest = raise_abs_max(largest, h);
                                        return h;
                                    });
                 } else if constexpr (!DSWIGLU) {
-                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 0, false, acc(m, 0));
-                    epilogue_piece(bufs, pieces, consumer, &maps.out, col + HALF, row + 64 * m, 0, false, acc(m, 12));
+                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 0, false, pairs(m, 0));
+                    epilogue_piece(bufs, pieces, consumer, &maps.out, col + HALF, row + 64 * m, 0, false,
+                                   pairs(m, 12));
                 }
             }
             if constexpr (DSWIGLU) {
 #pragma unroll
                 for (int p = 0; p < DSWIGLU_PIECES; ++p)
                     dswiglu_piece<FP8>(bufs, &epi_bar[2 * consumer], consumer, &maps.out, p, j / 2, col, row,
-                                       acc(p / 3, 0), largest);
+                                       pairs(p / 3, 0), largest);
             }
         }
         // As swiglu.cu reports it: an integer max of non-negative floats, in any order.
         if (FP8 && (SWIGLU || DSWIGLU) && amax != nullptr) {
-            largest = warp_max(largest);
-            if (warp_leader) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(largest));
+            const float top = warp_max(fmaxf(low_of(largest), high_of(largest)));
+            if (warp_leader) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(top));
         }
         // Shared memory stays until TMA has read the last pieces.
         if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
