@@ -244,7 +244,7 @@ __device__ __forceinline__ void warpgroup_sync(int consumer) {
 }
 
 // Two bf16 values in one register, the first in the low half, as they lie in memory: the form
-// the epilogues hold the tile in.
+// in which the epilogues round, store and read their values two at a time.
 using Pair = u32;
 __device__ __forceinline__ Pair pair_of(float lo, float hi) {
     Pair p;
@@ -539,6 +539,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                     epilogue_piece(bufs, pieces, consumer, &maps.h, col, row + 64 * m, 0, false,
                                    [&d, &largest, m](int i, int half) {
                                        const int c = 4 * i + 2 * half;
+                                       // Gate and up rounded one at a time: rounded as pairs,
+                                       // ptxas shares them with the pieces above and keeps
+                                       // them live across both, which spills.
                                        auto value = [&](int e) {
                                            return swiglu(rounded<bf16>(d[m][c + e]), rounded<bf16>(d[m][c + e + 48]));
                                        };
