@@ -203,11 +203,6 @@ __device__ __forceinline__ void fill_buffer(u64* full, int i, TmaTile first, Tma
 }
 __device__ __forceinline__ void filled(u64* full, int i) { barrier_wait(&full[i % 2], i / 2); }
 
-__device__ __forceinline__ unsigned pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-
 // A pair of accumulator values in the type of the row they go to, stored as one access.
 __device__ __forceinline__ __nv_bfloat162 pair_for(const bf16*, float lo, float hi) {
     return __floats2bfloat162_rn(lo, hi);
@@ -216,10 +211,10 @@ __device__ __forceinline__ float2 pair_for(const float*, float lo, float hi) { r
 
 // The A fragment of 16 rows x 16 columns kk*16.. of an accumulator tile, packed to bf16.
 __device__ __forceinline__ void a_fragment(unsigned a[4], const float p[TILE / 8][4], int kk) {
-    a[0] = pack(p[2 * kk][0], p[2 * kk][1]);
-    a[1] = pack(p[2 * kk][2], p[2 * kk][3]);
-    a[2] = pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-    a[3] = pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+    a[0] = bf16_pair(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = bf16_pair(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = bf16_pair(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = bf16_pair(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 }
 
 // mma.sync m16n8k16 per warp, operands through ldmatrix from rows padded by 16 bytes (which

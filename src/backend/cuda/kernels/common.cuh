@@ -160,16 +160,26 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[W]) {
     }
 }
 
+// Two bf16 values in one 32-bit word, the first in the low half, as they lie in memory: the
+// form in which mma.sync takes bf16 operands from registers, and in which kernels round,
+// store and read values two at a time. bf16 is the top half of an f32.
+__device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&v);
+}
+__device__ __forceinline__ float bf16_low(u32 pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_high(u32 pair) { return __uint_as_float(pair & 0xffff0000u); }
+
 // W values of T as one access loads them, kept packed until used: 16 bytes as four 32-bit
 // words (so that the loads in flight per operand cost 4 registers each, a bf16 pair
 // sharing one), or a single element without VEC.
 template <typename T, int W>
 struct Packed {
     u32 word[4];
-    // bf16 is the top half of an f32: element k is the low (even k) or high half of a word.
+    // bf16: element k is the low (even k) or high half of a word.
     __device__ __forceinline__ float operator[](int k) const {
         if constexpr (sizeof(T) == 4) return __uint_as_float(word[k]);
-        else return __uint_as_float(k % 2 ? word[k / 2] & 0xffff0000u : word[k / 2] << 16);
+        else return k % 2 ? bf16_high(word[k / 2]) : bf16_low(word[k / 2]);
     }
 };
 

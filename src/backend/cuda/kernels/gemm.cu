@@ -243,16 +243,8 @@ __device__ __forceinline__ void warpgroup_sync(int consumer) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(consumer + 1) : "memory");
 }
 
-// Two bf16 values in one register, the first in the low half, as they lie in memory: the form
-// in which the epilogues round, store and read their values two at a time.
+// The epilogues round, store and read their values two at a time, as `bf16_pair`s.
 using Pair = u32;
-__device__ __forceinline__ Pair pair_of(float lo, float hi) {
-    Pair p;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(p) : "f"(hi), "f"(lo));
-    return p;
-}
-__device__ __forceinline__ float low_of(Pair p) { return __uint_as_float(p << 16); }
-__device__ __forceinline__ float high_of(Pair p) { return __uint_as_float(p & 0xffff0000u); }
 // Each half of `largest` raised to |that half of p|, in bf16, which is exact; a NaN is dropped,
 // as fmaxf drops it.
 __device__ __forceinline__ Pair raise_abs_max(Pair largest, Pair p) {
@@ -357,9 +349,9 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* bars, in
             auto* up = reinterpret_cast<Pair*>(reinterpret_cast<unsigned char*>(gp) + DSWIGLU_SLAB);
             const Pair g = *gp, u = *up, d = dh(8 * (p % 3) + j, half);
             float dg[2], du[2];
-            swiglu_grads(low_of(g), low_of(u), low_of(d), dg[0], du[0]);
-            swiglu_grads(high_of(g), high_of(u), high_of(d), dg[1], du[1]);
-            const Pair dg2 = pair_of(dg[0], dg[1]), du2 = pair_of(du[0], du[1]);
+            swiglu_grads(bf16_low(g), bf16_low(u), bf16_low(d), dg[0], du[0]);
+            swiglu_grads(bf16_high(g), bf16_high(u), bf16_high(d), dg[1], du[1]);
+            const Pair dg2 = bf16_pair(dg[0], dg[1]), du2 = bf16_pair(du[0], du[1]);
             *gp = dg2;
             *up = du2;
             if constexpr (AMAX) largest = raise_abs_max(raise_abs_max(largest, dg2), du2);
@@ -527,7 +519,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             auto pairs = [&](int m, int first) {
                 return [&d, m, first](int i, int half) {
                     const int c = 4 * (first + i) + 2 * half;
-                    return pair_of(d[m][c], d[m][c + 1]);
+                    return bf16_pair(d[m][c], d[m][c + 1]);
                 };
             };
 #pragma unroll
@@ -545,7 +537,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                                        auto value = [&](int e) {
                                            return swiglu(rounded<bf16>(d[m][c + e]), rounded<bf16>(d[m][c + e + 48]));
                                        };
-                                       const Pair h = pair_of(value(0), value(1));
+                                       const Pair h = bf16_pair(value(0), value(1));
                                        if constexpr (FP8) largest = raise_abs_max(largest, h);
                                        return h;
                                    });
@@ -564,7 +556,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
         }
         // As swiglu.cu reports it: an integer max of non-negative floats, in any order.
         if (FP8 && (SWIGLU || DSWIGLU) && amax != nullptr) {
-            const float top = warp_max(fmaxf(low_of(largest), high_of(largest)));
+            const float top = warp_max(fmaxf(bf16_low(largest), bf16_high(largest)));
             if (warp_leader) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(top));
         }
         // Shared memory stays until TMA has read the last pieces.
