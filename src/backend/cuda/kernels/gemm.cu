@@ -24,7 +24,8 @@
 // (its 128 x 192 accumulator is 192 registers a thread) and keeping one k-block's products in
 // flight, then writes the tile to shared memory, from where TMA stores it, while the other
 // warpgroup multiplies the next tile. The producer fills the ring with one tile's k-blocks
-// after another, so each consumer takes every other tile's.
+// after another, so each consumer takes every other tile's. With SwiGLU's backward, two more
+// threads of warpgroup 0 move the epilogue's gate/up pieces in and out, one for each consumer.
 //
 // The tile's shape is measured: on an H100 at the models' gate/up shapes, this one ran 743-799
 // TFLOP/s against cuBLAS's 728-782, where 64 x 256 a consumer (a warpgroup's one wgmma wide)
@@ -233,7 +234,7 @@ __device__ __forceinline__ void tile_at(int t, int tiles_m, int tiles_n, int& tm
 // swizzled slabs of 32 columns, into a ring of EPI_BUFS buffers, and one thread sends each piece
 // to global memory by TMA, which runs on while the warpgroup goes on to the next tile's
 // products. A buffer is written again only once TMA has read it. SwiGLU's backward uses the same
-// buffers for pieces of 64 x 64 from each of gate and up (`dswiglu_piece`).
+// buffers for pieces of 64 x 64 from each of gate and up (`dswiglu_piece`, `dswiglu_copies`).
 constexpr int PIECE_BYTES = 64 * 64 * 2 * 2;
 constexpr int SLAB_BYTES = 64 * 64;  // 64 rows x 32 bf16 columns
 constexpr int EPI_BUFS = GEMM_EPI_BUFS;
@@ -309,69 +310,100 @@ __device__ __forceinline__ void epilogue_piece(unsigned char* bufs, int& n, int 
 
 // SwiGLU's backward in the epilogue of the down projection's input gradient dh, in pieces of
 // 64 rows x 64 columns: TMA brings a piece's gate and up values (gate_up as [M, 2, F], boxes
-// of 64 x 64 in the 128-byte swizzle) into one of the warpgroup's two buffers (gate's slab,
+// of 64 x 64 in the 128-byte swizzle) into one of the consumer's two buffers (gate's slab,
 // then up's), each thread overwrites its own with their gradients from dh (rounded to bf16
 // first, as the separate matmul stores dh), and TMA sends them back in place. The two buffers
-// take turns: the first two pieces' loads are issued while the tile's products run, and each
-// later one as soon as the store two pieces before it has read its buffer, so a piece's load
-// waits under the arithmetic of the one before. Piece p covers rows 64 (p / 3) and columns
-// 64 (p % 3) of the tile.
+// take turns. The copies are not the consumer's: one thread of the producer warpgroup serves
+// each consumer (`dswiglu_copies`), sending each piece once the consumer's four warps have
+// written it and refilling the buffer once TMA has read it, so the consumer's warps go from
+// one piece to the next without waiting on TMA or on each other. Piece p covers rows
+// 64 (p / 3) and columns 64 (p % 3) of the tile.
 constexpr int DSWIGLU_PIECES = 6;
 constexpr int DSWIGLU_SLAB = 64 * 128;
 
-// Leader: starts piece p's loads.
-__device__ __forceinline__ void dswiglu_load(unsigned char* bufs, u64* bars, const TensorMap* gate_up, int p,
+// Starts piece p's loads, completing on `loaded[p % 2]`.
+__device__ __forceinline__ void dswiglu_load(unsigned char* bufs, u64* loaded, const TensorMap* gate_up, int p,
                                              int col, int row) {
     unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
-    barrier_expect(&bars[p % 2], PIECE_BYTES);
+    barrier_expect(&loaded[p % 2], PIECE_BYTES);
     for (int z = 0; z < 2; ++z)
-        tma_load_3d(buf + z * DSWIGLU_SLAB, gate_up, col + 64 * (p % 3), z, row + 64 * (p / 3), &bars[p % 2]);
+        tma_load_3d(buf + z * DSWIGLU_SLAB, gate_up, col + 64 * (p % 3), z, row + 64 * (p / 3), &loaded[p % 2]);
 }
 
-// Piece p of the warpgroup's `tile`-th tile: waits for its values, computes, and sends them;
-// then (leader) starts piece p + 2's loads into the same buffer. `dh(i, half)` reads the bf16
-// pairs of the piece's rows. With AMAX, `largest` is raised to the largest |gradient| as stored,
-// in each half.
+// Each buffer fills, and is written, three times a tile: the count so far gives the phase.
+__device__ __forceinline__ int dswiglu_phase(int tile, int p) { return (3 * tile + p / 2) & 1; }
+
+// The copies of one consumer's pieces, over its tiles: `corner(tile, row, col)` gives the
+// first row and column of its `tile`-th, false past the last. A buffer is refilled only once
+// TMA has read the piece sent from it, and a tile's first two pieces load while the consumer
+// computes that tile's products.
+template <typename Corner>
+__device__ __forceinline__ void dswiglu_copies(unsigned char* bufs, u64* loaded, u64* computed,
+                                               const TensorMap* gate_up, Corner corner) {
+    int row, col;
+    for (int tile = 0; corner(tile, row, col); ++tile) {
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        for (int p = 0; p < 2; ++p) dswiglu_load(bufs, loaded, gate_up, p, col, row);
+        for (int p = 0; p < DSWIGLU_PIECES; ++p) {
+            const unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
+            barrier_wait(&computed[p % 2], dswiglu_phase(tile, p));
+            for (int z = 0; z < 2; ++z)
+                asm volatile(
+                    "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                        reinterpret_cast<u64>(gate_up)),
+                    "r"(col + 64 * (p % 3)), "r"(z), "r"(row + 64 * (p / 3)), "r"(smem_u32(buf + z * DSWIGLU_SLAB))
+                    : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            if (p + 2 < DSWIGLU_PIECES) {
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                dswiglu_load(bufs, loaded, gate_up, p + 2, col, row);
+            }
+        }
+    }
+    // Shared memory stays until TMA has read the last pieces.
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// Piece p of the consumer's `tile`-th tile: waits for its values, computes, and hands the
+// buffer back (`computed`, one arrival a warp). `dh(i, half)` reads the bf16 pairs of the
+// piece's rows. With AMAX, `largest` is raised to the largest |gradient| as stored, in each
+// half. A half's gate and up pairs are all read before any is written: interleaved, every
+// read would wait for the write before it (they might alias, for all the compiler knows), one
+// pair's chain of arithmetic after another.
 template <bool AMAX, typename Dh>
-__device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* bars, int consumer, const TensorMap* gate_up,
-                                              int p, int tile, int col, int row, Dh dh, Pair& largest) {
+__device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* loaded, u64* computed, int p, int tile, Dh dh,
+                                              Pair& largest) {
     static_assert(EPI_BUFS == 2, "two buffers take turns");
     unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
-    // Each buffer fills three times a tile: its fills so far give the phase.
-    barrier_wait(&bars[p % 2], (3 * tile + p / 2) & 1);
+    barrier_wait(&loaded[p % 2], dswiglu_phase(tile, p));
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = warp * 16 + lane / 4 + 8 * half;
+        Pair* gate[8];
+        Pair g[8], u[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            auto* gp = reinterpret_cast<Pair*>(buf + r * 128 + ((j ^ (r % 8)) * 16) + 4 * (lane % 4));
-            auto* up = reinterpret_cast<Pair*>(reinterpret_cast<unsigned char*>(gp) + DSWIGLU_SLAB);
-            const Pair g = *gp, u = *up, d = dh(8 * (p % 3) + j, half);
+            gate[j] = reinterpret_cast<Pair*>(buf + r * 128 + ((j ^ (r % 8)) * 16) + 4 * (lane % 4));
+            g[j] = *gate[j];
+            u[j] = *reinterpret_cast<Pair*>(reinterpret_cast<unsigned char*>(gate[j]) + DSWIGLU_SLAB);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const Pair d = dh(8 * (p % 3) + j, half);
             float dg[2], du[2];
-            swiglu_grads(bf16_low(g), bf16_low(u), bf16_low(d), dg[0], du[0]);
-            swiglu_grads(bf16_high(g), bf16_high(u), bf16_high(d), dg[1], du[1]);
-            const Pair dg2 = bf16_pair(dg[0], dg[1]), du2 = bf16_pair(du[0], du[1]);
-            *gp = dg2;
-            *up = du2;
-            if constexpr (AMAX) largest = raise_abs_max(raise_abs_max(largest, dg2), du2);
+            swiglu_grads(bf16_low(g[j]), bf16_low(u[j]), bf16_low(d), dg[0], du[0]);
+            swiglu_grads(bf16_high(g[j]), bf16_high(u[j]), bf16_high(d), dg[1], du[1]);
+            g[j] = bf16_pair(dg[0], dg[1]);
+            u[j] = bf16_pair(du[0], du[1]);
+            *gate[j] = g[j];
+            *reinterpret_cast<Pair*>(reinterpret_cast<unsigned char*>(gate[j]) + DSWIGLU_SLAB) = u[j];
+            if constexpr (AMAX) largest = raise_abs_max(raise_abs_max(largest, g[j]), u[j]);
         }
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    warpgroup_sync(consumer);
-    if (threadIdx.x % 128 == 0) {
-        for (int z = 0; z < 2; ++z)
-            asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                             reinterpret_cast<u64>(gate_up)),
-                         "r"(col + 64 * (p % 3)), "r"(z), "r"(row + 64 * (p / 3)),
-                         "r"(smem_u32(buf + z * DSWIGLU_SLAB))
-                         : "memory");
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        if (p + 2 < DSWIGLU_PIECES) {
-            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            dswiglu_load(bufs, bars, gate_up, p + 2, col, row);
-        }
-    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by TMA
+    __syncwarp();
+    if (lane == 0) barrier_arrive(&computed[p % 2]);
 }
 #endif
 
@@ -404,12 +436,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
     unsigned char* epilogue = smem + STAGES * STAGE_BYTES;  // EPI_BUFS pieces per consumer
     u64* full = reinterpret_cast<u64*>(epilogue + 2 * EPI_BUFS * PIECE_BYTES);
     u64* empty = full + STAGES;
-    u64* epi_bar = empty + STAGES;  // two a consumer warpgroup, for its buffers' loads (DSWIGLU)
+    u64* loaded = empty + STAGES;  // DSWIGLU: two a consumer, for its buffers' loads
     // order[c] completes each time the other consumer has taken all of a tile's k-blocks. A
     // consumer starts a tile only then: a barrier's parity tells apart only its last two
     // phases, so a consumer that waited on a ring buffer's barrier while that buffer still held
     // the k-blocks before the other consumer's could see a phase long past as done.
-    u64* order = epi_bar + 4;
+    u64* order = loaded + 4;
+    u64* computed = order + 2;  // DSWIGLU: two a consumer, for its pieces' gradients
     // A SwiGLU tile covers 96 gate and 96 up columns. Tiles go in pairs of rows.
     const int tile_cols = SWIGLU ? HALF : BN;
     const int tiles_n = ((SWIGLU ? N / 2 : N) + tile_cols - 1) / tile_cols;
@@ -422,7 +455,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             barrier_init(&full[s], 1);
             barrier_init(&empty[s], CLUSTER * READERS);
         }
-        for (int i = 0; i < 6; ++i) barrier_init(&epi_bar[i], 1);
+        for (int i = 0; i < 6; ++i) barrier_init(&loaded[i], 1);  // and order's two
+        for (int i = 0; i < 4; ++i) barrier_init(&computed[i], READERS);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     cluster_sync();
@@ -455,6 +489,19 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                     }
                 }
             }
+        } else if (DSWIGLU && (threadIdx.x == 32 || threadIdx.x == 64)) {
+            // Warp 1 serves consumer 0, warp 2 consumer 1, over the consumer's every other tile.
+            const int consumer = threadIdx.x / 32 - 1;
+            dswiglu_copies(epilogue + consumer * EPI_BUFS * PIECE_BYTES, &loaded[2 * consumer],
+                           &computed[2 * consumer], &maps.out, [&](int tile, int& row, int& col) {
+                               const int t = cluster + (consumer + 2 * tile) * clusters;
+                               if (t >= pairs) return false;
+                               int pm, tn;
+                               tile_at(t, pairs_m, tiles_n, pm, tn);
+                               row = (CLUSTER * pm + rank) * BM;
+                               col = tn * tile_cols;
+                               return true;
+                           });
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
@@ -494,12 +541,6 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                             mma_64x192<false>(d[m], a_desc, k_major(b + kk * 32), kb > 0 || kk > 0);
                     }
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-                // While the first products run: the first two pieces of the epilogue's gate/up,
-                // once TMA has read the last tile's from the buffers.
-                if (DSWIGLU && kb == 0 && threadIdx.x % 128 == 0) {
-                    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-                    for (int p = 0; p < 2; ++p) dswiglu_load(bufs, &epi_bar[2 * consumer], &maps.out, p, col, row);
-                }
                 // The previous k-block's products are done: both blocks may refill its buffer.
                 products_pending<1>();
                 if (previous >= 0 && warp_leader)
@@ -550,7 +591,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             if constexpr (DSWIGLU) {
 #pragma unroll
                 for (int p = 0; p < DSWIGLU_PIECES; ++p)
-                    dswiglu_piece<FP8>(bufs, &epi_bar[2 * consumer], consumer, &maps.out, p, j / 2, col, row,
+                    dswiglu_piece<FP8>(bufs, &loaded[2 * consumer], &computed[2 * consumer], p, j / 2,
                                        pairs(p / 3, 0), largest);
             }
         }
