@@ -315,9 +315,9 @@ __device__ __forceinline__ void epilogue_piece(unsigned char* bufs, int& n, int 
 // first, as the separate matmul stores dh), and TMA sends them back in place. The two buffers
 // take turns. The copies are not the consumer's: one thread of the producer warpgroup serves
 // each consumer (`dswiglu_copies`), sending each piece once the consumer's four warps have
-// written it and refilling the buffer once TMA has read it, so the consumer's warps go from
-// one piece to the next without waiting on TMA or on each other. Piece p covers rows
-// 64 (p / 3) and columns 64 (p % 3) of the tile.
+// written it and refilling the buffer once TMA has read it, so the consumer's warps wait only
+// for a piece's values to arrive, not for TMA to take their results or for each other. Piece p
+// covers rows 64 (p / 3) and columns 64 (p % 3) of the tile.
 constexpr int DSWIGLU_PIECES = 6;
 constexpr int DSWIGLU_SLAB = 64 * 128;
 
