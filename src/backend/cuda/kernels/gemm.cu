@@ -272,6 +272,14 @@ __device__ __forceinline__ void write_piece(unsigned char* buf, Pairs pair) {
 }
 
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
+// Sends the box at `src` to (x, z, y) of a 3-D map, in the thread's current bulk group.
+__device__ __forceinline__ void tma_store_3d(const TensorMap* map, const unsigned char* src, int x, int z, int y) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                     reinterpret_cast<u64>(map)),
+                 "r"(x), "r"(z), "r"(y), "r"(smem_u32(src))
+                 : "memory");
+}
+
 // Sends the three slabs at `buf` to (x + 32s, y) of `map` (2-D), or of its 3-D form with middle
 // coordinate `z` (SwiGLU's out as [M, 2, F]).
 __device__ __forceinline__ void store_piece(const TensorMap* map, const unsigned char* buf, int x, int y, int z,
@@ -279,10 +287,7 @@ __device__ __forceinline__ void store_piece(const TensorMap* map, const unsigned
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
         if (three_d)
-            asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                             reinterpret_cast<u64>(map)),
-                         "r"(x + 32 * s), "r"(z), "r"(y), "r"(smem_u32(buf + s * SLAB_BYTES))
-                         : "memory");
+            tma_store_3d(map, buf + s * SLAB_BYTES, x + 32 * s, z, y);
         else
             asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
                              reinterpret_cast<u64>(map)),
@@ -348,11 +353,7 @@ __device__ __forceinline__ void dswiglu_copies(unsigned char* bufs, u64* loaded,
             const unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
             barrier_wait(&computed[p % 2], dswiglu_phase(tile, p));
             for (int z = 0; z < 2; ++z)
-                asm volatile(
-                    "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                        reinterpret_cast<u64>(gate_up)),
-                    "r"(col + 64 * (p % 3)), "r"(z), "r"(row + 64 * (p / 3)), "r"(smem_u32(buf + z * DSWIGLU_SLAB))
-                    : "memory");
+                tma_store_3d(gate_up, buf + z * DSWIGLU_SLAB, col + 64 * (p % 3), z, row + 64 * (p / 3));
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             if (p + 2 < DSWIGLU_PIECES) {
                 asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
