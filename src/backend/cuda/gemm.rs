@@ -358,9 +358,9 @@ impl Cuda {
         let pairs = m.div_ceil((CLUSTER * TILE_ROWS) as usize) * span.div_ceil(tile_cols as usize);
         let smem = STAGES as u32 * (TILE_ROWS + TILE_COLS) * LINE * 2
             + 2 * EPI_BUFS as u32 * PIECE_BYTES
-            // mbarriers: full and empty for each stage, and gemm.cu's loaded (4), order (2)
-            // and computed (4)
-            + (2 * STAGES as u32 + 10) * 8;
+            // mbarriers: full and empty for each stage, and gemm.cu's ready and written (one
+            // each per epilogue buffer) and order (2)
+            + (2 * STAGES as u32 + 4 * EPI_BUFS as u32 + 2) * 8;
         let targs = [Arg::Gemm(kind)];
         let inst = Kernel::GemmTn.instance(&targs)?;
         let resident =

@@ -24,8 +24,9 @@
 // (its 128 x 192 accumulator is 192 registers a thread) and keeping one k-block's products in
 // flight, then writes the tile to shared memory, from where TMA stores it, while the other
 // warpgroup multiplies the next tile. The producer fills the ring with one tile's k-blocks
-// after another, so each consumer takes every other tile's. With SwiGLU's backward, two more
-// threads of warpgroup 0 move the epilogue's gate/up pieces in and out, one for each consumer.
+// after another, so each consumer takes every other tile's. Two more threads of warpgroup 0
+// move the epilogue's pieces out (and, with SwiGLU's backward, gate/up's in), one for each
+// consumer.
 //
 // The tile's shape is measured: on an H100 at the models' gate/up shapes, this one ran 743-799
 // TFLOP/s against cuBLAS's 728-782, where 64 x 256 a consumer (a warpgroup's one wgmma wide)
@@ -231,18 +232,14 @@ __device__ __forceinline__ void tile_at(int t, int tiles_m, int tiles_n, int& tm
 
 // The epilogue goes through shared memory: the consumer warpgroup writes its tile (or, with
 // SwiGLU, its gate, up and SwiGLU pieces) in pieces of 64 rows x 96 columns, three 64-byte-
-// swizzled slabs of 32 columns, into a ring of EPI_BUFS buffers, and one thread sends each piece
-// to global memory by TMA, which runs on while the warpgroup goes on to the next tile's
-// products. A buffer is written again only once TMA has read it. SwiGLU's backward uses the same
-// buffers for pieces of 64 x 64 from each of gate and up (`dswiglu_piece`, `dswiglu_copies`).
+// swizzled slabs of 32 columns, into a ring of EPI_BUFS buffers, and a thread of the producer
+// warpgroup sends each piece to global memory by TMA (`output_copies`) while the consumer goes
+// on to the next piece, and then to the next tile's products. A buffer is written again only
+// once TMA has read it. SwiGLU's backward uses the same buffers for pieces of 64 x 64 from each
+// of gate and up (`dswiglu_piece`, `dswiglu_copies`).
 constexpr int PIECE_BYTES = 64 * 64 * 2 * 2;
 constexpr int SLAB_BYTES = 64 * 64;  // 64 rows x 32 bf16 columns
 constexpr int EPI_BUFS = GEMM_EPI_BUFS;
-
-// The consumer warpgroup's own barrier (named barriers 1 and 2; 0 is __syncthreads).
-__device__ __forceinline__ void warpgroup_sync(int consumer) {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(consumer + 1) : "memory");
-}
 
 // The epilogues round, store and read their values two at a time, as `bf16_pair`s.
 using Pair = u32;
@@ -297,67 +294,100 @@ __device__ __forceinline__ void store_piece(const TensorMap* map, const unsigned
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
-// One piece through buffer `n % EPI_BUFS`: waits until TMA has read the piece that last used
-// it, writes, and sends.
+// The epilogue's buffers pass between a consumer and its copy thread (`output_copies`,
+// `dswiglu_copies`) on two mbarriers each: `ready` completes when the buffer may be written
+// (its last piece read by TMA; with SwiGLU's backward, its gate/up values arrived), `written`
+// when the consumer's four warps have written it. Piece n of a consumer (counting from its
+// first tile) takes buffer n % EPI_BUFS, for that buffer's use n / EPI_BUFS, whose parity both
+// sides wait on.
+__device__ __forceinline__ unsigned char* await_buffer(unsigned char* bufs, u64* ready, int n) {
+    barrier_wait(&ready[n % EPI_BUFS], (n / EPI_BUFS) & 1);
+    return bufs + (n % EPI_BUFS) * PIECE_BYTES;
+}
+
+// Each warp's writes to piece n's buffer, seen by TMA, and the buffer handed to the copy thread.
+__device__ __forceinline__ void hand_over(u64* written, int n) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) barrier_arrive(&written[n % EPI_BUFS]);
+}
+
+// The consumer's piece n: `pair(i, half)` written into its buffer once ready.
 template <typename Pairs>
-__device__ __forceinline__ void epilogue_piece(unsigned char* bufs, int& n, int consumer, const TensorMap* map, int x,
-                                               int y, int z, bool three_d, Pairs pair) {
-    unsigned char* buf = bufs + (n % EPI_BUFS) * PIECE_BYTES;
-    const bool leader = threadIdx.x % 128 == 0;
-    if (leader) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(EPI_BUFS - 1) : "memory");
-    warpgroup_sync(consumer);
-    write_piece(buf, pair);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by TMA
-    warpgroup_sync(consumer);
-    if (leader) store_piece(map, buf, x, y, z, three_d);
+__device__ __forceinline__ void epilogue_piece(unsigned char* bufs, u64* ready, u64* written, int& n, Pairs pair) {
+    write_piece(await_buffer(bufs, ready, n), pair);
+    hand_over(written, n);
     ++n;
+}
+
+// The copies of one consumer's output pieces, over its tiles, in the order the consumer writes
+// them: `corner(tile, row, col)` gives the first row and column of its `tile`-th, false past
+// the last. A piece is sent once written, and its buffer handed back once TMA has read it, so
+// that the consumer's warps never wait for the sends or for each other. Per 64 rows of a tile:
+// SwiGLU's gate and up pieces (out as [M, 2, F]) and then h's; otherwise the tile's two halves.
+template <bool SWIGLU, typename Corner>
+__device__ __forceinline__ void output_copies(const unsigned char* bufs, u64* ready, u64* written, const Maps& maps,
+                                              Corner corner) {
+    for (int b = 0; b < EPI_BUFS; ++b) barrier_arrive(&ready[b]);  // each buffer starts free
+    int n = 0, row, col;
+    for (int tile = 0; corner(tile, row, col); ++tile)
+#pragma unroll 1
+        for (int m = 0; m < 2; ++m)
+#pragma unroll 1
+            for (int k = 0; k < (SWIGLU ? 3 : 2); ++k, ++n) {
+                const unsigned char* buf = bufs + (n % EPI_BUFS) * PIECE_BYTES;
+                barrier_wait(&written[n % EPI_BUFS], (n / EPI_BUFS) & 1);
+                if (!SWIGLU)
+                    store_piece(&maps.out, buf, col + HALF * k, row + 64 * m, 0, false);
+                else if (k < 2)
+                    store_piece(&maps.out, buf, col, row + 64 * m, k, true);
+                else
+                    store_piece(&maps.h, buf, col, row + 64 * m, 0, false);
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                barrier_arrive(&ready[n % EPI_BUFS]);
+            }
 }
 
 // SwiGLU's backward in the epilogue of the down projection's input gradient dh, in pieces of
 // 64 rows x 64 columns: TMA brings a piece's gate and up values (gate_up as [M, 2, F], boxes
-// of 64 x 64 in the 128-byte swizzle) into one of the consumer's two buffers (gate's slab,
-// then up's), each thread overwrites its own with their gradients from dh (rounded to bf16
-// first, as the separate matmul stores dh), and TMA sends them back in place. The two buffers
-// take turns. The copies are not the consumer's: one thread of the producer warpgroup serves
-// each consumer (`dswiglu_copies`), sending each piece once the consumer's four warps have
-// written it and refilling the buffer once TMA has read it, so the consumer's warps wait only
-// for a piece's values to arrive, not for TMA to take their results or for each other. Piece p
-// covers rows 64 (p / 3) and columns 64 (p % 3) of the tile.
+// of 64 x 64 in the 128-byte swizzle) into one of the consumer's buffers (gate's slab, then
+// up's), each thread overwrites its own with their gradients from dh (rounded to bf16 first,
+// as the separate matmul stores dh), and TMA sends them back in place. The consumer's warps
+// wait only for a piece's values to arrive; its copy thread (`dswiglu_copies`) sends the piece
+// and refills the buffer. Piece p of a tile covers its rows 64 (p / 3) and columns 64 (p % 3).
 constexpr int DSWIGLU_PIECES = 6;
 constexpr int DSWIGLU_SLAB = 64 * 128;
 
-// Starts piece p's loads, completing on `loaded[p % 2]`.
-__device__ __forceinline__ void dswiglu_load(unsigned char* bufs, u64* loaded, const TensorMap* gate_up, int p,
+// Starts the loads of piece n (the tile's p-th), completing on its buffer's `ready`.
+__device__ __forceinline__ void dswiglu_load(unsigned char* bufs, u64* ready, const TensorMap* gate_up, int n,
                                              int col, int row) {
-    unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
-    barrier_expect(&loaded[p % 2], PIECE_BYTES);
+    const int p = n % DSWIGLU_PIECES;
+    u64* bar = &ready[n % EPI_BUFS];
+    barrier_expect(bar, PIECE_BYTES);
     for (int z = 0; z < 2; ++z)
-        tma_load_3d(buf + z * DSWIGLU_SLAB, gate_up, col + 64 * (p % 3), z, row + 64 * (p / 3), &loaded[p % 2]);
+        tma_load_3d(bufs + (n % EPI_BUFS) * PIECE_BYTES + z * DSWIGLU_SLAB, gate_up, col + 64 * (p % 3), z,
+                    row + 64 * (p / 3), bar);
 }
 
-// Each buffer fills, and is written, three times a tile: the count so far gives the phase.
-__device__ __forceinline__ int dswiglu_phase(int tile, int p) { return (3 * tile + p / 2) & 1; }
-
-// The copies of one consumer's pieces, over its tiles: `corner(tile, row, col)` gives the
-// first row and column of its `tile`-th, false past the last. A buffer is refilled only once
-// TMA has read the piece sent from it, and a tile's first two pieces load while the consumer
-// computes that tile's products.
+// The copies of one consumer's pieces, over its tiles (`corner` as for `output_copies`). A
+// buffer is refilled only once TMA has read the piece sent from it, and a tile's first pieces
+// load while the consumer computes that tile's products.
 template <typename Corner>
-__device__ __forceinline__ void dswiglu_copies(unsigned char* bufs, u64* loaded, u64* computed,
+__device__ __forceinline__ void dswiglu_copies(unsigned char* bufs, u64* ready, u64* written,
                                                const TensorMap* gate_up, Corner corner) {
     int row, col;
-    for (int tile = 0; corner(tile, row, col); ++tile) {
+    for (int tile = 0, n = 0; corner(tile, row, col); ++tile) {
         asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-        for (int p = 0; p < 2; ++p) dswiglu_load(bufs, loaded, gate_up, p, col, row);
-        for (int p = 0; p < DSWIGLU_PIECES; ++p) {
-            const unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
-            barrier_wait(&computed[p % 2], dswiglu_phase(tile, p));
+        for (int b = 0; b < EPI_BUFS; ++b) dswiglu_load(bufs, ready, gate_up, n + b, col, row);
+        for (int p = 0; p < DSWIGLU_PIECES; ++p, ++n) {
+            const unsigned char* buf = bufs + (n % EPI_BUFS) * PIECE_BYTES;
+            barrier_wait(&written[n % EPI_BUFS], (n / EPI_BUFS) & 1);
             for (int z = 0; z < 2; ++z)
                 tma_store_3d(gate_up, buf + z * DSWIGLU_SLAB, col + 64 * (p % 3), z, row + 64 * (p / 3));
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            if (p + 2 < DSWIGLU_PIECES) {
+            if (p + EPI_BUFS < DSWIGLU_PIECES) {
                 asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-                dswiglu_load(bufs, loaded, gate_up, p + 2, col, row);
+                dswiglu_load(bufs, ready, gate_up, n + EPI_BUFS, col, row);
             }
         }
     }
@@ -365,18 +395,17 @@ __device__ __forceinline__ void dswiglu_copies(unsigned char* bufs, u64* loaded,
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 
-// Piece p of the consumer's `tile`-th tile: waits for its values, computes, and hands the
-// buffer back (`computed`, one arrival a warp). `dh(i, half)` reads the bf16 pairs of the
-// piece's rows. With AMAX, `largest` is raised to the largest |gradient| as stored, in each
-// half. A half's gate and up pairs are all read before any is written: interleaved, every
-// read would wait for the write before it (they might alias, for all the compiler knows), one
-// pair's chain of arithmetic after another.
+// The consumer's piece n, the p-th of its tile (n % DSWIGLU_PIECES, passed as the unrolled
+// loop's constant so that `dh` indexes the accumulators statically): waits for its values,
+// computes, and hands the buffer over. `dh(i, half)` reads the bf16 pairs of the piece's rows.
+// With AMAX, `largest` is raised to the largest |gradient| as stored, in each half. A half's
+// gate and up pairs are all read before any is written: interleaved, every read would wait for
+// the write before it (they might alias, for all the compiler knows), one pair's chain of
+// arithmetic after another.
 template <bool AMAX, typename Dh>
-__device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* loaded, u64* computed, int p, int tile, Dh dh,
-                                              Pair& largest) {
-    static_assert(EPI_BUFS == 2, "two buffers take turns");
-    unsigned char* buf = bufs + (p % 2) * PIECE_BYTES;
-    barrier_wait(&loaded[p % 2], dswiglu_phase(tile, p));
+__device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* ready, u64* written, int& n, int p,
+                                              Dh dh, Pair& largest) {
+    unsigned char* buf = await_buffer(bufs, ready, n);
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -402,9 +431,8 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* loaded, 
             if constexpr (AMAX) largest = raise_abs_max(raise_abs_max(largest, g[j]), u[j]);
         }
     }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by TMA
-    __syncwarp();
-    if (lane == 0) barrier_arrive(&computed[p % 2]);
+    hand_over(written, n);
+    ++n;
 }
 #endif
 
@@ -437,13 +465,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
     unsigned char* epilogue = smem + STAGES * STAGE_BYTES;  // EPI_BUFS pieces per consumer
     u64* full = reinterpret_cast<u64*>(epilogue + 2 * EPI_BUFS * PIECE_BYTES);
     u64* empty = full + STAGES;
-    u64* loaded = empty + STAGES;  // DSWIGLU: two a consumer, for its buffers' loads
+    u64* ready = empty + STAGES;  // the epilogue's buffers: EPI_BUFS a consumer
     // order[c] completes each time the other consumer has taken all of a tile's k-blocks. A
     // consumer starts a tile only then: a barrier's parity tells apart only its last two
     // phases, so a consumer that waited on a ring buffer's barrier while that buffer still held
     // the k-blocks before the other consumer's could see a phase long past as done.
-    u64* order = loaded + 4;
-    u64* computed = order + 2;  // DSWIGLU: two a consumer, for its pieces' gradients
+    u64* order = ready + 2 * EPI_BUFS;
+    u64* written = order + 2;  // EPI_BUFS a consumer
     // A SwiGLU tile covers 96 gate and 96 up columns. Tiles go in pairs of rows.
     const int tile_cols = SWIGLU ? HALF : BN;
     const int tiles_n = ((SWIGLU ? N / 2 : N) + tile_cols - 1) / tile_cols;
@@ -456,8 +484,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             barrier_init(&full[s], 1);
             barrier_init(&empty[s], CLUSTER * READERS);
         }
-        for (int i = 0; i < 6; ++i) barrier_init(&loaded[i], 1);  // and order's two
-        for (int i = 0; i < 4; ++i) barrier_init(&computed[i], READERS);
+        for (int i = 0; i < 2 * EPI_BUFS + 2; ++i) barrier_init(&ready[i], 1);  // and order's two
+        for (int i = 0; i < 2 * EPI_BUFS; ++i) barrier_init(&written[i], READERS);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     cluster_sync();
@@ -490,19 +518,25 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                     }
                 }
             }
-        } else if (DSWIGLU && (threadIdx.x == 32 || threadIdx.x == 64)) {
+        } else if (threadIdx.x == 32 || threadIdx.x == 64) {
             // Warp 1 serves consumer 0, warp 2 consumer 1, over the consumer's every other tile.
             const int consumer = threadIdx.x / 32 - 1;
-            dswiglu_copies(epilogue + consumer * EPI_BUFS * PIECE_BYTES, &loaded[2 * consumer],
-                           &computed[2 * consumer], &maps.out, [&](int tile, int& row, int& col) {
-                               const int t = cluster + (consumer + 2 * tile) * clusters;
-                               if (t >= pairs) return false;
-                               int pm, tn;
-                               tile_at(t, pairs_m, tiles_n, pm, tn);
-                               row = (CLUSTER * pm + rank) * BM;
-                               col = tn * tile_cols;
-                               return true;
-                           });
+            unsigned char* bufs = epilogue + consumer * EPI_BUFS * PIECE_BYTES;
+            u64* ready_of = &ready[EPI_BUFS * consumer];
+            u64* written_of = &written[EPI_BUFS * consumer];
+            auto corner = [&](int tile, int& row, int& col) {
+                const int t = cluster + (consumer + 2 * tile) * clusters;
+                if (t >= pairs) return false;
+                int pm, tn;
+                tile_at(t, pairs_m, tiles_n, pm, tn);
+                row = (CLUSTER * pm + rank) * BM;
+                col = tn * tile_cols;
+                return true;
+            };
+            if constexpr (DSWIGLU)
+                dswiglu_copies(bufs, ready_of, written_of, &maps.out, corner);
+            else
+                output_copies<SWIGLU>(bufs, ready_of, written_of, maps, corner);
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
@@ -514,14 +548,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
         // FP8 with an epilogue: the largest |output| as stored in each half of a pair, for `amax`.
         Pair largest = 0;
         unsigned char* bufs = epilogue + consumer * EPI_BUFS * PIECE_BYTES;
-        int pieces = 0;  // pieces sent so far: the epilogue ring's position
+        u64* ready_of = &ready[EPI_BUFS * consumer];
+        u64* written_of = &written[EPI_BUFS * consumer];
+        int pieces = 0;  // pieces written so far: the epilogue buffers' position and phase
         // Every other tile of the block's walk, the ring skipping the other consumer's k-blocks.
         for (int j = consumer, t = cluster + j * clusters; t < pairs; j += 2, t += 2 * clusters) {
-            int pm, tn;
-            tile_at(t, pairs_m, tiles_n, pm, tn);
             it = j * kblocks;
             if (j > 0) barrier_wait(&order[consumer], (j - 1) / 2 & 1);
-            const int row = (CLUSTER * pm + rank) * BM, col = tn * tile_cols;
             int previous = -1;
             for (int kb = 0; kb < kblocks; ++kb, ++it) {
                 const int s = it % STAGES;
@@ -566,34 +599,31 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             };
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
+                // In the order `output_copies` sends them.
                 if constexpr (SWIGLU) {
-                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 0, true, pairs(m, 0));
-                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 1, true, pairs(m, 12));
+                    epilogue_piece(bufs, ready_of, written_of, pieces, pairs(m, 0));
+                    epilogue_piece(bufs, ready_of, written_of, pieces, pairs(m, 12));
                     // SwiGLU of the gate and up values as stored, as swiglu.cu reads them.
-                    epilogue_piece(bufs, pieces, consumer, &maps.h, col, row + 64 * m, 0, false,
-                                   [&d, &largest, m](int i, int half) {
-                                       const int c = 4 * i + 2 * half;
-                                       // Gate and up rounded one at a time: rounded as pairs,
-                                       // ptxas shares them with the pieces above and keeps
-                                       // them live across both, which spills.
-                                       auto value = [&](int e) {
-                                           return swiglu(rounded<bf16>(d[m][c + e]), rounded<bf16>(d[m][c + e + 48]));
-                                       };
-                                       const Pair h = bf16_pair(value(0), value(1));
-                                       if constexpr (FP8) largest = raise_abs_max(largest, h);
-                                       return h;
-                                   });
+                    epilogue_piece(bufs, ready_of, written_of, pieces, [&d, &largest, m](int i, int half) {
+                        const int c = 4 * i + 2 * half;
+                        // Gate and up rounded one at a time: rounded as pairs, ptxas shares them
+                        // with the pieces above and keeps them live across both, which spills.
+                        auto value = [&](int e) {
+                            return swiglu(rounded<bf16>(d[m][c + e]), rounded<bf16>(d[m][c + e + 48]));
+                        };
+                        const Pair h = bf16_pair(value(0), value(1));
+                        if constexpr (FP8) largest = raise_abs_max(largest, h);
+                        return h;
+                    });
                 } else if constexpr (!DSWIGLU) {
-                    epilogue_piece(bufs, pieces, consumer, &maps.out, col, row + 64 * m, 0, false, pairs(m, 0));
-                    epilogue_piece(bufs, pieces, consumer, &maps.out, col + HALF, row + 64 * m, 0, false,
-                                   pairs(m, 12));
+                    epilogue_piece(bufs, ready_of, written_of, pieces, pairs(m, 0));
+                    epilogue_piece(bufs, ready_of, written_of, pieces, pairs(m, 12));
                 }
             }
             if constexpr (DSWIGLU) {
 #pragma unroll
                 for (int p = 0; p < DSWIGLU_PIECES; ++p)
-                    dswiglu_piece<FP8>(bufs, &loaded[2 * consumer], &computed[2 * consumer], p, j / 2,
-                                       pairs(p / 3, 0), largest);
+                    dswiglu_piece<FP8>(bufs, ready_of, written_of, pieces, p, pairs(p / 3, 0), largest);
             }
         }
         // As swiglu.cu reports it: an integer max of non-negative floats, in any order.
@@ -601,8 +631,6 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
             const float top = warp_max(fmaxf(bf16_low(largest), bf16_high(largest)));
             if (warp_leader) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(top));
         }
-        // Shared memory stays until TMA has read the last pieces.
-        if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     }
     cluster_sync();
 #else
