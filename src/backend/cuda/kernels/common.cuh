@@ -76,21 +76,44 @@ __device__ __forceinline__ float block_reduce(float x) {
 __device__ __forceinline__ float block_sum(float x) { return block_reduce<SumOp>(x); }
 __device__ __forceinline__ float block_max(float x) { return block_reduce<MaxOp>(x); }
 
-// 1 / (1 + e^-x) from MUFU's 2^x and reciprocal, a few instructions where expf and an IEEE
-// division take dozens: the fused gate/up matmul computes SwiGLU while its tensor cores wait.
-// Far out, 2^x gives 0 or +inf, and the reciprocal 1 or 0.
-__device__ __forceinline__ float sigmoid(float x) {
+// tanh(x) in one MUFU operation, relative error 2^-11.
+__device__ __forceinline__ float tanh_fast(float x) {
     float y;
-    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(1.0f + exp2_fast(-x * LOG2E)));
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-// SwiGLU of one gate and up value: swiglu.cu's forward and gemm.cu's fused epilogue share it,
-// so that the two give the same bits.
-__device__ __forceinline__ float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+
+// σ(x) = 1 / (1 + e^-x) and silu(x) = x σ(x), as precise as T keeps them. In f32 from MUFU's
+// 2^x and reciprocal (a few instructions where expf and an IEEE division take dozens; far
+// out, 2^x gives 0 or +inf, and the reciprocal 1 or 0). In bf16 from MUFU's one tanh, σ(x) =
+// (1 + tanh(x/2)) / 2, whose error lies under bf16's rounding (2^-9): one MUFU operation and
+// two steps fewer in each element's chain, which is what bounds the fused gate/up matmul's
+// epilogue.
+template <typename T> __device__ __forceinline__ float sigmoid(float x) {
+    if constexpr (sizeof(T) == 2) {
+        return fmaf(0.5f, tanh_fast(0.5f * x), 0.5f);
+    } else {
+        float y;
+        asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(1.0f + exp2_fast(-x * LOG2E)));
+        return y;
+    }
+}
+template <typename T> __device__ __forceinline__ float silu(float x) {
+    if constexpr (sizeof(T) == 2) {
+        const float h = 0.5f * x;  // x σ(x) = h + h tanh(h): no constant held in a register
+        return fmaf(h, tanh_fast(h), h);
+    } else {
+        return x * sigmoid<T>(x);
+    }
+}
+// SwiGLU of one gate and up value stored as T: swiglu.cu's forward and gemm.cu's fused
+// epilogue share it, so that the two give the same bits.
+template <typename T> __device__ __forceinline__ float swiglu(float g, float u) { return silu<T>(g) * u; }
 // Its gradients: d gate = dy · u · σ(g)(1 + g(1 − σ(g))), d up = dy · silu(g); swiglu.cu's
 // backward and gemm.cu's fused one share it.
+template <typename T>
 __device__ __forceinline__ void swiglu_grads(float g, float u, float dy, float& dg, float& du) {
-    const float s = sigmoid(g);
+    const float s = sigmoid<T>(g);
     dg = dy * u * s * (1.0f + g * (1.0f - s));
     du = dy * g * s;
 }

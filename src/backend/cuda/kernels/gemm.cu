@@ -422,8 +422,8 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* ready, u
         for (int j = 0; j < 8; ++j) {
             const Pair d = dh(8 * (p % 3) + j, half);
             float dg[2], du[2];
-            swiglu_grads(bf16_low(g[j]), bf16_low(u[j]), bf16_low(d), dg[0], du[0]);
-            swiglu_grads(bf16_high(g[j]), bf16_high(u[j]), bf16_high(d), dg[1], du[1]);
+            swiglu_grads<bf16>(bf16_low(g[j]), bf16_low(u[j]), bf16_low(d), dg[0], du[0]);
+            swiglu_grads<bf16>(bf16_high(g[j]), bf16_high(u[j]), bf16_high(d), dg[1], du[1]);
             g[j] = bf16_pair(dg[0], dg[1]);
             u[j] = bf16_pair(du[0], du[1]);
             *gate[j] = g[j];
@@ -609,7 +609,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                         // Gate and up rounded one at a time: rounded as pairs, ptxas shares them
                         // with the pieces above and keeps them live across both, which spills.
                         auto value = [&](int e) {
-                            return swiglu(rounded<bf16>(d[m][c + e]), rounded<bf16>(d[m][c + e + 48]));
+                            return swiglu<bf16>(rounded<bf16>(d[m][c + e]), rounded<bf16>(d[m][c + e + 48]));
                         };
                         const Pair h = bf16_pair(value(0), value(1));
                         if constexpr (FP8) largest = raise_abs_max(largest, h);

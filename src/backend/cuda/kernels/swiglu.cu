@@ -41,7 +41,7 @@ __global__ void swiglu_forward(T* out, const T* gate_up, long long rows, int F, 
         load_halves<T, W>(g, u, gate_up, at, F);
 #pragma unroll
         for (int k = 0; k < W; k++) {
-            y[k] = swiglu(g[k], u[k]);
+            y[k] = swiglu<T>(g[k], u[k]);
             largest = fmaxf(largest, fabsf(rounded<T>(y[k])));
         }
         store_vec<T, W>(out + at.n * F + at.i, y);
@@ -64,7 +64,7 @@ __global__ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, lo
         load_vec<T, W>(dy, dout + at.n * F + at.i);
 #pragma unroll
         for (int k = 0; k < W; k++) {
-            swiglu_grads(g[k], u[k], dy[k], dg[k], du[k]);
+            swiglu_grads<T>(g[k], u[k], dy[k], dg[k], du[k]);
             largest = fmaxf(largest, fmaxf(fabsf(rounded<T>(dg[k])), fabsf(rounded<T>(du[k]))));
         }
         store_halves<T, W>(dgate_up, dg, du, at, F);
