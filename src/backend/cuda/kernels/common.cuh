@@ -76,19 +76,23 @@ __device__ __forceinline__ float block_reduce(float x) {
 __device__ __forceinline__ float block_sum(float x) { return block_reduce<SumOp>(x); }
 __device__ __forceinline__ float block_max(float x) { return block_reduce<MaxOp>(x); }
 
-// tanh(x) in one MUFU operation, relative error 2^-11.
+// tanh(x) in one MUFU operation, relative error about 2^-11 (PTX's bound).
 __device__ __forceinline__ float tanh_fast(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 
-// σ(x) = 1 / (1 + e^-x) and silu(x) = x σ(x), as precise as T keeps them. In f32 from MUFU's
-// 2^x and reciprocal (a few instructions where expf and an IEEE division take dozens; far
-// out, 2^x gives 0 or +inf, and the reciprocal 1 or 0). In bf16 from MUFU's one tanh, σ(x) =
-// (1 + tanh(x/2)) / 2, whose error lies under bf16's rounding (2^-9): one MUFU operation and
-// two steps fewer in each element's chain, which is what bounds the fused gate/up matmul's
-// epilogue.
+// σ(x) = 1 / (1 + e^-x) and silu(x) = x σ(x). In f32 from MUFU's 2^x and reciprocal, close to
+// exact (a few instructions where expf and an IEEE division take dozens; far out, 2^x gives 0
+// or +inf, and the reciprocal 1 or 0). In bf16 from MUFU's one tanh, σ(x) = (1 + tanh(x/2)) / 2:
+// one MUFU operation and two steps fewer in each element's chain, which is what bounds the
+// fused gate/up matmul's epilogue. That costs accuracy: σ's error is up to about 2^-12 and
+// silu's 2^-12 |x|, under bf16's rounding of silu(x) where x > 0, but larger than silu(x)
+// itself far left, where σ(x) is below 2^-12 (x < -8). Against the CPU's exact SwiGLU the bf16
+// output's relative error went from 5.3e-5 to 1.6e-4 (tolerance 1e-2); the FP8 convergence
+// runs and transformers' loss on an export stayed within their usual spread
+// (docs/performance.md).
 template <typename T> __device__ __forceinline__ float sigmoid(float x) {
     if constexpr (sizeof(T) == 2) {
         return fmaf(0.5f, tanh_fast(0.5f * x), 0.5f);
