@@ -509,6 +509,71 @@ fn swiglu_forward_and_backward() {
     }
 }
 
+/// In bf16 the GPU's sigmoid comes from one `tanh.approx.f32` (common.cuh), whose relative
+/// error PTX bounds by 2^-10.987 (ε): σ(x) = (1 + tanh(x/2)) / 2 is then off by at most ε/2
+/// and silu by ε|x|/2, on top of the output's own rounding (half a bf16 step, at most 2^-8
+/// relative). Every gate value of a grid over [-32, 32], with up and the output gradient 1,
+/// against f64's exact SwiGLU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swiglu_in_bf16_stays_within_its_sigmoid_bound() {
+    let gpu = cuda();
+    let f = 8192;
+    let grid: Vec<f32> = (0..f)
+        .map(|i| -32.0 + 64.0 * i as f32 / (f - 1) as f32)
+        .collect();
+    let gate_up = tensor(
+        &gpu,
+        &[1, 2 * f],
+        DType::BF16,
+        &[grid, vec![1.0; f]].concat(),
+    );
+    let out = tensor(&gpu, &[1, f], DType::BF16, &vec![0.0; f]);
+    gpu.swiglu_forward(&out, &gate_up, None).unwrap();
+    let dout = tensor(&gpu, &[1, f], DType::BF16, &vec![1.0; f]);
+    let dgu = tensor(&gpu, &[1, 2 * f], DType::BF16, &vec![0.0; 2 * f]);
+    gpu.swiglu_backward(&dgu, &dout, &gate_up, None).unwrap();
+    let (g, out, dgu) = (
+        download(&gpu, &gate_up),
+        download(&gpu, &out),
+        download(&gpu, &dgu),
+    );
+    let tanh_error = 2f64.powf(-10.987);
+    let rounding = 2f64.powi(-8); // half a bf16 step, relative, at its widest
+    let sigma = |x: f64| 1.0 / (1.0 + (-x).exp());
+    let exact = |of: &dyn Fn(f64) -> f64| g[..f].iter().map(|&x| of(x as f64)).collect::<Vec<_>>();
+    let (silu, dsilu) = (
+        exact(&|x| x * sigma(x)),
+        exact(&|x| sigma(x) * (1.0 + x * (1.0 - sigma(x)))),
+    );
+    // (name, GPU values, exact values, the bound's slope in |x| and constant, in units of ε)
+    let checks = [
+        ("silu", &out[..], &silu, 0.5, 0.0),
+        // d/dσ of σ(1 + x(1 − σ)) is 1 + x − 2xσ, at most 1 + 3|x|, times σ's ε/2.
+        ("dgate", &dgu[..f], &dsilu, 1.5, 0.5),
+        ("dup", &dgu[f..], &silu, 0.5, 0.0),
+    ];
+    for (name, got, want, slope, constant) in checks {
+        let mut worst: f64 = 0.0;
+        for ((&x, &v), &want) in g[..f].iter().zip(got).zip(want) {
+            let x = x as f64;
+            // The f32 arithmetic around the tanh adds a few 2^-24 relative, and the output
+            // rounds what it computed, not the exact value: 1% of slack covers both.
+            let bound = tanh_error * (slope * x.abs() + constant) + rounding * want.abs();
+            let err = (v as f64 - want).abs();
+            assert!(
+                err <= bound * 1.01 + 1e-30,
+                "swiglu bf16 {name} at x = {x}: {v} against {want}, error {err:e} over {bound:e}"
+            );
+            worst = worst.max(err / bound);
+        }
+        figure(
+            "swiglu bf16 sigmoid",
+            format!("{name}: largest error {worst:.3} of its bound"),
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_forward_and_backward() {
