@@ -300,8 +300,20 @@ __device__ __forceinline__ void store_piece(const TensorMap* map, const unsigned
 // when the consumer's four warps have written it. Piece n of a consumer (counting from its
 // first tile) takes buffer n % EPI_BUFS, for that buffer's use n / EPI_BUFS, whose parity both
 // sides wait on.
+__device__ __forceinline__ unsigned char* piece_buffer(unsigned char* bufs, int n) {
+    return bufs + (n % EPI_BUFS) * PIECE_BYTES;
+}
+
+// Waits until `bars` (ready or written) completes for piece n's use of its buffer.
+__device__ __forceinline__ void await_piece(u64* bars, int n) {
+    barrier_wait(&bars[n % EPI_BUFS], (n / EPI_BUFS) & 1);
+}
+
+// The consumer's wait. Its address repeats `piece_buffer`'s on purpose: through that call,
+// ptxas schedules SwiGLU's backward consumer differently (other SASS, not measured on the GPU);
+// written out, the SASS stays the one that was measured.
 __device__ __forceinline__ unsigned char* await_buffer(unsigned char* bufs, u64* ready, int n) {
-    barrier_wait(&ready[n % EPI_BUFS], (n / EPI_BUFS) & 1);
+    await_piece(ready, n);
     return bufs + (n % EPI_BUFS) * PIECE_BYTES;
 }
 
@@ -326,7 +338,7 @@ __device__ __forceinline__ void epilogue_piece(unsigned char* bufs, u64* ready, 
 // that the consumer's warps never wait for the sends or for each other. Per 64 rows of a tile:
 // SwiGLU's gate and up pieces (out as [M, 2, F]) and then h's; otherwise the tile's two halves.
 template <bool SWIGLU, typename Corner>
-__device__ __forceinline__ void output_copies(const unsigned char* bufs, u64* ready, u64* written, const Maps& maps,
+__device__ __forceinline__ void output_copies(unsigned char* bufs, u64* ready, u64* written, const Maps& maps,
                                               Corner corner) {
     for (int b = 0; b < EPI_BUFS; ++b) barrier_arrive(&ready[b]);  // each buffer starts free
     int n = 0, row, col;
@@ -335,8 +347,8 @@ __device__ __forceinline__ void output_copies(const unsigned char* bufs, u64* re
         for (int m = 0; m < 2; ++m)
 #pragma unroll 1
             for (int k = 0; k < (SWIGLU ? 3 : 2); ++k, ++n) {
-                const unsigned char* buf = bufs + (n % EPI_BUFS) * PIECE_BYTES;
-                barrier_wait(&written[n % EPI_BUFS], (n / EPI_BUFS) & 1);
+                const unsigned char* buf = piece_buffer(bufs, n);
+                await_piece(written, n);
                 if (!SWIGLU)
                     store_piece(&maps.out, buf, col + HALF * k, row + 64 * m, 0, false);
                 else if (k < 2)
@@ -365,8 +377,8 @@ __device__ __forceinline__ void dswiglu_load(unsigned char* bufs, u64* ready, co
     u64* bar = &ready[n % EPI_BUFS];
     barrier_expect(bar, PIECE_BYTES);
     for (int z = 0; z < 2; ++z)
-        tma_load_3d(bufs + (n % EPI_BUFS) * PIECE_BYTES + z * DSWIGLU_SLAB, gate_up, col + 64 * (p % 3), z,
-                    row + 64 * (p / 3), bar);
+        tma_load_3d(piece_buffer(bufs, n) + z * DSWIGLU_SLAB, gate_up, col + 64 * (p % 3), z, row + 64 * (p / 3),
+                    bar);
 }
 
 // The copies of one consumer's pieces, over its tiles (`corner` as for `output_copies`). A
@@ -380,8 +392,8 @@ __device__ __forceinline__ void dswiglu_copies(unsigned char* bufs, u64* ready, 
         asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
         for (int b = 0; b < EPI_BUFS; ++b) dswiglu_load(bufs, ready, gate_up, n + b, col, row);
         for (int p = 0; p < DSWIGLU_PIECES; ++p, ++n) {
-            const unsigned char* buf = bufs + (n % EPI_BUFS) * PIECE_BYTES;
-            barrier_wait(&written[n % EPI_BUFS], (n / EPI_BUFS) & 1);
+            const unsigned char* buf = piece_buffer(bufs, n);
+            await_piece(written, n);
             for (int z = 0; z < 2; ++z)
                 tma_store_3d(gate_up, buf + z * DSWIGLU_SLAB, col + 64 * (p % 3), z, row + 64 * (p / 3));
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
