@@ -112,31 +112,49 @@ __device__ __forceinline__ void barrier_wait(u64* bar, int parity) {
 __device__ __forceinline__ void barrier_arrive(u64* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
+// What L2 keeps of each TMA copy. The operands' tiles are read again by the other tiles of
+// their row or column of the walk, while the epilogue's tensors (outputs, and gate/up with
+// SwiGLU's backward) pass through once: marked evict-first, they no longer push the operands
+// out of L2, where the main loop's copies would otherwise wait on memory (docs/performance.md).
+__device__ __forceinline__ u64 reused() {
+    u64 policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+__device__ __forceinline__ u64 streamed() {
+    u64 policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+
 // Copies the box at (column x, row y) of `map` into `dst`, completing on `bar`.
-__device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x, int y, u64* bar) {
+__device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x, int y, u64* bar, u64 policy) {
     asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-            smem_u32(dst)),
-        "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(smem_u32(bar))
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(smem_u32(bar)), "l"(policy)
         : "memory");
 }
 
 // As `tma_load`, from (x, z, y) of a 3-D map.
-__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap* map, int x, int z, int y, u64* bar) {
+__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap* map, int x, int z, int y, u64* bar,
+                                            u64 policy) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
-            smem_u32(dst)),
-        "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(z), "r"(y), "r"(smem_u32(bar))
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(z), "r"(y), "r"(smem_u32(bar)), "l"(policy)
         : "memory");
 }
 
 // As `tma_load`, into the same offset of every block of the cluster, each completing on its
 // own barrier at `bar`'s offset.
-__device__ __forceinline__ void tma_load_both(void* dst, const TensorMap* map, int x, int y, u64* bar) {
+__device__ __forceinline__ void tma_load_both(void* dst, const TensorMap* map, int x, int y, u64* bar,
+                                              u64 policy) {
     asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-        "%3}], [%4], %5;\n" ::"r"(smem_u32(dst)),
-        "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(smem_u32(bar)), "h"(static_cast<unsigned short>(3))
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(smem_u32(bar)), "h"(static_cast<unsigned short>(3)),
+        "l"(policy)
         : "memory");
 }
 // Arrives on `bar` as block `rank` of the cluster holds it.
@@ -271,10 +289,11 @@ __device__ __forceinline__ void write_piece(unsigned char* buf, Pairs pair) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 // Sends the box at `src` to (x, z, y) of a 3-D map, in the thread's current bulk group.
 __device__ __forceinline__ void tma_store_3d(const TensorMap* map, const unsigned char* src, int x, int z, int y) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                     reinterpret_cast<u64>(map)),
-                 "r"(x), "r"(z), "r"(y), "r"(smem_u32(src))
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2, %3}], [%4], %5;\n" ::"l"(
+            reinterpret_cast<u64>(map)),
+        "r"(x), "r"(z), "r"(y), "r"(smem_u32(src)), "l"(streamed())
+        : "memory");
 }
 
 // Sends the three slabs at `buf` to (x + 32s, y) of `map` (2-D), or of its 3-D form with middle
@@ -286,10 +305,11 @@ __device__ __forceinline__ void store_piece(const TensorMap* map, const unsigned
         if (three_d)
             tma_store_3d(map, buf + s * SLAB_BYTES, x + 32 * s, z, y);
         else
-            asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                             reinterpret_cast<u64>(map)),
-                         "r"(x + 32 * s), "r"(y), "r"(smem_u32(buf + s * SLAB_BYTES))
-                         : "memory");
+            asm volatile(
+                "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%1, %2}], [%3], %4;\n"
+                ::"l"(reinterpret_cast<u64>(map)), "r"(x + 32 * s), "r"(y), "r"(smem_u32(buf + s * SLAB_BYTES)),
+                "l"(streamed())
+                : "memory");
     }
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -378,7 +398,7 @@ __device__ __forceinline__ void dswiglu_load(unsigned char* bufs, u64* ready, co
     barrier_expect(bar, PIECE_BYTES);
     for (int z = 0; z < 2; ++z)
         tma_load_3d(piece_buffer(bufs, n) + z * DSWIGLU_SLAB, gate_up, col + 64 * (p % 3), z, row + 64 * (p / 3),
-                    bar);
+                    bar, streamed());
 }
 
 // The copies of one consumer's pieces, over its tiles (`corner` as for `output_copies`). A
@@ -518,15 +538,16 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                     barrier_wait(&empty[s], ((it / STAGES) & 1) ^ 1);
                     unsigned char* stage = smem + s * STAGE_BYTES;
                     barrier_expect(&full[s], STAGE_BYTES);
-                    tma_load(stage, &maps.a, kb * BK, (CLUSTER * pm + rank) * BM, &full[s]);
+                    tma_load(stage, &maps.a, kb * BK, (CLUSTER * pm + rank) * BM, &full[s], reused());
                     if constexpr (B_MN_MAJOR) {
                         // b is [K, N]: three slabs of 64 columns, this block copying the half
                         // of each slab's 64 rows of K at its rank.
                         for (int j = 0; j < 3; ++j)
                             tma_load_both(stage + A_BYTES + j * (64 * 128) + rank * (32 * 128), &maps.b,
-                                          tn * BN + 64 * j, kb * BK + 32 * rank, &full[s]);
+                                          tn * BN + 64 * j, kb * BK + 32 * rank, &full[s], reused());
                     } else {
-                        tma_load_both(stage + A_BYTES + rank * (B_BYTES / 2), &maps.b, kb * BK, b_row, &full[s]);
+                        tma_load_both(stage + A_BYTES + rank * (B_BYTES / 2), &maps.b, kb * BK, b_row, &full[s],
+                                      reused());
                     }
                 }
             }
