@@ -116,6 +116,7 @@ __device__ __forceinline__ void barrier_arrive(u64* bar) {
 // their row or column of the walk, while the epilogue's tensors (outputs, and gate/up with
 // SwiGLU's backward) pass through once: marked evict-first, they no longer push the operands
 // out of L2, where the main loop's copies would otherwise wait on memory (docs/performance.md).
+// The loads take their policy from the caller; the stores, all the epilogue's, stream.
 __device__ __forceinline__ u64 reused() {
     u64 policy;
     asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
