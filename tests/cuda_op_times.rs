@@ -32,7 +32,8 @@ fn op_times_account_for_the_step() {
     };
     let report = bench::run(&gpu, config, &options, |_| Ok(None)).unwrap();
     // The calls of whichever of `ops` the step ran: SwiGLU runs on its own, or inside the
-    // matmul next to it where the backend fuses them (the own GEMM on Hopper).
+    // matmul next to it where the backend fuses them (the own GEMM on Hopper), and RoPE's
+    // backward with or without QKV's bias gradient.
     let calls_of_any = |ops: &[&str]| {
         let timed: Vec<_> = report
             .ops
@@ -49,17 +50,14 @@ fn op_times_account_for_the_step() {
     let calls = |op: &str| calls_of_any(&[op]);
     // Once per layer and step, and the loss once per LM-head chunk (the model's structure,
     // not a count the timer could get right by construction).
-    for op in [
-        "attention_forward",
-        "attention_backward",
-        "rope_forward",
-        "rope_backward",
-    ] {
+    for op in ["attention_forward", "attention_backward", "rope_forward"] {
         assert_eq!(calls(op), layers, "{op} calls per step");
     }
     for ops in [
         ["swiglu_forward", "gate_up_swiglu"],
         ["swiglu_backward", "swiglu_backward_through_down"],
+        // QKV's bias gradient comes with RoPE's backward in bf16.
+        ["rope_backward", "rope_backward_and_bias"],
     ] {
         assert_eq!(calls_of_any(&ops), layers, "{ops:?} calls per step");
     }

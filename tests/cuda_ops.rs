@@ -419,18 +419,29 @@ fn rope_forward_and_backward() {
         kv_heads: 1,
         head_dim: 80,
     };
-    // The 0.5B shape and a small one with head_dim 80 on the 16-byte path, and the small one
-    // in a view one element into its storage, element by element.
-    for (s, skip) in [(qwen, 0), (small, 0), (small, 1)] {
+    let wide = AttnShape {
+        batch: 2,
+        seq: 256,
+        q_heads: 12,
+        kv_heads: 2,
+        head_dim: 128,
+    };
+    // The 0.5B shape, the 1.5B heads and a small shape with head_dim 80 on the 16-byte path,
+    // and the small one in a view one element into its storage, element by element. The
+    // backward with the bias gradient runs in one pass on the 16-byte path (heads of 64 and
+    // 128 pair lanes 4 and 8 apart; of 80, 5 apart in strips of 240 or 80 columns), in two
+    // passes on the other.
+    for (s, skip) in [(qwen, 0), (wide, 0), (small, 0), (small, 1)] {
         let n = s.batch * s.seq * s.qkv_width();
         let (mut x, table) = (normal(n, 1.0, 19), rope_table(s.seq, s.head_dim));
         // The largest value in a value head, which the backward's abs-max must still see.
         x[5 * s.qkv_width() + (s.q_heads + s.kv_heads) * s.head_dim + 3] = -40.0;
+        let bias = normal(s.qkv_width(), 1.0, 23);
         fn run<B: Backend>(
             b: &B,
             dtype: DType,
             (s, skip): (AttnShape, usize),
-            x: &[f32],
+            (x, bias): (&[f32], &[f32]),
             table: &[f32],
         ) -> Outputs {
             let shape = [s.batch * s.seq, s.qkv_width()];
@@ -440,22 +451,39 @@ fn rope_forward_and_backward() {
             let bwd = shifted(b, &shape, dtype, x, skip);
             let found = amax(b);
             b.rope_backward(&bwd, &freqs, s, Some(&found)).unwrap();
+            let both = shifted(b, &shape, dtype, x, skip);
+            let (dbias, added) = (
+                tensor(b, &[shape[1]], dtype, &vec![0.0; shape[1]]),
+                tensor(b, &[shape[1]], dtype, bias),
+            );
+            b.rope_backward_and_bias(&both, &freqs, s, &dbias, false)
+                .unwrap();
+            b.rope_backward_and_bias(&shifted(b, &shape, dtype, x, skip), &freqs, s, &added, true)
+                .unwrap();
             vec![
                 ("forward", download(b, &fwd)),
                 ("backward", download(b, &bwd)),
                 ("backward amax", download(b, &found)),
+                ("backward with the bias gradient", download(b, &both)),
+                ("bias gradient", download(b, &dbias)),
+                ("bias gradient added", download(b, &added)),
             ]
         }
         for dtype in [DType::BF16, DType::F32] {
             let test = format!("rope D={} skip {skip} {dtype}", s.head_dim);
             let outputs = check_op(
                 &test,
-                || run(&gpu, dtype, (s, skip), &x, &table),
-                || run(&cpu, dtype, (s, skip), &x, &table),
+                || run(&gpu, dtype, (s, skip), (&x, &bias), &table),
+                || run(&cpu, dtype, (s, skip), (&x, &bias), &table),
                 |_| tol(dtype),
             );
             // Over the rotated heads and the value heads it only reads.
             check_amax(&test, &outputs, "backward", "backward amax");
+            let same = same_bits(&outputs[1].1, &outputs[3].1);
+            figure(
+                &test,
+                format!("backward with the bias gradient bitwise the backward alone: {same}"),
+            );
         }
     }
 }

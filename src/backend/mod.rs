@@ -368,6 +368,20 @@ pub trait Backend: Sized {
         shape: AttnShape,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
+    /// `rope_backward` (no abs-max) and then the QKV projection's bias gradient from the
+    /// rotated gradient, `dbias (+)= Σ_m dqkv[m]` as `bias_backward` gives it. A backend that
+    /// does both in one pass over dqkv overrides it.
+    fn rope_backward_and_bias(
+        &self,
+        dqkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+        dbias: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.rope_backward(dqkv, freqs, shape, None)?;
+        self.bias_backward(dbias, dqkv, accumulate)
+    }
 
     /// Causal grouped-query attention with scale `1/sqrt(head_dim)`.
     /// qkv: `[B·T, qkv_width]`; out: `[B·T, q_heads·head_dim]`; lse: `[B, q_heads, T]` f32,

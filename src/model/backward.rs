@@ -139,8 +139,16 @@ impl<B: Backend> Transformer<B> {
             a.lse.layer(l),
             shape,
         )?;
-        let amax = self.grad_amax(l, Linear::Qkv);
-        b.rope_backward(&a.dqkv, &self.rope, shape, amax.as_ref())?;
+        match Linear::Qkv
+            .bias(g)
+            .filter(|_| self.bias_with_rope(Linear::Qkv))
+        {
+            Some(db) => b.rope_backward_and_bias(&a.dqkv, &self.rope, shape, db, acc)?,
+            None => {
+                let amax = self.grad_amax(l, Linear::Qkv);
+                b.rope_backward(&a.dqkv, &self.rope, shape, amax.as_ref())?;
+            }
+        }
         self.linear_backward(b, (l, Linear::Qkv), &a.dln, &a.dqkv, a.ln1.layer(l), acc)?;
         // 1) input norm, into the residual gradient: the down projection's output gradient
         // in the block below

@@ -90,9 +90,17 @@ impl<B: Backend> Transformer<B> {
         }
     }
 
-    /// `dw (+)= dyᵀ · x` (and `db (+)= Σ dy` if it has a bias), then `dx = dy · w`, for layer
-    /// `l`'s `lin`, `dw` and `db` being its gradients; `dx` may be `x`, which is read first.
-    /// With FP8, x is read from the forward's stash and the `x` given here is unused.
+    /// Whether `lin`'s bias gradient comes with RoPE's backward (`rope_backward_and_bias`, in
+    /// the one pass over the gradient): QKV's in bf16. FP8 sums it in the gradient's
+    /// quantization instead.
+    pub(crate) fn bias_with_rope(&self, lin: Linear) -> bool {
+        lin == Linear::Qkv && self.fp8.is_none()
+    }
+
+    /// `dw (+)= dyᵀ · x` (and `db (+)= Σ dy` if it has a bias, unless it came with RoPE's
+    /// backward), then `dx = dy · w`, for layer `l`'s `lin`, `dw` and `db` being its gradients;
+    /// `dx` may be `x`, which is read first. With FP8, x is read from the forward's stash and
+    /// the `x` given here is unused.
     pub(crate) fn linear_backward(
         &self,
         b: &B,
@@ -107,7 +115,7 @@ impl<B: Backend> Transformer<B> {
         match &self.fp8 {
             Some(fp8) => fp8.backward(b, (l, lin), dx, (dw, db), dy, accumulate),
             None => {
-                if let Some(db) = db {
+                if let Some(db) = db.filter(|_| !self.bias_with_rope(lin)) {
                     b.bias_backward(db, dy, accumulate)?;
                 }
                 let w = lin.weight(&self.params.layers[l]);

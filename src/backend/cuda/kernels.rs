@@ -298,7 +298,7 @@ kernel_table! {
     EmbeddingBackward => EMBEDDING, "embedding_backward", [Float];
     RmsnormForward => RMSNORM, "rmsnorm_forward", [Float, Flag, Flag];
     RmsnormBackward => RMSNORM, "rmsnorm_backward", [Float, Flag, Held];
-    ColsumPartial => COLSUM, "colsum_partial", [Float, Flag];
+    ColsumPartial => COLSUM, "colsum_partial", [Float, Flag, Flag];
     ColsumFinish => COLSUM, "colsum_finish", [Float];
     Rope => ROPE, "rope", [Float, Flag];
     SwigluForward => SWIGLU, "swiglu_forward", [Float, Flag];

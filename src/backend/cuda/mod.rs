@@ -575,6 +575,19 @@ impl Backend for Cuda {
         })
     }
 
+    fn rope_backward_and_bias(
+        &self,
+        dqkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+        dbias: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.op("rope_backward_and_bias", || {
+            self.rope_backward_and_bias_impl(dqkv, freqs, shape, dbias, accumulate)
+        })
+    }
+
     fn attention_forward(
         &self,
         out: &Tensor<Self>,

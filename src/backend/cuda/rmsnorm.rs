@@ -5,6 +5,7 @@ use anyhow::{Result, ensure};
 
 use super::fp8::amax_ptr;
 use super::kernels::{Arg, DEFAULT_SHARED_LIMIT, HELD, Kernel};
+use super::rope::RopeStrips;
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16, width};
 use crate::tensor::{DType, Tensor};
 
@@ -186,6 +187,19 @@ impl Cuda {
         dy: &Tensor<Cuda>,
         accumulate: bool,
     ) -> Result<()> {
+        self.column_sum_rotating(out, dy, accumulate, None)
+    }
+
+    /// `column_sum`, and with `rope` RoPE's backward applied to dy in place on the way, the
+    /// sums then of the rotated values (colsum.cu's ROPE): the caller has checked that it
+    /// fits (`RopeStrips`).
+    pub(super) fn column_sum_rotating(
+        &self,
+        out: &Tensor<Cuda>,
+        dy: &Tensor<Cuda>,
+        accumulate: bool,
+        rope: Option<RopeStrips>,
+    ) -> Result<()> {
         ensure_same_dtype("column sum", &[out, dy])?;
         let c = out.numel();
         ensure!(
@@ -196,7 +210,9 @@ impl Cuda {
         );
         let n = dy.matrix_rows();
         let vec = vec16(&[dy], c);
-        let (targs, strips) = ([float(dy), Arg::Flag(vec)], blocks(c, 32 * width(dy, vec)));
+        let targs = [float(dy), Arg::Flag(vec), Arg::Flag(rope.is_some())];
+        let strip = rope.map_or(32 * width(dy, vec), |r| r.strip);
+        let strips = blocks(c, strip);
         // One wave, as `rmsnorm_backward_impl`: each strip of columns split into as many
         // chunks of rows as fill the GPU's block slots, at least a row a warp.
         let slots = self.block_slots(Kernel::ColsumPartial, &targs, BLOCK, 0)?;
@@ -205,9 +221,11 @@ impl Cuda {
             .max(BLOCK as usize / 32);
         let chunks = n.div_ceil(rows_per_chunk).max(1);
         let partials = self.scratch_f32(chunks * c)?;
-        // SAFETY: partials are [chunks, c] f32 of scratch; block (s, k) reads rows of chunk k
-        // of dy [n, c] in the strip s of 32 accesses' columns (16-byte aligned with `vec`),
-        // and writes those columns of partials row k.
+        let r = rope.unwrap_or_default();
+        // SAFETY: partials are [chunks, c] f32 of scratch; block (s, k) reads (and with rope
+        // rewrites) rows of chunk k of dy [n, c] in the strip s of `strip` columns (16-byte
+        // aligned with `vec`, which rope requires), reads freqs [seq, d/2, 2] f32 (rope's
+        // caller checked it), and writes those columns of partials row k.
         unsafe {
             self.launch(
                 Kernel::ColsumPartial,
@@ -220,6 +238,11 @@ impl Cuda {
                     (n as i32).into(),
                     (c as i32).into(),
                     (rows_per_chunk as i32).into(),
+                    r.freqs.into(),
+                    (r.seq as i32).into(),
+                    (r.head_dim as i32).into(),
+                    (r.rotated as i32).into(),
+                    (strip as i32).into(),
                 ],
             )?;
         }

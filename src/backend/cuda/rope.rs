@@ -21,20 +21,11 @@ impl Cuda {
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let amax = amax_ptr("rope", amax)?;
-        ensure_dtype(freqs, DType::F32, "rope (freqs)")?;
+        check_shapes(qkv, freqs, shape)?;
         let (w, d) = (shape.qkv_width(), shape.head_dim);
         let rows = qkv.numel() / w;
-        ensure!(
-            qkv.cols() == w && rows.is_multiple_of(shape.seq) && freqs.numel() >= shape.seq * d,
-            "rope: qkv {:?}, freqs {:?} for {shape:?}",
-            qkv.shape,
-            freqs.shape
-        );
         let heads = shape.q_heads + shape.kv_heads;
-        // 16-byte accesses need every head half to start on a 16-byte boundary too.
-        let half_bytes = d / 2 * qkv.dtype.size_bytes();
-        let vec =
-            vec16(&[qkv], w) && half_bytes.is_multiple_of(16) && ptr(freqs).is_multiple_of(16);
+        let vec = vec_fits(qkv, freqs, shape);
         // One thread per `width` pairs; short rows share a block. With an abs-max to report,
         // more threads read the value heads `width` at a time.
         let rotated = heads * d / 2 / width(qkv, vec);
@@ -76,5 +67,79 @@ impl Cuda {
                 ],
             )
         }
+    }
+
+    /// RoPE's backward on `dqkv` and QKV's bias gradient `dbias (+)= Σ_m dqkv[m]` of the rotated
+    /// gradient: in one pass where the heads fit `colsum_partial`'s strips, else the two passes.
+    pub(super) fn rope_backward_and_bias_impl(
+        &self,
+        dqkv: &Tensor<Cuda>,
+        freqs: &Tensor<Cuda>,
+        shape: AttnShape,
+        dbias: &Tensor<Cuda>,
+        accumulate: bool,
+    ) -> Result<()> {
+        check_shapes(dqkv, freqs, shape)?;
+        match RopeStrips::fit(dqkv, freqs, shape) {
+            Some(strips) => self.column_sum_rotating(dbias, dqkv, accumulate, Some(strips)),
+            None => {
+                self.rope_impl(dqkv, freqs, shape, true, None)?;
+                self.column_sum(dbias, dqkv, accumulate)
+            }
+        }
+    }
+}
+
+/// qkv `[B·T, qkv_width]` of whole sequences, and freqs f32 with a (cos, sin) per position and
+/// pair.
+fn check_shapes(qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape) -> Result<()> {
+    ensure_dtype(freqs, DType::F32, "rope (freqs)")?;
+    let w = shape.qkv_width();
+    ensure!(
+        qkv.cols() == w
+            && (qkv.numel() / w).is_multiple_of(shape.seq)
+            && freqs.numel() >= shape.seq * shape.head_dim,
+        "rope: qkv {:?}, freqs {:?} for {shape:?}",
+        qkv.shape,
+        freqs.shape
+    );
+    Ok(())
+}
+
+/// Whether the rows and freqs take 16-byte accesses: every head half must start on a 16-byte
+/// boundary too.
+fn vec_fits(qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape) -> bool {
+    let half_bytes = shape.head_dim / 2 * qkv.dtype.size_bytes();
+    vec16(&[qkv], shape.qkv_width())
+        && half_bytes.is_multiple_of(16)
+        && ptr(freqs).is_multiple_of(16)
+}
+
+/// RoPE's backward as `colsum_partial` applies it on its way (colsum.cu's ROPE): strips of
+/// whole heads, as many as one warp's 16-byte accesses cover.
+#[derive(Clone, Copy, Default)]
+pub(super) struct RopeStrips {
+    pub freqs: u64,
+    pub seq: usize,
+    pub head_dim: usize,
+    /// The q and k heads' columns, which rotate.
+    pub rotated: usize,
+    /// Columns a block covers.
+    pub strip: usize,
+}
+
+impl RopeStrips {
+    /// The strips for qkv, or `None` where a head would not fit one warp's accesses (or the
+    /// accesses cannot be 16 bytes).
+    pub(super) fn fit(qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape) -> Option<Self> {
+        let d = shape.head_dim;
+        let warp_cols = 32 * width(qkv, true);
+        (vec_fits(qkv, freqs, shape) && d <= warp_cols).then(|| RopeStrips {
+            freqs: ptr(freqs),
+            seq: shape.seq,
+            head_dim: d,
+            rotated: (shape.q_heads + shape.kv_heads) * d,
+            strip: warp_cols / d * d,
+        })
     }
 }

@@ -1,51 +1,82 @@
-// Deterministic column sums over rows, for the bias gradient and (finishing the partials of
-// rmsnorm_backward) the RMSNorm weight gradient: fixed chunks of rows are summed per column
-// into f32 partials, then one pass adds the partials up. Every sum runs in an order fixed by
-// the shapes alone, and there are no float atomics, so every run gives the same bits.
+// Deterministic column sums over rows, for the bias gradient (in bf16 QKV's, with RoPE's
+// backward on the way) and (finishing the partials of rmsnorm_backward) the RMSNorm weight
+// gradient: fixed chunks of rows are summed per column into f32 partials, then one pass adds
+// the partials up. Every sum runs in an order fixed by the shapes alone, and there are no
+// float atomics, so every run gives the same bits.
 #include "common.cuh"
 
 // Rows of a chunk in flight per warp and lane: independent loads before the first add.
 constexpr int ROWS_IN_FLIGHT = 4;
 
-// partials[chunk, c] = Σ_{n in chunk} dy[n, c]. Grid: (ceil(C / (32·W)), chunks),
-// PARTIAL_THREADS threads (the host's block size). A block covers a strip of 32·W columns,
-// each lane W of them in one access: 16 bytes with VEC (the host checked that dy's pointer and
-// C·sizeof(T) are multiples of 16), so that each warp then reads whole 512-byte strip rows.
-// Warp w adds rows w, w + WARPS, ... of the chunk, then the warps' sums are added in warp
-// order.
-template <typename T, bool VEC>
-__global__ void colsum_partial(float* partials, const T* dy, int rows, int C,
-                               int rows_per_chunk) {
+// partials[chunk, c] = Σ_{n in chunk} dy[n, c]. Grid: (strips, chunks), PARTIAL_THREADS
+// threads (the host's block size). A block covers a strip of 32·W columns, each lane W of them
+// in one access: 16 bytes with VEC (the host checked that dy's pointer and C·sizeof(T) are
+// multiples of 16), so that each warp then reads whole 512-byte strip rows. Warp w adds rows
+// w, w + WARPS, ... of the chunk, then the warps' sums are added in warp order.
+//
+// With ROPE, dy is QKV's output gradient [rows, C] (rows of `seq` positions), and the pass is
+// also RoPE's backward (rope.cu's inverse rotation of the q and k heads, the first `rotated`
+// columns) applied in place on the way, so that the sums are QKV's bias gradient, of the
+// rotated gradient as stored, in one pass over it. A strip is then `strip` columns, whole heads
+// of D, the lanes past it idle: a lane's W columns of a head's first half pair with the W
+// columns D/2 on, which the lane D/(2W) on holds, and the two trade values by shuffle each row.
+// The host runs it with VEC only, and where a head fits a strip.
+template <typename T, bool VEC, bool ROPE>
+__global__ void colsum_partial(float* partials, T* dy, int rows, int C, int rows_per_chunk,
+                               const float* freqs, int seq, int D, int rotated, int strip) {
     constexpr int W = access_width<T, VEC>();
     constexpr int WARPS = PARTIAL_THREADS / 32;
     __shared__ float sums[WARPS][W][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int c = (blockIdx.x * 32 + lane) * W;
+    const int c = ROPE ? blockIdx.x * strip + lane * W : (blockIdx.x * 32 + lane) * W;
+    const bool active = c < C && (!ROPE || lane * W < strip);
+    // RoPE: this lane's first pair (the element's index in its head's half) and its partner.
+    const int half = D / 2, in_head = ROPE ? c % D : 0, pair = ROPE ? in_head % half : 0;
+    const bool first_half = in_head < half, rotates = ROPE && active && c < rotated;
+    const int partner = rotates ? lane + (first_half ? half / W : -half / W) : lane;
     const int first = blockIdx.y * rows_per_chunk;
     const int last = min(rows, first + rows_per_chunk);
     float acc[W];
 #pragma unroll
     for (int k = 0; k < W; k++) acc[k] = 0.0f;
-    if (c < C) {
-        for (int n0 = first + warp; n0 < last; n0 += WARPS * ROWS_IN_FLIGHT) {
-            float v[ROWS_IN_FLIGHT][W];
+    // Every lane walks the rows (with ROPE, the shuffles need the whole warp); only the active
+    // ones read and write.
+    for (int n0 = first + warp; n0 < last; n0 += WARPS * ROWS_IN_FLIGHT) {
+        float v[ROWS_IN_FLIGHT][W] = {};
 #pragma unroll
-            for (int u = 0; u < ROWS_IN_FLIGHT; u++) {
-                const int n = n0 + u * WARPS;
-                if (n < last) load_vec<T, W>(v[u], dy + (long long)n * C + c);
+        for (int u = 0; u < ROWS_IN_FLIGHT; u++) {
+            const int n = n0 + u * WARPS;
+            if (n < last && active) load_vec<T, W>(v[u], dy + (long long)n * C + c);
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS_IN_FLIGHT; u++) {
+            const int n = n0 + u * WARPS;
+            if (n >= last) break;  // the same row for every lane of the warp
+            if constexpr (ROPE) {
+                float other[W];
+#pragma unroll
+                for (int k = 0; k < W; k++) other[k] = __shfl_sync(0xffffffffu, v[u][k], partner);
+                if (rotates) {
+                    float cs[2 * W];
+                    load_vec<float, 2 * W>(cs, freqs + ((long long)(n % seq) * half + pair) * 2);
+#pragma unroll
+                    for (int k = 0; k < W; k++) {
+                        float x1, x2;
+                        const float a = first_half ? v[u][k] : other[k], b = first_half ? other[k] : v[u][k];
+                        rope_rotate(a, b, cs[2 * k], -cs[2 * k + 1], x1, x2);
+                        v[u][k] = rounded<T>(first_half ? x1 : x2);
+                    }
+                    store_vec<T, W>(dy + (long long)n * C + c, v[u]);
+                }
             }
 #pragma unroll
-            for (int u = 0; u < ROWS_IN_FLIGHT; u++) {
-                if (n0 + u * WARPS >= last) break;
-#pragma unroll
-                for (int k = 0; k < W; k++) acc[k] += v[u][k];
-            }
+            for (int k = 0; k < W; k++) acc[k] += v[u][k];
         }
     }
 #pragma unroll
     for (int k = 0; k < W; k++) sums[warp][k][lane] = acc[k];
     __syncthreads();
-    if (warp == 0 && c < C) {
+    if (warp == 0 && active) {
 #pragma unroll
         for (int k = 0; k < W; k++) {
             float total = 0.0f;

@@ -122,6 +122,14 @@ __device__ __forceinline__ void swiglu_grads(float g, float u, float dy, float& 
     du = dy * g * s;
 }
 
+// RoPE's rotation of one pair, HF rotate-half style: a from a head's first half, b the element
+// D/2 after it, by the angle of cosine co and sine si (its inverse, the gradient's, by -si).
+// rope.cu and colsum.cu's fused backward share it, so that the two give the same bits.
+__device__ __forceinline__ void rope_rotate(float a, float b, float co, float si, float& x1, float& x2) {
+    x1 = a * co - b * si;
+    x2 = b * co + a * si;
+}
+
 // FP8 current scaling: raises amax[0] to the largest `x` of the block (each thread's x is the
 // max |value| it stored, so ≥ 0; NaN values were dropped by fmaxf, as the CPU drops them).
 // Non-negative floats order like their int bits, so one integer atomicMax per block does it,

@@ -43,9 +43,7 @@ __global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int D,
         load_vec<T, W>(b, x + half);
 #pragma unroll
         for (int j = 0; j < W; j++) {
-            const float co = cs[2 * j], si = inverse ? -cs[2 * j + 1] : cs[2 * j + 1];
-            x1[j] = a[j] * co - b[j] * si;
-            x2[j] = b[j] * co + a[j] * si;
+            rope_rotate(a[j], b[j], cs[2 * j], inverse ? -cs[2 * j + 1] : cs[2 * j + 1], x1[j], x2[j]);
             largest = fmaxf(largest, fmaxf(fabsf(rounded<T>(x1[j])), fabsf(rounded<T>(x2[j]))));
         }
         store_vec<T, W>(x, x1);
