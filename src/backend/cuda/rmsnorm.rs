@@ -1,5 +1,6 @@
 //! RMSNorm forward (plain or fused with the residual add) and backward (which also makes the
-//! weight gradient's column-sum partials), and the bias gradient's deterministic column sum.
+//! weight gradient's column-sum partials), and the bias gradient's deterministic column sum
+//! (QKV's with RoPE's backward on the way, rope.rs).
 
 use anyhow::{Result, ensure};
 
