@@ -139,10 +139,10 @@ impl<B: Backend> Transformer<B> {
             a.lse.layer(l),
             shape,
         )?;
-        match Linear::Qkv
+        let bias = Linear::Qkv
             .bias(g)
-            .filter(|_| self.bias_with_rope(Linear::Qkv))
-        {
+            .filter(|_| self.bias_with_rope(Linear::Qkv));
+        match bias {
             Some(db) => b.rope_backward_and_bias(&a.dqkv, &self.rope, shape, db, acc)?,
             None => {
                 let amax = self.grad_amax(l, Linear::Qkv);

@@ -211,6 +211,11 @@ impl Cuda {
         );
         let n = dy.matrix_rows();
         let vec = vec16(&[dy], c);
+        ensure!(
+            vec || rope.is_none(),
+            "column sum with RoPE: {:?} is not 16-byte aligned",
+            dy.shape
+        );
         let targs = [float(dy), Arg::Flag(vec), Arg::Flag(rope.is_some())];
         let strip = rope.map_or(32 * width(dy, vec), |r| r.strip);
         let strips = blocks(c, strip);
