@@ -79,9 +79,12 @@ impl Cuda {
         dbias: &Tensor<Cuda>,
         accumulate: bool,
     ) -> Result<()> {
-        check_shapes(dqkv, freqs, shape)?;
         match RopeStrips::fit(dqkv, freqs, shape) {
-            Some(strips) => self.column_sum_rotating(dbias, dqkv, accumulate, Some(strips)),
+            Some(strips) => {
+                check_shapes(dqkv, freqs, shape)?;
+                self.column_sum_rotating(dbias, dqkv, accumulate, Some(strips))
+            }
+            // `rope_impl` checks the shapes.
             None => {
                 self.rope_impl(dqkv, freqs, shape, true, None)?;
                 self.column_sum(dbias, dqkv, accumulate)
