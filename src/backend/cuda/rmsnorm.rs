@@ -220,18 +220,31 @@ impl Cuda {
         let strip = rope.map_or(32 * width(dy, vec), |r| r.strip);
         let strips = blocks(c, strip);
         // One wave, as `rmsnorm_backward_impl`: each strip of columns split into as many
-        // chunks of rows as fill the GPU's block slots, at least a row a warp.
+        // chunks as fill the GPU's block slots. A chunk is rows, at least one a warp, or with
+        // RoPE positions, a whole number of them a warp (the warps walk a position's rows of
+        // every sequence).
         let slots = self.block_slots(Kernel::ColsumPartial, &targs, BLOCK, 0)?;
-        let rows_per_chunk = n
-            .div_ceil(slots.div_ceil(strips as usize))
-            .max(BLOCK as usize / 32);
-        let chunks = n.div_ceil(rows_per_chunk).max(1);
+        let chunks_wanted = slots.div_ceil(strips as usize);
+        let warps = BLOCK as usize / 32;
+        let (per_chunk, chunks) = match rope {
+            Some(r) => {
+                let per = r.seq.div_ceil(chunks_wanted).next_multiple_of(warps);
+                (per, r.seq.div_ceil(per))
+            }
+            None => {
+                let per = n.div_ceil(chunks_wanted).max(warps);
+                (per, n.div_ceil(per).max(1))
+            }
+        };
         let partials = self.scratch_f32(chunks * c)?;
-        let r = rope.unwrap_or_default();
+        // The plain sum reads none of RoPE's arguments.
+        let (freqs, seq, head_dim, rotated) =
+            rope.map_or((0, 0, 0, 0), |r| (r.freqs, r.seq, r.head_dim, r.rotated));
         // SAFETY: partials are [chunks, c] f32 of scratch; block (s, k) reads (and with rope
-        // rewrites) rows of chunk k of dy [n, c] in the strip s of `strip` columns (16-byte
-        // aligned with `vec`, which rope requires), reads freqs [seq, d/2, 2] f32 (rope's
-        // caller checked it), and writes those columns of partials row k.
+        // rewrites) rows of chunk k of dy [n, c] (with rope, n a whole number of sequences,
+        // which rope's caller checked) in the strip s of `strip` columns (16-byte aligned with
+        // `vec`, which rope requires), reads freqs [seq, d/2, 2] f32 (rope's caller checked
+        // it), and writes those columns of partials row k.
         unsafe {
             self.launch(
                 Kernel::ColsumPartial,
@@ -243,11 +256,11 @@ impl Cuda {
                     ptr(dy).into(),
                     (n as i32).into(),
                     (c as i32).into(),
-                    (rows_per_chunk as i32).into(),
-                    r.freqs.into(),
-                    (r.seq as i32).into(),
-                    (r.head_dim as i32).into(),
-                    (r.rotated as i32).into(),
+                    (per_chunk as i32).into(),
+                    freqs.into(),
+                    (seq as i32).into(),
+                    (head_dim as i32).into(),
+                    (rotated as i32).into(),
                     (strip as i32).into(),
                 ],
             )?;

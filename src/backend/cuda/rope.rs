@@ -120,7 +120,7 @@ fn vec_fits(qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape) -> bool 
 
 /// RoPE's backward as `colsum_partial` applies it on its way (colsum.cu's ROPE): strips of
 /// whole heads, as many as one warp's 16-byte accesses cover.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub(super) struct RopeStrips {
     pub freqs: u64,
     pub seq: usize,

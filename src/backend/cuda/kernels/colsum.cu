@@ -11,8 +11,9 @@ constexpr int ROWS_IN_FLIGHT = 4;
 // partials[chunk, c] = Σ_{n in chunk} dy[n, c]. Grid: (strips, chunks), PARTIAL_THREADS
 // threads (the host's block size). A block covers a strip of 32·W columns, each lane W of them
 // in one access: 16 bytes with VEC (the host checked that dy's pointer and C·sizeof(T) are
-// multiples of 16), so that each warp then reads whole 512-byte strip rows. Warp w adds rows
-// w, w + WARPS, ... of the chunk, then the warps' sums are added in warp order.
+// multiples of 16), so that each warp then reads whole 512-byte strip rows. A chunk is
+// `per_chunk` rows, of which warp w adds rows w, w + WARPS, ...; then the warps' sums are
+// added in warp order.
 //
 // With ROPE, dy is QKV's output gradient [rows, C] (rows of `seq` positions), and the pass is
 // also RoPE's backward (rope.cu's inverse rotation of the q and k heads, the first `rotated`
@@ -20,9 +21,12 @@ constexpr int ROWS_IN_FLIGHT = 4;
 // rotated gradient as stored, in one pass over it. A strip is then `strip` columns, whole heads
 // of D, the lanes past it idle: a lane's W columns of a head's first half pair with the W
 // columns D/2 on, which the lane D/(2W) on holds, and the two trade values by shuffle each row.
-// The host runs it with VEC only, and where a head fits a strip.
+// A chunk is then `per_chunk` positions, and warp w takes positions w, w + WARPS, ... of it
+// with every sequence's row at each, so that a position's (cos, sin) are loaded once for the
+// whole batch rather than once a row. The host runs it with VEC only, and where a head fits
+// a strip.
 template <typename T, bool VEC, bool ROPE>
-__global__ void colsum_partial(float* partials, T* dy, int rows, int C, int rows_per_chunk,
+__global__ void colsum_partial(float* partials, T* dy, int rows, int C, int per_chunk,
                                const float* freqs, int seq, int D, int rotated, int strip) {
     constexpr int W = access_width<T, VEC>();
     constexpr int WARPS = PARTIAL_THREADS / 32;
@@ -34,31 +38,28 @@ __global__ void colsum_partial(float* partials, T* dy, int rows, int C, int rows
     const int half = D / 2, in_head = ROPE ? c % D : 0, pair = ROPE ? in_head % half : 0;
     const bool first_half = in_head < half, rotates = ROPE && active && c < rotated;
     const int partner = rotates ? lane + (first_half ? half / W : -half / W) : lane;
-    const int first = blockIdx.y * rows_per_chunk;
-    const int last = min(rows, first + rows_per_chunk);
     float acc[W];
 #pragma unroll
     for (int k = 0; k < W; k++) acc[k] = 0.0f;
-    // Every lane walks the rows (with ROPE, the shuffles need the whole warp); only the active
-    // ones read and write.
-    for (int n0 = first + warp; n0 < last; n0 += WARPS * ROWS_IN_FLIGHT) {
+    // Adds the `count` (at most ROWS_IN_FLIGHT) rows first, first + step, ... (the same rows for
+    // every lane of the warp: with ROPE, the shuffles need the whole warp), each rotated by the
+    // (cos, sin) in cs before it is added where this lane rotates. Only active lanes read and
+    // write.
+    auto add_rows = [&](int first, int step, int count, const float* cs) {
         float v[ROWS_IN_FLIGHT][W] = {};
 #pragma unroll
         for (int u = 0; u < ROWS_IN_FLIGHT; u++) {
-            const int n = n0 + u * WARPS;
-            if (n < last && active) load_vec<T, W>(v[u], dy + (long long)n * C + c);
+            if (u < count && active) load_vec<T, W>(v[u], dy + (long long)(first + u * step) * C + c);
         }
 #pragma unroll
         for (int u = 0; u < ROWS_IN_FLIGHT; u++) {
-            const int n = n0 + u * WARPS;
-            if (n >= last) break;  // the same row for every lane of the warp
+            if (u >= count) break;
+            const int n = first + u * step;
             if constexpr (ROPE) {
                 float other[W];
 #pragma unroll
                 for (int k = 0; k < W; k++) other[k] = __shfl_sync(0xffffffffu, v[u][k], partner);
                 if (rotates) {
-                    float cs[2 * W];
-                    load_vec<float, 2 * W>(cs, freqs + ((long long)(n % seq) * half + pair) * 2);
 #pragma unroll
                     for (int k = 0; k < W; k++) {
                         float x1, x2;
@@ -71,6 +72,21 @@ __global__ void colsum_partial(float* partials, T* dy, int rows, int C, int rows
             }
 #pragma unroll
             for (int k = 0; k < W; k++) acc[k] += v[u][k];
+        }
+    };
+    if constexpr (ROPE) {
+        const int sequences = rows / seq, last = min(seq, (blockIdx.y + 1) * per_chunk);
+        for (int t = blockIdx.y * per_chunk + warp; t < last; t += WARPS) {
+            float cs[2 * W] = {};
+            if (rotates) load_vec<float, 2 * W>(cs, freqs + ((long long)t * half + pair) * 2);
+            for (int s0 = 0; s0 < sequences; s0 += ROWS_IN_FLIGHT) {
+                add_rows(s0 * seq + t, seq, min(ROWS_IN_FLIGHT, sequences - s0), cs);
+            }
+        }
+    } else {
+        const int last = min(rows, (blockIdx.y + 1) * per_chunk);
+        for (int n0 = blockIdx.y * per_chunk + warp; n0 < last; n0 += WARPS * ROWS_IN_FLIGHT) {
+            add_rows(n0, WARPS, min(ROWS_IN_FLIGHT, (last - n0 + WARPS - 1) / WARPS), nullptr);
         }
     }
 #pragma unroll

@@ -117,9 +117,11 @@ __device__ __forceinline__ int acc_len(int C) {
 // partials do not depend on timing.
 //
 // With HELD > 0 (the host's choice where C ≤ 32·W·HELD) a lane holds its share of the row's
-// dout, x and dinp in registers from one round of loads, all issued together, so the
-// second pass reads nothing again and a row costs one trip to memory instead of two. HELD
-// = 0 streams the row twice in rounds of BACKWARD_UNROLL. Each lane visits its columns in
+// dout and x in registers from one round of loads, all issued together, so the second pass
+// reads only dinp's old values, which it adds to (loading them with the first round instead
+// made the 0.5B and 1.5B steps' RMSNorm backward ~4% slower: the first round waits on a
+// third more bytes, and the warp holds them through the reduction). HELD = 0 streams the
+// row twice in rounds of BACKWARD_UNROLL. Each lane visits its columns in
 // the same order either way, so the two give the same bits. A block has at most
 // BACKWARD_MAX_THREADS threads (the host's block size): fewer where shared memory holds the
 // sums of fewer warps.
@@ -148,11 +150,7 @@ __global__ void __launch_bounds__(BACKWARD_MAX_THREADS, HELD > 4 ? 2 : 3)
         auto load_inputs = [&](int u, int c) {
             dy[u] = load_packed<T, W>(dout + row + c);
             x[u] = load_packed<T, W>(inp + row + c);
-            if constexpr (HELD > 0) {
-                d0[u] = load_packed<T, W>(dinp + row + c);
-            } else {
-                w[u] = load_packed<T, W>(weight + c);
-            }
+            if constexpr (HELD == 0) w[u] = load_packed<T, W>(weight + c);
         };
         auto weight_at = [&](int u, int c) {
             if constexpr (HELD > 0) {
@@ -182,14 +180,10 @@ __global__ void __launch_bounds__(BACKWARD_MAX_THREADS, HELD > 4 ? 2 : 3)
             }
             store_vec<T, W>(dinp + row + c, dx);
         };
-        if constexpr (HELD > 0) {
-            row_rounds<W, U>(C, [](int, int) {}, update);  // the row is still in registers
-        } else {
-            row_rounds<W, U>(C, [&](int u, int c) {
-                load_inputs(u, c);
-                d0[u] = load_packed<T, W>(dinp + row + c);
-            }, update);
-        }
+        row_rounds<W, U>(C, [&](int u, int c) {
+            if constexpr (HELD == 0) load_inputs(u, c);  // held, dy and x are still in registers
+            d0[u] = load_packed<T, W>(dinp + row + c);
+        }, update);
     }
     __syncthreads();
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
