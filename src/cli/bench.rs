@@ -16,6 +16,12 @@ use crate::train::console::gib;
 use crate::train::optimizer::Offload;
 use crate::train::plan;
 
+/// The LM head's default chunk: the whole batch, as `smelt train` runs it, up to 10 GB of
+/// logits for a 152k vocabulary. Its matmuls lose 2.5 ms a 0.5B batch-32 step in chunks of
+/// 4096 tokens (docs/performance.md), and the weight gradient, re-read and rewritten once a
+/// chunk, took 10% of a batch-1 step in 8 chunks.
+const LMHEAD_CHUNK_TOKENS: usize = 32_768;
+
 #[derive(Args, Debug)]
 #[command(
     about = "Measure training throughput: tok/s, MFU, peak memory and the time of each phase",
@@ -54,7 +60,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     offload: OffloadFlags,
     /// Chunks of the LM head and loss (the logits buffer shrinks with it) [default: one per
-    /// 4096 tokens of the batch, 8 at 32 × 1024].
+    /// 32,768 tokens of the batch, 1 at 32 × 1024].
     #[arg(long)]
     lmhead_chunks: Option<usize>,
     /// Chunks of each block's MLP (with --recompute-ffn or --recompute-block; the MLP's
@@ -101,12 +107,9 @@ impl BenchArgs {
             offload,
             offload_residual: self.offload.residual(),
             offload_activations: self.offload.activations(),
-            // Chunks of 4096 tokens keep the LM head's matmuls large (at batch 1 and 8 chunks,
-            // its weight gradient, re-read and rewritten per chunk, took 10% of the step)
-            // while bounding the logits at 1.2 GB for a 152k vocabulary.
             lmhead_chunks: self
                 .lmhead_chunks
-                .unwrap_or((self.batch_size * self.seq_len).div_ceil(4096)),
+                .unwrap_or((self.batch_size * self.seq_len).div_ceil(LMHEAD_CHUNK_TOKENS)),
             ffn_chunks: self.ffn_chunks,
             op_times: self.op_times,
         };
