@@ -209,8 +209,8 @@ impl Cuda {
     }
 
     /// The tensor-core kernels for this call, or None for the CUDA-core ones. `tensors` are
-    /// those the tensor-core kernels copy 16 bytes at a time from (qkv, dout) or store pairs
-    /// into (out, dqkv): each must be bf16 and 16-byte aligned.
+    /// those the tensor-core kernels copy 16 bytes at a time from (qkv, dout) or move in pairs
+    /// (out, dqkv): each must be bf16 and 16-byte aligned.
     fn tensor_cores(
         &self,
         tensors: &[&Tensor<Cuda>],
@@ -286,7 +286,9 @@ impl Cuda {
         }
     }
 
-    /// delta = rowsum(dout ⊙ out) into scratch, then dK/dV per key tile and dQ per query tile.
+    /// delta = rowsum(dout ⊙ out) into scratch, dK/dV per key tile and dQ per query tile: on
+    /// the tensor cores dQ goes first and writes delta for dK/dV, elsewhere a pass of its own
+    /// does.
     pub(super) fn attention_backward_impl(
         &self,
         dqkv: &Tensor<Cuda>,
@@ -309,7 +311,7 @@ impl Cuda {
         );
         let targs = [float(qkv), Arg::HeadDim(s.head_dim)];
         let rows = s.batch * s.seq * s.q_heads;
-        let tc = self.tensor_cores(&[qkv, dout, dqkv], s.head_dim);
+        let tc = self.tensor_cores(&[qkv, dout, dqkv, out], s.head_dim);
         let dims = [Arg::HeadDim(s.head_dim)];
         let splits = match tc {
             Some(tc) => {
@@ -329,121 +331,123 @@ impl Cuda {
         let delta = self.scratch_f32(delta_floats + share_floats)?;
         let shares = delta + delta_floats as u64 * 4;
         // The arguments every backward kernel after delta takes first; the tensor-core dK/dV
-        // kernel then takes its shares and their count.
-        let common = |d: u64| -> Vec<KArg> {
+        // kernel then takes its shares and their count, and dQ out.
+        let common = || -> Vec<KArg> {
             vec![
                 ptr(dqkv).into(),
                 ptr(dout).into(),
                 ptr(qkv).into(),
                 ptr(lse).into(),
-                d.into(),
+                delta.into(),
                 (s.seq as i32).into(),
                 (s.q_heads as i32).into(),
                 (s.kv_heads as i32).into(),
                 scale(&s).into(),
             ]
         };
-        let delta_vec = vec16(&[dout, out], s.head_dim);
-        // SAFETY: delta is [B, Hq, T] f32 of scratch, written by `delta_lanes` threads per
-        // (row, head) from dout and out [B·T, Hq·D] (16-byte loads only where `delta_vec`).
+        // SAFETY: delta is [B, Hq, T] f32 of scratch, written from dout and out [B·T, Hq·D]:
+        // on the tensor cores by the dQ blocks, each for its own rows (bf16 pairs), which
+        // dK/dV then reads; otherwise by
+        // `delta_lanes` threads per (row, head) (16-byte loads only where `delta_vec`).
         // The dK/dV blocks write disjoint k and v columns of dqkv, or with splits, disjoint rows
         // of the shares ([splits][2][B·T][Hkv][D] f32 of scratch after delta, 16-byte aligned),
         // which the sum reads back; the dQ blocks write disjoint q columns; all read qkv, dout,
         // lse and delta in bounds (with TMA, through maps of exactly qkv and dout). The
-        // tensor-core kernels run only where qkv, dout and dqkv are 16-byte aligned, and take
+        // tensor-core kernels run only where qkv, dout, out and dqkv are 16-byte aligned, and take
         // exactly the shared memory they stage: `dkdv_smem(D)` bytes for dK/dV (K, V, two
         // buffers of Q and dout tiles and of their lse and delta, the barriers), `dq_smem(D)`
         // for dQ (Q, dout, two buffers of K and V, the barriers).
         unsafe {
-            self.launch(
-                Kernel::AttentionBackwardDelta,
-                &[targs[0], targs[1], Arg::Flag(delta_vec)],
-                (
-                    blocks(
-                        rows * delta_lanes(s.head_dim, dout.dtype, delta_vec),
-                        BLOCK as usize,
-                    ),
-                    1,
-                    1,
-                ),
-                BLOCK,
-                &[
-                    delta.into(),
-                    ptr(dout).into(),
-                    ptr(out).into(),
-                    (s.batch as i32).into(),
-                    (s.seq as i32).into(),
-                    (s.q_heads as i32).into(),
-                ],
-            )?;
-            if let Some(tc) = tc {
-                // dK/dV and dQ read their tiles through the same maps.
-                let maps = tc.tile_maps(&s, qkv, Some(dout))?;
-                self.launch_with_smem(
-                    tc.dkdv,
-                    &dims,
+            let Some(tc) = tc else {
+                let delta_vec = vec16(&[dout, out], s.head_dim);
+                self.launch(
+                    Kernel::AttentionBackwardDelta,
+                    &[targs[0], targs[1], Arg::Flag(delta_vec)],
                     (
-                        blocks(s.seq, TC_TILE),
-                        (s.kv_heads * splits) as u32,
-                        s.batch as u32,
-                    ),
-                    TC_THREADS,
-                    tc.dkdv_smem(s.head_dim),
-                    &[
-                        common(delta),
-                        vec![
-                            if splits > 1 { shares } else { 0 }.into(),
-                            (splits as i32).into(),
-                            maps.clone(),
-                        ],
-                    ]
-                    .concat(),
-                )?;
-                if splits > 1 {
-                    self.launch(
-                        Kernel::AttentionDkDvSum,
-                        &[],
-                        (
-                            blocks(2 * tokens * s.kv_heads * s.head_dim / 4, BLOCK as usize),
-                            1,
-                            1,
+                        blocks(
+                            rows * delta_lanes(s.head_dim, dout.dtype, delta_vec),
+                            BLOCK as usize,
                         ),
-                        BLOCK,
-                        &[
-                            ptr(dqkv).into(),
-                            shares.into(),
-                            (tokens as i64).into(),
-                            (s.q_heads as i32).into(),
-                            (s.kv_heads as i32).into(),
-                            (s.head_dim as i32).into(),
-                            (splits as i32).into(),
-                        ],
-                    )?;
-                }
-                self.launch_with_smem(
-                    tc.dq,
-                    &dims,
-                    (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
-                    TC_THREADS,
-                    tc.dq_smem(s.head_dim),
-                    &[common(delta), vec![maps]].concat(),
-                )
-            } else {
+                        1,
+                        1,
+                    ),
+                    BLOCK,
+                    &[
+                        delta.into(),
+                        ptr(dout).into(),
+                        ptr(out).into(),
+                        (s.batch as i32).into(),
+                        (s.seq as i32).into(),
+                        (s.q_heads as i32).into(),
+                    ],
+                )?;
                 self.launch(
                     Kernel::AttentionBackwardDkDv,
                     &targs,
                     (blocks(s.seq, TILE), s.kv_heads as u32, s.batch as u32),
                     BLOCK,
-                    &common(delta),
+                    &common(),
                 )?;
-                self.launch(
+                return self.launch(
                     Kernel::AttentionBackwardDq,
                     &targs,
                     (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
                     BLOCK,
-                    &common(delta),
-                )
+                    &common(),
+                );
+            };
+            // dK/dV and dQ read their tiles through the same maps.
+            let maps = tc.tile_maps(&s, qkv, Some(dout))?;
+            self.launch_with_smem(
+                tc.dq,
+                &dims,
+                (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
+                TC_THREADS,
+                tc.dq_smem(s.head_dim),
+                &[common(), vec![ptr(out).into(), maps.clone()]].concat(),
+            )?;
+            self.launch_with_smem(
+                tc.dkdv,
+                &dims,
+                (
+                    blocks(s.seq, TC_TILE),
+                    (s.kv_heads * splits) as u32,
+                    s.batch as u32,
+                ),
+                TC_THREADS,
+                tc.dkdv_smem(s.head_dim),
+                &[
+                    common(),
+                    vec![
+                        if splits > 1 { shares } else { 0 }.into(),
+                        (splits as i32).into(),
+                        maps,
+                    ],
+                ]
+                .concat(),
+            )?;
+            if splits > 1 {
+                self.launch(
+                    Kernel::AttentionDkDvSum,
+                    &[],
+                    (
+                        blocks(2 * tokens * s.kv_heads * s.head_dim / 4, BLOCK as usize),
+                        1,
+                        1,
+                    ),
+                    BLOCK,
+                    &[
+                        ptr(dqkv).into(),
+                        shares.into(),
+                        (tokens as i64).into(),
+                        (s.q_heads as i32).into(),
+                        (s.kv_heads as i32).into(),
+                        (s.head_dim as i32).into(),
+                        (splits as i32).into(),
+                    ],
+                )?;
             }
+            Ok(())
         }
     }
 }

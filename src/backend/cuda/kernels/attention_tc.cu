@@ -10,12 +10,12 @@
 //
 // Forward: one block of 4 warps per (64 queries, q head, batch); each warp owns 16 query rows
 // and streams 64-key tiles of K and V through shared memory with an online softmax.
-// Backward, deterministic (no atomics), after attention.cu's `attention_backward_delta`
-// (delta = rowsum(dout * out)): `attention_backward_dkdv_*` gives one block per (64 keys,
+// Backward, deterministic (no atomics): `attention_backward_dq_*` gives one block per
+// (64 queries, q head, batch), each warp owning 16 queries, and writes their delta =
+// rowsum(dout * out) too; then `attention_backward_dkdv_*` gives one block per (64 keys,
 // kv head, batch) that loops over the group's q heads (or a share of them, when the launcher
 // splits the group: see `attention_dkdv_sum`) and the query tiles at or after the diagonal,
-// each warp owning 16 keys; `attention_backward_dq_*` gives one block per (64 queries,
-// q head, batch), each warp owning 16 queries. Both recompute the scores. Only
+// each warp owning 16 keys. Both recompute the scores. Only
 // the diagonal tile and the one at the sequence's end apply the causal mask; the others, all
 // but one or two of a block's tiles, skip its index arithmetic (with `exp2_fast`, that took
 // a third off the backward's time at D = 64).
@@ -796,13 +796,42 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
     });
 }
 
+// delta = rowsum(dout ⊙ out) of a warp's two rows of this lane (the accumulator layout's l/4
+// and l/4 + 8): each lane takes its pairs of columns, the row's quad adds them. Every lane
+// must call it (the shuffles); rows past the sequence give 0.
+template <int D>
+__device__ __forceinline__ void row_deltas(float delta[2], const bf16* __restrict__ dout,
+                                           const bf16* __restrict__ out, const int rows[2], int T, int b, int Hq,
+                                           int h, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float acc = 0.f;
+        if (rows[r] < T) {
+            const size_t at = (static_cast<size_t>(b) * T + rows[r]) * Hq * D + h * D + (lane % 4) * 2;
+            __nv_bfloat162 g[D / 8], o[D / 8];  // every load in flight before the sums
+#pragma unroll
+            for (int db = 0; db < D / 8; ++db) {
+                g[db] = *reinterpret_cast<const __nv_bfloat162*>(dout + at + db * 8);
+                o[db] = *reinterpret_cast<const __nv_bfloat162*>(out + at + db * 8);
+            }
+#pragma unroll
+            for (int db = 0; db < D / 8; ++db) {
+                const float2 gf = __bfloat1622float2(g[db]), of = __bfloat1622float2(o[db]);
+                acc = fmaf(gf.x, of.x, fmaf(gf.y, of.y, acc));
+            }
+        }
+        delta[r] = quad_sum(acc);
+    }
+}
+
 // dQ for 64 queries of one q head: each warp owns 16 queries and loops over the key tiles up
-// to the diagonal, recomputing P and dS.
+// to the diagonal, recomputing P and dS. It runs before dK/dV and computes the rows' delta
+// (`row_deltas`), which it writes for dK/dV: a pass of its own read dout and out once more.
 template <int D, class M>
 __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                             const bf16* __restrict__ qkv, const float* __restrict__ lse,
-                                            const float* __restrict__ delta, int T, int Hq, int Hkv, float scale,
-                                            const TileMaps& maps) {
+                                            float* __restrict__ delta, int T, int Hq, int Hkv, float scale,
+                                            const bf16* __restrict__ out, const TileMaps& maps) {
     bf16 *sQ = smem_tile<D, M>(0), *sO = smem_tile<D, M>(1);  // then two buffers of K and V
     const Place at = place();  // the last query tiles see the most keys
     const int q0 = (gridDim.x - 1 - at.rank) * TILE, h = at.head, b = at.batch;
@@ -810,13 +839,10 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     const Heads hd = heads<D>(qkv, T, Hq, Hkv, b, h);
     const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
     const float log2_scale = scale * LOG2E;
-    float row_lse[2], row_delta[2];
+    float row_lse[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const bool ok = rows[r] < T;
-        row_lse[r] = ok ? lse[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] * LOG2E : 0.f;
-        row_delta[r] = ok ? delta[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] : 0.f;
-    }
+    for (int r = 0; r < 2; ++r)
+        row_lse[r] = rows[r] < T ? lse[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] * LOG2E : 0.f;
     // Key tile t's K and V go to buffer t % 2: the next loads while the tensor cores work on
     // this one.
     u64* full = reinterpret_cast<u64*>(smem_tile<D, M>(6));  // with TMA (`fill_buffer`)
@@ -841,6 +867,12 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
                         static_cast<size_t>(Hq) * D);
     }
     stage(0);
+    // While the first tiles arrive.
+    float row_delta[2];
+    row_deltas<D>(row_delta, dout, out, rows, T, b, Hq, h, lane);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+        if (rows[r] < T && lane % 4 == 0) delta[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] = row_delta[r];
     M::staged();
     if constexpr (M::TMA) filled(full, 0);
     __syncthreads();
@@ -907,9 +939,9 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 4 : 3)                                                \
         attention_backward_dq_##SUFFIX(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,                     \
                                        const bf16* __restrict__ qkv, const float* __restrict__ lse,                \
-                                       const float* __restrict__ delta, int T, int Hq, int Hkv, float scale,      \
-                                       const __grid_constant__ tc::TileMaps maps) {                                \
-        tc::backward_dq<D, tc::POLICY>(dqkv, dout, qkv, lse, delta, T, Hq, Hkv, scale, maps);                      \
+                                       float* __restrict__ delta, int T, int Hq, int Hkv, float scale,            \
+                                       const bf16* __restrict__ out, const __grid_constant__ tc::TileMaps maps) {  \
+        tc::backward_dq<D, tc::POLICY>(dqkv, dout, qkv, lse, delta, T, Hq, Hkv, scale, out, maps);                 \
     }
 
 ATTENTION_KERNELS(mma, SyncMma)
