@@ -330,8 +330,8 @@ impl Cuda {
         let delta_floats = rows.next_multiple_of(4);
         let delta = self.scratch_f32(delta_floats + share_floats)?;
         let shares = delta + delta_floats as u64 * 4;
-        // The arguments every backward kernel after delta takes first; the tensor-core dK/dV
-        // kernel then takes its shares and their count, and dQ out.
+        // The arguments the dK/dV and dQ kernels take first; then the tensor-core dK/dV kernel
+        // takes its shares and their count, and the tensor-core dQ kernel `out`.
         let common = || -> Vec<KArg> {
             vec![
                 ptr(dqkv).into(),
@@ -346,15 +346,15 @@ impl Cuda {
             ]
         };
         // SAFETY: delta is [B, Hq, T] f32 of scratch, written from dout and out [B·T, Hq·D]:
-        // on the tensor cores by the dQ blocks, each for its own rows (bf16 pairs), which
-        // dK/dV then reads; otherwise by
-        // `delta_lanes` threads per (row, head) (16-byte loads only where `delta_vec`).
+        // on the tensor cores by the dQ blocks, each for its own rows (bf16 pairs), before
+        // dK/dV reads it; otherwise by `delta_lanes` threads per (row, head) (16-byte loads
+        // only where `delta_vec`).
         // The dK/dV blocks write disjoint k and v columns of dqkv, or with splits, disjoint rows
         // of the shares ([splits][2][B·T][Hkv][D] f32 of scratch after delta, 16-byte aligned),
         // which the sum reads back; the dQ blocks write disjoint q columns; all read qkv, dout,
         // lse and delta in bounds (with TMA, through maps of exactly qkv and dout). The
-        // tensor-core kernels run only where qkv, dout, out and dqkv are 16-byte aligned, and take
-        // exactly the shared memory they stage: `dkdv_smem(D)` bytes for dK/dV (K, V, two
+        // tensor-core kernels run only where qkv, dout, out and dqkv are 16-byte aligned, and
+        // take exactly the shared memory they stage: `dkdv_smem(D)` bytes for dK/dV (K, V, two
         // buffers of Q and dout tiles and of their lse and delta, the barriers), `dq_smem(D)`
         // for dQ (Q, dout, two buffers of K and V, the barriers).
         unsafe {
