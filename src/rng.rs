@@ -1,6 +1,8 @@
 //! A small seeded random generator (xoshiro256**) whose whole state is four integers, so
 //! that checkpoints can save and restore it exactly.
 
+use rayon::prelude::*;
+
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rng {
     s: [u64; 4],
@@ -62,6 +64,21 @@ impl Rng {
             items.swap(i, self.below(i + 1));
         }
     }
+}
+
+/// Fills `out` with draws of N(0, std²). Each block of 2^16 values takes its own stream,
+/// derived from `seed`, `stream` and the block's index, so that large tensors fill in
+/// parallel and the values do not depend on the thread count.
+pub fn fill_normal(out: &mut [f32], std: f64, seed: u64, stream: u64) {
+    const BLOCK: usize = 1 << 16;
+    out.par_chunks_mut(BLOCK)
+        .enumerate()
+        .for_each(|(j, chunk)| {
+            let mut rng = Rng::derived(seed, (stream << 32) | j as u64);
+            chunk
+                .iter_mut()
+                .for_each(|x| *x = (rng.normal() * std) as f32);
+        });
 }
 
 #[cfg(test)]

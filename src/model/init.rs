@@ -3,12 +3,11 @@
 //! keeps the residual's variance from growing with depth), ones for norms, zeros for biases.
 
 use anyhow::Result;
-use rayon::prelude::*;
 
 use super::params::ParamKind;
 use super::transformer::Transformer;
 use crate::backend::Backend;
-use crate::rng::Rng;
+use crate::rng::fill_normal;
 
 pub const INIT_STD: f64 = 0.02;
 
@@ -28,15 +27,8 @@ impl<B: Backend> Transformer<B> {
                     } else {
                         INIT_STD
                     };
-                    // Blocks of rows get their own streams so large tensors fill in parallel.
-                    const BLOCK: usize = 1 << 16;
                     let mut v = vec![0f32; n];
-                    v.par_chunks_mut(BLOCK).enumerate().for_each(|(j, chunk)| {
-                        let mut rng = Rng::derived(seed, ((i as u64) << 32) | j as u64);
-                        chunk
-                            .iter_mut()
-                            .for_each(|x| *x = (rng.normal() * std) as f32);
-                    });
+                    fill_normal(&mut v, std, seed, i as u64);
                     v
                 }
             };

@@ -6,7 +6,7 @@ use smelt::backend::cuda::Cuda;
 use smelt::backend::{Backend, Normalized};
 use smelt::comm::Solo;
 use smelt::model::{LossOptions, ParamKind, Transformer};
-use smelt::rng::Rng;
+use smelt::rng::{Rng, fill_normal};
 use smelt::tensor::{DType, Tensor, TensorSpec};
 use smelt::train::bench;
 use smelt::train::optimizer::AdamWState;
@@ -22,9 +22,12 @@ pub fn figure(test: &str, text: impl std::fmt::Display) {
     println!("[figure] {test}: {text}");
 }
 
+/// `n` draws of N(0, std²), filled in parallel: the model-sized inputs of `cuda_gemm` are
+/// hundreds of millions of values.
 pub fn normal(n: usize, std: f64, seed: u64) -> Vec<f32> {
-    let mut rng = Rng::new(seed);
-    (0..n).map(|_| (rng.normal() * std) as f32).collect()
+    let mut v = vec![0.0; n];
+    fill_normal(&mut v, std, seed, 0);
+    v
 }
 
 /// A fresh tensor holding `values` (rounded to `dtype` by the upload).

@@ -43,6 +43,7 @@ use anyhow::{Context, Result, ensure};
 use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaStream};
 use half::bf16;
+use rayon::prelude::*;
 
 use self::cublaslt::Blas;
 use self::fp8::Fused;
@@ -351,14 +352,16 @@ impl Backend for Cuda {
             src.len(),
             dst.shape
         );
+        // The conversions run in parallel: checkpoints and the tests' model-sized inputs
+        // are hundreds of millions of values.
         match dst.dtype {
             DType::F32 => self.copy_in(dst, src),
             DType::BF16 => {
-                let v: Vec<bf16> = src.iter().map(|&x| bf16::from_f32(x)).collect();
+                let v: Vec<bf16> = src.par_iter().map(|&x| bf16::from_f32(x)).collect();
                 self.copy_in(dst, &v)
             }
             fp8 if fp8.is_fp8() => {
-                let v: Vec<u8> = src.iter().map(|&x| fp8::encode(x, dst.dtype)).collect();
+                let v: Vec<u8> = src.par_iter().map(|&x| fp8::encode(x, fp8)).collect();
                 self.copy_in(dst, &v)
             }
             other => anyhow::bail!("upload of f32 values into a {other} tensor {:?}", dst.shape),
@@ -381,13 +384,13 @@ impl Backend for Cuda {
             DType::F32 => self.copy_out::<f32>(src)?,
             DType::BF16 => self
                 .copy_out::<bf16>(src)?
-                .into_iter()
+                .into_par_iter()
                 .map(f32::from)
                 .collect(),
             fp8 if fp8.is_fp8() => self
                 .copy_out::<u8>(src)?
-                .into_iter()
-                .map(|code| fp8::decode(code, src.dtype))
+                .into_par_iter()
+                .map(|code| fp8::decode(code, fp8))
                 .collect(),
             DType::I32 => self
                 .copy_out::<i32>(src)?
