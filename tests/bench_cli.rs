@@ -159,6 +159,55 @@ fn op_times_on_the_cpu_say_they_are_not_measured() {
     );
 }
 
+/// scripts/gpu/bench.sh itself, on the CPU with the tiny model (its SMELT, DEVICE and
+/// BENCH_ROWS switches): one row that meets its target and one that cannot, no baseline. The
+/// closing table marks the second short, and the note under it says what the CPU cannot
+/// give (op times) rather than leave the cost out.
+#[test]
+fn the_gpu_bench_script_marks_short_rows_and_notes_their_costs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_model_dir(tmp.path());
+    let model = s(&dir);
+    let rows = format!(
+        "{model} bf16 2 1000 --steps 1 --warmup 0;{model} bf16 4 1000000000000 --steps 1 --warmup 0"
+    );
+    let out = tmp.path().join("logs");
+    let run = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gpu/bench.sh"))
+        .env("SMELT", env!("CARGO_BIN_EXE_smelt"))
+        .env("DEVICE", "cpu")
+        .env("SEQ", "16")
+        .env("SKIP_TORCH", "1")
+        .env("BENCH_ROWS", rows)
+        .env("OUT", &out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let table = std::fs::read_to_string(out.join("bench-table.txt")).unwrap();
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("model") && lines[0].ends_with("target"),
+        "{table}"
+    );
+    assert!(
+        lines[1].ends_with(" 1k"),
+        "the first row meets its target:\n{table}"
+    );
+    assert!(lines[2].ends_with("1000000000k (short)"), "{table}");
+    let note = lines.last().unwrap();
+    assert!(
+        note.contains(
+            "-b4_--steps_1_--warmup_0: 0.00 of its target; op times not measured on this device"
+        ),
+        "{table}"
+    );
+}
+
 /// `--fit-memory` benches `smelt plan`'s pick: in a budget a KiB short of the plain run's
 /// tensors, the run's tensors fit, and the choice is printed before the JSON line.
 #[test]

@@ -2,7 +2,8 @@
 # The performance table of issue 6 in one device call (run on the GPU machine from the repo
 # root, with .gpu carried; see prepare.sh): `smelt bench` for each row, the PyTorch baseline
 # with torch.compile once per model in the same call (the fp8 rows reuse their model's
-# figure), and one closing table with the ratio and the target.
+# figure), and one closing table with the ratio and the target; below it, for each row short
+# of its target, the op families that take most of its step (`smelt bench --op-times`).
 #
 # Environment: OUT (logs, default .gpu/logs); SKIP_TORCH=1 skips the baseline; BENCH_ROWS
 # replaces the rows ("model dtype batch target [smelt bench flags...]" separated by ';', dtype
@@ -38,6 +39,9 @@ for row in "${rows[@]}"; do
     read -r model dtype batch target extra <<< "$row"
     read -r -a flags <<< "${extra:-}"
     [ "$dtype" = fp8 ] && flags+=(--matmul-dtype e4m3 --gradient-dtype e5m2)
+    # A row with a target is profiled too (a few steps after the timed ones), so that one
+    # that falls short can say where its time goes.
+    [ "$target" != - ] && flags+=(--op-times)
     name="smelt-$(slug "$model")-$dtype-b$batch$(slug "${extra:+ $extra}")"
     echo "=== $name"
     # Each row takes well under a minute (16 steps and the startup); a hang must not eat the call.
@@ -78,6 +82,14 @@ def torch_result(model):
             return json.loads(line[len("RESULT "):])
     return None
 
+def largest_costs(r, families=5):
+    """The row's largest op families by device time (the JSON's op_families)."""
+    top = r.get("op_families", [])[:families]
+    if not top:
+        return "op times not measured on this device"
+    costs = ", ".join(f"{f['family']} {f['ms']:.1f}" for f in top)
+    return f"largest costs, ms of its {r['step_ms']:.1f} ms step: {costs}"
+
 head = ("model", "dtype", "batch", "tok/s", "MFU", "peak GiB", "fwd ms", "bwd ms", "opt ms",
         "other ms", "torch tok/s", "ratio", "target")
 rows, notes = [], []
@@ -98,7 +110,11 @@ for line in open(os.path.join(out, "bench-rows.txt")):
     p = r["phases_ms"]
     mfu = f"{r['mfu']:.3f}" if r["mfu"] is not None else "-"
     ratio = f"{r['tok_s'] / torch['tok_s']:.2f}" if torch else "-"
-    met = "" if target == "-" or r["tok_s"] >= int(target) else " (short)"
+    short = target != "-" and r["tok_s"] < int(target)
+    met = " (short)" if short else ""
+    if short:
+        notes.append(f"{name}: {r['tok_s'] / int(target):.2f} of its target; "
+                     + largest_costs(r))
     rows.append((model, dtype, batch, f"{r['tok_s']:.0f}", mfu, f"{r['peak_mem_gib']:.1f}",
                  f"{p['forward']:.1f}", f"{p['backward']:.1f}", f"{p['optimizer']:.1f}",
                  f"{p['other']:.1f}", tt, ratio, goal + met))

@@ -42,6 +42,27 @@ pub fn matmul_name(m: usize, n: usize, k: usize) -> String {
     format!("matmul {m}×{n}×{k}")
 }
 
+/// `ops` summed by family, the first word of a name (`matmul` for every shape, `quantize`
+/// for every FP8 quantization), largest first: the profile of a step at a glance.
+pub fn by_family(ops: &[OpTime]) -> Vec<OpTime> {
+    let mut totals = Vec::<OpTime>::new();
+    for o in ops {
+        let family = o.op.split_whitespace().next().unwrap_or_default();
+        match totals.iter_mut().find(|t| t.op == family) {
+            Some(t) => {
+                t.calls += o.calls;
+                t.seconds += o.seconds;
+            }
+            None => totals.push(OpTime {
+                op: family.to_string(),
+                ..o.clone()
+            }),
+        }
+    }
+    totals.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    totals
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +90,29 @@ mod tests {
             ]
         );
         assert!(t.take().is_empty(), "take empties the totals");
+    }
+
+    #[test]
+    fn families_sum_every_shape_and_come_largest_first() {
+        let op = |op: &str, calls, seconds| OpTime {
+            op: op.into(),
+            calls,
+            seconds,
+        };
+        let ops = [
+            op("rmsnorm_forward", 24, 4.0),
+            op(&matmul_name(8, 4, 2), 48, 3.0),
+            op("quantize 8×4 rows", 24, 1.0),
+            op(&matmul_name(8, 2, 4), 24, 2.0),
+            op("quantize 4×8 rows+cols", 24, 0.5),
+        ];
+        assert_eq!(
+            by_family(&ops),
+            vec![
+                op("matmul", 72, 5.0),
+                op("rmsnorm_forward", 24, 4.0),
+                op("quantize", 48, 1.5),
+            ]
+        );
     }
 }

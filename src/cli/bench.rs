@@ -8,6 +8,7 @@ use serde_json::json;
 use super::fit_memory::{FitMemoryFlag, SmallerBatch};
 use super::offload::OffloadFlags;
 use super::recompute::RecomputeFlags;
+use crate::backend::op_times::{OpTime, by_family};
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::model::{MatmulPrecision, Recompute};
 use crate::tensor::DType;
@@ -192,6 +193,11 @@ impl BenchArgs {
                 "calls": o.calls,
                 "ms": ms(o.seconds),
             })).collect::<Vec<_>>(),
+            "op_families": by_family(&r.ops).iter().map(|o| json!({
+                "family": o.op,
+                "calls": o.calls,
+                "ms": ms(o.seconds),
+            })).collect::<Vec<_>>(),
         })
         .to_string()
     }
@@ -252,30 +258,37 @@ impl BenchArgs {
     }
 }
 
-/// The ops by device time per step, largest first, against the median step.
+/// The ops by device time per step, largest first, against the median step; then the same
+/// by family.
 fn print_op_times(r: &BenchReport) {
     if r.ops.is_empty() {
         println!("op times: not measured (only the CUDA backend times ops)");
         return;
     }
-    println!("op times (device time per step, mean of {SPLIT_STEPS} steps; % of the median step):");
-    let mut ops: Vec<_> = r.ops.iter().collect();
+    let mut ops = r.ops.clone();
     ops.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    println!("op times (device time per step, mean of {SPLIT_STEPS} steps; % of the median step):");
+    print_ops(&ops, r.step_s);
+    println!("by family (an op name's first word; every matmul shape together):");
+    print_ops(&by_family(&r.ops), r.step_s);
+}
+
+fn print_ops(ops: &[OpTime], step_s: f64) {
     for o in ops {
         println!(
             "  {:<44} {:>5} calls {:>9.2} ms {:>6.1}%",
             o.op,
             o.calls,
             o.seconds * 1e3,
-            100.0 * o.seconds / r.step_s
+            100.0 * o.seconds / step_s
         );
     }
-    let sum: f64 = r.ops.iter().map(|o| o.seconds).sum();
+    let sum: f64 = ops.iter().map(|o| o.seconds).sum();
     println!(
         "  {:<44} {:>5}       {:>9.2} ms {:>6.1}%",
         "sum",
         "",
         sum * 1e3,
-        100.0 * sum / r.step_s
+        100.0 * sum / step_s
     );
 }
