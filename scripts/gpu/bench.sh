@@ -44,7 +44,7 @@ for row in "${rows[@]}"; do
     [ "$target" != - ] && flags+=(--op-times)
     name="smelt-$(slug "$model")-$dtype-b$batch$(slug "${extra:+ $extra}")"
     echo "=== $name"
-    # Each row takes well under a minute (16 steps and the startup); a hang must not eat the call.
+    # Each row takes well under a minute (19 steps and the startup); a hang must not eat the call.
     timeout "${ROW_TIMEOUT:-180}" "$SMELT" bench --model "$model" --batch-size "$batch" \
         --seq-len "$SEQ" --device "$DEVICE" --json "${flags[@]}" \
         > "$OUT/$name.json" 2> "$OUT/$name.err"

@@ -30,8 +30,8 @@ const LMHEAD_CHUNK_TOKENS: usize = 32_768;
 states. After --warmup steps, the median of --steps steps (each ending with one wait for the \
 device) gives tok/s and MFU. Then a few more steps wait for the device after every phase \
 (forward, backward, optimizer, other) to split the step's time. With --op-times, a few more \
-steps time every op on the GPU with CUDA events, by name (a matmul by its M×N×K), and a table \
-lists them by device time."
+steps time every op on the GPU with CUDA events, by name (a matmul by its M×N×K), and two tables \
+list them by device time: each op, then each family (a name's first word)."
 )]
 pub struct BenchArgs {
     /// A built-in architecture (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2-100m,
