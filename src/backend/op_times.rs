@@ -18,15 +18,20 @@ pub struct OpTotals {
 }
 
 impl OpTotals {
+    /// One call of `op`.
     pub fn add(&mut self, op: &str, seconds: f64) {
+        self.add_calls(op, 1, seconds);
+    }
+
+    pub fn add_calls(&mut self, op: &str, calls: usize, seconds: f64) {
         match self.entries.iter_mut().find(|e| e.op == op) {
             Some(e) => {
-                e.calls += 1;
+                e.calls += calls;
                 e.seconds += seconds;
             }
             None => self.entries.push(OpTime {
                 op: op.to_string(),
-                calls: 1,
+                calls,
                 seconds,
             }),
         }
@@ -45,22 +50,14 @@ pub fn matmul_name(m: usize, n: usize, k: usize) -> String {
 /// `ops` summed by family, the first word of a name (`matmul` for every shape, `quantize`
 /// for every FP8 quantization), largest first: the profile of a step at a glance.
 pub fn by_family(ops: &[OpTime]) -> Vec<OpTime> {
-    let mut totals = Vec::<OpTime>::new();
+    let mut totals = OpTotals::default();
     for o in ops {
         let family = o.op.split_whitespace().next().unwrap_or_default();
-        match totals.iter_mut().find(|t| t.op == family) {
-            Some(t) => {
-                t.calls += o.calls;
-                t.seconds += o.seconds;
-            }
-            None => totals.push(OpTime {
-                op: family.to_string(),
-                ..o.clone()
-            }),
-        }
+        totals.add_calls(family, o.calls, o.seconds);
     }
-    totals.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-    totals
+    let mut families = totals.take();
+    families.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    families
 }
 
 #[cfg(test)]
