@@ -704,6 +704,52 @@ fn attention_forward_and_backward() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn attention_decode() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let shape = |seq, q_heads, kv_heads, head_dim| AttnShape {
+        batch: 1,
+        seq,
+        q_heads,
+        kv_heads,
+        head_dim,
+    };
+    // One position; lengths that are and are not multiples of a block's 32 row groups;
+    // every supported head size, with and without GQA.
+    let cases = [
+        shape(1, 4, 2, 64),
+        shape(31, 14, 2, 64),
+        shape(300, 4, 4, 80),
+        shape(1000, 6, 2, 96),
+        shape(4097, 16, 2, 128),
+    ];
+    fn run<B: Backend>(b: &B, dtype: DType, s: AttnShape, qkv: &[f32]) -> Outputs {
+        let q = s.q_heads * s.head_dim;
+        let qkv = tensor(b, &[s.seq, s.qkv_width()], dtype, qkv);
+        let out = tensor(b, &[1, q], dtype, &vec![0.0; q]);
+        b.attention_decode(&out, &qkv, s).unwrap();
+        vec![("out", download(b, &out))]
+    }
+    for (i, s) in cases.into_iter().enumerate() {
+        let qkv = normal(s.seq * s.qkv_width(), 1.5, 50 + i as u64);
+        for dtype in [DType::BF16, DType::F32] {
+            let name = format!(
+                "attention_decode {dtype} T{} H{}/{} D{}",
+                s.seq, s.q_heads, s.kv_heads, s.head_dim
+            );
+            // An online softmax over the row groups against the CPU's two passes: the same
+            // terms summed in another order.
+            check_op(
+                &name,
+                || run(&gpu, dtype, s, &qkv),
+                || run(&cpu, dtype, s, &qkv),
+                |_| tol(dtype),
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn cross_entropy_with_z_loss() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
     // On Hopper, rows that fit a cluster's registers take `cross_entropy_cluster`: Qwen's

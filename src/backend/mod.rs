@@ -394,6 +394,16 @@ pub trait Backend: Sized {
         shape: AttnShape,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
+    /// Generation's attention over a KV cache: the query of the last of `shape.seq`
+    /// positions against the keys and values of all of them, which is the last row of
+    /// `attention_forward`'s output. qkv: `[T, qkv_width]` (one sequence); out:
+    /// `[1, q_heads·head_dim]`.
+    fn attention_decode(
+        &self,
+        out: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()>;
     /// Writes `dqkv` (all three parts) from `dout`.
     fn attention_backward(
         &self,

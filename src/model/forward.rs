@@ -92,7 +92,12 @@ impl<B: Backend> Transformer<B> {
             let (out, inp, rstd) = (self.norm_out(ln1), a.residual.layer(l), a.rstd1.layer(l));
             b.rmsnorm_forward(out, rstd, inp, &w.ln1, eps, amax_qkv.as_ref())?;
         }
-        // 2) QKV projection (+ bias), then RoPE on q and k
+        // 2) QKV projection (+ bias), then RoPE on q and k; when generating, into the KV
+        // cache's next row, rotated to its position
+        let (qkv, rope) = match &self.kv_cache {
+            Some(cache) => cache.next_row(l),
+            None => (qkv.clone(), self.rope.clone()),
+        };
         if run(rc.qkv()) {
             let bias = w.qkv_bias.as_ref();
             let x = Input::Norm {
@@ -103,12 +108,15 @@ impl<B: Backend> Transformer<B> {
                     weight: &w.ln1,
                 },
             };
-            self.linear_forward(b, (l, Linear::Qkv), qkv, x, bias)?;
-            b.rope_forward(qkv, &self.rope, shape)?;
+            self.linear_forward(b, (l, Linear::Qkv), &qkv, x, bias)?;
+            b.rope_forward(&qkv, &rope, shape)?;
         }
-        // 3) causal attention
+        // 3) causal attention; when generating, the new position's over the cache
         if run(rc.attention()) {
-            b.attention_forward(att, lse, qkv, shape, amax_out.as_ref())?;
+            match &self.kv_cache {
+                Some(cache) => cache.attend(b, l, att, shape)?,
+                None => b.attention_forward(att, lse, &qkv, shape, amax_out.as_ref())?,
+            }
         }
         // 4) output projection, 5) residual add and post-attention norm
         if run(rc.residual_mid()) {

@@ -5,6 +5,7 @@
 pub mod activations;
 mod backward;
 pub mod config;
+mod decode;
 mod forward;
 pub mod fp8;
 pub mod grads;

@@ -7,6 +7,7 @@ use super::activations::{
     ActivationOffload, ActivationPlan, ActivationShape, Activations, Recompute,
 };
 use super::config::ModelConfig;
+use super::decode::KvCache;
 use super::fp8::{Fp8Plan, Fp8Shape, Fp8State, MatmulPrecision};
 use super::grads;
 use super::params::{ParamSpec, Params, from_list};
@@ -70,6 +71,8 @@ pub struct Transformer<B: Backend> {
     pub(crate) rope: Tensor<B>,
     /// The FP8 copies, statistics and scratch, when the linear layers run in FP8.
     pub(crate) fp8: Option<Fp8State<B>>,
+    /// When generating: every position's QKV rows so far (`decode`).
+    pub(crate) kv_cache: Option<KvCache<B>>,
     /// What each allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
     /// The same for the allocations in host memory.
@@ -251,6 +254,7 @@ impl<B: Backend> Transformer<B> {
             memory,
             offloaded,
             fp8,
+            kv_cache: None,
             config,
             options,
             layout: plan.layout,
@@ -308,7 +312,7 @@ impl<B: Backend> Transformer<B> {
 }
 
 /// (cos, sin) of `position · inv_freq` for every position and rotated pair, in f64.
-fn rope_table(config: &ModelConfig, seq: usize) -> Vec<f32> {
+pub(super) fn rope_table(config: &ModelConfig, seq: usize) -> Vec<f32> {
     let inv_freq = config.rope_inv_freq();
     let mut table = Vec::with_capacity(seq * inv_freq.len() * 2);
     for t in 0..seq {

@@ -2,11 +2,12 @@
 //! or sampling with a temperature, optionally from the top k tokens and from the smallest
 //! set holding probability p (nucleus), applied in that order, as transformers does.
 //!
-//! There is no KV cache: each new token reruns the whole context. The model is sized to the
-//! next power of two above the context and regrown as it lengthens, so a short prompt does
-//! not pay for the longest context. That is slow for long outputs, and fine for a check.
+//! The model runs one token at a time over a KV cache (`Transformer::forward_token`), the
+//! prompt included, so each new token costs one position's work and its attention over
+//! the context.
 
 use anyhow::{Result, bail};
+use rayon::prelude::*;
 
 use crate::backend::Backend;
 use crate::model::{ModelConfig, ModelOptions, Transformer};
@@ -45,7 +46,7 @@ impl Sampling {
     }
 }
 
-/// A batch-1 model for generation.
+/// A model of one token a pass, for generation.
 pub struct Generator<B: Backend> {
     model: Transformer<B>,
     /// The longest context the model accepts.
@@ -61,32 +62,15 @@ impl<B: Backend> Generator<B> {
         load: impl FnOnce(&Transformer<B>) -> Result<()>,
     ) -> Result<Self> {
         let max_context = config.max_position_embeddings.max(1);
-        let model = Transformer::new(
-            b,
-            config,
-            ModelOptions::forward_only(max_context.min(64), dtype),
-        )?;
+        let model = Transformer::new(b, config, ModelOptions::forward_only(1, dtype))?;
         load(&model)?;
         Ok(Generator { model, max_context })
     }
 
-    /// Regrows the model so that it holds `len` positions.
-    fn reserve(&mut self, b: &B, len: usize) -> Result<()> {
-        if len <= self.model.options.seq {
-            return Ok(());
-        }
-        let seq = len.next_power_of_two().min(self.max_context);
-        let options = ModelOptions::forward_only(seq, self.model.options.dtype);
-        let bigger = Transformer::new(b, self.model.config.clone(), options)?;
-        for (dst, src) in bigger.params.zip(&self.model.params) {
-            b.copy(dst, src)?;
-        }
-        self.model = bigger;
-        Ok(())
-    }
-
-    /// Continues `prompt`, calling `emit` with each new token; returns the new tokens. The
-    /// context slides once it is longer than the model's `max_position_embeddings`.
+    /// Continues `prompt`, calling `emit` with each new token; returns the new tokens. Once
+    /// the context outgrows the model's `max_position_embeddings`, it restarts from its
+    /// newest half (the cache is refilled from those tokens), so that long outputs pay for
+    /// the refill once every half context rather than at every token.
     pub fn generate(
         &mut self,
         b: &B,
@@ -101,17 +85,24 @@ impl<B: Backend> Generator<B> {
         if let Some(t) = prompt.iter().find(|&&t| t < 0 || t as usize >= vocab) {
             bail!("prompt token {t} is outside the model's vocabulary of {vocab}");
         }
+        let capacity = (prompt.len() + o.max_new_tokens).min(self.max_context);
+        self.model.start_kv_cache(b, capacity)?;
         let mut rng = Rng::new(o.seed);
         let mut tokens = prompt.to_vec();
+        // The context starts at tokens[start]; tokens[..fed] have been run.
+        let (mut start, mut fed) = (0, 0);
         let mut new = vec![];
         for _ in 0..o.max_new_tokens {
-            let context = &tokens[tokens.len().saturating_sub(self.max_context)..];
-            self.reserve(b, context.len())?;
-            let mut input = vec![0; self.model.options.seq];
-            input[..context.len()].copy_from_slice(context);
-            // Causal attention: the padding after the context does not change its logits.
-            self.model.forward_hidden(b, &input)?;
-            let logits = self.model.logits_at(b, context.len() - 1)?;
+            if tokens.len() - start > capacity {
+                start = tokens.len() - capacity.div_ceil(2);
+                fed = start;
+                self.model.start_kv_cache(b, capacity)?;
+            }
+            for &t in &tokens[fed..] {
+                self.model.forward_token(b, t)?;
+            }
+            fed = tokens.len();
+            let logits = self.model.logits_at(b, 0)?;
             let next = pick(&logits, &o.sampling, &mut rng);
             tokens.push(next);
             new.push(next);
@@ -131,33 +122,48 @@ fn pick(logits: &[f32], s: &Sampling, rng: &mut Rng) -> i32 {
     if s.temperature <= 0.0 {
         return logits.iter().position(|&l| l == max).unwrap_or(0) as i32;
     }
-    let weight = |l: f32| (((l - max) / s.temperature) as f64).exp();
-    let mut candidates: Vec<(usize, f64)> = logits.iter().map(|&l| weight(l)).enumerate().collect();
-    if s.top_k > 0 || s.top_p < 1.0 {
-        // Most likely first; a stable sort keeps ties in token order.
-        candidates.sort_by(|a, b| b.1.total_cmp(&a.1));
-        if s.top_k > 0 {
-            candidates.truncate(s.top_k);
-        }
-        let total: f64 = candidates.iter().map(|c| c.1).sum();
-        let mut sum = 0.0;
-        let keep = candidates
-            .iter()
-            .position(|c| {
-                sum += c.1;
-                sum >= s.top_p * total
-            })
-            .map_or(candidates.len(), |i| i + 1);
-        candidates.truncate(keep);
+    // A vocabulary's worth of exponentials, in parallel: computed serially they cost a GPU's
+    // whole token.
+    let weights: Vec<f64> = logits
+        .par_iter()
+        .map(|&l| (((l - max) / s.temperature) as f64).exp())
+        .collect();
+    if s.top_k == 0 && s.top_p >= 1.0 {
+        return draw(weights.iter().copied().enumerate(), rng);
     }
-    let mut u = rng.uniform() * candidates.iter().map(|c| c.1).sum::<f64>();
-    for &(token, w) in &candidates {
+    // Most likely first, ties in token order.
+    let order = |a: &usize, b: &usize| weights[*b].total_cmp(&weights[*a]).then(a.cmp(b));
+    let mut candidates: Vec<usize> = (0..weights.len()).collect();
+    if s.top_k > 0 && s.top_k < candidates.len() {
+        candidates.select_nth_unstable_by(s.top_k - 1, order);
+        candidates.truncate(s.top_k);
+    }
+    candidates.sort_unstable_by(order);
+    let total: f64 = candidates.iter().map(|&c| weights[c]).sum();
+    let mut sum = 0.0;
+    let keep = candidates
+        .iter()
+        .position(|&c| {
+            sum += weights[c];
+            sum >= s.top_p * total
+        })
+        .map_or(candidates.len(), |i| i + 1);
+    candidates.truncate(keep);
+    draw(candidates.iter().map(|&c| (c, weights[c])), rng)
+}
+
+/// A token drawn with probability proportional to its weight, scanning in the given order.
+fn draw(weighted: impl Iterator<Item = (usize, f64)> + Clone, rng: &mut Rng) -> i32 {
+    let mut u = rng.uniform() * weighted.clone().map(|c| c.1).sum::<f64>();
+    let mut last = 0;
+    for (token, w) in weighted {
         if u < w {
             return token as i32;
         }
         u -= w;
+        last = token;
     }
-    candidates.last().map_or(0, |c| c.0 as i32)
+    last as i32
 }
 
 #[cfg(test)]

@@ -101,4 +101,44 @@ pub fn max_abs(a: &[f64]) -> f64 {
     a.iter().fold(0.0, |m, x| m.max(x.abs()))
 }
 
+/// Each position's logits of `tokens`, run one token at a time over a KV cache by `model`
+/// (a model of one token a pass, `ModelOptions::forward_only(1, _)`).
+pub fn cached_logits<B: Backend>(
+    b: &B,
+    model: &mut Transformer<B>,
+    tokens: &[i32],
+) -> Vec<Vec<f32>> {
+    model.start_kv_cache(b, tokens.len()).unwrap();
+    let mut logits = vec![];
+    for &t in tokens {
+        model.forward_token(b, t).unwrap();
+        logits.push(model.logits_at(b, 0).unwrap());
+    }
+    logits
+}
+
+/// Each position's logits of `tokens` from one forward pass over all of them, with the
+/// weights of `like`.
+pub fn full_logits<B: Backend>(b: &B, like: &Transformer<B>, tokens: &[i32]) -> Vec<Vec<f32>> {
+    let options = ModelOptions::forward_only(tokens.len(), like.options.dtype);
+    let mut model = Transformer::new(b, like.config.clone(), options).unwrap();
+    for (dst, src) in model.params.zip(&like.params) {
+        b.copy(dst, src).unwrap();
+    }
+    model.forward_hidden(b, tokens).unwrap();
+    (0..tokens.len())
+        .map(|t| model.logits_at(b, t).unwrap())
+        .collect()
+}
+
+/// The largest |a − b| over all positions' logits, relative to the largest |b|.
+pub fn logits_rel_err(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let (a, b): (Vec<f64>, Vec<f64>) = (
+        a.iter().flatten().map(|&x| x as f64).collect(),
+        b.iter().flatten().map(|&x| x as f64).collect(),
+    );
+    assert_eq!(a.len(), b.len());
+    max_abs_diff(&a, &b) / max_abs(&b)
+}
+
 pub mod gpu;

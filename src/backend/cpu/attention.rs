@@ -41,47 +41,56 @@ fn scale<T: Scalar>(s: AttnShape) -> T {
     T::of(1.0 / (s.head_dim as f64).sqrt())
 }
 
+/// Query `t` of head `h` against keys and values `0..=t`: writes its output into `o_t` and
+/// returns its log-sum-exp. `scores` holds at least `t + 1` values.
+fn attend_row<T: Scalar>(
+    heads: &Heads<T>,
+    h: usize,
+    t: usize,
+    scores: &mut [T],
+    o_t: &mut [T],
+) -> T {
+    let kvh = h / (heads.s.q_heads / heads.s.kv_heads);
+    let q = heads.q(t, h);
+    let scores = &mut scores[..=t];
+    for (j, score) in scores.iter_mut().enumerate() {
+        *score = dot(q, heads.k(j, kvh)) * scale(heads.s);
+    }
+    let max = scores.iter().fold(T::neg_infinity(), |m, &x| m.max(x));
+    let lse = max + scores.iter().map(|&x| (x - max).exp()).sum::<T>().ln();
+    for (j, &score) in scores.iter().enumerate() {
+        let p = (score - lse).exp();
+        for (o, &v) in o_t.iter_mut().zip(heads.v(j, kvh)) {
+            *o += p * v;
+        }
+    }
+    lse
+}
+
 /// out: `[B·T, Hq·d]`; lse: `[B, Hq, T]`.
 pub fn attention_forward<T: Scalar>(out: &mut [T], lse: &mut [T], qkv: &[T], s: AttnShape) {
-    let (d, group) = (s.head_dim, s.q_heads / s.kv_heads);
+    let d = s.head_dim;
     let per_head: Vec<(Vec<T>, Vec<T>)> = (0..s.batch * s.q_heads)
         .into_par_iter()
         .map(|bh| {
-            let (h, heads) = (
-                bh % s.q_heads,
-                Heads {
-                    qkv,
-                    s,
-                    batch: bh / s.q_heads,
-                },
-            );
-            let kvh = h / group;
+            let heads = Heads {
+                qkv,
+                s,
+                batch: bh / s.q_heads,
+            };
             let (mut o, mut l, mut scores) = (
                 vec![T::zero(); s.seq * d],
                 vec![T::zero(); s.seq],
                 vec![T::zero(); s.seq],
             );
             for t in 0..s.seq {
-                let q = heads.q(t, h);
-                for (j, score) in scores[..=t].iter_mut().enumerate() {
-                    *score = dot(q, heads.k(j, kvh)) * scale(s);
-                }
-                let max = scores[..=t]
-                    .iter()
-                    .fold(T::neg_infinity(), |m, &x| m.max(x));
-                l[t] = max
-                    + scores[..=t]
-                        .iter()
-                        .map(|&x| (x - max).exp())
-                        .sum::<T>()
-                        .ln();
-                let o_t = &mut o[t * d..(t + 1) * d];
-                for (j, &score) in scores[..=t].iter().enumerate() {
-                    let p = (score - l[t]).exp();
-                    for (o, &v) in o_t.iter_mut().zip(heads.v(j, kvh)) {
-                        *o += p * v;
-                    }
-                }
+                l[t] = attend_row(
+                    &heads,
+                    bh % s.q_heads,
+                    t,
+                    &mut scores,
+                    &mut o[t * d..(t + 1) * d],
+                );
             }
             (o, l)
         })
@@ -94,6 +103,16 @@ pub fn attention_forward<T: Scalar>(out: &mut [T], lse: &mut [T], qkv: &[T], s: 
         }
         lse[bh * s.seq..(bh + 1) * s.seq].copy_from_slice(&l);
     }
+}
+
+/// The last position's row of `attention_forward` alone (one sequence): out `[1, Hq·d]`.
+pub fn attention_decode<T: Scalar>(out: &mut [T], qkv: &[T], s: AttnShape) {
+    let heads = Heads { qkv, s, batch: 0 };
+    let d = s.head_dim;
+    out.par_chunks_mut(d).enumerate().for_each(|(h, o)| {
+        o.fill(T::zero());
+        attend_row(&heads, h, s.seq - 1, &mut vec![T::zero(); s.seq], o);
+    });
 }
 
 /// Writes `dqkv` from `dout`, using the saved `out` and `lse`:

@@ -459,6 +459,16 @@ impl<T: Scalar> Backend for Cpu<T> {
         self.report_abs_max(amax, out)
     }
 
+    fn attention_decode(
+        &self,
+        out: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let qkv = self.floats(qkv)?;
+        self.update(out, |o| attention::attention_decode(o, &qkv, shape))
+    }
+
     fn attention_backward(
         &self,
         dqkv: &Tensor<Self>,

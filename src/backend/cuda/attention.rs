@@ -15,6 +15,9 @@ use crate::tensor::{DType, Tensor};
 /// Query (or key) rows per block of the CUDA-core kernels (attention.cu's `TILE`), whose
 /// blocks are `BLOCK` threads.
 pub(super) const TILE: usize = 32;
+/// Keys a block of the CUDA-core `attention_decode` takes: 8 rounds of its `BLOCK / 8` row
+/// groups.
+const DECODE_KEYS: usize = 256;
 /// Rows per block and threads per block of the tensor-core kernels (attention_tc.cu's
 /// `ATTENTION_TILE` and `ATTENTION_THREADS`).
 pub(super) const TC_TILE: usize = 64;
@@ -180,6 +183,16 @@ fn scale(s: &AttnShape) -> f32 {
 
 fn check(s: &AttnShape, qkv: &Tensor<Cuda>, lse: &Tensor<Cuda>) -> Result<()> {
     ensure_dtype(lse, DType::F32, "attention (lse)")?;
+    check_qkv(s, qkv)?;
+    ensure!(
+        lse.numel() == s.batch * s.q_heads * s.seq,
+        "attention: lse {:?} for {s:?}",
+        lse.shape
+    );
+    Ok(())
+}
+
+fn check_qkv(s: &AttnShape, qkv: &Tensor<Cuda>) -> Result<()> {
     ensure!(
         HEAD_DIMS.contains(&s.head_dim),
         "attention: head_dim {} is not supported on CUDA (supported: {HEAD_DIMS:?}); use \
@@ -193,11 +206,9 @@ fn check(s: &AttnShape, qkv: &Tensor<Cuda>, lse: &Tensor<Cuda>) -> Result<()> {
         s.kv_heads
     );
     ensure!(
-        qkv.numel() == s.batch * s.seq * s.qkv_width()
-            && lse.numel() == s.batch * s.q_heads * s.seq,
-        "attention: qkv {:?}, lse {:?} for {s:?}",
-        qkv.shape,
-        lse.shape
+        qkv.numel() == s.batch * s.seq * s.qkv_width(),
+        "attention: qkv {:?} for {s:?}",
+        qkv.shape
     );
     Ok(())
 }
@@ -284,6 +295,61 @@ impl Cuda {
                 )
             }
         }
+    }
+
+    /// Generation's attention: `DECODE_KEYS` keys a block, and where that makes more than
+    /// one block a head, a second kernel merging the blocks' states.
+    pub(super) fn attention_decode_impl(
+        &self,
+        out: &Tensor<Cuda>,
+        qkv: &Tensor<Cuda>,
+        s: AttnShape,
+    ) -> Result<()> {
+        check_qkv(&s, qkv)?;
+        ensure_same_dtype("attention_decode", &[out, qkv])?;
+        ensure!(
+            s.batch == 1 && s.seq > 0 && out.numel() == s.q_heads * s.head_dim,
+            "attention_decode: out {:?} for {s:?} (one sequence, one query)",
+            out.shape
+        );
+        let splits = s.seq.div_ceil(DECODE_KEYS);
+        let partial = match splits {
+            1 => 0,
+            _ => self.scratch_f32(s.q_heads * splits * (s.head_dim + 2))?,
+        };
+        let instance = [float(qkv), Arg::HeadDim(s.head_dim)];
+        // SAFETY: block (h, k) reads head h's query in the last row of qkv [T, stride] and keys
+        // and values [k·DECODE_KEYS, (k + 1)·DECODE_KEYS) ∩ [0, T) of h's KV head, and writes
+        // head h's D values of out [1, Hq·D] (one block a head) or its D + 2 floats of partial
+        // [Hq, splits, D + 2], which the combine kernel (block h) then reads for out's head h.
+        unsafe {
+            self.launch(
+                Kernel::AttentionDecode,
+                &instance,
+                (s.q_heads as u32, splits as u32, 1),
+                BLOCK,
+                &[
+                    ptr(out).into(),
+                    partial.into(),
+                    ptr(qkv).into(),
+                    (s.seq as i32).into(),
+                    (s.q_heads as i32).into(),
+                    (s.kv_heads as i32).into(),
+                    scale(&s).into(),
+                    (DECODE_KEYS as i32).into(),
+                ],
+            )?;
+            if splits > 1 {
+                self.launch(
+                    Kernel::AttentionDecodeCombine,
+                    &instance,
+                    (s.q_heads as u32, 1, 1),
+                    s.head_dim as u32,
+                    &[ptr(out).into(), partial.into(), (splits as i32).into()],
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// delta = rowsum(dout ⊙ out) into scratch, dK/dV per key tile and dQ per query tile: on

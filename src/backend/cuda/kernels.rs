@@ -304,6 +304,8 @@ kernel_table! {
     SwigluForward => SWIGLU, "swiglu_forward", [Float, Flag];
     SwigluBackward => SWIGLU, "swiglu_backward", [Float, Flag];
     AttentionForward => ATTENTION, "attention_forward", [Float, HeadDim];
+    AttentionDecode => ATTENTION, "attention_decode", [Float, HeadDim];
+    AttentionDecodeCombine => ATTENTION, "attention_decode_combine", [Float, HeadDim];
     AttentionBackwardDelta => ATTENTION, "attention_backward_delta", [Float, HeadDim, Flag];
     AttentionBackwardDkDv => ATTENTION, "attention_backward_dkdv", [Float, HeadDim];
     AttentionBackwardDq => ATTENTION, "attention_backward_dq", [Float, HeadDim];

@@ -604,6 +604,17 @@ impl Backend for Cuda {
         })
     }
 
+    fn attention_decode(
+        &self,
+        out: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        self.op("attention_decode", || {
+            self.attention_decode_impl(out, qkv, shape)
+        })
+    }
+
     fn attention_backward(
         &self,
         dqkv: &Tensor<Self>,

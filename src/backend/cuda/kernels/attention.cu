@@ -143,6 +143,98 @@ __global__ void __launch_bounds__(THREADS)
     report_amax(amax, largest);
 }
 
+// Generation's attention over a KV cache: the query of the last of Tn positions against every
+// key and value, which is attention_forward's last row for one sequence. Block (h, s) takes
+// keys [s·keys_per_block, (s + 1)·keys_per_block), so that a long context spreads over many
+// SMs; within it each row group of ROW_LANES lanes takes every GROUPS-th key with a running
+// max, sum and output of its own, read straight from global memory (one query needs no shared
+// tiles), and then the groups' states are merged. With one block per head the result goes to
+// out; otherwise each block's unnormalized state goes to partial [Hq, splits, D + 2] (output,
+// max, sum) for attention_decode_combine. Grid: (Hq, splits); block THREADS.
+template <typename T, int D>
+__global__ void __launch_bounds__(THREADS)
+    attention_decode(T* out, float* partial, const T* qkv, int Tn, int Hq, int Hkv, float scale,
+                     int keys_per_block) {
+    constexpr int DPT = D / ROW_LANES, GROUPS = THREADS / ROW_LANES;
+    __shared__ float ms[GROUPS], ls[GROUPS];
+    __shared__ float os[GROUPS][D];
+    const int h = blockIdx.x, kvh = h / (Hq / Hkv);
+    const int g = threadIdx.x / ROW_LANES, t = threadIdx.x % ROW_LANES;
+    const int first = blockIdx.y * keys_per_block, end = min(Tn, first + keys_per_block);
+    const long long stride = (long long)(Hq + 2 * Hkv) * D;
+    const T* q_row = qkv + (Tn - 1) * stride + (long long)h * D;
+    float q[DPT], o[DPT];
+#pragma unroll
+    for (int i = 0; i < DPT; i++) {
+        q[i] = to_f32(q_row[t + ROW_LANES * i]);
+        o[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    // Every group of a warp makes the same number of rounds: group_sum needs all its lanes.
+    for (int j0 = first; j0 < end; j0 += GROUPS) {
+        const int j = j0 + g;
+        const bool live = j < end;
+        const T* k_row = qkv + (live ? j : 0) * stride + (long long)(Hq + kvh) * D;
+        const T* v_row = k_row + (long long)Hkv * D;
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPT; i++) part += live ? q[i] * to_f32(k_row[t + ROW_LANES * i]) : 0.0f;
+        const float s = group_sum(part) * scale;
+        if (live) {
+            // The first key: m is -inf, so the old sum and output are scaled by 0.
+            const float m_new = fmaxf(m, s);
+            const float correction = expf(m - m_new), p = expf(s - m_new);
+            l = l * correction + p;
+#pragma unroll
+            for (int i = 0; i < DPT; i++) o[i] = o[i] * correction + p * to_f32(v_row[t + ROW_LANES * i]);
+            m = m_new;
+        }
+    }
+    if (t == 0) {
+        ms[g] = m;
+        ls[g] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < DPT; i++) os[g][t + ROW_LANES * i] = o[i];
+    __syncthreads();
+    // Group 0 has seen the block's first key, so the block's max is finite; a group that saw
+    // no key (m = -inf, l and o 0) weighs 0.
+    float m_all = NEG_INF;
+    for (int k = 0; k < GROUPS; k++) m_all = fmaxf(m_all, ms[k]);
+    float l_all = 0.0f;
+    for (int k = 0; k < GROUPS; k++) l_all += ls[k] * expf(ms[k] - m_all);
+    float* state = partial + ((long long)h * gridDim.y + blockIdx.y) * (D + 2);
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < GROUPS; k++) acc += os[k][c] * expf(ms[k] - m_all);
+        if (gridDim.y == 1) {
+            out[(long long)h * D + c] = from_f32<T>(acc / l_all);
+        } else {
+            state[c] = acc;
+        }
+    }
+    if (gridDim.y > 1 && threadIdx.x == 0) {
+        state[D] = m_all;
+        state[D + 1] = l_all;
+    }
+}
+
+// Merges attention_decode's per-block states of head h into its output. Grid: Hq; block D.
+template <typename T, int D>
+__global__ void attention_decode_combine(T* out, const float* partial, int splits) {
+    const int h = blockIdx.x, c = threadIdx.x;
+    const float* states = partial + (long long)h * splits * (D + 2);
+    float m_all = NEG_INF;
+    for (int s = 0; s < splits; s++) m_all = fmaxf(m_all, states[s * (D + 2) + D]);
+    float l_all = 0.0f, acc = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        const float w = expf(states[s * (D + 2) + D] - m_all);
+        l_all += states[s * (D + 2) + D + 1] * w;
+        acc += states[s * (D + 2) + c] * w;
+    }
+    out[(long long)h * D + c] = from_f32<T>(acc / l_all);
+}
+
 // delta[b, h, t] = Σ_d dout · out. A head of D values is U accesses (16 bytes each with VEC,
 // both operands then 16-byte aligned; one element each without), shared by L lanes, the
 // largest power of two dividing U up to 32 (the host's `delta_lanes`): lane i of a head takes

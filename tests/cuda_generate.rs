@@ -1,0 +1,164 @@
+//! Generation over a KV cache on the GPU: every position's logits against the full forward
+//! pass on the same device, at the four small shapes in bf16 and f32; and how fast
+//! `Generator` samples at Qwen2.5-0.5B's shape.
+
+mod common;
+
+use std::time::Instant;
+
+use common::gpu::*;
+use common::{batch, cached_logits, full_logits, logits_rel_err};
+use smelt::backend::Backend;
+use smelt::model::{ModelOptions, Transformer, presets};
+use smelt::tensor::DType;
+use smelt::train::sample::{Generator, SampleOptions, Sampling};
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cached_logits_are_the_full_forwards() {
+    let gpu = cuda();
+    for (name, config) in small_configs() {
+        let tokens = batch(300, config.vocab_size, 7).0;
+        // bf16: the full pass's matmuls have other shapes than one token's, so cuBLASLt
+        // rounds some activations the other way; a wrong position, rotation or cache row
+        // would be off by the logits' own size.
+        for (dtype, tol) in [(DType::BF16, 5e-2), (DType::F32, 1e-4)] {
+            let options = ModelOptions::forward_only(1, dtype);
+            let mut model = Transformer::new(&gpu, config.clone(), options).unwrap();
+            upload_weights(&gpu, &model, &host_weights(&model, 11, 0.05));
+            let cached = cached_logits(&gpu, &mut model, &tokens);
+            let full = full_logits(&gpu, &model, &tokens);
+            let err = logits_rel_err(&cached, &full);
+            let test = format!("generate {name} {dtype}");
+            figure(
+                &test,
+                format!(
+                    "300 positions' logits, cached against full: rel err {err:.2e} (tol {tol:.0e})"
+                ),
+            );
+            assert!(err <= tol, "{test}: relative error {err:e} > {tol:e}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sampling_speed_at_qwen2_5_0_5b() {
+    let gpu = cuda();
+    let config = presets::preset("qwen2.5-0.5b").unwrap();
+    let (prompt_len, new_tokens) = (128, 512);
+    let prompt = batch(prompt_len, config.vocab_size, 1).0;
+    let mut generator = Generator::new(&gpu, config.clone(), DType::BF16, |m| {
+        m.init_weights(&gpu, 5)
+    })
+    .unwrap();
+    let options = |max_new_tokens| SampleOptions {
+        max_new_tokens,
+        sampling: Sampling::temperature(1.0),
+        seed: 1,
+        stop: vec![],
+    };
+    // Compiles the kernels and picks cuBLASLt's algorithms.
+    generator
+        .generate(&gpu, &prompt, &options(4), |_| Ok(()))
+        .unwrap();
+    let start = Instant::now();
+    let new = generator
+        .generate(&gpu, &prompt, &options(new_tokens), |_| Ok(()))
+        .unwrap();
+    let seconds = start.elapsed().as_secs_f64();
+    assert_eq!(new.len(), new_tokens);
+    decode_step_costs(&gpu, &config, &prompt);
+    decode_step_costs(&gpu, &config, &batch(2048, config.vocab_size, 3).0);
+
+    // What each new token cost before the cache: a full forward pass over the context (here
+    // its final length).
+    let context = prompt_len + new_tokens;
+    let options = ModelOptions::forward_only(context, DType::BF16);
+    let mut full = Transformer::new(&gpu, config.clone(), options).unwrap();
+    full.init_weights(&gpu, 5).unwrap();
+    let tokens = batch(context, config.vocab_size, 2).0;
+    let mut pass = || {
+        full.forward_hidden(&gpu, &tokens).unwrap();
+        full.logits_at(&gpu, context - 1).unwrap();
+        gpu.synchronize().unwrap();
+    };
+    pass();
+    let start = Instant::now();
+    pass();
+    let full_ms = start.elapsed().as_secs_f64() * 1e3;
+    figure(
+        "sampling qwen2.5-0.5b bf16",
+        format!(
+            "{new_tokens} tokens after a {prompt_len}-token prompt in {seconds:.2} s \
+             ({:.0} tok/s, {:.2} ms a token); one full pass over {context} positions {full_ms:.2} ms",
+            new_tokens as f64 / seconds,
+            seconds * 1e3 / new_tokens as f64
+        ),
+    );
+}
+
+/// Where a generated token's time goes at Qwen2.5-0.5B's shape, at contexts of 1 to 3 times
+/// the prompt's length: the blocks' pass alone (the host enqueues, the device runs), the
+/// logits read back, and the ops' device time.
+fn decode_step_costs(
+    gpu: &smelt::backend::cuda::Cuda,
+    config: &smelt::model::ModelConfig,
+    prompt: &[i32],
+) {
+    let mut model = Transformer::new(
+        gpu,
+        config.clone(),
+        ModelOptions::forward_only(1, DType::BF16),
+    )
+    .unwrap();
+    model.init_weights(gpu, 5).unwrap();
+    let n = prompt.len();
+    model.start_kv_cache(gpu, 3 * n).unwrap();
+    for &t in prompt {
+        model.forward_token(gpu, t).unwrap();
+    }
+    gpu.synchronize().unwrap();
+    let start = Instant::now();
+    for &t in prompt {
+        model.forward_token(gpu, t).unwrap();
+    }
+    let enqueued = start.elapsed().as_secs_f64() * 1e3 / n as f64;
+    gpu.synchronize().unwrap();
+    let passes = start.elapsed().as_secs_f64() * 1e3 / n as f64;
+    let start = Instant::now();
+    for _ in 0..n {
+        model.logits_at(gpu, 0).unwrap();
+    }
+    let logits = start.elapsed().as_secs_f64() * 1e3 / n as f64;
+    gpu.time_ops(true);
+    for &t in prompt {
+        model.forward_token(gpu, t).unwrap();
+    }
+    let ops = gpu.take_op_times().unwrap();
+    gpu.time_ops(false);
+    let device: f64 = ops.iter().map(|o| o.seconds).sum::<f64>() * 1e3 / n as f64;
+    let mut top: Vec<_> = ops.iter().collect();
+    top.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    let top: Vec<String> = top
+        .iter()
+        .take(6)
+        .map(|o| {
+            format!(
+                "{} {:.1} us ({} calls)",
+                o.op,
+                o.seconds * 1e6 / n as f64,
+                o.calls / n
+            )
+        })
+        .collect();
+    figure(
+        "sampling qwen2.5-0.5b bf16",
+        format!(
+            "contexts {n}..{}: a token's pass {passes:.2} ms (enqueued in {enqueued:.2}), logits \
+             read back {logits:.2} ms, ops' device time {device:.2} ms: {}",
+            3 * n,
+            top.join(", ")
+        ),
+    );
+}
