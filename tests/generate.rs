@@ -41,47 +41,50 @@ fn greedy_text_past_the_context_restarts_from_its_newest_half() {
     let cpu = Cpu::<f32>::new();
     let mut config = tiny_config("Qwen2ForCausalLM", true);
     config.max_position_embeddings = 8;
-    let (prompt, new_tokens) = (vec![3, 5, 7], 20);
     let mut generator = Generator::new(&cpu, config.clone(), DType::F32, |m| {
         randomize(&cpu, m, 9);
         Ok(())
     })
     .unwrap();
+    let new_tokens = 20;
     let options = SampleOptions {
         max_new_tokens: new_tokens,
         sampling: Sampling::temperature(0.0),
         seed: 1,
         stop: vec![],
     };
-    let generated = generator
-        .generate(&cpu, &prompt, &options, |_| Ok(()))
-        .unwrap();
+    // A prompt that fits the context, and one that is already longer.
+    for prompt in [vec![3, 5, 7], (0..11).collect()] {
+        let generated = generator
+            .generate(&cpu, &prompt, &options, |_| Ok(()))
+            .unwrap();
 
-    // The same rule, each token from a full forward pass over the context: once it holds
-    // more than 8 tokens, it restarts from its newest 4.
-    let mut tokens = prompt.clone();
-    let (mut start, mut restarts) = (0, 0);
-    for _ in 0..new_tokens {
-        if tokens.len() - start > 8 {
-            start = tokens.len() - 4;
-            restarts += 1;
+        // The same rule, each token from a full forward pass over the context: once it
+        // holds more than 8 tokens, it restarts from its newest 4.
+        let mut tokens = prompt.clone();
+        let (mut start, mut restarts) = (0, 0);
+        for _ in 0..new_tokens {
+            if tokens.len() - start > 8 {
+                start = tokens.len() - 4;
+                restarts += 1;
+            }
+            let context = &tokens[start..];
+            let model = Transformer::new(
+                &cpu,
+                config.clone(),
+                ModelOptions::forward_only(context.len(), DType::F32),
+            )
+            .unwrap();
+            randomize(&cpu, &model, 9);
+            let logits = full_logits(&cpu, &model, context);
+            tokens.push(argmax(logits.last().unwrap()));
         }
-        let context = &tokens[start..];
-        let model = Transformer::new(
-            &cpu,
-            config.clone(),
-            ModelOptions::forward_only(context.len(), DType::F32),
-        )
-        .unwrap();
-        randomize(&cpu, &model, 9);
-        let logits = full_logits(&cpu, &model, context);
-        tokens.push(argmax(logits.last().unwrap()));
+        assert_eq!(generated, tokens[prompt.len()..], "prompt {prompt:?}");
+        // The text restarted several times and is not stuck on one token.
+        assert!(restarts >= 3, "{restarts} restarts");
+        assert!(
+            generated.iter().any(|&t| t != generated[0]),
+            "{generated:?}"
+        );
     }
-    assert_eq!(generated, tokens[prompt.len()..]);
-    // The text restarted several times and is not stuck on one token.
-    assert_eq!(restarts, 3);
-    assert!(
-        generated.iter().any(|&t| t != generated[0]),
-        "{generated:?}"
-    );
 }

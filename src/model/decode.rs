@@ -5,7 +5,7 @@
 //! that the QKV projection writes straight into the cache's next row and RoPE rotates it
 //! there, with the ops of the full forward.
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 
 use super::transformer::{Transformer, rope_table};
 use crate::backend::{AttnShape, Backend};
@@ -85,19 +85,15 @@ impl<B: Backend> Transformer<B> {
         Ok(())
     }
 
-    /// Positions the KV cache holds, and how many it has room for.
-    pub fn kv_cache_len(&self) -> Option<(usize, usize)> {
-        self.kv_cache.as_ref().map(|c| (c.len, c.capacity()))
-    }
-
     /// Runs `token` at the KV cache's next position, leaving its normalized hidden state for
     /// `logits_at(b, 0)`.
     pub fn forward_token(&mut self, b: &B, token: i32) -> Result<()> {
-        let Some((len, capacity)) = self.kv_cache_len() else {
-            anyhow::bail!("forward_token needs a KV cache (start_kv_cache)");
+        let Some(cache) = &self.kv_cache else {
+            bail!("forward_token needs a KV cache (start_kv_cache)");
         };
+        let capacity = cache.capacity();
         ensure!(
-            len < capacity,
+            cache.len < capacity,
             "the KV cache is full ({capacity} positions)"
         );
         self.forward_hidden(b, &[token])?;

@@ -86,17 +86,19 @@ impl<B: Backend> Generator<B> {
             bail!("prompt token {t} is outside the model's vocabulary of {vocab}");
         }
         let capacity = (prompt.len() + o.max_new_tokens).min(self.max_context);
-        self.model.start_kv_cache(b, capacity)?;
         let mut rng = Rng::new(o.seed);
         let mut tokens = prompt.to_vec();
-        // The context starts at tokens[start]; tokens[..fed] have been run.
+        // The context is tokens[start..], of which tokens[start..fed] are in the cache.
         let (mut start, mut fed) = (0, 0);
         let mut new = vec![];
-        for _ in 0..o.max_new_tokens {
-            if tokens.len() - start > capacity {
+        for i in 0..o.max_new_tokens {
+            let overflow = tokens.len() - start > capacity;
+            if overflow {
                 start = tokens.len() - capacity.div_ceil(2);
-                fed = start;
+            }
+            if i == 0 || overflow {
                 self.model.start_kv_cache(b, capacity)?;
+                fed = start;
             }
             for &t in &tokens[fed..] {
                 self.model.forward_token(b, t)?;
