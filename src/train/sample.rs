@@ -130,28 +130,55 @@ fn pick(logits: &[f32], s: &Sampling, rng: &mut Rng) -> i32 {
         .par_iter()
         .map(|&l| (((l - max) / s.temperature) as f64).exp())
         .collect();
-    if s.top_k == 0 && s.top_p >= 1.0 {
-        return draw(weights.iter().copied().enumerate(), rng);
-    }
-    // Most likely first, ties in token order.
-    let order = |a: &usize, b: &usize| weights[*b].total_cmp(&weights[*a]).then(a.cmp(b));
     let mut candidates: Vec<usize> = (0..weights.len()).collect();
     if s.top_k > 0 && s.top_k < candidates.len() {
-        candidates.select_nth_unstable_by(s.top_k - 1, order);
+        candidates.select_nth_unstable_by(s.top_k - 1, |a, b| more_likely(&weights, *a, *b));
         candidates.truncate(s.top_k);
+        candidates.sort_unstable();
     }
-    candidates.sort_unstable_by(order);
-    let total: f64 = candidates.iter().map(|&c| weights[c]).sum();
-    let mut sum = 0.0;
-    let keep = candidates
-        .iter()
-        .position(|&c| {
-            sum += weights[c];
-            sum >= s.top_p * total
-        })
-        .map_or(candidates.len(), |i| i + 1);
-    candidates.truncate(keep);
+    if s.top_p < 1.0 {
+        candidates = nucleus(candidates, &weights, s.top_p);
+    }
     draw(candidates.iter().map(|&c| (c, weights[c])), rng)
+}
+
+/// Most likely first, ties in token order.
+fn more_likely(weights: &[f64], a: usize, b: usize) -> std::cmp::Ordering {
+    weights[b].total_cmp(&weights[a]).then(a.cmp(&b))
+}
+
+/// How many of the most likely candidates `nucleus` sorts first.
+const NUCLEUS_HEAD: usize = 1024;
+
+/// The fewest most likely of `candidates` (in token order) whose weights add up to at least
+/// `p` of theirs, most likely first. A nucleus is most often a few tokens of a vocabulary of
+/// 150k, whose sorting would cost more than the GPU's token: only the `NUCLEUS_HEAD` most
+/// likely are sorted, and the rest only if those fall short.
+fn nucleus(mut candidates: Vec<usize>, weights: &[f64], p: f64) -> Vec<usize> {
+    let total: f64 = candidates.iter().map(|&c| weights[c]).sum();
+    let order = |a: &usize, b: &usize| more_likely(weights, *a, *b);
+    // How long a prefix of the `head` most likely, sorted, reaches p · total, if one does.
+    let reach = |candidates: &mut [usize], head: usize| {
+        if head < candidates.len() {
+            candidates.select_nth_unstable_by(head - 1, order);
+        }
+        candidates[..head].sort_unstable_by(order);
+        let mut sum = 0.0;
+        candidates[..head]
+            .iter()
+            .position(|&c| {
+                sum += weights[c];
+                sum >= p * total
+            })
+            .map(|i| i + 1)
+    };
+    let n = candidates.len();
+    let keep = reach(&mut candidates, NUCLEUS_HEAD.min(n))
+        .or_else(|| reach(&mut candidates, n))
+        // Rounding left the sum short of p · total: every candidate stays.
+        .unwrap_or(n);
+    candidates.truncate(keep);
+    candidates
 }
 
 /// A token drawn with probability proportional to its weight, scanning in the given order.
@@ -205,6 +232,39 @@ mod tests {
         // At temperature 1/2 the weights square: ∝ [1, 9].
         let freq = frequencies(&[0.0, 3f32.ln()], Sampling::temperature(0.5), n);
         assert_follows(&freq, &[0.1, 0.9], n);
+    }
+
+    #[test]
+    fn the_nucleus_is_the_shortest_most_likely_prefix_whether_or_not_the_head_holds_it() {
+        // Reference: every candidate sorted (a stable sort keeps ties in token order).
+        let reference = |weights: &[f64], p: f64| {
+            let mut all: Vec<usize> = (0..weights.len()).collect();
+            all.sort_by(|a, b| weights[*b].total_cmp(&weights[*a]));
+            let total: f64 = weights.iter().sum();
+            let mut sum = 0.0;
+            let keep = all.iter().position(|&c| {
+                sum += weights[c];
+                sum >= p * total
+            });
+            all.truncate(keep.map_or(all.len(), |i| i + 1));
+            all
+        };
+        let n = 4 * NUCLEUS_HEAD;
+        let mut rng = Rng::new(3);
+        // Peaked (a few tokens hold most of the mass: the head suffices) and flat (the
+        // nucleus runs past the head), with repeated values for ties.
+        let peaked: Vec<f64> = (0..n)
+            .map(|_| (-8.0 * rng.uniform()).exp().powi(3))
+            .collect();
+        let flat: Vec<f64> = (0..n)
+            .map(|_| 1.0 + (rng.uniform() * 8.0).floor())
+            .collect();
+        for (weights, p) in [(&peaked, 0.5), (&peaked, 0.9), (&flat, 0.9), (&flat, 0.1)] {
+            let kept = nucleus((0..n).collect(), weights, p);
+            assert_eq!(kept, reference(weights, p), "p {p}");
+        }
+        assert!(nucleus((0..n).collect(), &peaked, 0.9).len() < NUCLEUS_HEAD);
+        assert!(nucleus((0..n).collect(), &flat, 0.9).len() > NUCLEUS_HEAD);
     }
 
     #[test]
