@@ -143,21 +143,45 @@ __global__ void __launch_bounds__(THREADS)
     report_amax(amax, largest);
 }
 
+// An online softmax's state over some keys: `D` output sums, then the running max and sum
+// of exponentials, as attention_decode's row groups and blocks leave them.
+template <int D>
+struct DecodeState {
+    float o[D], m, l;
+};
+
+// Merges `n` states into one (the max, the sum rescaled to it) and returns output column c,
+// normalized when `normalize`. A state that saw no key (m = -inf, l and o 0) weighs 0; at
+// least one saw a key, so the max is finite.
+template <int D>
+__device__ __forceinline__ float merge_states(const DecodeState<D>* states, int n, int c,
+                                              bool normalize, float& m_all, float& l_all) {
+    m_all = NEG_INF;
+    for (int k = 0; k < n; k++) m_all = fmaxf(m_all, states[k].m);
+    float acc = 0.0f;
+    l_all = 0.0f;
+    for (int k = 0; k < n; k++) {
+        const float w = expf(states[k].m - m_all);
+        l_all += states[k].l * w;
+        acc += states[k].o[c] * w;
+    }
+    return normalize ? acc / l_all : acc;
+}
+
 // Generation's attention over a KV cache: the query of the last of Tn positions against every
 // key and value, which is attention_forward's last row for one sequence. Block (h, s) takes
 // keys [s·keys_per_block, (s + 1)·keys_per_block), so that a long context spreads over many
-// SMs; within it each row group of ROW_LANES lanes takes every GROUPS-th key with a running
-// max, sum and output of its own, read straight from global memory (one query needs no shared
-// tiles), and then the groups' states are merged. With one block per head the result goes to
-// out; otherwise each block's unnormalized state goes to partial [Hq, splits, D + 2] (output,
-// max, sum) for attention_decode_combine. Grid: (Hq, splits); block THREADS.
+// SMs; within it each row group of ROW_LANES lanes takes every GROUPS-th key with a state of
+// its own, read straight from global memory (one query needs no shared tiles), and then the
+// groups' states are merged. With one block per head the result goes to out; otherwise each
+// block's state goes to partial [Hq, splits] for attention_decode_combine. Grid:
+// (Hq, splits); block THREADS.
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS)
-    attention_decode(T* out, float* partial, const T* qkv, int Tn, int Hq, int Hkv, float scale,
-                     int keys_per_block) {
+    attention_decode(T* out, DecodeState<D>* partial, const T* qkv, int Tn, int Hq, int Hkv,
+                     float scale, int keys_per_block) {
     constexpr int DPT = D / ROW_LANES, GROUPS = THREADS / ROW_LANES;
-    __shared__ float ms[GROUPS], ls[GROUPS];
-    __shared__ float os[GROUPS][D];
+    __shared__ DecodeState<D> groups[GROUPS];
     const int h = blockIdx.x, kvh = h / (Hq / Hkv);
     const int g = threadIdx.x / ROW_LANES, t = threadIdx.x % ROW_LANES;
     const int first = blockIdx.y * keys_per_block, end = min(Tn, first + keys_per_block);
@@ -191,48 +215,37 @@ __global__ void __launch_bounds__(THREADS)
         }
     }
     if (t == 0) {
-        ms[g] = m;
-        ls[g] = l;
+        groups[g].m = m;
+        groups[g].l = l;
     }
 #pragma unroll
-    for (int i = 0; i < DPT; i++) os[g][t + ROW_LANES * i] = o[i];
+    for (int i = 0; i < DPT; i++) groups[g].o[t + ROW_LANES * i] = o[i];
     __syncthreads();
-    // Group 0 has seen the block's first key, so the block's max is finite; a group that saw
-    // no key (m = -inf, l and o 0) weighs 0.
-    float m_all = NEG_INF;
-    for (int k = 0; k < GROUPS; k++) m_all = fmaxf(m_all, ms[k]);
-    float l_all = 0.0f;
-    for (int k = 0; k < GROUPS; k++) l_all += ls[k] * expf(ms[k] - m_all);
-    float* state = partial + ((long long)h * gridDim.y + blockIdx.y) * (D + 2);
+    // Group 0 has seen the block's first key.
+    const bool alone = gridDim.y == 1;
+    DecodeState<D>* state = partial + (long long)h * gridDim.y + blockIdx.y;
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < GROUPS; k++) acc += os[k][c] * expf(ms[k] - m_all);
-        if (gridDim.y == 1) {
-            out[(long long)h * D + c] = from_f32<T>(acc / l_all);
+        float m_all, l_all;
+        const float y = merge_states(groups, GROUPS, c, alone, m_all, l_all);
+        if (alone) {
+            out[(long long)h * D + c] = from_f32<T>(y);
         } else {
-            state[c] = acc;
+            state->o[c] = y;
+            if (c == 0) {
+                state->m = m_all;
+                state->l = l_all;
+            }
         }
-    }
-    if (gridDim.y > 1 && threadIdx.x == 0) {
-        state[D] = m_all;
-        state[D + 1] = l_all;
     }
 }
 
 // Merges attention_decode's per-block states of head h into its output. Grid: Hq; block D.
 template <typename T, int D>
-__global__ void attention_decode_combine(T* out, const float* partial, int splits) {
+__global__ void attention_decode_combine(T* out, const DecodeState<D>* partial, int splits) {
     const int h = blockIdx.x, c = threadIdx.x;
-    const float* states = partial + (long long)h * splits * (D + 2);
-    float m_all = NEG_INF;
-    for (int s = 0; s < splits; s++) m_all = fmaxf(m_all, states[s * (D + 2) + D]);
-    float l_all = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        const float w = expf(states[s * (D + 2) + D] - m_all);
-        l_all += states[s * (D + 2) + D + 1] * w;
-        acc += states[s * (D + 2) + c] * w;
-    }
-    out[(long long)h * D + c] = from_f32<T>(acc / l_all);
+    float m_all, l_all;
+    const float y = merge_states(partial + (long long)h * splits, splits, c, true, m_all, l_all);
+    out[(long long)h * D + c] = from_f32<T>(y);
 }
 
 // delta[b, h, t] = Σ_d dout · out. A head of D values is U accesses (16 bytes each with VEC,
