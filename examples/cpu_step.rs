@@ -6,7 +6,7 @@ use std::time::Instant;
 use serde_json::json;
 use smelt::backend::cpu::Cpu;
 use smelt::model::{
-    LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
+    Gradients, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
 };
 use smelt::rng::Rng;
 use smelt::tensor::DType;
@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         lmhead_chunks: 4,
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
-        kept_grads: None,
+        gradients: Gradients::All,
     };
     let mut model = Transformer::new(&cpu, config, options)?;
     model.init_weights(&cpu, 1)?;

@@ -26,17 +26,20 @@ fn cached_logits_are_the_full_forwards() {
             let options = ModelOptions::forward_only(1, dtype);
             let mut model = Transformer::new(&gpu, config.clone(), options).unwrap();
             upload_weights(&gpu, &model, &host_weights(&model, 11, 0.05));
-            let cached = cached_logits(&gpu, &mut model, &tokens);
             let full = full_logits(&gpu, &model, &tokens);
-            let err = logits_rel_err(&cached, &full);
-            let test = format!("generate {name} {dtype}");
-            figure(
-                &test,
-                format!(
-                    "300 positions' logits, cached against full: rel err {err:.2e} (tol {tol:.0e})"
-                ),
-            );
-            assert!(err <= tol, "{test}: relative error {err:e} > {tol:e}");
+            for prompt in [1, 100] {
+                let cached = cached_logits(&gpu, &mut model, &tokens, prompt);
+                let err = logits_rel_err(&cached, &full);
+                let test = format!("generate {name} {dtype}");
+                figure(
+                    &test,
+                    format!(
+                        "300 positions' logits after a {prompt}-token prompt, cached against \
+                         full: rel err {err:.2e} (tol {tol:.0e})"
+                    ),
+                );
+                assert!(err <= tol, "{test}: relative error {err:e} > {tol:e}");
+            }
         }
     }
 }
@@ -99,13 +102,14 @@ fn sampling_speed_at_qwen2_5_0_5b() {
 }
 
 /// Where a generated token's time goes at Qwen2.5-0.5B's shape, at contexts of 1 to 3 times
-/// the prompt's length: the blocks' pass alone (the host enqueues, the device runs), the
-/// logits read back, and the ops' device time.
+/// the prompt's length: the prompt's one pass, each token's pass alone (the host enqueues,
+/// the device runs), the logits read back, and the ops' device time.
 fn decode_step_costs(
     gpu: &smelt::backend::cuda::Cuda,
     config: &smelt::model::ModelConfig,
     prompt: &[i32],
 ) {
+    let n = prompt.len();
     let mut model = Transformer::new(
         gpu,
         config.clone(),
@@ -113,15 +117,25 @@ fn decode_step_costs(
     )
     .unwrap();
     model.init_weights(gpu, 5).unwrap();
-    let n = prompt.len();
-    model.start_kv_cache(gpu, 3 * n).unwrap();
+    let options = ModelOptions::forward_only(n, DType::BF16);
+    let mut prompt_pass = Transformer::sharing_weights(gpu, &model, options).unwrap();
+    let mut fill = || {
+        let mut cache = prompt_pass.kv_cache(gpu, 3 * n).unwrap();
+        prompt_pass.forward_cached(gpu, prompt, &mut cache).unwrap();
+        prompt_pass.logits_at(gpu, n - 1).unwrap();
+        cache
+    };
+    fill();
+    let start = Instant::now();
+    let mut cache = fill();
+    let prompt_ms = start.elapsed().as_secs_f64() * 1e3;
     for &t in prompt {
-        model.forward_token(gpu, t).unwrap();
+        model.forward_cached(gpu, &[t], &mut cache).unwrap();
     }
     gpu.synchronize().unwrap();
     let start = Instant::now();
     for &t in prompt {
-        model.forward_token(gpu, t).unwrap();
+        model.forward_cached(gpu, &[t], &mut cache).unwrap();
     }
     let enqueued = start.elapsed().as_secs_f64() * 1e3 / n as f64;
     gpu.synchronize().unwrap();
@@ -131,9 +145,14 @@ fn decode_step_costs(
         model.logits_at(gpu, 0).unwrap();
     }
     let logits = start.elapsed().as_secs_f64() * 1e3 / n as f64;
+    // The cache's last third, taken again from a prompt's pass.
+    let mut cache = fill();
+    for &t in prompt {
+        model.forward_cached(gpu, &[t], &mut cache).unwrap();
+    }
     gpu.time_ops(true);
     for &t in prompt {
-        model.forward_token(gpu, t).unwrap();
+        model.forward_cached(gpu, &[t], &mut cache).unwrap();
     }
     let ops = gpu.take_op_times().unwrap();
     gpu.time_ops(false);
@@ -155,8 +174,10 @@ fn decode_step_costs(
     figure(
         "sampling qwen2.5-0.5b bf16",
         format!(
-            "contexts {n}..{}: a token's pass {passes:.2} ms (enqueued in {enqueued:.2}), logits \
-             read back {logits:.2} ms, ops' device time {device:.2} ms: {}",
+            "a {n}-token prompt's pass {prompt_ms:.2} ms; contexts {}..{}: a token's pass \
+             {passes:.2} ms (enqueued in {enqueued:.2}), logits read back {logits:.2} ms, ops' \
+             device time {device:.2} ms: {}",
+            n,
             3 * n,
             top.join(", ")
         ),

@@ -1,5 +1,6 @@
-//! Generation over a KV cache against the full forward pass: every position's logits, and
-//! greedy text long enough to outgrow the model's context.
+//! Generation over a KV cache against the full forward pass: every position's logits, the
+//! prompt's from its own pass and the rest one token a pass, and greedy text long enough to
+//! outgrow the model's context.
 
 mod common;
 
@@ -19,13 +20,16 @@ fn cached_logits_are_the_full_forwards() {
                 Transformer::new(&cpu, config.clone(), ModelOptions::forward_only(1, dtype))
                     .unwrap();
             randomize(&cpu, &model, 3);
-            let cached = cached_logits(&cpu, &mut model, &tokens);
             let full = full_logits(&cpu, &model, &tokens);
-            let err = logits_rel_err(&cached, &full);
-            assert!(
-                err <= tol,
-                "{name} {dtype}: relative error {err:e} > {tol:e}"
-            );
+            // A prompt of one token, and one of several that the rest attend over.
+            for prompt in [1, 6] {
+                let cached = cached_logits(&cpu, &mut model, &tokens, prompt);
+                let err = logits_rel_err(&cached, &full);
+                assert!(
+                    err <= tol,
+                    "{name} {dtype}, prompt {prompt}: relative error {err:e} > {tol:e}"
+                );
+            }
         }
     }
 }

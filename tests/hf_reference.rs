@@ -8,7 +8,7 @@ use smelt::backend::Backend;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::io::hf;
 use smelt::io::tensors::{MappedFile, decode};
-use smelt::model::{LossOptions, MatmulPrecision, ModelOptions, Recompute, Transformer};
+use smelt::model::{Gradients, LossOptions, MatmulPrecision, ModelOptions, Recompute, Transformer};
 use smelt::tensor::DType;
 
 const FIXTURES: [&str; 4] = ["llama_untied", "llama_tied", "qwen2_untied", "qwen2_tied"];
@@ -88,7 +88,7 @@ fn cpu_matches_transformers() {
             lmhead_chunks: 3,
             ffn_chunks: 1,
             matmul: MatmulPrecision::Native,
-            kept_grads: None,
+            gradients: Gradients::All,
         };
         let mut model = Transformer::new(&cpu, config, options).unwrap();
         hf::import(&cpu, &model, &dir).unwrap();
@@ -118,7 +118,7 @@ fn cpu_matches_transformers() {
         let c = cosine(&logits, &ref_logits);
         assert!(c >= MIN_COSINE, "{name}: logits cosine {c}");
 
-        for (spec, grad) in model.layout.zip(&model.grads) {
+        for (spec, grad) in model.layout.zip(model.grads()) {
             let values = cpu.download(grad).unwrap();
             for slice in spec.hf_slices() {
                 let c = cosine(

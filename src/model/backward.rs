@@ -4,12 +4,12 @@
 //! later ones (`accumulate`); the residual-stream gradient `dresidual` is added into by each
 //! branch; every other activation gradient is overwritten.
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 
 use super::forward::Pass;
 use super::fp8::Linear;
 use super::head::LossOptions;
-use super::transformer::Transformer;
+use super::transformer::{Gradients, Transformer};
 use crate::backend::{Backend, Range};
 use crate::tensor::Tensor;
 
@@ -56,6 +56,10 @@ impl<B: Backend> Transformer<B> {
         loss: LossOptions,
         events: &mut GradEvents<B>,
     ) -> Result<()> {
+        ensure!(
+            self.options.gradients != Gradients::Absent,
+            "this model was made forward-only (Gradients::Absent) and has no gradients"
+        );
         let _backward = Range::begin(b, format_args!("backward"));
         {
             let _head = Range::begin(b, format_args!("LM head and loss"));
@@ -64,7 +68,7 @@ impl<B: Backend> Transformer<B> {
         if let Some(fp8) = &self.fp8 {
             fp8.begin_backward(b)?;
         }
-        let (a, p, g, acc) = (&self.acts, &self.params, &self.grads, loss.accumulate);
+        let (a, p, g, acc) = (&self.acts, &self.params, self.grads(), loss.accumulate);
         let last = self.config.num_layers;
         b.fill(&a.dresidual, 0.0)?;
         b.rmsnorm_backward(
@@ -87,8 +91,8 @@ impl<B: Backend> Transformer<B> {
         for l in (0..last).rev() {
             let _layer = Range::begin(b, format_args!("layer {l} backward"));
             self.acts.before_block_backward(b, l)?;
-            self.block_forward(b, l, Pass::Recompute)?;
-            let grads: Vec<&Tensor<B>> = self.grads.layers[l].iter().collect();
+            self.block_forward(b, l, Pass::Recompute, None)?;
+            let grads: Vec<&Tensor<B>> = self.grads().layers[l].iter().collect();
             events(GradEvent::Writing {
                 layer: l,
                 grads: &grads,
@@ -100,7 +104,7 @@ impl<B: Backend> Transformer<B> {
                 grads: &grads,
             })?;
         }
-        let (a, g) = (&self.acts, &self.grads);
+        let (a, g) = (&self.acts, self.grads());
         // With tied embeddings the head has already written this gradient.
         let tied = self.params.lm_head.is_none();
         b.embedding_backward(&g.embed, &a.tokens, &a.dresidual, acc || tied)?;
@@ -112,7 +116,7 @@ impl<B: Backend> Transformer<B> {
 
     /// Block `l`, given `dresidual` = ∂loss/∂(block output); leaves ∂loss/∂(block input) there.
     fn block_backward(&self, b: &B, l: usize, acc: bool) -> Result<()> {
-        let (a, w, g) = (&self.acts, &self.params.layers[l], &self.grads.layers[l]);
+        let (a, w, g) = (&self.acts, &self.params.layers[l], &self.grads().layers[l]);
         let shape = self.attn_shape();
         let dres = &a.dresidual;
         // 8)–6) the MLP, into `dln`

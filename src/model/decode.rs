@@ -1,17 +1,19 @@
-//! Generation one token at a time over a KV cache: each block keeps every position's QKV
-//! row, so a new token runs the blocks over itself alone and attends over the rows kept.
+//! Generation over a KV cache: a prompt runs through the blocks in one pass, and each new
+//! token then alone, attending over the rows its block kept of every earlier position.
 //!
-//! The cache keeps whole QKV rows, queries included (which only their own step reads), so
-//! that the QKV projection writes straight into the cache's next row and RoPE rotates it
-//! there, with the ops of the full forward.
+//! The cache keeps whole QKV rows, queries included (which only their own pass reads), so
+//! that the QKV projection writes straight into the cache's next rows and RoPE rotates them
+//! there, and a prompt's causal attention runs over those rows as over a full pass's QKV.
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 
 use super::transformer::{Transformer, rope_table};
 use crate::backend::{AttnShape, Backend};
 use crate::tensor::{Tensor, TensorSpec};
 
-pub(crate) struct KvCache<B: Backend> {
+/// Every position's QKV rows so far, for the models that share one set of weights
+/// (`Transformer::sharing_weights`).
+pub struct KvCache<B: Backend> {
     /// Per layer `[capacity, qkv_width]`: row t holds position t's rotated query and key,
     /// and its value.
     rows: Vec<Tensor<B>>,
@@ -26,14 +28,20 @@ impl<B: Backend> KvCache<B> {
         self.rope.rows()
     }
 
-    /// Where block `l`'s projection writes the new position's QKV row, and the rotation of
-    /// that position.
-    pub(crate) fn next_row(&self, l: usize) -> (Tensor<B>, Tensor<B>) {
-        let t = self.len;
+    /// Where block `l`'s projection writes the QKV rows of the next `n` positions, and their
+    /// rotations.
+    pub(crate) fn next_rows(&self, l: usize, n: usize) -> (Tensor<B>, Tensor<B>) {
+        let (start, end) = (self.len, self.len + n);
         (
-            self.rows[l].narrow_rows(t, t + 1),
-            self.rope.narrow_rows(t, t + 1),
+            self.rows[l].narrow_rows(start, end),
+            self.rope.narrow_rows(start, end),
         )
+    }
+
+    /// Whether the pass's attention runs over earlier positions' rows too: a token after
+    /// the first. A pass from the start of the cache attends within itself.
+    pub(crate) fn has_history(&self) -> bool {
+        self.len > 0
     }
 
     /// The new position's attention output over block `l`'s rows up to and including it.
@@ -49,20 +57,12 @@ impl<B: Backend> KvCache<B> {
 }
 
 impl<B: Backend> Transformer<B> {
-    /// Starts a generation of up to `capacity` positions, emptying any earlier cache. The
-    /// model must take one token a pass (`ModelOptions::forward_only(1, _)`).
-    pub fn start_kv_cache(&mut self, b: &B, capacity: usize) -> Result<()> {
-        ensure!(
-            self.tokens_per_step() == 1,
-            "a KV cache needs a model of one token a pass, not {}",
-            self.tokens_per_step()
-        );
+    /// An empty cache of up to `capacity` positions for this model's config and dtype.
+    pub fn kv_cache(&self, b: &B, capacity: usize) -> Result<KvCache<B>> {
         ensure!(
             capacity > 0,
             "a KV cache needs room for one position at least"
         );
-        // The old cache goes first, so that its memory can serve the new one.
-        self.kv_cache = None;
         let (width, pairs) = (self.config.qkv_dim(), self.config.head_dim / 2);
         let mut specs: Vec<TensorSpec> = (0..self.config.num_layers)
             .map(|l| {
@@ -81,25 +81,36 @@ impl<B: Backend> Transformer<B> {
         let mut rows = b.allocate("kv cache", &specs)?;
         let rope = rows.pop().expect("the rope table was planned last");
         b.upload(&rope, &rope_table(&self.config, capacity))?;
-        self.kv_cache = Some(KvCache { rows, rope, len: 0 });
-        Ok(())
+        Ok(KvCache { rows, rope, len: 0 })
     }
 
-    /// Runs `token` at the KV cache's next position, leaving its normalized hidden state for
-    /// `logits_at(b, 0)`.
-    pub fn forward_token(&mut self, b: &B, token: i32) -> Result<()> {
-        let Some(cache) = &self.kv_cache else {
-            bail!("forward_token needs a KV cache (start_kv_cache)");
-        };
+    /// Runs `tokens` (the model's one sequence) at the cache's next positions, leaving
+    /// their normalized hidden states for `logits_at`. A pass of more than one token must
+    /// start the cache (a prompt); after it, tokens go one a pass.
+    pub fn forward_cached(&mut self, b: &B, tokens: &[i32], cache: &mut KvCache<B>) -> Result<()> {
+        let n = tokens.len();
+        ensure!(
+            self.options.batch == 1 && n == self.options.seq,
+            "a cached pass takes the model's one sequence of {} tokens, not {n}",
+            self.options.seq
+        );
+        ensure!(
+            cache.rows.len() == self.config.num_layers
+                && cache.rows[0].shape[1] == self.config.qkv_dim()
+                && cache.rows[0].dtype == self.options.dtype,
+            "the KV cache was made for another model (Transformer::kv_cache)"
+        );
+        ensure!(
+            n == 1 || !cache.has_history(),
+            "a pass of {n} tokens must start the KV cache; later ones go one at a time"
+        );
         let capacity = cache.capacity();
         ensure!(
-            cache.len < capacity,
+            cache.len + n <= capacity,
             "the KV cache is full ({capacity} positions)"
         );
-        self.forward_hidden(b, &[token])?;
-        if let Some(cache) = &mut self.kv_cache {
-            cache.len += 1;
-        }
+        self.forward_blocks(b, tokens, Some(cache))?;
+        cache.len += n;
         Ok(())
     }
 }

@@ -6,6 +6,7 @@
 
 use anyhow::Result;
 
+use super::decode::KvCache;
 use super::fp8::Linear;
 use super::linear::Input;
 use super::transformer::Transformer;
@@ -21,6 +22,16 @@ impl<B: Backend> Transformer<B> {
     /// Embeds `tokens` (`[B·T]`) and runs every block and the final norm, leaving the
     /// normalized hidden states in `lnf` for the LM head.
     pub fn forward_hidden(&mut self, b: &B, tokens: &[i32]) -> Result<()> {
+        self.forward_blocks(b, tokens, None)
+    }
+
+    /// `forward_hidden`, the blocks' QKV rows going into `cache` when one is given.
+    pub(crate) fn forward_blocks(
+        &mut self,
+        b: &B,
+        tokens: &[i32],
+        cache: Option<&KvCache<B>>,
+    ) -> Result<()> {
         let _forward = Range::begin(b, format_args!("forward"));
         let (a, p) = (&self.acts, &self.params);
         if let Some(fp8) = &self.fp8 {
@@ -32,7 +43,7 @@ impl<B: Backend> Transformer<B> {
         a.residual.written(b, 0)?;
         for l in 0..self.config.num_layers {
             let _layer = Range::begin(b, format_args!("layer {l} forward"));
-            self.block_forward(b, l, Pass::Forward)?;
+            self.block_forward(b, l, Pass::Forward, cache)?;
         }
         // The last block's residual sum is fused into the final norm (a config has at least
         // one layer).
@@ -51,8 +62,14 @@ impl<B: Backend> Transformer<B> {
 
     /// Block `l`. In the forward it reads its input (or, fused, the previous block's
     /// `residual_mid + branch`, which it writes as its input) and leaves its MLP output in
-    /// `branch`.
-    pub(crate) fn block_forward(&self, b: &B, l: usize, pass: Pass) -> Result<()> {
+    /// `branch`; when generating, its QKV rows go into `cache`.
+    pub(crate) fn block_forward(
+        &self,
+        b: &B,
+        l: usize,
+        pass: Pass,
+        cache: Option<&KvCache<B>>,
+    ) -> Result<()> {
         let (a, w, rc) = (&self.acts, &self.params.layers[l], self.options.recompute);
         let eps = self.config.rms_norm_eps as f32;
         let shape = self.attn_shape();
@@ -93,9 +110,9 @@ impl<B: Backend> Transformer<B> {
             b.rmsnorm_forward(out, rstd, inp, &w.ln1, eps, amax_qkv.as_ref())?;
         }
         // 2) QKV projection (+ bias), then RoPE on q and k; when generating, into the KV
-        // cache's next row, rotated to its position
-        let (qkv, rope) = match &self.kv_cache {
-            Some(cache) => cache.next_row(l),
+        // cache's next rows, rotated to their positions
+        let (qkv, rope) = match cache {
+            Some(cache) => cache.next_rows(l, shape.seq),
             None => (qkv.clone(), self.rope.clone()),
         };
         if run(rc.qkv()) {
@@ -111,9 +128,10 @@ impl<B: Backend> Transformer<B> {
             self.linear_forward(b, (l, Linear::Qkv), &qkv, x, bias)?;
             b.rope_forward(&qkv, &rope, shape)?;
         }
-        // 3) causal attention; when generating, the new position's over the cache
+        // 3) causal attention; when generating a token after the first, the new position's
+        // over the cache
         if run(rc.attention()) {
-            match &self.kv_cache {
+            match cache.filter(|c| c.has_history()) {
                 Some(cache) => cache.attend(b, l, att, shape)?,
                 None => b.attention_forward(att, lse, &qkv, shape, amax_out.as_ref())?,
             }

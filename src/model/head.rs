@@ -59,7 +59,7 @@ impl<B: Backend> Transformer<B> {
                     None,
                     Matmul::BACKWARD_INPUT,
                 )?;
-                let dhead = self.grads.head();
+                let dhead = self.grads().head();
                 b.matmul(
                     dhead,
                     &logits,

@@ -110,7 +110,7 @@ impl<B: Backend> Transformer<B> {
         x: &Tensor<B>,
         accumulate: bool,
     ) -> Result<()> {
-        let g = &self.grads.layers[l];
+        let g = &self.grads().layers[l];
         let (dw, db) = (lin.weight(g), lin.bias(g));
         match &self.fp8 {
             Some(fp8) => fp8.backward(b, (l, lin), dx, (dw, db), dy, accumulate),

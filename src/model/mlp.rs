@@ -95,7 +95,7 @@ impl<B: Backend> Transformer<B> {
         // overwrites gate/up
         let (swiglu, gate_up) = (a.swiglu.layer(l), a.gate_up.layer(l));
         let dswiglu = swiglu;
-        let dw = Linear::Down.weight(&self.grads.layers[l]);
+        let dw = Linear::Down.weight(&self.grads().layers[l]);
         match &self.fp8 {
             Some(fp8) => {
                 let dres = &a.dresidual;

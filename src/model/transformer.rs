@@ -7,7 +7,6 @@ use super::activations::{
     ActivationOffload, ActivationPlan, ActivationShape, Activations, Recompute,
 };
 use super::config::ModelConfig;
-use super::decode::KvCache;
 use super::fp8::{Fp8Plan, Fp8Shape, Fp8State, MatmulPrecision};
 use super::grads;
 use super::params::{ParamSpec, Params, from_list};
@@ -36,14 +35,34 @@ pub struct ModelOptions {
     pub ffn_chunks: usize,
     /// What the blocks' linear layers multiply in.
     pub matmul: MatmulPrecision,
-    /// `None`: every block's parameter gradients have memory of their own. `Some(kept)`
-    /// (ZeRO-2): only block l's with `kept[l]` do; the others share two slots (`grads`).
-    pub kept_grads: Option<Vec<bool>>,
+    pub gradients: Gradients,
+}
+
+/// Which parameter gradients have memory.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gradients {
+    /// Every parameter's has its own.
+    All,
+    /// ZeRO-2: only block l's with `kept[l]` have their own; the other blocks share two
+    /// slots (`grads`).
+    Kept(Vec<bool>),
+    /// None: the model only runs forward (generation) or only holds weights (export).
+    Absent,
+}
+
+impl Gradients {
+    fn kept(&self) -> Option<&[bool]> {
+        match self {
+            Gradients::Kept(kept) => Some(kept),
+            Gradients::All | Gradients::Absent => None,
+        }
+    }
 }
 
 impl ModelOptions {
     /// One sequence of `seq` tokens, for a model that only runs forward (generation) or only
-    /// holds weights (export): every activation recomputed, so each has one shared buffer.
+    /// holds weights (export): no gradients, every activation recomputed, so each has one
+    /// shared buffer, and one row of logits at a time (`logits_at`).
     pub fn forward_only(seq: usize, dtype: DType) -> Self {
         Self {
             batch: 1,
@@ -52,10 +71,10 @@ impl ModelOptions {
             recompute: Recompute::all(),
             offload_residual: false,
             offload_activations: false,
-            lmhead_chunks: 1,
+            lmhead_chunks: seq,
             ffn_chunks: 1,
             matmul: MatmulPrecision::Native,
-            kept_grads: None,
+            gradients: Gradients::Absent,
         }
     }
 }
@@ -65,14 +84,13 @@ pub struct Transformer<B: Backend> {
     pub options: ModelOptions,
     pub layout: Params<ParamSpec>,
     pub params: Params<Tensor<B>>,
-    pub grads: Params<Tensor<B>>,
+    /// `None` with `Gradients::Absent` (`grads()`).
+    grads: Option<Params<Tensor<B>>>,
     pub(crate) acts: Activations<B>,
     /// `[T, head_dim/2, 2]`: (cos, sin) per position and rotated pair.
     pub(crate) rope: Tensor<B>,
     /// The FP8 copies, statistics and scratch, when the linear layers run in FP8.
     pub(crate) fp8: Option<Fp8State<B>>,
-    /// When generating: every position's QKV rows so far (`decode`).
-    pub(crate) kv_cache: Option<KvCache<B>>,
     /// What each allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
     /// The same for the allocations in host memory.
@@ -84,7 +102,7 @@ pub struct Transformer<B: Backend> {
 pub struct ModelPlan {
     layout: Params<ParamSpec>,
     param_specs: Vec<TensorSpec>,
-    grad_specs: Vec<TensorSpec>,
+    grad_specs: Option<Vec<TensorSpec>>,
     activations: ActivationPlan,
     rope: TensorSpec,
     fp8: Option<Fp8Plan>,
@@ -137,7 +155,7 @@ impl ModelPlan {
             DType::F32
         };
         let layout = Params::layout(config, options.dtype);
-        if let Some(kept) = &options.kept_grads {
+        if let Some(kept) = options.gradients.kept() {
             ensure!(
                 kept.len() == config.num_layers,
                 "kept gradients given for {} blocks of {}",
@@ -146,7 +164,8 @@ impl ModelPlan {
             );
         }
         let param_specs = layout.tensor_specs();
-        let grad_specs = grads::specs(&layout, options.kept_grads.as_deref());
+        let grad_specs = (options.gradients != Gradients::Absent)
+            .then(|| grads::specs(&layout, options.gradients.kept()));
         let n = options.batch * options.seq;
         let shape = ActivationShape {
             tokens: n,
@@ -208,11 +227,9 @@ impl ModelPlan {
     pub fn memory(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
         let mut activations = self.activations.specs.clone();
         activations.push(self.rope.clone());
-        let mut memory = vec![
-            ("weights", self.param_specs.clone()),
-            ("gradients", self.grad_specs.clone()),
-            ("activations", activations),
-        ];
+        let mut memory = vec![("weights", self.param_specs.clone())];
+        memory.extend(self.grad_specs.clone().map(|g| ("gradients", g)));
+        memory.push(("activations", activations));
         memory.extend(self.fp8.as_ref().map(|f| ("fp8", f.specs.clone())));
         memory
     }
@@ -229,14 +246,49 @@ impl ModelPlan {
 
 impl<B: Backend> Transformer<B> {
     pub fn new(backend: &B, config: ModelConfig, options: ModelOptions) -> Result<Self> {
+        Self::build(backend, config, options, None)
+    }
+
+    /// A model of another shape over `other`'s weights, which it shares rather than copies
+    /// (as generation runs a prompt in one pass and then a token a pass).
+    pub fn sharing_weights(backend: &B, other: &Self, options: ModelOptions) -> Result<Self> {
+        ensure!(
+            options.dtype == other.options.dtype,
+            "a model of {} cannot share the weights of one of {}",
+            options.dtype,
+            other.options.dtype
+        );
+        let weights = other.params.clone();
+        Self::build(backend, other.config.clone(), options, Some(weights))
+    }
+
+    fn build(
+        backend: &B,
+        config: ModelConfig,
+        options: ModelOptions,
+        weights: Option<Params<Tensor<B>>>,
+    ) -> Result<Self> {
         let plan = ModelPlan::new(&config, &options)?;
-        let memory = plan.memory();
+        let mut memory = plan.memory();
+        if weights.is_some() {
+            memory.retain(|(category, _)| *category != "weights");
+        }
         let mut take = memory
             .iter()
             .map(|(category, specs)| backend.allocate(category, specs));
         let mut next = || take.next().expect("one allocation per planned category");
-        let params = from_list(&plan.layout, next()?);
-        let grads = grads::build(&plan.layout, options.kept_grads.as_deref(), next()?);
+        let params = match weights {
+            Some(weights) => weights,
+            None => from_list(&plan.layout, next()?),
+        };
+        let grads = match options.gradients {
+            Gradients::Absent => None,
+            _ => Some(grads::build(
+                &plan.layout,
+                options.gradients.kept(),
+                next()?,
+            )),
+        };
         let mut act_tensors = next()?;
         let rope = act_tensors.pop().expect("the rope table was planned last");
         backend.upload(&rope, &rope_table(&config, options.seq))?;
@@ -254,7 +306,6 @@ impl<B: Backend> Transformer<B> {
             memory,
             offloaded,
             fp8,
-            kv_cache: None,
             config,
             options,
             layout: plan.layout,
@@ -264,10 +315,18 @@ impl<B: Backend> Transformer<B> {
         })
     }
 
+    /// The parameter gradients. A model of `Gradients::Absent` has none, and nothing that
+    /// trains takes one.
+    pub fn grads(&self) -> &Params<Tensor<B>> {
+        self.grads
+            .as_ref()
+            .expect("a forward-only model (Gradients::Absent) has no gradients")
+    }
+
     /// Whether block `l`'s parameter gradients have memory of their own (not a shared slot,
     /// which each micro-batch's backward overwrites instead of adding into).
     pub fn keeps_grads(&self, l: usize) -> bool {
-        self.options.kept_grads.as_ref().is_none_or(|kept| kept[l])
+        self.options.gradients.kept().is_none_or(|kept| kept[l])
     }
 
     pub(crate) fn attn_shape(&self) -> AttnShape {
@@ -323,4 +382,48 @@ pub(super) fn rope_table(config: &ModelConfig, seq: usize) -> Vec<f32> {
         }
     }
     table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::Cpu;
+    use crate::model::LossOptions;
+
+    fn config() -> ModelConfig {
+        let json = serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "vocab_size": 32, "tie_word_embeddings": true,
+        });
+        ModelConfig::from_json(&json, "test").unwrap()
+    }
+
+    fn categories<B: Backend>(model: &Transformer<B>) -> Vec<&'static str> {
+        model.memory.iter().map(|(category, _)| *category).collect()
+    }
+
+    #[test]
+    fn a_forward_only_model_has_no_gradients_and_shares_its_weights() {
+        let b = Cpu::<f32>::new();
+        let options = ModelOptions::forward_only(1, DType::F32);
+        let mut model = Transformer::new(&b, config(), options).unwrap();
+        assert_eq!(categories(&model), ["weights", "activations"]);
+        let loss = LossOptions {
+            grad_scale: 1.0,
+            z_loss: 0.0,
+            accumulate: false,
+        };
+        let err = model.forward_backward(&b, &[1], &[2], loss).unwrap_err();
+        assert!(err.to_string().contains("forward-only"), "{err}");
+
+        let options = ModelOptions::forward_only(5, DType::F32);
+        let wide = Transformer::sharing_weights(&b, &model, options).unwrap();
+        assert_eq!(categories(&wide), ["activations"]);
+        b.fill(&model.params.final_norm, 3.0).unwrap();
+        assert_eq!(b.download(&wide.params.final_norm).unwrap(), [3.0; 8]);
+
+        let options = ModelOptions::forward_only(5, DType::BF16);
+        assert!(Transformer::sharing_weights(&b, &model, options).is_err());
+    }
 }

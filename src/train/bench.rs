@@ -23,7 +23,7 @@ use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
 use crate::comm::Solo;
 use crate::model::{
-    LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
+    Gradients, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
 };
 use crate::rng::Rng;
 use crate::tensor::DType;
@@ -133,7 +133,7 @@ pub fn run<B: Backend>(
             lmhead_chunks: o.lmhead_chunks,
             ffn_chunks: o.ffn_chunks,
             matmul: o.matmul,
-            kept_grads: None,
+            gradients: Gradients::All,
         },
     )?;
     model.init_weights(b, SEED)?;

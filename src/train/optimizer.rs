@@ -255,7 +255,7 @@ impl<B: Backend> AdamWState<B> {
         seed: u64,
     ) -> Result<()> {
         let _range = Range::begin(b, format_args!("optimizer"));
-        let grads: Vec<&Tensor<B>> = model.grads.iter().collect();
+        let grads: Vec<&Tensor<B>> = model.grads().iter().collect();
         // Under ZeRO-2 each gradient's sum of squares comes from the rank that holds its sum
         // over the ranks (zeros from the others), so adding the ranks' vectors gives every
         // rank the bits of an unsharded run.

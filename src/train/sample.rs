@@ -2,15 +2,15 @@
 //! or sampling with a temperature, optionally from the top k tokens and from the smallest
 //! set holding probability p (nucleus), applied in that order, as transformers does.
 //!
-//! The model runs one token at a time over a KV cache (`Transformer::forward_token`), the
-//! prompt included, so each new token costs one position's work and its attention over
-//! the context.
+//! The prompt runs through the model in one pass, which fills a KV cache
+//! (`Transformer::forward_cached`); each new token then costs one position's work and its
+//! attention over the context.
 
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 
 use crate::backend::Backend;
-use crate::model::{ModelConfig, ModelOptions, Transformer};
+use crate::model::{KvCache, ModelConfig, ModelOptions, Transformer};
 use crate::rng::Rng;
 use crate::tensor::DType;
 
@@ -88,23 +88,28 @@ impl<B: Backend> Generator<B> {
         let capacity = (prompt.len() + o.max_new_tokens).min(self.max_context);
         let mut rng = Rng::new(o.seed);
         let mut tokens = prompt.to_vec();
-        // The context is tokens[start..], of which tokens[start..fed] are in the cache.
-        let (mut start, mut fed) = (0, 0);
+        // The context is tokens[start..], all of it in the cache but the newest token.
+        let (mut start, mut cache) = (0, None);
         let mut new = vec![];
-        for i in 0..o.max_new_tokens {
+        for _ in 0..o.max_new_tokens {
             let overflow = tokens.len() - start > capacity;
             if overflow {
                 start = tokens.len() - capacity.div_ceil(2);
             }
-            if i == 0 || overflow {
-                self.model.start_kv_cache(b, capacity)?;
-                fed = start;
-            }
-            for &t in &tokens[fed..] {
-                self.model.forward_token(b, t)?;
-            }
-            fed = tokens.len();
-            let logits = self.model.logits_at(b, 0)?;
+            let logits = match cache.as_mut().filter(|_| !overflow) {
+                Some(cache) => {
+                    let newest = tokens[tokens.len() - 1];
+                    self.model.forward_cached(b, &[newest], cache)?;
+                    self.model.logits_at(b, 0)?
+                }
+                None => {
+                    // The old cache goes first, so that its memory can serve the new one.
+                    drop(cache.take());
+                    let (filled, logits) = self.prompt_pass(b, &tokens[start..], capacity)?;
+                    cache = Some(filled);
+                    logits
+                }
+            };
             let next = pick(&logits, &o.sampling, &mut rng);
             tokens.push(next);
             new.push(next);
@@ -114,6 +119,21 @@ impl<B: Backend> Generator<B> {
             }
         }
         Ok(new)
+    }
+
+    /// Runs `context` through the model in one pass, filling a new cache of `capacity`
+    /// positions; returns the cache and the logits of the context's last position.
+    fn prompt_pass(
+        &self,
+        b: &B,
+        context: &[i32],
+        capacity: usize,
+    ) -> Result<(KvCache<B>, Vec<f32>)> {
+        let options = ModelOptions::forward_only(context.len(), self.model.options.dtype);
+        let mut pass = Transformer::sharing_weights(b, &self.model, options)?;
+        let mut cache = self.model.kv_cache(b, capacity)?;
+        pass.forward_cached(b, context, &mut cache)?;
+        Ok((cache, pass.logits_at(b, context.len() - 1)?))
     }
 }
 
@@ -162,7 +182,7 @@ fn nucleus(mut candidates: Vec<usize>, weights: &[f64], p: f64) -> Vec<usize> {
         if head < candidates.len() {
             candidates.select_nth_unstable_by(head - 1, order);
         }
-        candidates[..head].sort_unstable_by(order);
+        candidates[..head].par_sort_unstable_by(order);
         let mut sum = 0.0;
         candidates[..head]
             .iter()

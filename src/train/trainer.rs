@@ -35,7 +35,9 @@ use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::hf;
-use crate::model::{GradEvent, LossOptions, ModelConfig, ModelOptions, Params, Transformer};
+use crate::model::{
+    GradEvent, Gradients, LossOptions, ModelConfig, ModelOptions, Params, Transformer,
+};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
@@ -106,7 +108,8 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
             lmhead_chunks: o.lmhead_chunks,
             ffn_chunks: o.ffn_chunks,
             matmul: o.matmul,
-            kept_grads: owners.and_then(|w| w.kept_blocks(comm.rank())),
+            gradients: (owners.and_then(|w| w.kept_blocks(comm.rank())))
+                .map_or(Gradients::All, Gradients::Kept),
         },
     )?;
     // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
@@ -510,7 +513,7 @@ impl<B: Backend> Run<'_, B> {
             self.step_losses.keep(b, &self.model, k)?;
         }
         if !overlap {
-            let grads = &self.model.grads;
+            let grads = self.model.grads();
             let whole: Vec<&Tensor<B>> = match block_owners {
                 None => grads.iter().collect(),
                 // The blocks' were sent during the backward.

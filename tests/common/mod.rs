@@ -4,7 +4,7 @@
 use serde_json::json;
 use smelt::backend::Backend;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX, Scalar};
-use smelt::model::{MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer};
+use smelt::model::{Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer};
 use smelt::rng::Rng;
 use smelt::tensor::DType;
 
@@ -45,7 +45,7 @@ pub fn options(
         lmhead_chunks,
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
-        kept_grads: None,
+        gradients: Gradients::All,
     }
 }
 
@@ -83,7 +83,7 @@ pub fn trained_tokens(targets: &[i32]) -> usize {
 pub fn gradients<B: Backend>(b: &B, model: &Transformer<B>) -> Vec<(String, Vec<f64>)> {
     model
         .layout
-        .zip(&model.grads)
+        .zip(model.grads())
         .map(|(spec, g)| (spec.tensor.name.clone(), b.download_f64(g).unwrap()))
         .collect()
 }
@@ -101,17 +101,26 @@ pub fn max_abs(a: &[f64]) -> f64 {
     a.iter().fold(0.0, |m, x| m.max(x.abs()))
 }
 
-/// Each position's logits of `tokens`, run one token at a time over a KV cache by `model`
-/// (a model of one token a pass, `ModelOptions::forward_only(1, _)`).
+/// Each position's logits of `tokens` as generation makes them: the first `prompt` in one
+/// pass that fills a KV cache, then one token a pass by `model` (a model of one token a
+/// pass, `ModelOptions::forward_only(1, _)`).
 pub fn cached_logits<B: Backend>(
     b: &B,
     model: &mut Transformer<B>,
     tokens: &[i32],
+    prompt: usize,
 ) -> Vec<Vec<f32>> {
-    model.start_kv_cache(b, tokens.len()).unwrap();
-    let mut logits = vec![];
-    for &t in tokens {
-        model.forward_token(b, t).unwrap();
+    let options = ModelOptions::forward_only(prompt, model.options.dtype);
+    let mut prompt_pass = Transformer::sharing_weights(b, model, options).unwrap();
+    let mut cache = model.kv_cache(b, tokens.len()).unwrap();
+    prompt_pass
+        .forward_cached(b, &tokens[..prompt], &mut cache)
+        .unwrap();
+    let mut logits: Vec<Vec<f32>> = (0..prompt)
+        .map(|t| prompt_pass.logits_at(b, t).unwrap())
+        .collect();
+    for &t in &tokens[prompt..] {
+        model.forward_cached(b, &[t], &mut cache).unwrap();
         logits.push(model.logits_at(b, 0).unwrap());
     }
     logits

@@ -19,7 +19,7 @@ use super::step_losses::rows_spec;
 use super::zero;
 use crate::backend::datasheet::Datasheet;
 use crate::model::{
-    MatmulPrecision, ModelConfig, ModelOptions, ModelPlan, Params, Recompute, grads,
+    Gradients, MatmulPrecision, ModelConfig, ModelOptions, ModelPlan, Params, Recompute, grads,
 };
 use crate::tensor::DType;
 
@@ -265,7 +265,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
                         lmhead_chunks,
                         ffn_chunks,
                         matmul: r.matmul,
-                        kept_grads: None,
+                        gradients: Gradients::All,
                     };
                     let model = ModelPlan::new(&r.config, &options)?;
                     let losses = model.losses();
