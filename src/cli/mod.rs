@@ -10,6 +10,7 @@ mod precision;
 mod ranks;
 mod recompute;
 mod sample;
+mod text_stream;
 mod tokenize;
 mod train;
 

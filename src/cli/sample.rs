@@ -1,10 +1,12 @@
 //! `smelt sample`: continues a prompt with a trained model, to see what a run learned.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 
+use super::text_stream::TextStream;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
@@ -102,7 +104,12 @@ impl Codec {
                     .map_err(|e| anyhow!("decoding the sample: {e}"))
             }
             Codec::Bytes => Ok(demo::decode(tokens)),
-            Codec::None => Ok(format!("{tokens:?}")),
+            // As --tokens takes them.
+            Codec::None => Ok(tokens
+                .iter()
+                .map(i32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")),
         }
     }
 }
@@ -170,12 +177,31 @@ impl SampleArgs {
             seed: self.seed,
             stop: config.eos_token_ids.iter().map(|&t| t as i32).collect(),
         };
+        let decode = |tokens: &[i32]| codec.decode(tokens);
+        let mut text = TextStream::start(decode, std::io::stdout().lock(), &prompt)?;
+        let start = Instant::now();
+        let mut first = None;
         let new = generator
-            .generate(b, &prompt, &options, |_| Ok(()))
+            .generate(b, &prompt, &options, |token| {
+                first.get_or_insert_with(|| start.elapsed());
+                text.push(token)
+            })
             .context("sampling")?;
-        let mut all = prompt;
-        all.extend(&new);
-        println!("{}", codec.decode(&all)?);
+        text.finish()?;
+        if let Some(first) = first {
+            let mut report = format!(
+                "[sample] a {}-token prompt and the first new token in {:.2} s",
+                prompt.len(),
+                first.as_secs_f64()
+            );
+            if new.len() > 1 {
+                let rest = (start.elapsed() - first).as_secs_f64();
+                let more = new.len() - 1;
+                let rate = more as f64 / rest;
+                report += &format!(", {more} more in {rest:.2} s ({rate:.1} tok/s)");
+            }
+            eprintln!("{report}");
+        }
         Ok(())
     }
 }
