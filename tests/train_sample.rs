@@ -86,6 +86,12 @@ fn samples_from_model_dir_and_checkpoint_alike() {
         greedy(&["--model", s(&out)], &["--tokens", "102,110"]),
         from_dir
     );
+    // In bf16 the model continues the prompt too (its rounding may pick other tokens).
+    let bf16 = greedy(
+        &["--model", s(&out), "--model-dtype", "bf16"],
+        &["--prompt", "fn"],
+    );
+    assert!(bf16.starts_with("fn") && bf16.len() > 2 + 12, "{bf16:?}");
     // Temperature sampling is reproducible from its seed.
     let warm = |seed: &str| {
         sample(&[

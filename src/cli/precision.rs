@@ -7,7 +7,7 @@ use clap::Args;
 use crate::model::MatmulPrecision;
 use crate::tensor::DType;
 
-fn dtype(name: &str) -> Result<DType, String> {
+pub(super) fn dtype(name: &str) -> Result<DType, String> {
     DType::parse(name).ok_or_else(|| format!("unknown dtype `{name}`; use f32 or bf16"))
 }
 

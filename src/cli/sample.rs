@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 
+use super::precision::dtype;
 use super::text_stream::TextStream;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -54,6 +55,10 @@ pub struct SampleArgs {
     /// Where to run: the GPU when the driver reports one, else the CPU.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     device: DeviceChoice,
+    /// Dtype of a --model's weights and activations: f32 or bf16 [default: bf16 on the GPU,
+    /// f32 on the CPU]. A checkpoint runs in the dtype it was trained in.
+    #[arg(long, value_parser = dtype, conflicts_with = "checkpoint")]
+    model_dtype: Option<DType>,
 }
 
 /// How text becomes tokens and back.
@@ -123,17 +128,25 @@ impl SampleArgs {
                 self.top_p
             );
         }
+        if let Some(d) = self
+            .model_dtype
+            .filter(|d| !matches!(d, DType::F32 | DType::BF16))
+        {
+            bail!("--model-dtype {d}: choose f32 or bf16");
+        }
         match select(self.device)? {
-            Device::Cpu(b) => self.sample(&b),
-            Device::Cuda(b) => self.sample(&b),
+            Device::Cpu(b) => self.sample(&b, DType::F32),
+            Device::Cuda(b) => self.sample(&b, DType::BF16),
         }
     }
 
-    fn sample<B: Backend>(&self, b: &B) -> Result<()> {
+    /// Samples on `b`, a --model in `default_dtype` unless --model-dtype says otherwise.
+    fn sample<B: Backend>(&self, b: &B, default_dtype: DType) -> Result<()> {
         let (config, tokenizer_dir, mut generator) = match (&self.model, &self.checkpoint) {
             (Some(dir), _) => {
                 let config = hf::read_config(dir)?;
-                let g = Generator::new(b, config.clone(), DType::F32, |m| hf::import(b, m, dir))?;
+                let dtype = self.model_dtype.unwrap_or(default_dtype);
+                let g = Generator::new(b, config.clone(), dtype, |m| hf::import(b, m, dir))?;
                 (config, Some(dir.clone()), g)
             }
             (None, Some(path)) => {

@@ -173,7 +173,8 @@ const NUCLEUS_HEAD: usize = 1024;
 /// The fewest most likely of `candidates` (in token order) whose weights add up to at least
 /// `p` of theirs, most likely first. A nucleus is most often a few tokens of a vocabulary of
 /// 150k, whose sorting would cost more than the GPU's token: only the `NUCLEUS_HEAD` most
-/// likely are sorted, and the rest only if those fall short.
+/// likely are sorted, and the rest only if those fall short (as for a barely trained model),
+/// on every core.
 fn nucleus(mut candidates: Vec<usize>, weights: &[f64], p: f64) -> Vec<usize> {
     let total: f64 = candidates.iter().map(|&c| weights[c]).sum();
     let order = |a: &usize, b: &usize| more_likely(weights, *a, *b);
