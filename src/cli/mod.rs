@@ -10,7 +10,7 @@ mod precision;
 mod ranks;
 mod recompute;
 mod sample;
-mod text_stream;
+pub mod text_stream;
 mod tokenize;
 mod train;
 

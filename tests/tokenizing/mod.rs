@@ -1,5 +1,6 @@
-//! Shared by the `smelt tokenize` tests: the real assets that `.ci/fetch-assets` downloads,
-//! reading token files back, and writing Parquet and JSONL inputs.
+//! Shared by the tests on real text (`smelt tokenize`, the sample's text stream): the assets
+//! that `.ci/fetch-assets` downloads, reading token files back, and writing Parquet and
+//! JSONL inputs.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -14,6 +15,17 @@ use smelt::data::tokfile::TokenFile;
 
 /// Qwen2.5's vocabulary as its model config has it (the tokenizer uses the first 151,665 ids).
 pub const QWEN_MODEL_VOCAB: usize = 151_936;
+
+/// Short documents that stress byte-level BPE: multibyte UTF-8, emoji, runs of blanks and
+/// newlines, CRLF, tabs, digits. All are in NFC, which Qwen2.5's normalizer keeps as is.
+pub const TRICKY: [&str; 6] = [
+    "Hello world",
+    "  leading blanks, trailing blanks   \n\n\n",
+    "naïve café — 東京タワー 🚀🦀 Ünïcödé",
+    "line one\r\nline two\r\n\ttabbed\t\tend",
+    "3.14159 + 2,718 = 5.85959; 1000000 tokens?!",
+    "'s 're 've 'm 'll 'd — contractions alone",
+];
 
 /// A file under `.assets/`; missing, the test fails and says how to get it.
 pub fn asset(relative: &str) -> PathBuf {
