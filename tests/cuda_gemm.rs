@@ -8,6 +8,8 @@
 //! what cuBLASLt's FP8 matmul and swiglu.cu give, SwiGLU's abs-max included, within bf16
 //! rounding; so must the FP8 input gradient with SwiGLU's backward (dy e5m2 or e4m3), against
 //! cuBLASLt's fast accumulation. The awkward shapes leave partial tiles in every dimension.
+//! One row's gate/up with SwiGLU (gemv.cu, as generation runs it) must give the CPU's within
+//! bf16 rounding, and its SwiGLU swiglu.cu's bits.
 
 mod common;
 
@@ -216,6 +218,27 @@ fn fused_gate_up_swiglu_matches_the_cpu_and_cublaslt() {
 #[ignore = "needs a CUDA GPU"]
 fn fused_fp8_gate_up_swiglu_matches_the_cpu_and_cublaslt() {
     fused_gate_up_swiglu_matches(true, 60);
+}
+
+/// One row's gate/up with SwiGLU, as generation runs it (gemv.cu), against the CPU, with K a
+/// whole number of 16 bytes and not; its SwiGLU bitwise swiglu.cu's of the same gate/up.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_row_gate_up_swiglu_matches_the_cpu() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    for (i, shape) in [(1, 4864, 896), (1, 200, 130)].into_iter().enumerate() {
+        let seed = 40 + 2 * i as u64;
+        let (on_gpu, on_cpu) = (
+            Mlp::new(&gpu, shape, false, seed),
+            Mlp::new(&cpu, shape, false, seed),
+        );
+        let test = format!(
+            "gemv: gate_up_swiglu 1 x 2·{} x {} against the CPU",
+            shape.1, shape.2
+        );
+        let out = check_op(&test, || on_gpu.run(&gpu), || on_cpu.run(&cpu), |_| 1e-2);
+        swiglu_of_its_gate_up(&test, &gpu, &on_gpu.gate_up, &out, false);
+    }
 }
 
 /// The plain kernel against the CPU, with N not a multiple of its 192-column tiles.

@@ -1,6 +1,6 @@
 //! Generation over a KV cache on the GPU: every position's logits against the full forward
 //! pass on the same device, at the four small shapes in bf16 and f32; and how fast
-//! `Generator` samples at Qwen2.5-0.5B's shape.
+//! `Generator` samples at Qwen2.5-0.5B's shape, and where a token's time goes.
 
 mod common;
 
@@ -73,6 +73,7 @@ fn sampling_speed_at_qwen2_5_0_5b() {
     assert_eq!(new.len(), new_tokens);
     decode_step_costs(&gpu, &config, &prompt);
     decode_step_costs(&gpu, &config, &batch(2048, config.vocab_size, 3).0);
+    enqueue_costs(&gpu, &config);
 
     // What each new token cost before the cache: a full forward pass over the context (here
     // its final length).
@@ -181,5 +182,100 @@ fn decode_step_costs(
             3 * n,
             top.join(", ")
         ),
+    );
+}
+
+/// What the host spends enqueuing each kind of op of a generated token at `config`'s
+/// shape: a token's pass is as long as its enqueuing (`decode_step_costs`), so this is where
+/// its time goes. Each op is enqueued 200 times with nothing in between, fewer than fill the
+/// launch queue, and the device is drained between ops.
+fn enqueue_costs(gpu: &smelt::backend::cuda::Cuda, config: &smelt::model::ModelConfig) {
+    use smelt::backend::{AttnShape, Matmul};
+    use smelt::tensor::TensorSpec;
+    let (d, f, w) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.qkv_dim(),
+    );
+    let seq = 300;
+    let spec = |name: &str, shape: &[usize], dtype| TensorSpec::new(name, shape, dtype);
+    let bf = DType::BF16;
+    let t = gpu
+        .allocate(
+            "enqueue costs",
+            &[
+                spec("x", &[1, d], bf),
+                spec("y", &[1, d], bf),
+                spec("rstd", &[1], DType::F32),
+                spec("norm", &[d], bf),
+                spec("w_o", &[d, d], bf),
+                spec("w_gate_up", &[2 * f, d], bf),
+                spec("gate_up", &[1, 2 * f], bf),
+                spec("swiglu", &[1, f], bf),
+                spec("qkv", &[seq, w], bf),
+                spec("rope", &[1, config.head_dim / 2, 2], DType::F32),
+                spec("att", &[1, config.q_dim()], bf),
+            ],
+        )
+        .unwrap();
+    let [
+        x,
+        y,
+        rstd,
+        norm,
+        w_o,
+        w_gate_up,
+        gate_up,
+        swiglu,
+        qkv,
+        rope,
+        att,
+    ] = &t[..]
+    else {
+        unreachable!()
+    };
+    for t in &t {
+        gpu.fill(t, 0.01).unwrap();
+    }
+    let shape = |seq| AttnShape {
+        batch: 1,
+        seq,
+        q_heads: config.num_heads,
+        kv_heads: config.num_kv_heads,
+        head_dim: config.head_dim,
+    };
+    let last = qkv.narrow_rows(seq - 1, seq);
+    const CALLS: usize = 200;
+    let mut lines = vec![];
+    let mut time = |name: &str, op: &dyn Fn() -> anyhow::Result<()>| {
+        op().unwrap();
+        gpu.synchronize().unwrap();
+        let start = Instant::now();
+        for _ in 0..CALLS {
+            op().unwrap();
+        }
+        let host = start.elapsed().as_secs_f64() * 1e6 / CALLS as f64;
+        gpu.synchronize().unwrap();
+        let all = start.elapsed().as_secs_f64() * 1e6 / CALLS as f64;
+        lines.push(format!("{name} {host:.1} us ({all:.1} with the device)"));
+    };
+    time("fill", &|| gpu.fill(y, 0.0));
+    time("rmsnorm_forward", &|| {
+        gpu.rmsnorm_forward(Some(y), rstd, x, norm, 1e-6, None)
+    });
+    time("residual_rmsnorm_forward", &|| {
+        gpu.residual_rmsnorm_forward(y, Some(x), rstd, x, y, norm, 1e-6, None)
+    });
+    time("matmul", &|| gpu.matmul(y, x, w_o, None, Matmul::FORWARD));
+    time("gate_up_swiglu", &|| {
+        gpu.gate_up_swiglu(gate_up, swiglu, x, w_gate_up)
+    });
+    time("rope_forward", &|| gpu.rope_forward(&last, rope, shape(1)));
+    time("attention_decode", &|| {
+        gpu.attention_decode(att, qkv, shape(seq))
+    });
+    figure(
+        "sampling qwen2.5-0.5b bf16",
+        format!("enqueuing one op: {}", lines.join(", ")),
     );
 }

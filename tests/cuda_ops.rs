@@ -286,8 +286,16 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
 fn matmul_all_modes() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
     // (m, k, n): a Qwen2.5-0.5B MLP shape, and an odd-aligned one viewed 3 rows into its
-    // storage so that the pointers are only 16-byte aligned.
-    for (m, k, n, skip) in [(2048, 896, 4864, 0), (200, 904, 136, 3)] {
+    // storage so that the pointers are only 16-byte aligned; then one row (a generated
+    // token's, whose forward product gemv.cu makes) at Qwen2.5-0.5B's QKV shape, and with K
+    // not a whole number of 16 bytes.
+    let shapes = [
+        (2048, 896, 4864, 0),
+        (200, 904, 136, 3),
+        (1, 896, 1152, 0),
+        (1, 900, 136, 3),
+    ];
+    for (m, k, n, skip) in shapes {
         let (x, w, dy, bias, acc0) = (
             normal((m + skip) * k, 1.0, 12),
             normal(n * k, 0.05, 13),

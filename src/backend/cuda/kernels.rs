@@ -54,6 +54,13 @@ pub static ROPE: Source = Source {
     options: &[],
     defines: &[],
 };
+pub static GEMV: Source = Source {
+    name: "gemv.cu",
+    text: include_str!("kernels/gemv.cu"),
+    options: &[],
+    defines: &[],
+};
+
 pub static SWIGLU: Source = Source {
     name: "swiglu.cu",
     text: include_str!("kernels/swiglu.cu"),
@@ -115,13 +122,14 @@ pub static GEMM: Source = Source {
     ],
 };
 
-pub static SOURCES: [&Source; 12] = [
+pub static SOURCES: [&Source; 13] = [
     &ELEMENTWISE,
     &EMBEDDING,
     &RMSNORM,
     &COLSUM,
     &ROPE,
     &SWIGLU,
+    &GEMV,
     &ATTENTION,
     &ATTENTION_TC,
     &CLASSIFIER,
@@ -303,6 +311,8 @@ kernel_table! {
     Rope => ROPE, "rope", [Float, Flag];
     SwigluForward => SWIGLU, "swiglu_forward", [Float, Flag];
     SwigluBackward => SWIGLU, "swiglu_backward", [Float, Flag];
+    Gemv => GEMV, "gemv", [Float, Flag];
+    GemvSwiglu => GEMV, "gemv_swiglu", [Float, Flag];
     AttentionForward => ATTENTION, "attention_forward", [Float, HeadDim];
     AttentionDecode => ATTENTION, "attention_decode", [Float, HeadDim];
     AttentionDecodeCombine => ATTENTION, "attention_decode_combine", [Float, HeadDim];

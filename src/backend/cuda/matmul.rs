@@ -1,9 +1,10 @@
-//! Matmuls through cuBLASLt (see cublaslt.rs for the row-major to column-major swap).
+//! Matmuls through cuBLASLt (see cublaslt.rs for the row-major to column-major swap), but a
+//! forward product of one row (gemv.rs).
 
 use anyhow::{Result, ensure};
 
 use super::cublaslt::{GemmKey, GemmPtrs};
-use super::{Cuda, ensure_same_dtype, ptr};
+use super::{Cuda, ensure_same_dtype, gemv, ptr};
 use crate::backend::Matmul;
 use crate::tensor::Tensor;
 
@@ -40,6 +41,9 @@ impl Cuda {
         );
         if m == 0 || n == 0 {
             return Ok(());
+        }
+        if spec == Matmul::FORWARD && gemv::is_one_row(out, a) {
+            return self.gemv(out, a, b, bias);
         }
         let ptrs = GemmPtrs {
             out: ptr(out),

@@ -22,6 +22,7 @@ mod elementwise;
 mod embedding;
 mod fp8;
 mod gemm;
+mod gemv;
 pub mod kernels;
 mod matmul;
 mod matmul_algos;
@@ -647,6 +648,9 @@ impl Backend for Cuda {
         x: &Tensor<Self>,
         w: &Tensor<Self>,
     ) -> Result<()> {
+        if gemv::is_one_row(gate_up, x) {
+            return self.op("gate_up_swiglu", || self.gemv_swiglu(gate_up, out, x, w));
+        }
         if self.fuses(&[gate_up, out, x, w]) {
             return self.op("gate_up_swiglu", || self.gemm(gate_up, Some(out), x, w));
         }
