@@ -146,7 +146,7 @@ fn decode_step_costs(
         model.logits_at(gpu, 0).unwrap();
     }
     let logits = start.elapsed().as_secs_f64() * 1e3 / n as f64;
-    // The cache's last third, taken again from a prompt's pass.
+    // A new cache filled to two thirds, so that the ops are timed at the contexts above.
     let mut cache = fill();
     for &t in prompt {
         model.forward_cached(gpu, &[t], &mut cache).unwrap();
@@ -175,9 +175,9 @@ fn decode_step_costs(
     figure(
         "sampling qwen2.5-0.5b bf16",
         format!(
-            "a {n}-token prompt's pass {prompt_ms:.2} ms; contexts {}..{}: a token's pass \
-             {passes:.2} ms (enqueued in {enqueued:.2}), logits read back {logits:.2} ms, ops' \
-             device time {device:.2} ms: {}",
+            "a {n}-token prompt's pass {prompt_ms:.2} ms (with its cache's allocation and \
+             last logits); contexts {}..{}: a token's pass {passes:.2} ms (enqueued in \
+             {enqueued:.2}), logits read back {logits:.2} ms, ops' device time {device:.2} ms: {}",
             n,
             3 * n,
             top.join(", ")

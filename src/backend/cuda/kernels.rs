@@ -54,16 +54,15 @@ pub static ROPE: Source = Source {
     options: &[],
     defines: &[],
 };
-pub static GEMV: Source = Source {
-    name: "gemv.cu",
-    text: include_str!("kernels/gemv.cu"),
-    options: &[],
-    defines: &[],
-};
-
 pub static SWIGLU: Source = Source {
     name: "swiglu.cu",
     text: include_str!("kernels/swiglu.cu"),
+    options: &[],
+    defines: &[],
+};
+pub static GEMV: Source = Source {
+    name: "gemv.cu",
+    text: include_str!("kernels/gemv.cu"),
     options: &[],
     defines: &[],
 };
