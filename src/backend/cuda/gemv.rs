@@ -14,7 +14,8 @@ pub(super) fn is_one_row(out: &Tensor<Cuda>, x: &Tensor<Cuda>) -> bool {
 }
 
 impl Cuda {
-    /// `out [1, N] = x [1, K] · wᵀ (+ bias)`, w `[N, K]`.
+    /// `out [1, N] = x [1, K] · wᵀ (+ bias)`, w `[N, K]`, of one dtype: `matmul_impl`, the one
+    /// caller, has checked the shapes and dtypes.
     pub(super) fn gemv(
         &self,
         out: &Tensor<Cuda>,
@@ -22,19 +23,7 @@ impl Cuda {
         w: &Tensor<Cuda>,
         bias: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
-        ensure_same_dtype(
-            "gemv",
-            &[out, x, w].into_iter().chain(bias).collect::<Vec<_>>(),
-        )?;
         let (n, k) = (out.numel(), x.numel());
-        ensure!(
-            w.numel() == n * k && bias.is_none_or(|b| b.numel() == n),
-            "gemv: x {:?} · w {:?} into {:?} (bias {:?})",
-            x.shape,
-            w.shape,
-            out.shape,
-            bias.map(|b| &b.shape)
-        );
         let vec = vec16(&[x, w], k);
         // SAFETY: warp c reads x [k] and row c of w [n, k] (16-byte aligned runs with `vec`),
         // bias[c] unless null, and writes out[c], for c < n.
