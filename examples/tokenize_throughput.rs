@@ -40,13 +40,7 @@ fn main() -> Result<()> {
     let (wall, cpu) = (Instant::now(), thread_cpu_seconds()?);
     let mut tokens = 0;
     for text in &texts {
-        tokens += encoder
-            .encode(&Document {
-                prompt: None,
-                text: text.clone(),
-            })?
-            .ids
-            .len();
+        tokens += encoder.encode(&Document::text(text.clone()))?.ids.len();
     }
     let (wall, cpu) = (wall.elapsed().as_secs_f64(), thread_cpu_seconds()? - cpu);
     println!(

@@ -116,6 +116,26 @@ fn a_json_line_without_the_field_is_named_and_nothing_is_left() {
         text.display()
     );
     refused(&[&chat, &text], &qwen(), &out, &flags, &want);
+    // Conversations: a line whose messages are no list, or one without a role, is named.
+    let flags = ["--messages-field", "messages"];
+    let turns = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]);
+    write_jsonl(
+        &chat,
+        [json!({"messages": turns}), json!({"messages": "hi"})],
+    );
+    let want = format!(
+        "{}:2: field \"messages\" is not a list of messages but \"hi\"; choose the field with --messages-field",
+        chat.display()
+    );
+    refused(&[&chat], &qwen(), &out, &flags, &want);
+    write_jsonl(&chat, [json!({"messages": [{"content": "hi"}]})]);
+    let want = format!("{}:1: message 0 has no string \"role\"", chat.display());
+    refused(&[&chat], &qwen(), &out, &flags, &want);
+    let want = format!(
+        "{}: --messages-field applies to .jsonl inputs only",
+        text.display()
+    );
+    refused(&[&chat, &text], &qwen(), &out, &flags, &want);
     // A line that is not JSON.
     std::fs::write(&bad, "{\"text\": \"ok\"}\n{\"text\": \n").unwrap();
     refused(

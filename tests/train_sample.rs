@@ -147,3 +147,50 @@ fn a_directory_that_is_no_checkpoint_is_named() {
         "{err}"
     );
 }
+
+/// `--chat`: the prompt is a user's message that the chat template of the model's
+/// tokenizer_config.json renders; the model reads exactly the rendered tokens, and only its
+/// reply is printed.
+#[test]
+fn chat_renders_the_prompt_with_the_template_and_prints_the_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let model = tiny_model_dir(root);
+    std::fs::write(model.join("tokenizer.json"), word_tokenizer()).unwrap();
+    let data = corpus_file(&root.join("train.bin"), 4000, false);
+    let out = root.join("out");
+    let shape = ["--batch-size", "2", "--seq-len", "16", "--steps", "2"];
+    train(&model, &data, &out, &shape);
+    let greedy = |args: &[&str]| {
+        let base = ["--model", s(&out), "--temperature", "0"];
+        sample(&[&base[..], args].concat())
+    };
+    // Without a template, --chat says where one goes.
+    let err = smelt_err(&["sample", "--model", s(&out), "--prompt", "hello", "--chat"]);
+    assert!(
+        err.contains("tokenizer_config.json") && err.contains("--chat-template"),
+        "{err}"
+    );
+
+    // Each message becomes w1 CONTENT w2; the generation prompt is w3.
+    let template = "{% for m in messages %}w1 {{ m.content }} w2 {% endfor %}{% if add_generation_prompt %}w3{% endif %}";
+    std::fs::write(
+        out.join("tokenizer_config.json"),
+        json!({"chat_template": template}).to_string(),
+    )
+    .unwrap();
+    let reply = greedy(&["--prompt", "hello world", "--chat"]);
+    let whole = greedy(&["--tokens", "1,5,7,2,3"]);
+    assert_eq!(format!("w1 hello world w2 w3{reply}"), whole);
+    assert!(reply.len() > 12, "{reply:?}");
+    let reply = greedy(&["--prompt", "hello", "--chat", "--system", "world"]);
+    assert_eq!(
+        format!("w1 world w2 w1 hello w2 w3{reply}"),
+        greedy(&["--tokens", "1,7,2,1,5,2,3"])
+    );
+    // A template given as a file takes the place of the tokenizer's.
+    let file = root.join("chat.jinja");
+    std::fs::write(&file, "{{ messages[0].content }} w9").unwrap();
+    let reply = greedy(&["--prompt", "world", "--chat", "--chat-template", s(&file)]);
+    assert_eq!(format!("world w9{reply}"), greedy(&["--tokens", "7,9"]));
+}

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
+use serde_json::json;
 
 use super::precision::dtype;
 use super::text_stream::TextStream;
@@ -13,6 +14,7 @@ use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
 use crate::model::ModelConfig;
 use crate::tensor::DType;
+use crate::tokenize::chat_template::ChatTemplate;
 use crate::train::checkpoint;
 use crate::train::demo;
 use crate::train::sample::{Generator, SampleOptions, Sampling};
@@ -21,7 +23,9 @@ use crate::train::sample::{Generator, SampleOptions, Sampling};
 #[command(
     about = "Generate text from a model directory or a checkpoint",
     after_help = "A text --prompt is encoded with the model's tokenizer.json. A model without one \
-whose vocabulary is 256 (the demo's) reads bytes as tokens. Otherwise give --tokens."
+whose vocabulary is 256 (the demo's) reads bytes as tokens. Otherwise give --tokens. With --chat, \
+the prompt is a user's message, which the chat template of the model's tokenizer_config.json \
+turns into a conversation asking for the assistant's reply; only the reply is printed."
 )]
 pub struct SampleArgs {
     /// HF model directory (config.json + model.safetensors, as `smelt train --out-dir` writes).
@@ -33,6 +37,17 @@ pub struct SampleArgs {
     /// The prompt as text.
     #[arg(long, required_unless_present = "tokens")]
     prompt: Option<String>,
+    /// --prompt is a user's message to a chat model: render it with the model's chat
+    /// template, and print only the reply.
+    #[arg(long, requires = "prompt")]
+    chat: bool,
+    /// With --chat: a system message before the user's.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// With --chat: a Jinja file to render the conversation with, instead of the chat_template
+    /// of the tokenizer_config.json beside the model's tokenizer.
+    #[arg(long, value_name = "FILE", requires = "chat")]
+    chat_template: Option<PathBuf>,
     /// The prompt as comma-separated token ids, e.g. 9707,1879.
     #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
     tokens: Option<Vec<i32>>,
@@ -85,10 +100,12 @@ impl Codec {
         })
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<i32>> {
+    /// `text`'s tokens, with the tokenizer's special tokens (such as a BOS) where
+    /// `special_tokens`; a chat template's text writes its own.
+    fn encode(&self, text: &str, special_tokens: bool) -> Result<Vec<i32>> {
         match self {
             Codec::Hf(t) => Ok(t
-                .encode(text, true)
+                .encode(text, special_tokens)
                 .map_err(|e| anyhow!("encoding the prompt: {e}"))?
                 .get_ids()
                 .iter()
@@ -101,11 +118,12 @@ impl Codec {
         }
     }
 
-    fn decode(&self, tokens: &[i32]) -> Result<String> {
+    /// The tokens' text; with `skip_special`, without special tokens (a chat turn's end).
+    fn decode(&self, tokens: &[i32], skip_special: bool) -> Result<String> {
         match self {
             Codec::Hf(t) => {
                 let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-                t.decode(&ids, false)
+                t.decode(&ids, skip_special)
                     .map_err(|e| anyhow!("decoding the sample: {e}"))
             }
             Codec::Bytes => Ok(demo::decode(tokens)),
@@ -177,7 +195,24 @@ impl SampleArgs {
         let codec = Codec::find(tokenizer_dir.as_deref(), &config)?;
         let prompt = match (&self.tokens, &self.prompt) {
             (Some(ids), _) => ids.clone(),
-            (None, Some(text)) => codec.encode(text)?,
+            (None, Some(text)) if self.chat => {
+                let Some(dir) = tokenizer_dir
+                    .as_deref()
+                    .filter(|_| matches!(codec, Codec::Hf(_)))
+                else {
+                    bail!(
+                        "--chat needs the model's tokenizer.json and the chat template beside it, and there is none"
+                    );
+                };
+                let template = ChatTemplate::load(dir, self.chat_template.as_deref())?;
+                let mut messages = Vec::new();
+                if let Some(system) = &self.system {
+                    messages.push(json!({"role": "system", "content": system}));
+                }
+                messages.push(json!({"role": "user", "content": text}));
+                codec.encode(&template.render(&messages, true)?, false)?
+            }
+            (None, Some(text)) => codec.encode(text, true)?,
             (None, None) => unreachable!("clap requires --prompt or --tokens"),
         };
         let options = SampleOptions {
@@ -190,8 +225,12 @@ impl SampleArgs {
             seed: self.seed,
             stop: config.eos_token_ids.iter().map(|&t| t as i32).collect(),
         };
-        let decode = |tokens: &[i32]| codec.decode(tokens);
-        let mut text = TextStream::start(decode, std::io::stdout().lock(), &prompt)?;
+        let decode = |tokens: &[i32]| codec.decode(tokens, self.chat);
+        let out = std::io::stdout().lock();
+        let mut text = match self.chat {
+            true => TextStream::reply(decode, out, &prompt),
+            false => TextStream::start(decode, out, &prompt)?,
+        };
         let start = Instant::now();
         let mut first = None;
         let new = generator

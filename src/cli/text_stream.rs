@@ -27,13 +27,18 @@ impl<D: Fn(&[i32]) -> Result<String>, W: Write> TextStream<D, W> {
     pub fn start(decode: D, mut out: W, prompt: &[i32]) -> Result<Self> {
         write!(out, "{}", decode(prompt)?)?;
         out.flush()?;
-        Ok(TextStream {
+        Ok(Self::reply(decode, out, prompt))
+    }
+
+    /// Prints nothing of the prompt: only what follows it (a chat model's reply).
+    pub fn reply(decode: D, out: W, prompt: &[i32]) -> Self {
+        TextStream {
             decode,
             out,
             tokens: prompt.to_vec(),
             start: prompt.len(),
             printed: String::new(),
-        })
+        }
     }
 
     /// Prints what `token` completes.

@@ -38,6 +38,15 @@ pub struct TokenizeArgs {
     /// Chat/SFT JSONL: the response field (trained); the files get a loss mask
     #[arg(long, requires = "prompt_field")]
     response_field: Option<String>,
+    /// Chat JSONL: the field holding each conversation, a list of {"role", "content"}
+    /// messages, rendered with the tokenizer's chat template; only the assistant's messages
+    /// are trained (the files get a loss mask)
+    #[arg(long, value_name = "FIELD", conflicts_with_all = ["prompt_field", "response_field"])]
+    messages_field: Option<String>,
+    /// With --messages-field: a Jinja file to render conversations with, instead of the
+    /// chat_template of tokenizer_config.json beside the tokenizer
+    #[arg(long, value_name = "FILE", requires = "messages_field")]
+    chat_template: Option<PathBuf>,
     /// The token appended after each document; default: the EOS that tokenizer_config.json,
     /// config.json or generation_config.json beside the tokenizer names
     #[arg(long, value_name = "ID")]
@@ -62,6 +71,8 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     opts.text_column = args.text_column;
     opts.separator = args.separator.as_deref().map(unescape).transpose()?;
     opts.chat = args.prompt_field.zip(args.response_field);
+    opts.messages_field = args.messages_field;
+    opts.chat_template = args.chat_template;
     opts.eos_id = args.eos_id;
     opts.eval = match (args.eval_fraction, args.eval_tokens) {
         (Some(f), _) => EvalSplit::Fraction(f),

@@ -2,24 +2,70 @@
 
 use anyhow::Result;
 
+/// A document's text in pieces, each trained or not: a plain document is one trained piece,
+/// a prompt and response an untrained and a trained one, a conversation the pieces its chat
+/// template cuts it into.
 pub struct Document {
-    /// Chat/SFT data: the prompt, which comes first and is not trained.
-    pub prompt: Option<String>,
-    /// The text to train on.
+    pub pieces: Vec<Piece>,
+    /// Whether the tokenizer adds its special tokens (such as a BOS) before the first piece:
+    /// a chat template writes its own.
+    pub special_tokens: bool,
+    /// Whether the EOS that follows the document is trained: after a response, the model
+    /// learns to stop; a conversation's template writes the end of each turn itself.
+    pub eos_trained: bool,
+}
+
+#[derive(Debug)]
+pub struct Piece {
     pub text: String,
+    pub trained: bool,
 }
 
 impl Document {
     pub fn text(text: String) -> Document {
-        Document { prompt: None, text }
+        Document {
+            pieces: vec![Piece {
+                text,
+                trained: true,
+            }],
+            special_tokens: true,
+            eos_trained: true,
+        }
+    }
+
+    /// Chat/SFT data: the prompt, not trained, then the response.
+    pub fn prompt_response(prompt: String, response: String) -> Document {
+        Document {
+            pieces: vec![
+                Piece {
+                    text: prompt,
+                    trained: false,
+                },
+                Piece {
+                    text: response,
+                    trained: true,
+                },
+            ],
+            special_tokens: true,
+            eos_trained: true,
+        }
+    }
+
+    /// A conversation rendered by its chat template.
+    pub fn conversation(pieces: Vec<Piece>) -> Document {
+        Document {
+            pieces,
+            special_tokens: false,
+            eos_trained: false,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.text.is_empty() && self.prompt.as_ref().is_none_or(|p| p.is_empty())
+        self.pieces.iter().all(|p| p.text.is_empty())
     }
 
     pub fn bytes(&self) -> usize {
-        self.text.len() + self.prompt.as_ref().map_or(0, |p| p.len())
+        self.pieces.iter().map(|p| p.text.len()).sum()
     }
 }
 

@@ -18,10 +18,10 @@ pub struct Encoder {
     pub eos: Eos,
 }
 
-/// A document's tokens, EOS last; the first `untrained` are the prompt of a chat document.
+/// A document's tokens, EOS last, and whether each is trained (as a target).
 pub struct Encoded {
     pub ids: Vec<i32>,
-    pub untrained: usize,
+    pub trained: Vec<bool>,
 }
 
 impl Encoder {
@@ -45,18 +45,19 @@ impl Encoder {
         &self.tokenizer
     }
 
-    /// The prompt (with the tokenizer's special tokens, such as a BOS), then the text (with
-    /// them only if there is no prompt), then EOS. Prompt and response are encoded apart so
-    /// that no token straddles the boundary between untrained and trained.
+    /// The document's pieces, the first with the tokenizer's special tokens (such as a BOS)
+    /// where the document asks for them, then EOS. Pieces are encoded apart, so that no
+    /// token straddles a boundary between untrained and trained text.
     pub fn encode(&self, doc: &Document) -> Result<Encoded> {
-        let mut ids = Vec::new();
-        if let Some(prompt) = &doc.prompt {
-            ids = self.ids(prompt, true)?;
+        let (mut ids, mut trained) = (Vec::new(), Vec::new());
+        for (k, piece) in doc.pieces.iter().enumerate() {
+            let piece_ids = self.ids(&piece.text, doc.special_tokens && k == 0)?;
+            trained.resize(trained.len() + piece_ids.len(), piece.trained);
+            ids.extend(piece_ids);
         }
-        let untrained = ids.len();
-        ids.extend(self.ids(&doc.text, doc.prompt.is_none())?);
         ids.push(self.eos.id as i32);
-        Ok(Encoded { ids, untrained })
+        trained.push(doc.eos_trained);
+        Ok(Encoded { ids, trained })
     }
 
     fn ids(&self, text: &str, special: bool) -> Result<Vec<i32>> {

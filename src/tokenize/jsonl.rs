@@ -1,5 +1,6 @@
 //! JSON Lines inputs: one object per line, the document in a named string field, or for
-//! chat/SFT data a prompt field and a response field. Read line by line.
+//! chat/SFT data a prompt field and a response field, or a field holding a conversation's
+//! messages. Read line by line.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -8,12 +9,22 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value};
 
+use super::chat_template::ChatTemplate;
 use super::document::{Document, Sink};
 
 /// Which fields hold a document.
 pub enum Fields {
     Text(String),
-    Chat { prompt: String, response: String },
+    Chat {
+        prompt: String,
+        response: String,
+    },
+    /// A list of messages (`{"role": ..., "content": ...}`), rendered and cut into trained
+    /// and untrained pieces by the tokenizer's chat template.
+    Messages {
+        field: String,
+        template: Box<ChatTemplate>,
+    },
 }
 
 pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
@@ -46,13 +57,42 @@ pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
         };
         let doc = match fields {
             Fields::Text(field) => Document::text(take(field, "--text-field")?),
-            Fields::Chat { prompt, response } => Document {
-                prompt: Some(take(prompt, "--prompt-field")?),
-                text: take(response, "--response-field")?,
-            },
+            Fields::Chat { prompt, response } => Document::prompt_response(
+                take(prompt, "--prompt-field")?,
+                take(response, "--response-field")?,
+            ),
+            Fields::Messages { field, template } => {
+                let messages = list_field(&object, field).map_err(|why| {
+                    anyhow::anyhow!("{}: {why}; choose the field with --messages-field", at())
+                })?;
+                let pieces = template.pieces(messages).with_context(at)?;
+                Document::conversation(pieces)
+            }
         };
         sink(doc, offset)?;
     }
+}
+
+/// The list in `field`, or what the line has instead.
+fn list_field<'a>(object: &'a Map<String, Value>, field: &str) -> Result<&'a [Value], String> {
+    match object.get(field) {
+        Some(Value::Array(list)) => Ok(list),
+        Some(other) => Err(format!(
+            "field {field:?} is not a list of messages but {}",
+            shown(other)
+        )),
+        None => Err(missing(object, field)),
+    }
+}
+
+/// The start of a value, to show in an error.
+fn shown(value: &Value) -> String {
+    value.to_string().chars().take(40).collect()
+}
+
+fn missing(object: &Map<String, Value>, field: &str) -> String {
+    let keys: Vec<&String> = object.keys().collect();
+    format!("no field {field:?} (the line has {keys:?})")
 }
 
 /// The string in `field`, or what the line has instead. (A copy: it costs nothing next to
@@ -60,13 +100,10 @@ pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
 fn string_field(object: &Map<String, Value>, field: &str) -> Result<String, String> {
     match object.get(field) {
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => {
-            let shown: String = other.to_string().chars().take(40).collect();
-            Err(format!("field {field:?} is not a string but {shown}"))
-        }
-        None => {
-            let keys: Vec<&String> = object.keys().collect();
-            Err(format!("no field {field:?} (the line has {keys:?})"))
-        }
+        Some(other) => Err(format!(
+            "field {field:?} is not a string but {}",
+            shown(other)
+        )),
+        None => Err(missing(object, field)),
     }
 }

@@ -1,12 +1,15 @@
 //! `smelt tokenize`: text, JSON Lines and Parquet files into BIN.TOK token files, with a HF
 //! tokenizer.json. Each document is encoded whole and followed by EOS; documents go whole to
 //! training shards or to eval.bin. With prompt and response fields (chat/SFT data), the token
-//! files carry a loss mask that trains only the response and its EOS.
+//! files carry a loss mask that trains only the response and its EOS; with a messages field,
+//! the tokenizer's chat template renders each conversation, and only the assistant's messages
+//! are trained.
 //!
 //! Files: `inputs` (globs and formats), the readers `txt`, `jsonl`, `parquet`, `encoder` and
-//! `eos` (the tokenizer), `outputs` (shards and the eval split), `pipeline` (threads and
+//! `eos` (the tokenizer), `chat_template`, `outputs` (shards and the eval split), `pipeline` (threads and
 //! batches), `progress` and `summary`.
 
+pub mod chat_template;
 mod document;
 pub mod encoder;
 pub mod eos;
@@ -44,6 +47,11 @@ pub struct Options {
     pub separator: Option<String>,
     /// Chat/SFT JSONL: the prompt and response fields; only the response is trained.
     pub chat: Option<(String, String)>,
+    /// Chat JSONL: the field holding each conversation's messages; only the assistant's
+    /// are trained.
+    pub messages_field: Option<String>,
+    /// A Jinja file to render conversations with, instead of the tokenizer's chat_template.
+    pub chat_template: Option<PathBuf>,
     /// The EOS id; without it, the one the tokenizer's configuration names.
     pub eos_id: Option<u32>,
     pub eval: EvalSplit,
@@ -61,6 +69,8 @@ impl Options {
             text_column: "text".into(),
             separator: None,
             chat: None,
+            messages_field: None,
+            chat_template: None,
             eos_id: None,
             eval: EvalSplit::None,
             shard_tokens: DEFAULT_SHARD_TOKENS,
@@ -87,20 +97,32 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
     }
     let encoder = Encoder::load(&opts.tokenizer, opts.eos_id)?;
     let inputs = inputs::expand(&opts.inputs)?;
-    let fields = match &opts.chat {
-        None => jsonl::Fields::Text(opts.text_field.clone()),
-        Some((prompt, response)) => {
-            if let Some(other) = inputs.iter().find(|i| i.format != inputs::Format::Jsonl) {
-                bail!(
-                    "{}: --prompt-field and --response-field apply to .jsonl inputs only",
-                    other.path.display()
-                );
-            }
-            jsonl::Fields::Chat {
-                prompt: prompt.clone(),
-                response: response.clone(),
-            }
+    let masked = match (&opts.chat, &opts.messages_field) {
+        (Some(_), _) => Some("--prompt-field and --response-field apply"),
+        (None, Some(_)) => Some("--messages-field applies"),
+        (None, None) => None,
+    };
+    if let Some(flags) = masked
+        && let Some(other) = inputs.iter().find(|i| i.format != inputs::Format::Jsonl)
+    {
+        bail!("{}: {flags} to .jsonl inputs only", other.path.display());
+    }
+    let fields = match (&opts.chat, &opts.messages_field) {
+        (Some(_), Some(_)) => {
+            bail!("--messages-field and --prompt-field/--response-field exclude each other")
         }
+        (Some((prompt, response)), None) => jsonl::Fields::Chat {
+            prompt: prompt.clone(),
+            response: response.clone(),
+        },
+        (None, Some(field)) => jsonl::Fields::Messages {
+            field: field.clone(),
+            template: Box::new(chat_template::ChatTemplate::load(
+                &chat_template::tokenizer_dir(&encoder.path),
+                opts.chat_template.as_deref(),
+            )?),
+        },
+        (None, None) => jsonl::Fields::Text(opts.text_field.clone()),
     };
     let readers = pipeline::Readers {
         separator: opts.separator.clone(),
@@ -110,7 +132,7 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
     let mut outputs = outputs::Outputs::create(
         &opts.out_dir,
         encoder.vocab_size,
-        opts.chat.is_some(),
+        masked.is_some(),
         opts.shard_tokens,
         opts.eval,
     )?;

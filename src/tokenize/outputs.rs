@@ -102,15 +102,13 @@ impl Outputs {
             }
             EvalSplit::Tokens(t) => eval_tokens < t,
         };
-        let mask: Option<Vec<bool>> = self
-            .masked
-            .then(|| (0..n).map(|i| i >= doc.untrained).collect());
+        let mask = self.masked.then_some(doc.trained.as_slice());
         if to_eval {
             let eval = self
                 .eval
                 .as_mut()
                 .expect("opened when a split is asked for");
-            eval.writer.write(&doc.ids, mask.as_deref())?;
+            eval.writer.write(&doc.ids, mask)?;
             eval.documents += 1;
             return Ok(());
         }
@@ -130,7 +128,7 @@ impl Outputs {
             );
             self.sealed.push((full.writer.seal()?, full.documents));
         }
-        self.train.writer.write(&doc.ids, mask.as_deref())?;
+        self.train.writer.write(&doc.ids, mask)?;
         self.train.documents += 1;
         self.train_tokens += n;
         Ok(())
@@ -188,7 +186,7 @@ mod tests {
     fn doc(len: usize, first: i32) -> Encoded {
         Encoded {
             ids: (first..first + len as i32).collect(),
-            untrained: 1,
+            trained: (0..len).map(|i| i >= 1).collect(),
         }
     }
 

@@ -1,0 +1,363 @@
+//! Chat templates: the Jinja program in a tokenizer's `tokenizer_config.json` that turns a
+//! conversation (messages with roles) into the text a chat model reads, rendered as
+//! transformers' `apply_chat_template` renders it: trimmed and left-stripped blocks,
+//! `raise_exception`, `tojson` as Python's `json.dumps`, and Python's string methods.
+//!
+//! For training, a conversation is cut into pieces whose training is known: each assistant
+//! message, as the template writes it after its generation prompt, is trained, and the rest
+//! is not. The cuts come from rendering the conversation's prefixes, so they hold for any
+//! template that renders a prefix of the conversation as a prefix of the whole.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use minijinja::value::Serde;
+use minijinja::{Environment, Error, ErrorKind};
+use serde_json::Value;
+
+use super::document::Piece;
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    /// Where the template came from, for errors.
+    source: String,
+    /// The special tokens a template may name (`bos_token`, `eos_token`, ...), as the
+    /// tokenizer's configuration spells them.
+    tokens: BTreeMap<String, String>,
+}
+
+/// Messages must name a role, and carry text or nothing (an assistant's tool calls).
+fn check_message(message: &Value, k: usize) -> Result<&str> {
+    let role = message
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("message {k} has no string \"role\""))?;
+    match message.get("content") {
+        None | Some(Value::Null) | Some(Value::String(_)) => Ok(role),
+        Some(other) => {
+            let shown: String = other.to_string().chars().take(40).collect();
+            bail!("message {k}'s content is not text but {shown}; only text messages are supported")
+        }
+    }
+}
+
+impl ChatTemplate {
+    /// The template of the tokenizer in `tokenizer_dir`: `file` (a Jinja file) if given,
+    /// else the `chat_template` of `tokenizer_config.json` there.
+    pub fn load(tokenizer_dir: &Path, file: Option<&Path>) -> Result<ChatTemplate> {
+        let config_path = tokenizer_dir.join("tokenizer_config.json");
+        let config: Option<Value> = match config_path.exists() {
+            true => {
+                let name = config_path.display();
+                let text = std::fs::read_to_string(&config_path)
+                    .with_context(|| format!("{name}: cannot read"))?;
+                Some(
+                    serde_json::from_str(&text)
+                        .with_context(|| format!("{name}: not valid JSON"))?,
+                )
+            }
+            false => None,
+        };
+        let (program, source) = match file {
+            Some(path) => {
+                let program = std::fs::read_to_string(path)
+                    .with_context(|| format!("--chat-template {}: cannot read", path.display()))?;
+                (program, path.display().to_string())
+            }
+            None => {
+                let program = config
+                    .as_ref()
+                    .and_then(|c| c.get("chat_template"))
+                    .ok_or_else(|| no_template(&config_path))?;
+                let source = format!("{} chat_template", config_path.display());
+                (default_template(program, &source)?, source)
+            }
+        };
+        let mut tokens = BTreeMap::new();
+        for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+            let token = match config.as_ref().and_then(|c| c.get(key)) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Object(o)) => match o.get("content") {
+                    Some(Value::String(s)) => s.clone(),
+                    _ => continue,
+                },
+                _ => continue,
+            };
+            tokens.insert(key.to_string(), token);
+        }
+        let mut env = Environment::new();
+        env.set_syntax(
+            env.syntax()
+                .to_builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .expect("the default delimiters are valid"),
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<String, Error> {
+                Err(Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        env.add_filter(
+            "tojson",
+            |value: minijinja::Value| -> Result<String, Error> {
+                python_json(&value)
+                    .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))
+            },
+        );
+        env.add_template_owned("chat", program)
+            .map_err(|e| anyhow!("{source}: not a valid Jinja template: {e:#}"))?;
+        Ok(ChatTemplate {
+            env,
+            source,
+            tokens,
+        })
+    }
+
+    /// The conversation's text; with `add_generation_prompt`, followed by what starts the
+    /// assistant's reply.
+    pub fn render(&self, messages: &[Value], add_generation_prompt: bool) -> Result<String> {
+        for (k, message) in messages.iter().enumerate() {
+            check_message(message, k)?;
+        }
+        let mut context: BTreeMap<String, minijinja::Value> = self
+            .tokens
+            .iter()
+            .map(|(k, v)| (k.clone(), minijinja::Value::from(v.as_str())))
+            .collect();
+        context.insert("messages".into(), minijinja::Value::from(Serde(messages)));
+        context.insert(
+            "add_generation_prompt".into(),
+            minijinja::Value::from(add_generation_prompt),
+        );
+        let template = self.env.get_template("chat").expect("added in load");
+        template
+            .render(context)
+            .map_err(|e| anyhow!("{}: {e:#}", self.source))
+    }
+
+    /// The conversation in pieces, in order: the assistant's messages, each as the template
+    /// writes it after its generation prompt, trained; everything between them not.
+    pub fn pieces(&self, messages: &[Value]) -> Result<Vec<Piece>> {
+        let mut pieces = Vec::new();
+        let mut done = String::new();
+        let mut extend = |text: String, trained: bool, upto: usize| -> Result<()> {
+            let Some(new) = text.strip_prefix(done.as_str()) else {
+                bail!(
+                    "{}: the template writes the first {upto} messages differently from the start of the conversation, so the assistant's text cannot be told apart",
+                    self.source
+                );
+            };
+            if !new.is_empty() {
+                pieces.push(Piece {
+                    text: new.to_string(),
+                    trained,
+                });
+            }
+            done = text;
+            Ok(())
+        };
+        for (k, message) in messages.iter().enumerate() {
+            let assistant = check_message(message, k)? == "assistant";
+            if assistant {
+                extend(self.render(&messages[..k], true)?, false, k)?;
+            }
+            extend(self.render(&messages[..=k], false)?, assistant, k + 1)?;
+        }
+        // A template that writes the generation prompt unasked would have its header
+        // trained as the end of the last assistant message.
+        if !messages.is_empty() && self.render(messages, true)? == done {
+            bail!(
+                "{}: the template writes the assistant's generation prompt even when not asked to (add_generation_prompt), so the end of an assistant message cannot be told from it; give a template that asks with --chat-template FILE",
+                self.source
+            );
+        }
+        Ok(pieces)
+    }
+}
+
+fn no_template(config: &Path) -> anyhow::Error {
+    anyhow!(
+        "{}: no chat_template; give one with --chat-template FILE (a Jinja file)",
+        config.display()
+    )
+}
+
+/// A `chat_template` is one program, or a list of named ones of which "default" is used.
+fn default_template(program: &Value, source: &str) -> Result<String> {
+    match program {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(named) => {
+            let names: Vec<&str> = named
+                .iter()
+                .filter_map(|t| t.get("name").and_then(Value::as_str))
+                .collect();
+            named
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template").and_then(Value::as_str))
+                .map(str::to_string)
+                .ok_or_else(|| {
+                    anyhow!(
+                        "{source}: no template named \"default\" among {names:?}; give one with --chat-template FILE"
+                    )
+                })
+        }
+        other => bail!("{source}: neither a template nor a list of them: {other}"),
+    }
+}
+
+/// `json.dumps(value)` as Python writes it by default: ", " and ": " between items, and
+/// non-ASCII characters as they are (transformers passes `ensure_ascii=False`).
+fn python_json(value: &minijinja::Value) -> serde_json::Result<String> {
+    struct Python;
+    impl serde_json::ser::Formatter for Python {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+        ) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, Python);
+    serde::Serialize::serialize(value, &mut serializer)?;
+    Ok(String::from_utf8(out).expect("serde_json writes UTF-8"))
+}
+
+/// The directory of a tokenizer given as its tokenizer.json or as the directory.
+pub fn tokenizer_dir(path: &Path) -> PathBuf {
+    match path.is_dir() {
+        true => path.to_path_buf(),
+        false => path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template(program: &str, config: Value) -> (tempfile::TempDir, ChatTemplate) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config;
+        config["chat_template"] = Value::String(program.into());
+        std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+        let t = ChatTemplate::load(dir.path(), None).unwrap();
+        (dir, t)
+    }
+
+    const SIMPLE: &str = "{{ bos_token }}{% for m in messages %}\n<{{ m.role }}>{{ m.content | trim }}</s>\n{% endfor %}\n{% if add_generation_prompt %}<assistant>{% endif %}";
+
+    #[test]
+    fn renders_with_trimmed_blocks_and_the_special_tokens() {
+        let (_dir, t) = template(SIMPLE, json!({"bos_token": {"content": "<s>"}}));
+        let messages = [json!({"role": "user", "content": " hi "})];
+        assert_eq!(t.render(&messages, false).unwrap(), "<s><user>hi</s>\n");
+        assert_eq!(
+            t.render(&messages, true).unwrap(),
+            "<s><user>hi</s>\n<assistant>"
+        );
+    }
+
+    #[test]
+    fn pieces_train_exactly_the_assistant_messages() {
+        let (_dir, t) = template(SIMPLE, json!({"bos_token": "<s>"}));
+        let messages = [
+            json!({"role": "system", "content": "be brief"}),
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "content": "hello"}),
+            json!({"role": "user", "content": "bye"}),
+            json!({"role": "assistant", "content": "ciao"}),
+        ];
+        let pieces = t.pieces(&messages).unwrap();
+        let whole: String = pieces.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(whole, t.render(&messages, false).unwrap());
+        let trained: Vec<&str> = pieces
+            .iter()
+            .filter(|p| p.trained)
+            .map(|p| p.text.as_str())
+            .collect();
+        // The generation prompt's `<assistant>` is not the assistant's to learn.
+        assert_eq!(trained, ["hello</s>\n", "ciao</s>\n"]);
+    }
+
+    #[test]
+    fn python_methods_json_and_raised_errors() {
+        let program = "{% if messages[0].content.startswith('x') %}{{ raise_exception('no x, please') }}{% endif %}{{ messages[0] | tojson }}";
+        let (_dir, t) = template(program, json!({}));
+        let ok = [json!({"role": "user", "content": "é\""})];
+        assert_eq!(
+            t.render(&ok, false).unwrap(),
+            r#"{"content": "é\"", "role": "user"}"#
+        );
+        let bad = [json!({"role": "user", "content": "xyz"})];
+        let err = format!("{:#}", t.render(&bad, false).unwrap_err());
+        assert!(err.contains("no x, please"), "{err}");
+    }
+
+    #[test]
+    fn a_template_that_rewrites_earlier_turns_is_refused() {
+        // Writes the last message apart from the others: a prefix is not the whole's start.
+        let program = "{% for m in messages %}{% if loop.last %}[{{ m.content }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
+        let (_dir, t) = template(program, json!({}));
+        let messages = [
+            json!({"role": "user", "content": "a"}),
+            json!({"role": "assistant", "content": "b"}),
+        ];
+        let err = format!("{:#}", t.pieces(&messages).unwrap_err());
+        assert!(err.contains("cannot be told apart"), "{err}");
+    }
+
+    #[test]
+    fn a_template_that_always_adds_the_generation_prompt_is_refused() {
+        // As the first Llama 3 template does: its header closes every rendering.
+        let program =
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}<assistant>";
+        let (_dir, t) = template(program, json!({}));
+        let messages = [
+            json!({"role": "user", "content": "a"}),
+            json!({"role": "assistant", "content": "b"}),
+        ];
+        let err = format!("{:#}", t.pieces(&messages).unwrap_err());
+        assert!(err.contains("even when not asked"), "{err}");
+    }
+
+    #[test]
+    fn missing_templates_and_bad_messages_say_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer_config.json"), "{}").unwrap();
+        let err = format!("{:#}", ChatTemplate::load(dir.path(), None).err().unwrap());
+        assert!(
+            err.contains("no chat_template") && err.contains("--chat-template"),
+            "{err}"
+        );
+        let (_dir, t) = template(SIMPLE, json!({}));
+        let err = format!(
+            "{:#}",
+            t.render(&[json!({"content": "x"})], false).unwrap_err()
+        );
+        assert!(err.contains("no string \"role\""), "{err}");
+        let parts = json!({"role": "user", "content": [{"type": "text", "text": "x"}]});
+        let err = format!("{:#}", t.render(&[parts], false).unwrap_err());
+        assert!(err.contains("only text messages"), "{err}");
+    }
+}
