@@ -6,8 +6,9 @@
 //! are trained.
 //!
 //! Files: `inputs` (globs and formats), the readers `txt`, `jsonl`, `parquet`, `encoder` and
-//! `eos` (the tokenizer), `chat_template`, `outputs` (shards and the eval split), `pipeline` (threads and
-//! batches), `progress` and `summary`.
+//! `eos` (the tokenizer), `chat_template` (conversations into trained and untrained pieces),
+//! `outputs` (shards and the eval split), `pipeline` (threads and batches), `progress` and
+//! `summary`.
 
 pub mod chat_template;
 mod document;
