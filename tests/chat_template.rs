@@ -63,7 +63,7 @@ fn tokenize_trains_the_assistant_turns_only() {
     let out = dir.path().join("out");
     let mut opts = Options::new(qwen(), vec![input.display().to_string()], out.clone());
     opts.messages_field = Some("messages".into());
-    tokenize(&opts).unwrap();
+    let summary = tokenize(&opts).unwrap();
 
     let files = token_files(&out);
     assert_eq!(files.len(), 1);
@@ -96,6 +96,8 @@ fn tokenize_trains_the_assistant_turns_only() {
         .map(|m| format!("{}<|im_end|>\n", m["content"].as_str().unwrap()))
         .collect();
     assert_eq!(runs, assistant);
+    let trained = (0..file.len()).filter(|&i| file.trained(i)).count();
+    assert_eq!(summary.trained, Some(trained));
 }
 
 #[test]

@@ -314,30 +314,26 @@ mod tests {
         assert!(err.contains("no x, please"), "{err}");
     }
 
-    #[test]
-    fn a_template_that_rewrites_earlier_turns_is_refused() {
-        // Writes the last message apart from the others: a prefix is not the whole's start.
-        let program = "{% for m in messages %}{% if loop.last %}[{{ m.content }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    /// What `pieces` says of a user's message and the assistant's reply under `program`.
+    fn pieces_error(program: &str) -> String {
         let (_dir, t) = template(program, json!({}));
         let messages = [
             json!({"role": "user", "content": "a"}),
             json!({"role": "assistant", "content": "b"}),
         ];
-        let err = format!("{:#}", t.pieces(&messages).unwrap_err());
-        assert!(err.contains("cannot be told apart"), "{err}");
+        format!("{:#}", t.pieces(&messages).unwrap_err())
     }
 
     #[test]
-    fn a_template_that_always_adds_the_generation_prompt_is_refused() {
+    fn templates_whose_pieces_cannot_be_cut_are_refused() {
+        // Writes the last message apart from the others: a prefix is not the whole's start.
+        let rewrites = "{% for m in messages %}{% if loop.last %}[{{ m.content }}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
+        let err = pieces_error(rewrites);
+        assert!(err.contains("cannot be told apart"), "{err}");
         // As the first Llama 3 template does: its header closes every rendering.
-        let program =
+        let always =
             "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}<assistant>";
-        let (_dir, t) = template(program, json!({}));
-        let messages = [
-            json!({"role": "user", "content": "a"}),
-            json!({"role": "assistant", "content": "b"}),
-        ];
-        let err = format!("{:#}", t.pieces(&messages).unwrap_err());
+        let err = pieces_error(always);
         assert!(err.contains("even when not asked"), "{err}");
     }
 

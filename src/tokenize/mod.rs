@@ -98,21 +98,21 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
     }
     let encoder = Encoder::load(&opts.tokenizer, opts.eos_id)?;
     let inputs = inputs::expand(&opts.inputs)?;
-    let masked = match (&opts.chat, &opts.messages_field) {
+    if opts.chat.is_some() && opts.messages_field.is_some() {
+        bail!("--messages-field and --prompt-field/--response-field exclude each other");
+    }
+    let mask_flags = match (&opts.chat, &opts.messages_field) {
         (Some(_), _) => Some("--prompt-field and --response-field apply"),
         (None, Some(_)) => Some("--messages-field applies"),
         (None, None) => None,
     };
-    if let Some(flags) = masked
+    if let Some(flags) = mask_flags
         && let Some(other) = inputs.iter().find(|i| i.format != inputs::Format::Jsonl)
     {
         bail!("{}: {flags} to .jsonl inputs only", other.path.display());
     }
     let fields = match (&opts.chat, &opts.messages_field) {
-        (Some(_), Some(_)) => {
-            bail!("--messages-field and --prompt-field/--response-field exclude each other")
-        }
-        (Some((prompt, response)), None) => jsonl::Fields::Chat {
+        (Some((prompt, response)), _) => jsonl::Fields::Chat {
             prompt: prompt.clone(),
             response: response.clone(),
         },
@@ -133,7 +133,7 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
     let mut outputs = outputs::Outputs::create(
         &opts.out_dir,
         encoder.vocab_size,
-        masked.is_some(),
+        mask_flags.is_some(),
         opts.shard_tokens,
         opts.eval,
     )?;
@@ -150,6 +150,7 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
         documents: counts.documents,
         empty: counts.empty,
         tokens: counts.tokens,
+        trained: mask_flags.map(|_| counts.trained),
         seconds: start.elapsed().as_secs_f64(),
         vocab_size: encoder.vocab_size,
         eos: encoder.eos.clone(),

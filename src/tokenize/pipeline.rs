@@ -33,6 +33,8 @@ pub struct Counts {
     pub documents: usize,
     pub empty: usize,
     pub tokens: usize,
+    /// Tokens the loss mask trains (all of them where there is no mask).
+    pub trained: usize,
 }
 
 #[derive(Default)]
@@ -78,6 +80,7 @@ pub fn run(
                     outputs.add(doc)?;
                     counts.documents += 1;
                     counts.tokens += doc.ids.len();
+                    counts.trained += doc.trained.iter().filter(|&&t| t).count();
                 }
                 counts.empty += encoded.iter().filter(|e| e.is_none()).count();
                 progress.advance(batch.other_bytes, 0, 0);

@@ -15,6 +15,8 @@ pub struct Summary {
     pub empty: usize,
     /// Tokens written, one EOS per document included.
     pub tokens: usize,
+    /// With a loss mask (chat data): the tokens it trains.
+    pub trained: Option<usize>,
     pub seconds: f64,
     pub vocab_size: usize,
     pub eos: Eos,
@@ -45,6 +47,14 @@ impl fmt::Display for Summary {
             self.eos.source,
             self.vocab_size
         )?;
+        if let Some(trained) = self.trained {
+            writeln!(
+                f,
+                "the loss mask trains {} of them ({:.1}%)",
+                HumanCount(trained as u64),
+                100.0 * trained as f64 / self.tokens.max(1) as f64
+            )?;
+        }
         if self.empty > 0 {
             writeln!(
                 f,
