@@ -211,8 +211,9 @@ fn default_template(program: &Value, source: &str) -> Result<String> {
     }
 }
 
-/// `json.dumps(value)` as Python writes it by default: ", " and ": " between items, and
-/// non-ASCII characters as they are (transformers passes `ensure_ascii=False`).
+/// `json.dumps(value)` as transformers' `tojson` writes it: ", " and ": " between items, and
+/// non-ASCII characters as they are (`ensure_ascii=False`). Two differences: an object's keys
+/// come in sorted order (serde_json's maps keep no other), and `indent` is not taken.
 fn python_json(value: &minijinja::Value) -> serde_json::Result<String> {
     struct Python;
     impl serde_json::ser::Formatter for Python {
