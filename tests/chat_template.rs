@@ -1,7 +1,7 @@
 //! Chat templates against transformers: `apply_chat_template`'s text and token ids for the
-//! Qwen2.5 tokenizer (tests/fixtures/chat, written by scripts/chat_fixtures.py), and
-//! `smelt tokenize --messages-field`'s loss mask, which must train each assistant message
-//! with the end of its turn, and nothing else.
+//! Qwen2.5 and Llama 3.2 tokenizers (tests/fixtures/chat, written by
+//! scripts/chat_fixtures.py), and `smelt tokenize --messages-field`'s loss mask, which must
+//! train each assistant message with the end of its turn, and nothing else.
 
 mod tokenizing;
 
@@ -21,83 +21,113 @@ struct Case {
     prompt: String,
 }
 
-fn cases() -> Vec<Case> {
+fn cases(family: &str) -> Vec<Case> {
     #[derive(Deserialize)]
     struct Fixture {
         cases: Vec<Case>,
     }
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/chat/qwen2_5.json"
+    let path = format!(
+        "{}/tests/fixtures/chat/{family}.json",
+        env!("CARGO_MANIFEST_DIR")
     );
     let text = std::fs::read_to_string(path).unwrap();
     serde_json::from_str::<Fixture>(&text).unwrap().cases
 }
 
-fn template() -> ChatTemplate {
-    ChatTemplate::load(qwen().parent().unwrap(), None).unwrap()
+/// A tokenizer of `.ci/fetch-assets` (its directory under .assets), the EOS its
+/// tokenizer_config.json names, and what its template writes for an assistant message after
+/// the generation prompt: what training must learn.
+struct Family {
+    name: &'static str,
+    eos: i32,
+    turn: fn(&str) -> String,
 }
 
+const FAMILIES: [Family; 2] = [
+    Family {
+        name: "qwen2_5",
+        eos: 151645, // <|im_end|>
+        turn: |content| format!("{content}<|im_end|>\n"),
+    },
+    Family {
+        name: "llama3_2",
+        eos: 128009, // <|eot_id|>
+        turn: |content| format!("{}<|eot_id|>", content.trim()),
+    },
+];
+
 #[test]
-fn qwen_renders_as_transformers_does() {
-    let t = template();
-    for case in cases() {
-        assert_eq!(t.render(&case.messages, false).unwrap(), case.text);
-        let head = &case.messages[..case.messages.len() - 1];
-        assert_eq!(t.render(head, true).unwrap(), case.prompt);
+fn templates_render_as_transformers_does() {
+    for family in FAMILIES {
+        let t = ChatTemplate::load(&asset(family.name), None).unwrap();
+        for case in cases(family.name) {
+            assert_eq!(t.render(&case.messages, false).unwrap(), case.text);
+            let head = &case.messages[..case.messages.len() - 1];
+            assert_eq!(t.render(head, true).unwrap(), case.prompt);
+        }
     }
 }
 
 #[test]
 fn tokenize_trains_the_assistant_turns_only() {
-    let cases = cases();
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("chat.jsonl");
-    write_jsonl(
-        &input,
-        cases
+    for family in FAMILIES {
+        let cases = cases(family.name);
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("chat.jsonl");
+        write_jsonl(
+            &input,
+            cases
+                .iter()
+                .enumerate()
+                .map(|(k, c)| json!({"id": k, "messages": c.messages})),
+        );
+        let out = dir.path().join("out");
+        let tokenizer = asset(family.name);
+        let mut opts = Options::new(
+            tokenizer.clone(),
+            vec![input.display().to_string()],
+            out.clone(),
+        );
+        opts.messages_field = Some("messages".into());
+        let summary = tokenize(&opts).unwrap();
+
+        let files = token_files(&out);
+        assert_eq!(files.len(), 1);
+        let file = &files[0];
+        assert!(file.header.has_mask);
+        // transformers' ids for each whole conversation, each followed by the EOS.
+        let ids = tokens(file);
+        let want: Vec<i32> = cases
             .iter()
-            .enumerate()
-            .map(|(k, c)| json!({"id": k, "messages": c.messages})),
-    );
-    let out = dir.path().join("out");
-    let mut opts = Options::new(qwen(), vec![input.display().to_string()], out.clone());
-    opts.messages_field = Some("messages".into());
-    let summary = tokenize(&opts).unwrap();
+            .flat_map(|c| c.ids.iter().copied().chain([family.eos]))
+            .collect();
+        assert_eq!(ids, want, "{}", family.name);
 
-    let files = token_files(&out);
-    assert_eq!(files.len(), 1);
-    let file = &files[0];
-    assert!(file.header.has_mask);
-    // transformers' ids for each whole conversation, each followed by the EOS that
-    // tokenizer_config.json names (<|im_end|>).
-    let eos = 151645;
-    let want: Vec<i32> = cases
-        .iter()
-        .flat_map(|c| c.ids.iter().copied().chain([eos]))
-        .collect();
-    assert_eq!(tokens(file), want);
-
-    // The trained tokens, run by run, are each assistant message and the end of its turn.
-    let ids = tokens(file);
-    let mut runs: Vec<String> = Vec::new();
-    let mut run: Vec<i32> = Vec::new();
-    for (i, &id) in ids.iter().enumerate() {
-        if file.trained(i) {
-            run.push(id);
-        } else if !run.is_empty() {
-            runs.push(decode(&std::mem::take(&mut run)));
+        // The trained tokens, run by run, are each assistant message and the end of its turn.
+        let decoder = tokenizers::Tokenizer::from_file(tokenizer.join("tokenizer.json")).unwrap();
+        let decode = |run: &[i32]| {
+            let run: Vec<u32> = run.iter().map(|&t| t as u32).collect();
+            decoder.decode(&run, false).unwrap()
+        };
+        let mut runs: Vec<String> = Vec::new();
+        let mut run: Vec<i32> = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            if file.trained(i) {
+                run.push(id);
+            } else if !run.is_empty() {
+                runs.push(decode(&std::mem::take(&mut run)));
+            }
         }
+        let assistant: Vec<String> = cases
+            .iter()
+            .flat_map(|c| &c.messages)
+            .filter(|m| m["role"] == "assistant")
+            .map(|m| (family.turn)(m["content"].as_str().unwrap()))
+            .collect();
+        assert_eq!(runs, assistant, "{}", family.name);
+        let trained = (0..file.len()).filter(|&i| file.trained(i)).count();
+        assert_eq!(summary.trained, Some(trained));
     }
-    let assistant: Vec<String> = cases
-        .iter()
-        .flat_map(|c| &c.messages)
-        .filter(|m| m["role"] == "assistant")
-        .map(|m| format!("{}<|im_end|>\n", m["content"].as_str().unwrap()))
-        .collect();
-    assert_eq!(runs, assistant);
-    let trained = (0..file.len()).filter(|&i| file.trained(i)).count();
-    assert_eq!(summary.trained, Some(trained));
 }
 
 #[test]
@@ -132,11 +162,13 @@ fn a_tokenizer_without_a_template_is_refused_before_anything_is_written() {
     std::fs::write(&program, config["chat_template"].as_str().unwrap()).unwrap();
     write_jsonl(
         &input,
-        cases().iter().map(|c| json!({"messages": c.messages})),
+        cases("qwen2_5")
+            .iter()
+            .map(|c| json!({"messages": c.messages})),
     );
     opts.chat_template = Some(program);
     tokenize(&opts).unwrap();
-    let want: Vec<i32> = cases()
+    let want: Vec<i32> = cases("qwen2_5")
         .iter()
         .flat_map(|c| c.ids.iter().copied().chain([151645]))
         .collect();

@@ -266,7 +266,7 @@ mod tests {
         (dir, t)
     }
 
-    const SIMPLE: &str = "{{ bos_token }}{% for m in messages %}\n<{{ m.role }}>{{ m.content | trim }}</s>\n{% endfor %}\n{% if add_generation_prompt %}<assistant>{% endif %}";
+    const SIMPLE: &str = "{{ bos_token }}{% for m in messages %}\n<{{ m.role }}>{{ m.content | trim }}</s>\n{% endfor %}\n    {% if add_generation_prompt %}<assistant>{% endif %}";
 
     #[test]
     fn renders_with_trimmed_blocks_and_the_special_tokens() {
