@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 
+use crate::tokenize::chat_template::Turns;
 use crate::tokenize::{DEFAULT_SHARD_TOKENS, EvalSplit, Options, tokenize};
 
 #[derive(Args)]
@@ -47,6 +48,11 @@ pub struct TokenizeArgs {
     /// chat_template of tokenizer_config.json beside the tokenizer
     #[arg(long, value_name = "FILE", requires = "messages_field")]
     chat_template: Option<PathBuf>,
+    /// With --messages-field: train only each conversation's last assistant message, for
+    /// templates that write earlier turns differently once later ones follow (Qwen3's drops
+    /// their reasoning)
+    #[arg(long, requires = "messages_field")]
+    last_turn_only: bool,
     /// The token appended after each document; default: the EOS that tokenizer_config.json,
     /// config.json or generation_config.json beside the tokenizer names
     #[arg(long, value_name = "ID")]
@@ -73,6 +79,10 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     opts.chat = args.prompt_field.zip(args.response_field);
     opts.messages_field = args.messages_field;
     opts.chat_template = args.chat_template;
+    opts.turns = match args.last_turn_only {
+        true => Turns::Last,
+        false => Turns::All,
+    };
     opts.eos_id = args.eos_id;
     opts.eval = match (args.eval_fraction, args.eval_tokens) {
         (Some(f), _) => EvalSplit::Fraction(f),

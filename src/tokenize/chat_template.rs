@@ -140,15 +140,16 @@ impl ChatTemplate {
             .map_err(|e| anyhow!("{}: {e:#}", self.source))
     }
 
-    /// The conversation in pieces, in order: the assistant's messages, each as the template
-    /// writes it after its generation prompt, trained; everything between them not.
-    pub fn pieces(&self, messages: &[Value]) -> Result<Vec<Piece>> {
+    /// The conversation in pieces, in order: the assistant's messages that `turns` trains,
+    /// each as the template writes it after its generation prompt, trained; everything
+    /// else not.
+    pub fn pieces(&self, messages: &[Value], turns: Turns) -> Result<Vec<Piece>> {
         let mut pieces = Vec::new();
         let mut done = String::new();
         let mut extend = |text: String, trained: bool, upto: usize| -> Result<()> {
             let Some(new) = text.strip_prefix(done.as_str()) else {
                 bail!(
-                    "{}: the template writes the first {upto} messages differently from the start of the conversation, so the assistant's text cannot be told apart",
+                    "{}: the template writes the first {upto} messages differently from the start of the conversation, so the assistant's text cannot be told apart; --last-turn-only trains only the last assistant message, which such templates (Qwen3's drops earlier turns' reasoning) allow",
                     self.source
                 );
             };
@@ -161,12 +162,31 @@ impl ChatTemplate {
             done = text;
             Ok(())
         };
-        for (k, message) in messages.iter().enumerate() {
-            let assistant = check_message(message, k)? == "assistant";
-            if assistant {
-                extend(self.render(&messages[..k], true)?, false, k)?;
+        let roles: Vec<&str> = messages
+            .iter()
+            .enumerate()
+            .map(|(k, m)| check_message(m, k))
+            .collect::<Result<_>>()?;
+        match turns {
+            Turns::All => {
+                for (k, &role) in roles.iter().enumerate() {
+                    let assistant = role == "assistant";
+                    if assistant {
+                        extend(self.render(&messages[..k], true)?, false, k)?;
+                    }
+                    extend(self.render(&messages[..=k], false)?, assistant, k + 1)?;
+                }
             }
-            extend(self.render(&messages[..=k], false)?, assistant, k + 1)?;
+            Turns::Last => {
+                let n = messages.len();
+                if roles.last() != Some(&"assistant") {
+                    bail!(
+                        "the conversation does not end with an assistant message, which --last-turn-only trains"
+                    );
+                }
+                extend(self.render(&messages[..n - 1], true)?, false, n - 1)?;
+                extend(self.render(messages, false)?, true, n)?;
+            }
         }
         // A template that writes the generation prompt unasked would have its header
         // trained as the end of the last assistant message.
@@ -178,6 +198,15 @@ impl ChatTemplate {
         }
         Ok(pieces)
     }
+}
+
+/// Which assistant messages of a conversation are trained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turns {
+    All,
+    /// Only the last, for templates that write earlier turns differently once later ones
+    /// follow (Qwen3's drops the reasoning of all but the last).
+    Last,
 }
 
 fn no_template(config: &Path) -> anyhow::Error {
@@ -289,7 +318,7 @@ mod tests {
             json!({"role": "user", "content": "bye"}),
             json!({"role": "assistant", "content": "ciao"}),
         ];
-        let pieces = t.pieces(&messages).unwrap();
+        let pieces = t.pieces(&messages, Turns::All).unwrap();
         let whole: String = pieces.iter().map(|p| p.text.as_str()).collect();
         assert_eq!(whole, t.render(&messages, false).unwrap());
         let trained: Vec<&str> = pieces
@@ -322,7 +351,7 @@ mod tests {
             json!({"role": "user", "content": "a"}),
             json!({"role": "assistant", "content": "b"}),
         ];
-        format!("{:#}", t.pieces(&messages).unwrap_err())
+        format!("{:#}", t.pieces(&messages, Turns::All).unwrap_err())
     }
 
     #[test]
@@ -336,6 +365,37 @@ mod tests {
             "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}<assistant>";
         let err = pieces_error(always);
         assert!(err.contains("even when not asked"), "{err}");
+    }
+
+    #[test]
+    fn the_last_turn_alone_is_cut_where_earlier_turns_are_rewritten() {
+        // Earlier assistant turns become <a>, the last stays <assistant>: as Qwen3's template
+        // drops the reasoning of all but the last.
+        let program = "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}<a>{% else %}<{{ m.role }}>{% endif %}{{ m.content }}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+        let (_dir, t) = template(program, json!({}));
+        let mut messages = vec![
+            json!({"role": "user", "content": "u1"}),
+            json!({"role": "assistant", "content": "a1"}),
+            json!({"role": "user", "content": "u2"}),
+            json!({"role": "assistant", "content": "a2"}),
+        ];
+        let err = format!("{:#}", t.pieces(&messages, Turns::All).unwrap_err());
+        assert!(err.contains("--last-turn-only"), "{err}");
+        let pieces = t.pieces(&messages, Turns::Last).unwrap();
+        let whole: String = pieces.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(whole, t.render(&messages, false).unwrap());
+        let trained: Vec<&str> = pieces
+            .iter()
+            .filter(|p| p.trained)
+            .map(|p| p.text.as_str())
+            .collect();
+        assert_eq!(trained, ["a2</s>"]);
+        messages.pop();
+        let err = format!("{:#}", t.pieces(&messages, Turns::Last).unwrap_err());
+        assert!(
+            err.contains("does not end with an assistant message"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value};
 
-use super::chat_template::ChatTemplate;
+use super::chat_template::{ChatTemplate, Turns};
 use super::document::{Document, Sink};
 
 /// Which fields hold a document.
@@ -24,6 +24,7 @@ pub enum Fields {
     Messages {
         field: String,
         template: Box<ChatTemplate>,
+        turns: Turns,
     },
 }
 
@@ -61,11 +62,15 @@ pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
                 take(prompt, "--prompt-field")?,
                 take(response, "--response-field")?,
             ),
-            Fields::Messages { field, template } => {
+            Fields::Messages {
+                field,
+                template,
+                turns,
+            } => {
                 let messages = list_field(&object, field).map_err(|why| {
                     anyhow::anyhow!("{}: {why}; choose the field with --messages-field", at())
                 })?;
-                let pieces = template.pieces(messages).with_context(at)?;
+                let pieces = template.pieces(messages, *turns).with_context(at)?;
                 Document::conversation(pieces)
             }
         };

@@ -53,6 +53,8 @@ pub struct Options {
     pub messages_field: Option<String>,
     /// A Jinja file to render conversations with, instead of the tokenizer's chat_template.
     pub chat_template: Option<PathBuf>,
+    /// Which of a conversation's assistant messages are trained.
+    pub turns: chat_template::Turns,
     /// The EOS id; without it, the one the tokenizer's configuration names.
     pub eos_id: Option<u32>,
     pub eval: EvalSplit,
@@ -72,6 +74,7 @@ impl Options {
             chat: None,
             messages_field: None,
             chat_template: None,
+            turns: chat_template::Turns::All,
             eos_id: None,
             eval: EvalSplit::None,
             shard_tokens: DEFAULT_SHARD_TOKENS,
@@ -122,6 +125,7 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
                 &chat_template::tokenizer_dir(&encoder.path),
                 opts.chat_template.as_deref(),
             )?),
+            turns: opts.turns,
         },
         (None, None) => jsonl::Fields::Text(opts.text_field.clone()),
     };
