@@ -7,7 +7,7 @@ mod tokenizing;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use smelt::tokenize::chat_template::ChatTemplate;
+use smelt::tokenize::chat_template::{ChatTemplate, Turns};
 use smelt::tokenize::{Options, tokenize};
 use tokenizing::*;
 
@@ -55,6 +55,29 @@ const FAMILIES: [Family; 2] = [
         turn: |content| format!("{}<|eot_id|>", content.trim()),
     },
 ];
+
+/// The trained tokens of a token file, decoded run by run.
+fn trained_runs(
+    file: &smelt::data::tokfile::TokenFile,
+    tokenizer: &std::path::Path,
+) -> Vec<String> {
+    let decoder = tokenizers::Tokenizer::from_file(tokenizer.join("tokenizer.json")).unwrap();
+    let decode = |run: &[i32]| {
+        let run: Vec<u32> = run.iter().map(|&t| t as u32).collect();
+        decoder.decode(&run, false).unwrap()
+    };
+    let ids = tokens(file);
+    let mut runs: Vec<String> = Vec::new();
+    let mut run: Vec<i32> = Vec::new();
+    for (i, &id) in ids.iter().enumerate() {
+        if file.trained(i) {
+            run.push(id);
+        } else if !run.is_empty() {
+            runs.push(decode(&std::mem::take(&mut run)));
+        }
+    }
+    runs
+}
 
 #[test]
 fn templates_render_as_transformers_does() {
@@ -104,20 +127,7 @@ fn tokenize_trains_the_assistant_turns_only() {
         assert_eq!(ids, want, "{}", family.name);
 
         // The trained tokens, run by run, are each assistant message and the end of its turn.
-        let decoder = tokenizers::Tokenizer::from_file(tokenizer.join("tokenizer.json")).unwrap();
-        let decode = |run: &[i32]| {
-            let run: Vec<u32> = run.iter().map(|&t| t as u32).collect();
-            decoder.decode(&run, false).unwrap()
-        };
-        let mut runs: Vec<String> = Vec::new();
-        let mut run: Vec<i32> = Vec::new();
-        for (i, &id) in ids.iter().enumerate() {
-            if file.trained(i) {
-                run.push(id);
-            } else if !run.is_empty() {
-                runs.push(decode(&std::mem::take(&mut run)));
-            }
-        }
+        let runs = trained_runs(file, &tokenizer);
         let assistant: Vec<String> = cases
             .iter()
             .flat_map(|c| &c.messages)
@@ -128,6 +138,39 @@ fn tokenize_trains_the_assistant_turns_only() {
         let trained = (0..file.len()).filter(|&i| file.trained(i)).count();
         assert_eq!(summary.trained, Some(trained));
     }
+}
+
+/// `Turns::Last` (--last-turn-only) trains each conversation's last assistant message alone.
+#[test]
+fn the_last_turn_alone_is_trained_when_asked() {
+    let cases = cases("qwen2_5");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("chat.jsonl");
+    write_jsonl(
+        &input,
+        cases.iter().map(|c| json!({"messages": c.messages})),
+    );
+    let out = dir.path().join("out");
+    let mut opts = Options::new(qwen(), vec![input.display().to_string()], out.clone());
+    opts.messages_field = Some("messages".into());
+    opts.turns = Turns::Last;
+    tokenize(&opts).unwrap();
+    let file = &token_files(&out)[0];
+    let want: Vec<i32> = cases
+        .iter()
+        .flat_map(|c| c.ids.iter().copied().chain([151645]))
+        .collect();
+    assert_eq!(tokens(file), want);
+    let last: Vec<String> = cases
+        .iter()
+        .map(|c| {
+            format!(
+                "{}<|im_end|>\n",
+                c.messages.last().unwrap()["content"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(trained_runs(file, qwen().parent().unwrap()), last);
 }
 
 #[test]
