@@ -148,8 +148,14 @@ impl ChatTemplate {
         let mut done = String::new();
         let mut extend = |text: String, trained: bool, upto: usize| -> Result<()> {
             let Some(new) = text.strip_prefix(done.as_str()) else {
+                let hint = match turns {
+                    Turns::All => {
+                        "; --last-turn-only trains only the last assistant message, which such templates (Qwen3's drops earlier turns' reasoning) allow"
+                    }
+                    Turns::Last => "",
+                };
                 bail!(
-                    "{}: the template writes the first {upto} messages differently from the start of the conversation, so the assistant's text cannot be told apart; --last-turn-only trains only the last assistant message, which such templates (Qwen3's drops earlier turns' reasoning) allow",
+                    "{}: the template writes the first {upto} messages differently from the start of the conversation, so the assistant's text cannot be told apart{hint}",
                     self.source
                 );
             };
@@ -177,6 +183,8 @@ impl ChatTemplate {
                     extend(self.render(&messages[..=k], false)?, assistant, k + 1)?;
                 }
             }
+            // An empty conversation stays empty, as under `All`, and is left out.
+            Turns::Last if messages.is_empty() => {}
             Turns::Last => {
                 let n = messages.len();
                 if roles.last() != Some(&"assistant") {
