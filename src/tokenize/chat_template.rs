@@ -252,26 +252,20 @@ fn default_template(program: &Value, source: &str) -> Result<String> {
 /// non-ASCII characters as they are (`ensure_ascii=False`). Two differences: an object's keys
 /// come in sorted order (serde_json's maps keep no other), and `indent` is not taken.
 fn python_json(value: &minijinja::Value) -> serde_json::Result<String> {
+    use std::io::{Result, Write};
+    /// Items after the first of an array or object are set off by ", ".
+    fn separate<W: ?Sized + Write>(w: &mut W, first: bool) -> Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
     struct Python;
     impl serde_json::ser::Formatter for Python {
-        fn begin_array_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            if first { Ok(()) } else { w.write_all(b", ") }
+        fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> Result<()> {
+            separate(w, first)
         }
-        fn begin_object_key<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            if first { Ok(()) } else { w.write_all(b", ") }
+        fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> Result<()> {
+            separate(w, first)
         }
-        fn begin_object_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-        ) -> std::io::Result<()> {
+        fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> Result<()> {
             w.write_all(b": ")
         }
     }
@@ -303,6 +297,18 @@ mod tests {
         (dir, t)
     }
 
+    /// The trained pieces of a conversation, checked to make up its rendering with the rest.
+    fn trained(t: &ChatTemplate, messages: &[Value], turns: Turns) -> Vec<String> {
+        let pieces = t.pieces(messages, turns).unwrap();
+        let whole: String = pieces.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(whole, t.render(messages, false).unwrap());
+        pieces
+            .into_iter()
+            .filter(|p| p.trained)
+            .map(|p| p.text)
+            .collect()
+    }
+
     const SIMPLE: &str = "{{ bos_token }}{% for m in messages %}\n<{{ m.role }}>{{ m.content | trim }}</s>\n{% endfor %}\n    {% if add_generation_prompt %}<assistant>{% endif %}";
 
     #[test]
@@ -326,16 +332,11 @@ mod tests {
             json!({"role": "user", "content": "bye"}),
             json!({"role": "assistant", "content": "ciao"}),
         ];
-        let pieces = t.pieces(&messages, Turns::All).unwrap();
-        let whole: String = pieces.iter().map(|p| p.text.as_str()).collect();
-        assert_eq!(whole, t.render(&messages, false).unwrap());
-        let trained: Vec<&str> = pieces
-            .iter()
-            .filter(|p| p.trained)
-            .map(|p| p.text.as_str())
-            .collect();
         // The generation prompt's `<assistant>` is not the assistant's to learn.
-        assert_eq!(trained, ["hello</s>\n", "ciao</s>\n"]);
+        assert_eq!(
+            trained(&t, &messages, Turns::All),
+            ["hello</s>\n", "ciao</s>\n"]
+        );
     }
 
     #[test]
@@ -389,15 +390,7 @@ mod tests {
         ];
         let err = format!("{:#}", t.pieces(&messages, Turns::All).unwrap_err());
         assert!(err.contains("--last-turn-only"), "{err}");
-        let pieces = t.pieces(&messages, Turns::Last).unwrap();
-        let whole: String = pieces.iter().map(|p| p.text.as_str()).collect();
-        assert_eq!(whole, t.render(&messages, false).unwrap());
-        let trained: Vec<&str> = pieces
-            .iter()
-            .filter(|p| p.trained)
-            .map(|p| p.text.as_str())
-            .collect();
-        assert_eq!(trained, ["a2</s>"]);
+        assert_eq!(trained(&t, &messages, Turns::Last), ["a2</s>"]);
         messages.pop();
         let err = format!("{:#}", t.pieces(&messages, Turns::Last).unwrap_err());
         assert!(
