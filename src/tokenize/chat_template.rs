@@ -9,7 +9,7 @@
 //! template that renders a prefix of the conversation as a prefix of the whole.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use minijinja::value::Serde;
@@ -17,6 +17,7 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Value;
 
 use super::document::Piece;
+use super::jsonl::shown;
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -35,10 +36,10 @@ fn check_message(message: &Value, k: usize) -> Result<&str> {
         .ok_or_else(|| anyhow!("message {k} has no string \"role\""))?;
     match message.get("content") {
         None | Some(Value::Null) | Some(Value::String(_)) => Ok(role),
-        Some(other) => {
-            let shown: String = other.to_string().chars().take(40).collect();
-            bail!("message {k}'s content is not text but {shown}; only text messages are supported")
-        }
+        Some(other) => bail!(
+            "message {k}'s content is not text but {}; only text messages are supported",
+            shown(other)
+        ),
     }
 }
 
@@ -124,6 +125,11 @@ impl ChatTemplate {
         for (k, message) in messages.iter().enumerate() {
             check_message(message, k)?;
         }
+        self.render_checked(messages, add_generation_prompt)
+    }
+
+    /// `render` of messages already checked.
+    fn render_checked(&self, messages: &[Value], add_generation_prompt: bool) -> Result<String> {
         let mut context: BTreeMap<String, minijinja::Value> = self
             .tokens
             .iter()
@@ -178,9 +184,13 @@ impl ChatTemplate {
                 for (k, &role) in roles.iter().enumerate() {
                     let assistant = role == "assistant";
                     if assistant {
-                        extend(self.render(&messages[..k], true)?, false, k)?;
+                        extend(self.render_checked(&messages[..k], true)?, false, k)?;
                     }
-                    extend(self.render(&messages[..=k], false)?, assistant, k + 1)?;
+                    extend(
+                        self.render_checked(&messages[..=k], false)?,
+                        assistant,
+                        k + 1,
+                    )?;
                 }
             }
             // An empty conversation stays empty, as under `All`, and is left out.
@@ -192,13 +202,13 @@ impl ChatTemplate {
                         "the conversation does not end with an assistant message, which --last-turn-only trains"
                     );
                 }
-                extend(self.render(&messages[..n - 1], true)?, false, n - 1)?;
-                extend(self.render(messages, false)?, true, n)?;
+                extend(self.render_checked(&messages[..n - 1], true)?, false, n - 1)?;
+                extend(self.render_checked(messages, false)?, true, n)?;
             }
         }
         // A template that writes the generation prompt unasked would have its header
         // trained as the end of the last assistant message.
-        if !messages.is_empty() && self.render(messages, true)? == done {
+        if !messages.is_empty() && self.render_checked(messages, true)? == done {
             bail!(
                 "{}: the template writes the assistant's generation prompt even when not asked to (add_generation_prompt), so the end of an assistant message cannot be told from it; give a template that asks with --chat-template FILE",
                 self.source
@@ -273,14 +283,6 @@ fn python_json(value: &minijinja::Value) -> serde_json::Result<String> {
     let mut serializer = serde_json::Serializer::with_formatter(&mut out, Python);
     serde::Serialize::serialize(value, &mut serializer)?;
     Ok(String::from_utf8(out).expect("serde_json writes UTF-8"))
-}
-
-/// The directory of a tokenizer given as its tokenizer.json or as the directory.
-pub fn tokenizer_dir(path: &Path) -> PathBuf {
-    match path.is_dir() {
-        true => path.to_path_buf(),
-        false => path.parent().unwrap_or(Path::new(".")).to_path_buf(),
-    }
 }
 
 #[cfg(test)]

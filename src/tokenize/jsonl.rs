@@ -91,7 +91,7 @@ fn list_field<'a>(object: &'a Map<String, Value>, field: &str) -> Result<&'a [Va
 }
 
 /// The start of a value, to show in an error.
-fn shown(value: &Value) -> String {
+pub(super) fn shown(value: &Value) -> String {
     value.to_string().chars().take(40).collect()
 }
 

@@ -23,7 +23,7 @@ mod progress;
 pub mod summary;
 mod txt;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -122,7 +122,7 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
         (None, Some(field)) => jsonl::Fields::Messages {
             field: field.clone(),
             template: Box::new(chat_template::ChatTemplate::load(
-                &chat_template::tokenizer_dir(&encoder.path),
+                encoder.path.parent().unwrap_or(Path::new(".")),
                 opts.chat_template.as_deref(),
             )?),
             turns: opts.turns,
