@@ -7,16 +7,21 @@ mod tokenizing;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use smelt::tokenize::chat_template::{ChatTemplate, Turns};
+use smelt::tokenize::chat_template::{ChatTemplate, Conversation, Turns};
 use smelt::tokenize::{Options, tokenize};
 use tokenizing::*;
 
 #[derive(Deserialize)]
 struct Case {
     messages: Vec<Value>,
-    /// The whole conversation's text, and its ids (no special tokens added).
+    /// The tools the template lists, if any.
+    tools: Option<Vec<Value>>,
+    /// The whole conversation's text, and its ids (no special tokens added) with the
+    /// assistant's messages encoded apart from the text around them.
     text: String,
     ids: Vec<i32>,
+    /// Each assistant message as transformers renders it after the generation prompt.
+    trained: Vec<String>,
     /// The conversation up to its last message, with the generation prompt.
     prompt: String,
 }
@@ -36,7 +41,7 @@ fn cases(family: &str) -> Vec<Case> {
 
 /// A tokenizer of `.ci/fetch-assets` (its directory under .assets), the EOS its
 /// tokenizer_config.json names, and what its template writes for an assistant message after
-/// the generation prompt: what training must learn.
+/// the generation prompt: what training must learn, and what the fixtures' runs show.
 struct Family {
     name: &'static str,
     eos: i32,
@@ -84,8 +89,16 @@ fn templates_render_as_transformers_does() {
     for family in FAMILIES {
         let t = ChatTemplate::load(&asset(family.name), None).unwrap();
         for case in cases(family.name) {
-            assert_eq!(t.render(&case.messages, false).unwrap(), case.text);
-            let head = &case.messages[..case.messages.len() - 1];
+            let tools = case.tools.as_deref();
+            let whole = Conversation {
+                messages: &case.messages,
+                tools,
+            };
+            assert_eq!(t.render(whole, false).unwrap(), case.text);
+            let head = Conversation {
+                messages: &case.messages[..case.messages.len() - 1],
+                tools,
+            };
             assert_eq!(t.render(head, true).unwrap(), case.prompt);
         }
     }
@@ -102,7 +115,7 @@ fn tokenize_trains_the_assistant_turns_only() {
             cases
                 .iter()
                 .enumerate()
-                .map(|(k, c)| json!({"id": k, "messages": c.messages})),
+                .map(|(k, c)| json!({"id": k, "messages": c.messages, "tools": c.tools})),
         );
         let out = dir.path().join("out");
         let tokenizer = asset(family.name);
@@ -112,13 +125,17 @@ fn tokenize_trains_the_assistant_turns_only() {
             out.clone(),
         );
         opts.messages_field = Some("messages".into());
+        opts.tools_field = Some("tools".into());
         let summary = tokenize(&opts).unwrap();
 
         let files = token_files(&out);
         assert_eq!(files.len(), 1);
         let file = &files[0];
         assert!(file.header.has_mask);
-        // transformers' ids for each whole conversation, each followed by the EOS.
+        // transformers' ids for each conversation, each followed by the EOS. The pieces are
+        // encoded apart, so that a prompt's tokens are those the model gets when it is asked
+        // to reply; encoding the whole text would differ in one conversation, whose reply's
+        // leading newlines BPE merges with the one ending Qwen2.5's generation prompt.
         let ids = tokens(file);
         let want: Vec<i32> = cases
             .iter()
@@ -126,15 +143,12 @@ fn tokenize_trains_the_assistant_turns_only() {
             .collect();
         assert_eq!(ids, want, "{}", family.name);
 
-        // The trained tokens, run by run, are each assistant message and the end of its turn.
+        // The trained tokens, run by run, are each assistant message and the end of its turn,
+        // as `turn` spells it for the first conversation.
         let runs = trained_runs(file, &tokenizer);
-        let assistant: Vec<String> = cases
-            .iter()
-            .flat_map(|c| &c.messages)
-            .filter(|m| m["role"] == "assistant")
-            .map(|m| (family.turn)(m["content"].as_str().unwrap()))
-            .collect();
-        assert_eq!(runs, assistant, "{}", family.name);
+        assert_eq!(runs[0], (family.turn)("Paris."), "{}", family.name);
+        let want: Vec<&String> = cases.iter().flat_map(|c| &c.trained).collect();
+        assert_eq!(runs.iter().collect::<Vec<_>>(), want, "{}", family.name);
         let trained = (0..file.len()).filter(|&i| file.trained(i)).count();
         assert_eq!(summary.trained, Some(trained));
     }
@@ -148,11 +162,14 @@ fn the_last_turn_alone_is_trained_when_asked() {
     let input = dir.path().join("chat.jsonl");
     write_jsonl(
         &input,
-        cases.iter().map(|c| json!({"messages": c.messages})),
+        cases
+            .iter()
+            .map(|c| json!({"messages": c.messages, "tools": c.tools})),
     );
     let out = dir.path().join("out");
     let mut opts = Options::new(qwen(), vec![input.display().to_string()], out.clone());
     opts.messages_field = Some("messages".into());
+    opts.tools_field = Some("tools".into());
     opts.turns = Turns::Last;
     tokenize(&opts).unwrap();
     let file = &token_files(&out)[0];
@@ -161,16 +178,9 @@ fn the_last_turn_alone_is_trained_when_asked() {
         .flat_map(|c| c.ids.iter().copied().chain([151645]))
         .collect();
     assert_eq!(tokens(file), want);
-    let last: Vec<String> = cases
-        .iter()
-        .map(|c| {
-            format!(
-                "{}<|im_end|>\n",
-                c.messages.last().unwrap()["content"].as_str().unwrap()
-            )
-        })
-        .collect();
-    assert_eq!(trained_runs(file, qwen().parent().unwrap()), last);
+    let last: Vec<&String> = cases.iter().map(|c| c.trained.last().unwrap()).collect();
+    let runs = trained_runs(file, qwen().parent().unwrap());
+    assert_eq!(runs.iter().collect::<Vec<_>>(), last);
 }
 
 #[test]
@@ -207,9 +217,10 @@ fn a_tokenizer_without_a_template_is_refused_before_anything_is_written() {
         &input,
         cases("qwen2_5")
             .iter()
-            .map(|c| json!({"messages": c.messages})),
+            .map(|c| json!({"messages": c.messages, "tools": c.tools})),
     );
     opts.chat_template = Some(program);
+    opts.tools_field = Some("tools".into());
     tokenize(&opts).unwrap();
     let want: Vec<i32> = cases("qwen2_5")
         .iter()

@@ -131,6 +131,21 @@ fn a_json_line_without_the_field_is_named_and_nothing_is_left() {
     write_jsonl(&chat, [json!({"messages": [{"content": "hi"}]})]);
     let want = format!("{}:1: message 0 has no string \"role\"", chat.display());
     refused(&[&chat], &qwen(), &out, &flags, &want);
+    // Tools that are no list: a line without them, or with null, has none.
+    let tool_flags = ["--messages-field", "messages", "--tools-field", "tools"];
+    write_jsonl(
+        &chat,
+        [
+            json!({"messages": turns}),
+            json!({"messages": turns, "tools": null}),
+            json!({"messages": turns, "tools": {"name": "f"}}),
+        ],
+    );
+    let want = format!(
+        "{}:3: field \"tools\" is not a list of tools but {{\"name\":\"f\"}}; choose the field with --tools-field",
+        chat.display()
+    );
+    refused(&[&chat], &qwen(), &out, &tool_flags, &want);
     let want = format!(
         "{}: --messages-field applies to .jsonl inputs only",
         text.display()

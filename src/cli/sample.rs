@@ -14,7 +14,7 @@ use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
 use crate::model::ModelConfig;
 use crate::tensor::DType;
-use crate::tokenize::chat_template::ChatTemplate;
+use crate::tokenize::chat_template::{ChatTemplate, Conversation};
 use crate::train::checkpoint;
 use crate::train::demo;
 use crate::train::sample::{Generator, SampleOptions, Sampling};
@@ -210,7 +210,7 @@ impl SampleArgs {
                     messages.push(json!({"role": "system", "content": system}));
                 }
                 messages.push(json!({"role": "user", "content": text}));
-                codec.encode(&template.render(&messages, true)?, false)?
+                codec.encode(&template.render(Conversation::new(&messages), true)?, false)?
             }
             (None, Some(text)) => codec.encode(text, true)?,
             (None, None) => unreachable!("clap requires --prompt or --tokens"),

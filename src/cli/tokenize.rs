@@ -48,6 +48,11 @@ pub struct TokenizeArgs {
     /// chat_template of tokenizer_config.json beside the tokenizer
     #[arg(long, value_name = "FILE", requires = "messages_field")]
     chat_template: Option<PathBuf>,
+    /// With --messages-field: the field holding each conversation's tools (a list of JSON
+    /// schemas, as transformers' `tools`), which the template lists for the model; a line
+    /// without it has none
+    #[arg(long, value_name = "FIELD", requires = "messages_field")]
+    tools_field: Option<String>,
     /// With --messages-field: train only each conversation's last assistant message, for
     /// templates that write earlier turns differently once later ones follow (Qwen3's drops
     /// their reasoning)
@@ -79,6 +84,7 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     opts.chat = args.prompt_field.zip(args.response_field);
     opts.messages_field = args.messages_field;
     opts.chat_template = args.chat_template;
+    opts.tools_field = args.tools_field;
     opts.turns = match args.last_turn_only {
         true => Turns::Last,
         false => Turns::All,

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
-use minijinja::value::Serde;
+use minijinja::value::{Kwargs, Serde};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Value;
 
@@ -26,6 +26,31 @@ pub struct ChatTemplate {
     /// The special tokens a template may name (`bos_token`, `eos_token`, ...), as the
     /// tokenizer's configuration spells them.
     tokens: BTreeMap<String, String>,
+}
+
+/// What a template renders: the messages, and the tools (functions' JSON schemas) that
+/// templates list for the model, as transformers' `tools` argument gives them.
+#[derive(Clone, Copy)]
+pub struct Conversation<'a> {
+    pub messages: &'a [Value],
+    pub tools: Option<&'a [Value]>,
+}
+
+impl<'a> Conversation<'a> {
+    pub fn new(messages: &'a [Value]) -> Conversation<'a> {
+        Conversation {
+            messages,
+            tools: None,
+        }
+    }
+
+    /// The first `n` messages, with the same tools.
+    fn first(self, n: usize) -> Conversation<'a> {
+        Conversation {
+            messages: &self.messages[..n],
+            ..self
+        }
+    }
 }
 
 /// Messages must name a role, and carry text or nothing (an assistant's tool calls).
@@ -105,8 +130,10 @@ impl ChatTemplate {
         );
         env.add_filter(
             "tojson",
-            |value: minijinja::Value| -> Result<String, Error> {
-                python_json(&value)
+            |value: minijinja::Value, kwargs: Kwargs| -> Result<String, Error> {
+                let indent: Option<usize> = kwargs.get("indent")?;
+                kwargs.assert_all_used()?;
+                python_json(&value, indent)
                     .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))
             },
         );
@@ -121,21 +148,24 @@ impl ChatTemplate {
 
     /// The conversation's text; with `add_generation_prompt`, followed by what starts the
     /// assistant's reply.
-    pub fn render(&self, messages: &[Value], add_generation_prompt: bool) -> Result<String> {
-        for (k, message) in messages.iter().enumerate() {
+    pub fn render(&self, c: Conversation, add_generation_prompt: bool) -> Result<String> {
+        for (k, message) in c.messages.iter().enumerate() {
             check_message(message, k)?;
         }
-        self.render_checked(messages, add_generation_prompt)
+        self.render_checked(c, add_generation_prompt)
     }
 
     /// `render` of messages already checked.
-    fn render_checked(&self, messages: &[Value], add_generation_prompt: bool) -> Result<String> {
+    fn render_checked(&self, c: Conversation, add_generation_prompt: bool) -> Result<String> {
         let mut context: BTreeMap<String, minijinja::Value> = self
             .tokens
             .iter()
             .map(|(k, v)| (k.clone(), minijinja::Value::from(v.as_str())))
             .collect();
-        context.insert("messages".into(), minijinja::Value::from(Serde(messages)));
+        context.insert("messages".into(), minijinja::Value::from(Serde(c.messages)));
+        if let Some(tools) = c.tools {
+            context.insert("tools".into(), minijinja::Value::from(Serde(tools)));
+        }
         context.insert(
             "add_generation_prompt".into(),
             minijinja::Value::from(add_generation_prompt),
@@ -149,7 +179,7 @@ impl ChatTemplate {
     /// The conversation in pieces, in order: the assistant's messages that `turns` trains,
     /// each as the template writes it after its generation prompt, trained; everything
     /// else not.
-    pub fn pieces(&self, messages: &[Value], turns: Turns) -> Result<Vec<Piece>> {
+    pub fn pieces(&self, c: Conversation, turns: Turns) -> Result<Vec<Piece>> {
         let mut pieces = Vec::new();
         let mut done = String::new();
         let mut extend = |text: String, trained: bool, upto: usize| -> Result<()> {
@@ -174,7 +204,8 @@ impl ChatTemplate {
             done = text;
             Ok(())
         };
-        let roles: Vec<&str> = messages
+        let roles: Vec<&str> = c
+            .messages
             .iter()
             .enumerate()
             .map(|(k, m)| check_message(m, k))
@@ -184,31 +215,31 @@ impl ChatTemplate {
                 for (k, &role) in roles.iter().enumerate() {
                     let assistant = role == "assistant";
                     if assistant {
-                        extend(self.render_checked(&messages[..k], true)?, false, k)?;
+                        extend(self.render_checked(c.first(k), true)?, false, k)?;
                     }
                     extend(
-                        self.render_checked(&messages[..=k], false)?,
+                        self.render_checked(c.first(k + 1), false)?,
                         assistant,
                         k + 1,
                     )?;
                 }
             }
             // An empty conversation stays empty, as under `All`, and is left out.
-            Turns::Last if messages.is_empty() => {}
+            Turns::Last if c.messages.is_empty() => {}
             Turns::Last => {
-                let n = messages.len();
+                let n = c.messages.len();
                 if roles.last() != Some(&"assistant") {
                     bail!(
                         "the conversation does not end with an assistant message, which --last-turn-only trains"
                     );
                 }
-                extend(self.render_checked(&messages[..n - 1], true)?, false, n - 1)?;
-                extend(self.render_checked(messages, false)?, true, n)?;
+                extend(self.render_checked(c.first(n - 1), true)?, false, n - 1)?;
+                extend(self.render_checked(c, false)?, true, n)?;
             }
         }
         // A template that writes the generation prompt unasked would have its header
         // trained as the end of the last assistant message.
-        if !messages.is_empty() && self.render_checked(messages, true)? == done {
+        if !c.messages.is_empty() && self.render_checked(c, true)? == done {
             bail!(
                 "{}: the template writes the assistant's generation prompt even when not asked to (add_generation_prompt), so the end of an assistant message cannot be told from it; give a template that asks with --chat-template FILE",
                 self.source
@@ -258,10 +289,10 @@ fn default_template(program: &Value, source: &str) -> Result<String> {
     }
 }
 
-/// `json.dumps(value)` as transformers' `tojson` writes it: ", " and ": " between items, and
-/// non-ASCII characters as they are (`ensure_ascii=False`). Two differences: an object's keys
-/// come in sorted order (serde_json's maps keep no other), and `indent` is not taken.
-fn python_json(value: &minijinja::Value) -> serde_json::Result<String> {
+/// `json.dumps(value, indent=indent)` as transformers' `tojson` writes it: on one line with
+/// ", " and ": " between items, or indented with "," and ": "; non-ASCII characters as they
+/// are (`ensure_ascii=False`), and an object's keys in the order the message gave them.
+fn python_json(value: &minijinja::Value, indent: Option<usize>) -> serde_json::Result<String> {
     use std::io::{Result, Write};
     /// Items after the first of an array or object are set off by ", ".
     fn separate<W: ?Sized + Write>(w: &mut W, first: bool) -> Result<()> {
@@ -280,8 +311,21 @@ fn python_json(value: &minijinja::Value) -> serde_json::Result<String> {
         }
     }
     let mut out = Vec::new();
-    let mut serializer = serde_json::Serializer::with_formatter(&mut out, Python);
-    serde::Serialize::serialize(value, &mut serializer)?;
+    match indent {
+        None => serde::Serialize::serialize(
+            value,
+            &mut serde_json::Serializer::with_formatter(&mut out, Python),
+        )?,
+        // serde_json's pretty printer writes what Python's indent does.
+        Some(n) => {
+            let spaces = vec![b' '; n];
+            let pretty = serde_json::ser::PrettyFormatter::with_indent(&spaces);
+            serde::Serialize::serialize(
+                value,
+                &mut serde_json::Serializer::with_formatter(&mut out, pretty),
+            )?
+        }
+    }
     Ok(String::from_utf8(out).expect("serde_json writes UTF-8"))
 }
 
@@ -301,9 +345,9 @@ mod tests {
 
     /// The trained pieces of a conversation, checked to make up its rendering with the rest.
     fn trained(t: &ChatTemplate, messages: &[Value], turns: Turns) -> Vec<String> {
-        let pieces = t.pieces(messages, turns).unwrap();
+        let pieces = t.pieces(Conversation::new(messages), turns).unwrap();
         let whole: String = pieces.iter().map(|p| p.text.as_str()).collect();
-        assert_eq!(whole, t.render(messages, false).unwrap());
+        assert_eq!(whole, t.render(Conversation::new(messages), false).unwrap());
         pieces
             .into_iter()
             .filter(|p| p.trained)
@@ -317,9 +361,12 @@ mod tests {
     fn renders_with_trimmed_blocks_and_the_special_tokens() {
         let (_dir, t) = template(SIMPLE, json!({"bos_token": {"content": "<s>"}}));
         let messages = [json!({"role": "user", "content": " hi "})];
-        assert_eq!(t.render(&messages, false).unwrap(), "<s><user>hi</s>\n");
         assert_eq!(
-            t.render(&messages, true).unwrap(),
+            t.render(Conversation::new(&messages), false).unwrap(),
+            "<s><user>hi</s>\n"
+        );
+        assert_eq!(
+            t.render(Conversation::new(&messages), true).unwrap(),
             "<s><user>hi</s>\n<assistant>"
         );
     }
@@ -343,15 +390,29 @@ mod tests {
 
     #[test]
     fn python_methods_json_and_raised_errors() {
-        let program = "{% if messages[0].content.startswith('x') %}{{ raise_exception('no x, please') }}{% endif %}{{ messages[0] | tojson }}";
+        let program = "{% if messages[0].content.startswith('x') %}{{ raise_exception('no x, please') }}{% endif %}{{ messages[0] | tojson }}\n{{ tools | tojson(indent=2) }}";
         let (_dir, t) = template(program, json!({}));
         let ok = [json!({"role": "user", "content": "é\""})];
-        assert_eq!(
-            t.render(&ok, false).unwrap(),
-            r#"{"content": "é\"", "role": "user"}"#
-        );
+        let tools = [json!({"b": 1, "a": [], "c": {}})];
+        let c = Conversation {
+            messages: &ok,
+            tools: Some(&tools),
+        };
+        // Python's json.dumps, keys in the order given.
+        let want = r#"{"role": "user", "content": "é\""}
+[
+  {
+    "b": 1,
+    "a": [],
+    "c": {}
+  }
+]"#;
+        assert_eq!(t.render(c, false).unwrap(), want);
         let bad = [json!({"role": "user", "content": "xyz"})];
-        let err = format!("{:#}", t.render(&bad, false).unwrap_err());
+        let err = format!(
+            "{:#}",
+            t.render(Conversation::new(&bad), false).unwrap_err()
+        );
         assert!(err.contains("no x, please"), "{err}");
     }
 
@@ -362,7 +423,11 @@ mod tests {
             json!({"role": "user", "content": "a"}),
             json!({"role": "assistant", "content": "b"}),
         ];
-        format!("{:#}", t.pieces(&messages, Turns::All).unwrap_err())
+        format!(
+            "{:#}",
+            t.pieces(Conversation::new(&messages), Turns::All)
+                .unwrap_err()
+        )
     }
 
     #[test]
@@ -390,11 +455,19 @@ mod tests {
             json!({"role": "user", "content": "u2"}),
             json!({"role": "assistant", "content": "a2"}),
         ];
-        let err = format!("{:#}", t.pieces(&messages, Turns::All).unwrap_err());
+        let err = format!(
+            "{:#}",
+            t.pieces(Conversation::new(&messages), Turns::All)
+                .unwrap_err()
+        );
         assert!(err.contains("--last-turn-only"), "{err}");
         assert_eq!(trained(&t, &messages, Turns::Last), ["a2</s>"]);
         messages.pop();
-        let err = format!("{:#}", t.pieces(&messages, Turns::Last).unwrap_err());
+        let err = format!(
+            "{:#}",
+            t.pieces(Conversation::new(&messages), Turns::Last)
+                .unwrap_err()
+        );
         assert!(
             err.contains("does not end with an assistant message"),
             "{err}"
@@ -413,11 +486,15 @@ mod tests {
         let (_dir, t) = template(SIMPLE, json!({}));
         let err = format!(
             "{:#}",
-            t.render(&[json!({"content": "x"})], false).unwrap_err()
+            t.render(Conversation::new(&[json!({"content": "x"})]), false)
+                .unwrap_err()
         );
         assert!(err.contains("no string \"role\""), "{err}");
         let parts = json!({"role": "user", "content": [{"type": "text", "text": "x"}]});
-        let err = format!("{:#}", t.render(&[parts], false).unwrap_err());
+        let err = format!(
+            "{:#}",
+            t.render(Conversation::new(&[parts]), false).unwrap_err()
+        );
         assert!(err.contains("only text messages"), "{err}");
     }
 }

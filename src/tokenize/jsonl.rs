@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value};
 
-use super::chat_template::{ChatTemplate, Turns};
+use super::chat_template::{ChatTemplate, Conversation, Turns};
 use super::document::{Document, Sink};
 
 /// Which fields hold a document.
@@ -20,9 +20,11 @@ pub enum Fields {
         response: String,
     },
     /// A list of messages (`{"role": ..., "content": ...}`), rendered and cut into trained
-    /// and untrained pieces by the tokenizer's chat template.
+    /// and untrained pieces by the tokenizer's chat template; with the list of tools in
+    /// `tools`, where a line has one.
     Messages {
         field: String,
+        tools: Option<String>,
         template: Box<ChatTemplate>,
         turns: Turns,
     },
@@ -64,13 +66,26 @@ pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
             ),
             Fields::Messages {
                 field,
+                tools,
                 template,
                 turns,
             } => {
-                let messages = list_field(&object, field).map_err(|why| {
-                    anyhow::anyhow!("{}: {why}; choose the field with --messages-field", at())
-                })?;
-                let pieces = template.pieces(messages, *turns).with_context(at)?;
+                let list = |field: &str, what: &str, flag: &str| {
+                    list_field(&object, field, what).map_err(|why| {
+                        anyhow::anyhow!("{}: {why}; choose the field with {flag}", at())
+                    })
+                };
+                let conversation = Conversation {
+                    messages: list(field, "messages", "--messages-field")?,
+                    // A line without tools is a conversation without them.
+                    tools: match tools {
+                        Some(f) if object.get(f).is_some_and(|v| !v.is_null()) => {
+                            Some(list(f, "tools", "--tools-field")?)
+                        }
+                        _ => None,
+                    },
+                };
+                let pieces = template.pieces(conversation, *turns).with_context(at)?;
                 Document::conversation(pieces)
             }
         };
@@ -78,12 +93,16 @@ pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
     }
 }
 
-/// The list in `field`, or what the line has instead.
-fn list_field<'a>(object: &'a Map<String, Value>, field: &str) -> Result<&'a [Value], String> {
+/// The list (of `what`) in `field`, or what the line has instead.
+fn list_field<'a>(
+    object: &'a Map<String, Value>,
+    field: &str,
+    what: &str,
+) -> Result<&'a [Value], String> {
     match object.get(field) {
         Some(Value::Array(list)) => Ok(list),
         Some(other) => Err(format!(
-            "field {field:?} is not a list of messages but {}",
+            "field {field:?} is not a list of {what} but {}",
             shown(other)
         )),
         None => Err(missing(object, field)),

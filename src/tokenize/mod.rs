@@ -53,6 +53,9 @@ pub struct Options {
     pub messages_field: Option<String>,
     /// A Jinja file to render conversations with, instead of the tokenizer's chat_template.
     pub chat_template: Option<PathBuf>,
+    /// With `messages_field`: the JSONL field holding each conversation's tools, which the
+    /// template lists for the model.
+    pub tools_field: Option<String>,
     /// Which of a conversation's assistant messages are trained.
     pub turns: chat_template::Turns,
     /// The EOS id; without it, the one the tokenizer's configuration names.
@@ -74,6 +77,7 @@ impl Options {
             chat: None,
             messages_field: None,
             chat_template: None,
+            tools_field: None,
             turns: chat_template::Turns::All,
             eos_id: None,
             eval: EvalSplit::None,
@@ -121,6 +125,7 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
         },
         (None, Some(field)) => jsonl::Fields::Messages {
             field: field.clone(),
+            tools: opts.tools_field.clone(),
             template: Box::new(chat_template::ChatTemplate::load(
                 encoder.path.parent().unwrap_or(Path::new(".")),
                 opts.chat_template.as_deref(),
