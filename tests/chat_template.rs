@@ -6,7 +6,7 @@
 mod tokenizing;
 
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use smelt::tokenize::chat_template::{ChatTemplate, Conversation, Turns};
 use smelt::tokenize::{Options, tokenize};
 use tokenizing::*;
@@ -26,17 +26,27 @@ struct Case {
     prompt: String,
 }
 
-fn cases(family: &str) -> Vec<Case> {
-    #[derive(Deserialize)]
-    struct Fixture {
-        cases: Vec<Case>,
-    }
+#[derive(Deserialize)]
+struct Fixture {
+    /// What the template was given besides the conversation (`--chat-template-kwargs`).
+    kwargs: Map<String, Value>,
+    cases: Vec<Case>,
+}
+
+fn fixture(family: &str) -> Fixture {
     let path = format!(
         "{}/tests/fixtures/chat/{family}.json",
         env!("CARGO_MANIFEST_DIR")
     );
     let text = std::fs::read_to_string(path).unwrap();
-    serde_json::from_str::<Fixture>(&text).unwrap().cases
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Qwen2.5's conversations, whose template takes no keyword arguments.
+fn qwen_cases() -> Vec<Case> {
+    let fixture = fixture("qwen2_5");
+    assert!(fixture.kwargs.is_empty());
+    fixture.cases
 }
 
 /// A tokenizer of `.ci/fetch-assets` (its directory under .assets), the EOS its
@@ -87,8 +97,11 @@ fn trained_runs(
 #[test]
 fn templates_render_as_transformers_does() {
     for family in FAMILIES {
-        let t = ChatTemplate::load(&asset(family.name), None).unwrap();
-        for case in cases(family.name) {
+        let fixture = fixture(family.name);
+        let t = ChatTemplate::load(&asset(family.name), None)
+            .unwrap()
+            .with_kwargs(&fixture.kwargs);
+        for case in fixture.cases {
             let tools = case.tools.as_deref();
             let whole = Conversation {
                 messages: &case.messages,
@@ -107,7 +120,7 @@ fn templates_render_as_transformers_does() {
 #[test]
 fn tokenize_trains_the_assistant_turns_only() {
     for family in FAMILIES {
-        let cases = cases(family.name);
+        let Fixture { kwargs, cases } = fixture(family.name);
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("chat.jsonl");
         write_jsonl(
@@ -126,6 +139,7 @@ fn tokenize_trains_the_assistant_turns_only() {
         );
         opts.messages_field = Some("messages".into());
         opts.tools_field = Some("tools".into());
+        opts.chat_template_kwargs = kwargs;
         let summary = tokenize(&opts).unwrap();
 
         let files = token_files(&out);
@@ -157,7 +171,7 @@ fn tokenize_trains_the_assistant_turns_only() {
 /// `Turns::Last` (--last-turn-only) trains each conversation's last assistant message alone.
 #[test]
 fn the_last_turn_alone_is_trained_when_asked() {
-    let cases = cases("qwen2_5");
+    let cases = qwen_cases();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("chat.jsonl");
     write_jsonl(
@@ -215,14 +229,14 @@ fn a_tokenizer_without_a_template_is_refused_before_anything_is_written() {
     std::fs::write(&program, config["chat_template"].as_str().unwrap()).unwrap();
     write_jsonl(
         &input,
-        cases("qwen2_5")
+        qwen_cases()
             .iter()
             .map(|c| json!({"messages": c.messages, "tools": c.tools})),
     );
     opts.chat_template = Some(program);
     opts.tools_field = Some("tools".into());
     tokenize(&opts).unwrap();
-    let want: Vec<i32> = cases("qwen2_5")
+    let want: Vec<i32> = qwen_cases()
         .iter()
         .flat_map(|c| c.ids.iter().copied().chain([151645]))
         .collect();

@@ -193,4 +193,10 @@ fn chat_renders_the_prompt_with_the_template_and_prints_the_reply() {
     std::fs::write(&file, "{{ messages[0].content }} w9").unwrap();
     let reply = greedy(&["--prompt", "world", "--chat", "--chat-template", s(&file)]);
     assert_eq!(format!("world w9{reply}"), greedy(&["--tokens", "7,9"]));
+    // Keyword arguments reach the template.
+    std::fs::write(&file, "{{ messages[0].content }} {{ word }}").unwrap();
+    let kwargs = ["--chat-template-kwargs", r#"{"word": "w9"}"#];
+    let chat = ["--prompt", "world", "--chat", "--chat-template", s(&file)];
+    let reply = greedy(&[&chat[..], &kwargs].concat());
+    assert_eq!(format!("world w9{reply}"), greedy(&["--tokens", "7,9"]));
 }

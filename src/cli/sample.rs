@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use super::precision::dtype;
 use super::text_stream::TextStream;
@@ -14,7 +14,7 @@ use crate::backend::select::{Device, DeviceChoice, select};
 use crate::io::hf;
 use crate::model::ModelConfig;
 use crate::tensor::DType;
-use crate::tokenize::chat_template::{ChatTemplate, Conversation};
+use crate::tokenize::chat_template::{ChatTemplate, Conversation, parse_kwargs};
 use crate::train::checkpoint;
 use crate::train::demo;
 use crate::train::sample::{Generator, SampleOptions, Sampling};
@@ -48,6 +48,17 @@ pub struct SampleArgs {
     /// of the tokenizer_config.json beside the model's tokenizer.
     #[arg(long, value_name = "FILE", requires = "chat")]
     chat_template: Option<PathBuf>,
+    /// With --chat: variables for the template, as a JSON object, as transformers'
+    /// apply_chat_template takes them, e.g. '{"enable_thinking": false}'.
+    #[arg(
+        long,
+        value_name = "JSON",
+        requires = "chat",
+        value_parser = parse_kwargs,
+        default_value = "{}",
+        hide_default_value = true
+    )]
+    chat_template_kwargs: Map<String, Value>,
     /// The prompt as comma-separated token ids, e.g. 9707,1879.
     #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
     tokens: Option<Vec<i32>>,
@@ -204,7 +215,8 @@ impl SampleArgs {
                         "--chat needs the model's tokenizer.json and the chat template beside it, and there is none"
                     );
                 };
-                let template = ChatTemplate::load(dir, self.chat_template.as_deref())?;
+                let template = ChatTemplate::load(dir, self.chat_template.as_deref())?
+                    .with_kwargs(&self.chat_template_kwargs);
                 let mut messages = Vec::new();
                 if let Some(system) = &self.system {
                     messages.push(json!({"role": "system", "content": system}));

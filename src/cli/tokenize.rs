@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use clap::Args;
+use serde_json::{Map, Value};
 
-use crate::tokenize::chat_template::Turns;
+use crate::tokenize::chat_template::{Turns, parse_kwargs};
 use crate::tokenize::{DEFAULT_SHARD_TOKENS, EvalSplit, Options, tokenize};
 
 #[derive(Args)]
@@ -48,6 +49,17 @@ pub struct TokenizeArgs {
     /// chat_template of tokenizer_config.json beside the tokenizer
     #[arg(long, value_name = "FILE", requires = "messages_field")]
     chat_template: Option<PathBuf>,
+    /// With --messages-field: variables for the template, as a JSON object, as
+    /// transformers' apply_chat_template takes them, e.g. '{"enable_thinking": false}'
+    #[arg(
+        long,
+        value_name = "JSON",
+        requires = "messages_field",
+        value_parser = parse_kwargs,
+        default_value = "{}",
+        hide_default_value = true
+    )]
+    chat_template_kwargs: Map<String, Value>,
     /// With --messages-field: the field holding each conversation's tools (a list of JSON
     /// schemas, as transformers' `tools`), which the template lists for the model; a line
     /// without it has none
@@ -85,6 +97,7 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     opts.messages_field = args.messages_field;
     opts.chat_template = args.chat_template;
     opts.tools_field = args.tools_field;
+    opts.chat_template_kwargs = args.chat_template_kwargs;
     opts.turns = match args.last_turn_only {
         true => Turns::Last,
         false => Turns::All,

@@ -14,7 +14,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow, bail};
 use minijinja::value::{Kwargs, Serde};
 use minijinja::{Environment, Error, ErrorKind};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::document::Piece;
 use super::jsonl::shown;
@@ -23,9 +23,31 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// Where the template came from, for errors.
     source: String,
-    /// The special tokens a template may name (`bos_token`, `eos_token`, ...), as the
-    /// tokenizer's configuration spells them.
-    tokens: BTreeMap<String, String>,
+    /// What the template may name besides the conversation: the special tokens
+    /// (`bos_token`, `eos_token`, ...) as the tokenizer's configuration spells them, and the
+    /// keyword arguments given (`--chat-template-kwargs`), which override them.
+    variables: BTreeMap<String, minijinja::Value>,
+}
+
+/// Names the conversation itself takes in a template's context.
+const CONVERSATION: [&str; 3] = ["messages", "tools", "add_generation_prompt"];
+
+/// `--chat-template-kwargs`: a JSON object of variables for the template, as transformers'
+/// `apply_chat_template(**kwargs)` passes them (Qwen3's `enable_thinking`, Llama 3's
+/// `date_string`).
+pub fn parse_kwargs(text: &str) -> Result<Map<String, Value>, String> {
+    let kwargs = match serde_json::from_str(text) {
+        Ok(Value::Object(kwargs)) => kwargs,
+        _ => {
+            return Err(format!(
+                "not a JSON object: {text}; e.g. '{{\"enable_thinking\": false}}'"
+            ));
+        }
+    };
+    match kwargs.keys().find(|k| CONVERSATION.contains(&k.as_str())) {
+        Some(k) => Err(format!("{k:?} is the conversation's own; leave it out")),
+        None => Ok(kwargs),
+    }
 }
 
 /// What a template renders: the messages, and the tools (functions' JSON schemas) that
@@ -100,7 +122,7 @@ impl ChatTemplate {
                 (default_template(program, &source)?, source)
             }
         };
-        let mut tokens = BTreeMap::new();
+        let mut variables = BTreeMap::new();
         for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
             let token = match config.as_ref().and_then(|c| c.get(key)) {
                 Some(Value::String(s)) => s.clone(),
@@ -110,7 +132,7 @@ impl ChatTemplate {
                 },
                 _ => continue,
             };
-            tokens.insert(key.to_string(), token);
+            variables.insert(key.to_string(), minijinja::Value::from(token));
         }
         let mut env = Environment::new();
         env.set_syntax(
@@ -142,8 +164,15 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             env,
             source,
-            tokens,
+            variables,
         })
+    }
+
+    /// The template with `kwargs` (`parse_kwargs`) among its variables.
+    pub fn with_kwargs(mut self, kwargs: &Map<String, Value>) -> ChatTemplate {
+        let values = kwargs.iter().map(|(k, v)| (k.clone(), Serde(v).into()));
+        self.variables.extend(values);
+        self
     }
 
     /// The conversation's text; with `add_generation_prompt`, followed by what starts the
@@ -157,11 +186,7 @@ impl ChatTemplate {
 
     /// `render` of messages already checked.
     fn render_checked(&self, c: Conversation, add_generation_prompt: bool) -> Result<String> {
-        let mut context: BTreeMap<String, minijinja::Value> = self
-            .tokens
-            .iter()
-            .map(|(k, v)| (k.clone(), minijinja::Value::from(v.as_str())))
-            .collect();
+        let mut context = self.variables.clone();
         context.insert("messages".into(), minijinja::Value::from(Serde(c.messages)));
         if let Some(tools) = c.tools {
             context.insert("tools".into(), minijinja::Value::from(Serde(tools)));
@@ -414,6 +439,29 @@ mod tests {
             t.render(Conversation::new(&bad), false).unwrap_err()
         );
         assert!(err.contains("no x, please"), "{err}");
+    }
+
+    #[test]
+    fn keyword_arguments_are_an_object_without_the_conversation() {
+        let (_dir, t) = template(
+            "{{ bos_token }}{{ shout | upper }}",
+            json!({"bos_token": "<s>"}),
+        );
+        let kwargs = parse_kwargs(r#"{"shout": "hi", "bos_token": "<b>"}"#).unwrap();
+        // As in transformers, they override the special tokens.
+        assert_eq!(
+            t.with_kwargs(&kwargs)
+                .render(Conversation::new(&[]), false)
+                .unwrap(),
+            "<b>HI"
+        );
+        assert!(
+            parse_kwargs("[1]")
+                .unwrap_err()
+                .contains("not a JSON object")
+        );
+        let err = parse_kwargs(r#"{"tools": []}"#).unwrap_err();
+        assert!(err.contains("\"tools\" is the conversation's own"), "{err}");
     }
 
     /// What `pieces` says of a user's message and the assistant's reply under `program`.

@@ -53,6 +53,8 @@ pub struct Options {
     pub messages_field: Option<String>,
     /// A Jinja file to render conversations with, instead of the tokenizer's chat_template.
     pub chat_template: Option<PathBuf>,
+    /// Variables for the template (`chat_template::parse_kwargs`).
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// With `messages_field`: the JSONL field holding each conversation's tools, which the
     /// template lists for the model.
     pub tools_field: Option<String>,
@@ -77,6 +79,7 @@ impl Options {
             chat: None,
             messages_field: None,
             chat_template: None,
+            chat_template_kwargs: Default::default(),
             tools_field: None,
             turns: chat_template::Turns::All,
             eos_id: None,
@@ -126,10 +129,13 @@ pub fn tokenize(opts: &Options) -> Result<Summary> {
         (None, Some(field)) => jsonl::Fields::Messages {
             field: field.clone(),
             tools: opts.tools_field.clone(),
-            template: Box::new(chat_template::ChatTemplate::load(
-                encoder.path.parent().unwrap_or(Path::new(".")),
-                opts.chat_template.as_deref(),
-            )?),
+            template: Box::new(
+                chat_template::ChatTemplate::load(
+                    encoder.path.parent().unwrap_or(Path::new(".")),
+                    opts.chat_template.as_deref(),
+                )?
+                .with_kwargs(&opts.chat_template_kwargs),
+            ),
             turns: opts.turns,
         },
         (None, None) => jsonl::Fields::Text(opts.text_field.clone()),
