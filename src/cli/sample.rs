@@ -50,15 +50,8 @@ pub struct SampleArgs {
     chat_template: Option<PathBuf>,
     /// With --chat: variables for the template, as a JSON object, as transformers'
     /// apply_chat_template takes them, e.g. '{"enable_thinking": false}'.
-    #[arg(
-        long,
-        value_name = "JSON",
-        requires = "chat",
-        value_parser = parse_kwargs,
-        default_value = "{}",
-        hide_default_value = true
-    )]
-    chat_template_kwargs: Map<String, Value>,
+    #[arg(long, value_name = "JSON", requires = "chat", value_parser = parse_kwargs)]
+    chat_template_kwargs: Option<Map<String, Value>>,
     /// The prompt as comma-separated token ids, e.g. 9707,1879.
     #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
     tokens: Option<Vec<i32>>,
@@ -215,8 +208,10 @@ impl SampleArgs {
                         "--chat needs the model's tokenizer.json and the chat template beside it, and there is none"
                     );
                 };
-                let template = ChatTemplate::load(dir, self.chat_template.as_deref())?
-                    .with_kwargs(&self.chat_template_kwargs);
+                let mut template = ChatTemplate::load(dir, self.chat_template.as_deref())?;
+                if let Some(kwargs) = &self.chat_template_kwargs {
+                    template = template.with_kwargs(kwargs);
+                }
                 let mut messages = Vec::new();
                 if let Some(system) = &self.system {
                     messages.push(json!({"role": "system", "content": system}));

@@ -51,15 +51,8 @@ pub struct TokenizeArgs {
     chat_template: Option<PathBuf>,
     /// With --messages-field: variables for the template, as a JSON object, as
     /// transformers' apply_chat_template takes them, e.g. '{"enable_thinking": false}'
-    #[arg(
-        long,
-        value_name = "JSON",
-        requires = "messages_field",
-        value_parser = parse_kwargs,
-        default_value = "{}",
-        hide_default_value = true
-    )]
-    chat_template_kwargs: Map<String, Value>,
+    #[arg(long, value_name = "JSON", requires = "messages_field", value_parser = parse_kwargs)]
+    chat_template_kwargs: Option<Map<String, Value>>,
     /// With --messages-field: the field holding each conversation's tools (a list of JSON
     /// schemas, as transformers' `tools`), which the template lists for the model; a line
     /// without it has none
@@ -97,7 +90,7 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     opts.messages_field = args.messages_field;
     opts.chat_template = args.chat_template;
     opts.tools_field = args.tools_field;
-    opts.chat_template_kwargs = args.chat_template_kwargs;
+    opts.chat_template_kwargs = args.chat_template_kwargs.unwrap_or_default();
     opts.turns = match args.last_turn_only {
         true => Turns::Last,
         false => Turns::All,
