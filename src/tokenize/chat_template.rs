@@ -335,22 +335,23 @@ fn python_json(value: &minijinja::Value, indent: Option<usize>) -> serde_json::R
             w.write_all(b": ")
         }
     }
-    let mut out = Vec::new();
-    match indent {
-        None => serde::Serialize::serialize(
-            value,
-            &mut serde_json::Serializer::with_formatter(&mut out, Python),
-        )?,
-        // serde_json's pretty printer writes what Python's indent does.
-        Some(n) => {
-            let spaces = vec![b' '; n];
-            let pretty = serde_json::ser::PrettyFormatter::with_indent(&spaces);
-            serde::Serialize::serialize(
-                value,
-                &mut serde_json::Serializer::with_formatter(&mut out, pretty),
-            )?
-        }
+    fn dumps<F: serde_json::ser::Formatter>(
+        value: &minijinja::Value,
+        formatter: F,
+    ) -> serde_json::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
+        serde::Serialize::serialize(value, &mut serializer)?;
+        Ok(out)
     }
+    let out = match indent {
+        None => dumps(value, Python)?,
+        // serde_json's pretty printer writes what Python's indent does.
+        Some(n) => dumps(
+            value,
+            serde_json::ser::PrettyFormatter::with_indent(&vec![b' '; n]),
+        )?,
+    };
     Ok(String::from_utf8(out).expect("serde_json writes UTF-8"))
 }
 
