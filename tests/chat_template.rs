@@ -6,6 +6,8 @@
 mod tokenizing;
 
 use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
 use serde_json::{Map, Value, json};
 use smelt::tokenize::chat_template::{ChatTemplate, Conversation, Turns};
 use smelt::tokenize::{Options, tokenize};
@@ -47,6 +49,34 @@ fn qwen_cases() -> Vec<Case> {
     let fixture = fixture("qwen2_5");
     assert!(fixture.kwargs.is_empty());
     fixture.cases
+}
+
+/// `cases` as chat JSONL in `dir`, one conversation and its tools a line, and the options
+/// that tokenize them with `tokenizer` into `dir/out`.
+fn chat_options(dir: &Path, cases: &[Case], tokenizer: PathBuf) -> Options {
+    let input = dir.join("chat.jsonl");
+    write_jsonl(
+        &input,
+        cases
+            .iter()
+            .map(|c| json!({"messages": c.messages, "tools": c.tools})),
+    );
+    let mut opts = Options::new(
+        tokenizer,
+        vec![input.display().to_string()],
+        dir.join("out"),
+    );
+    opts.messages_field = Some("messages".into());
+    opts.tools_field = Some("tools".into());
+    opts
+}
+
+/// transformers' ids of each case, each followed by `eos`.
+fn ids_with_eos(cases: &[Case], eos: i32) -> Vec<i32> {
+    cases
+        .iter()
+        .flat_map(|c| c.ids.iter().copied().chain([eos]))
+        .collect()
 }
 
 /// A tokenizer of `.ci/fetch-assets` (its directory under .assets), the EOS its
@@ -122,27 +152,12 @@ fn tokenize_trains_the_assistant_turns_only() {
     for family in FAMILIES {
         let Fixture { kwargs, cases } = fixture(family.name);
         let dir = tempfile::tempdir().unwrap();
-        let input = dir.path().join("chat.jsonl");
-        write_jsonl(
-            &input,
-            cases
-                .iter()
-                .enumerate()
-                .map(|(k, c)| json!({"id": k, "messages": c.messages, "tools": c.tools})),
-        );
-        let out = dir.path().join("out");
         let tokenizer = asset(family.name);
-        let mut opts = Options::new(
-            tokenizer.clone(),
-            vec![input.display().to_string()],
-            out.clone(),
-        );
-        opts.messages_field = Some("messages".into());
-        opts.tools_field = Some("tools".into());
+        let mut opts = chat_options(dir.path(), &cases, tokenizer.clone());
         opts.chat_template_kwargs = kwargs;
         let summary = tokenize(&opts).unwrap();
 
-        let files = token_files(&out);
+        let files = token_files(&opts.out_dir);
         assert_eq!(files.len(), 1);
         let file = &files[0];
         assert!(file.header.has_mask);
@@ -150,12 +165,12 @@ fn tokenize_trains_the_assistant_turns_only() {
         // encoded apart, so that a prompt's tokens are those the model gets when it is asked
         // to reply; encoding the whole text would differ in one conversation, whose reply's
         // leading newlines BPE merges with the one ending Qwen2.5's generation prompt.
-        let ids = tokens(file);
-        let want: Vec<i32> = cases
-            .iter()
-            .flat_map(|c| c.ids.iter().copied().chain([family.eos]))
-            .collect();
-        assert_eq!(ids, want, "{}", family.name);
+        assert_eq!(
+            tokens(file),
+            ids_with_eos(&cases, family.eos),
+            "{}",
+            family.name
+        );
 
         // The trained tokens, run by run, are each assistant message and the end of its turn,
         // as `turn` spells it for the first conversation.
@@ -173,25 +188,11 @@ fn tokenize_trains_the_assistant_turns_only() {
 fn the_last_turn_alone_is_trained_when_asked() {
     let cases = qwen_cases();
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("chat.jsonl");
-    write_jsonl(
-        &input,
-        cases
-            .iter()
-            .map(|c| json!({"messages": c.messages, "tools": c.tools})),
-    );
-    let out = dir.path().join("out");
-    let mut opts = Options::new(qwen(), vec![input.display().to_string()], out.clone());
-    opts.messages_field = Some("messages".into());
-    opts.tools_field = Some("tools".into());
+    let mut opts = chat_options(dir.path(), &cases, qwen());
     opts.turns = Turns::Last;
     tokenize(&opts).unwrap();
-    let file = &token_files(&out)[0];
-    let want: Vec<i32> = cases
-        .iter()
-        .flat_map(|c| c.ids.iter().copied().chain([151645]))
-        .collect();
-    assert_eq!(tokens(file), want);
+    let file = &token_files(&opts.out_dir)[0];
+    assert_eq!(tokens(file), ids_with_eos(&cases, 151645));
     let last: Vec<&String> = cases.iter().map(|c| c.trained.last().unwrap()).collect();
     let runs = trained_runs(file, qwen().parent().unwrap());
     assert_eq!(runs.iter().collect::<Vec<_>>(), last);
@@ -203,16 +204,9 @@ fn a_tokenizer_without_a_template_is_refused_before_anything_is_written() {
     let tokenizer = dir.path().join("tok");
     std::fs::create_dir(&tokenizer).unwrap();
     std::fs::copy(qwen(), tokenizer.join("tokenizer.json")).unwrap();
-    let input = dir.path().join("chat.jsonl");
-    write_jsonl(&input, [json!({"messages": []})]);
-    let out = dir.path().join("out");
-    let mut opts = Options::new(
-        tokenizer.clone(),
-        vec![input.display().to_string()],
-        out.clone(),
-    );
-    opts.messages_field = Some("messages".into());
+    let mut opts = chat_options(dir.path(), &[], tokenizer);
     opts.eos_id = Some(151645);
+    let out = opts.out_dir.clone();
     let err = format!("{:#}", tokenize(&opts).err().unwrap());
     assert!(
         err.contains("no chat_template") && err.contains("--chat-template"),
@@ -227,18 +221,10 @@ fn a_tokenizer_without_a_template_is_refused_before_anything_is_written() {
     )
     .unwrap();
     std::fs::write(&program, config["chat_template"].as_str().unwrap()).unwrap();
-    write_jsonl(
-        &input,
-        qwen_cases()
-            .iter()
-            .map(|c| json!({"messages": c.messages, "tools": c.tools})),
-    );
+    let cases = qwen_cases();
+    let mut opts = chat_options(dir.path(), &cases, opts.tokenizer);
+    opts.eos_id = Some(151645);
     opts.chat_template = Some(program);
-    opts.tools_field = Some("tools".into());
     tokenize(&opts).unwrap();
-    let want: Vec<i32> = qwen_cases()
-        .iter()
-        .flat_map(|c| c.ids.iter().copied().chain([151645]))
-        .collect();
-    assert_eq!(tokens(&token_files(&out)[0]), want);
+    assert_eq!(tokens(&token_files(&out)[0]), ids_with_eos(&cases, 151645));
 }
