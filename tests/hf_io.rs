@@ -230,10 +230,10 @@ fn missing_tensor_is_named() {
 #[test]
 fn unsupported_architecture_is_named() {
     let (err, config_path) =
-        error_after_config_edit("llama_tied", "LlamaForCausalLM", "MistralForCausalLM");
+        error_after_config_edit("llama_tied", "LlamaForCausalLM", "GemmaForCausalLM");
     assert!(
         err.contains(&format!(
-            "{}: field `architectures` is [\"MistralForCausalLM\"]",
+            "{}: field `architectures` is [\"GemmaForCausalLM\"]",
             config_path.display()
         )),
         "{err}"

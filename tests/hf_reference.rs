@@ -1,5 +1,5 @@
 //! The CPU backend against HF transformers: fixtures written by `scripts/hf_fixtures.py`
-//! (tiny random Llama and Qwen2 models, tied and untied, GQA, head_dim ≠ hidden/heads,
+//! (tiny random Llama, Qwen2 and Mistral models, tied and untied, GQA, head_dim ≠ hidden/heads,
 //! llama3 RoPE scaling, one stored in bf16), loaded through the real import path.
 
 use std::path::{Path, PathBuf};
@@ -11,7 +11,13 @@ use smelt::io::tensors::{MappedFile, decode};
 use smelt::model::{Gradients, LossOptions, MatmulPrecision, ModelOptions, Recompute, Transformer};
 use smelt::tensor::DType;
 
-const FIXTURES: [&str; 4] = ["llama_untied", "llama_tied", "qwen2_untied", "qwen2_tied"];
+const FIXTURES: [&str; 5] = [
+    "llama_untied",
+    "llama_tied",
+    "qwen2_untied",
+    "qwen2_tied",
+    "mistral",
+];
 
 fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -149,6 +155,12 @@ fn exported_directories_load_in_transformers() {
         assert_eq!(
             r["keys_match"], true,
             "{name}: transformers saw different tensors after export"
+        );
+        // Mistral's config opens a 4096-token window unless told otherwise.
+        let window = r["sliding_window"].as_array().unwrap();
+        assert_eq!(
+            window[0], window[1],
+            "{name}: the export's attention window differs"
         );
         // The export stores f32, which holds the fixtures' f32 and bf16 weights exactly.
         assert_eq!(

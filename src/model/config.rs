@@ -3,6 +3,9 @@
 //! Only what smelt implements is accepted. Anything that would change the computation and
 //! is not implemented (sliding windows, other activations, other RoPE scalings, dropout) is
 //! refused with a message naming the field, never ignored.
+//!
+//! Mistral's models without a sliding window (Mistral 7B v0.3, Nemo, Small 3) compute exactly
+//! Llama's layers; they keep their own class name so that an export loads as what it was.
 
 use std::path::Path;
 
@@ -12,6 +15,7 @@ use serde_json::{Map, Value, json};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
+    Mistral,
     Qwen2,
 }
 
@@ -19,6 +23,7 @@ impl Architecture {
     pub fn hf_class(self) -> &'static str {
         match self {
             Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Mistral => "MistralForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
         }
     }
@@ -26,6 +31,7 @@ impl Architecture {
     pub fn model_type(self) -> &'static str {
         match self {
             Architecture::Llama => "llama",
+            Architecture::Mistral => "mistral",
             Architecture::Qwen2 => "qwen2",
         }
     }
@@ -54,7 +60,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rope_scaling: Option<RopeScaling>,
     pub tie_word_embeddings: bool,
-    /// Biases on the q, k and v projections (always for Qwen2, never for Llama here).
+    /// Biases on the q, k and v projections (always for Qwen2, never for Llama or Mistral
+    /// here).
     pub qkv_bias: bool,
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
@@ -199,11 +206,11 @@ impl ModelConfig {
             |v| v.as_u64() != Some(1),
             "tensor-parallel pretraining slices are not implemented",
         )?;
-        if architecture == Architecture::Llama {
+        if architecture != Architecture::Qwen2 {
             f.refuse_if(
                 "attention_bias",
                 |v| v == &Value::Bool(true),
-                "Llama attention biases are not implemented",
+                "attention biases are implemented for Qwen2 only",
             )?;
         }
 
@@ -225,6 +232,20 @@ impl ModelConfig {
             bail!("{source}: `head_dim` {head_dim} must be even for rotary embeddings");
         }
         let (rope_theta, rope_scaling) = Self::rope(&f)?;
+        let max_position_embeddings = f.usize_or("max_position_embeddings", 2048)?;
+        // Qwen2 turns its window on with `use_sliding_window` (refused above); Mistral's
+        // applies whenever it is set, and changes nothing only where it spans every position.
+        if architecture == Architecture::Mistral {
+            f.refuse_if(
+                "sliding_window",
+                |v| {
+                    v.as_u64()
+                        .is_none_or(|w| (w as usize) < max_position_embeddings)
+                },
+                "sliding-window attention is not implemented (null, or a window of at least \
+                 `max_position_embeddings`, is)",
+            )?;
+        }
 
         Ok(ModelConfig {
             architecture,
@@ -240,7 +261,7 @@ impl ModelConfig {
             rope_scaling,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             qkv_bias: architecture == Architecture::Qwen2,
-            max_position_embeddings: f.usize_or("max_position_embeddings", 2048)?,
+            max_position_embeddings,
             bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: f.token_ids("eos_token_id")?,
         })
@@ -254,9 +275,10 @@ impl ModelConfig {
         let name = match (listed.as_slice(), f.str("model_type")) {
             ([one], _) => *one,
             ([], Some("llama")) => "LlamaForCausalLM",
+            ([], Some("mistral")) => "MistralForCausalLM",
             ([], Some("qwen2")) => "Qwen2ForCausalLM",
             ([], _) => bail!(
-                "{}: field `architectures` is missing (expected [\"LlamaForCausalLM\"] or [\"Qwen2ForCausalLM\"])",
+                "{}: field `architectures` is missing (expected one of [\"LlamaForCausalLM\"], [\"MistralForCausalLM\"], [\"Qwen2ForCausalLM\"])",
                 f.source
             ),
             (many, _) => bail!(
@@ -266,9 +288,10 @@ impl ModelConfig {
         };
         match name {
             "LlamaForCausalLM" => Ok(Architecture::Llama),
+            "MistralForCausalLM" => Ok(Architecture::Mistral),
             "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
             other => bail!(
-                "{}: field `architectures` is [\"{other}\"], which smelt does not support; supported: LlamaForCausalLM, Qwen2ForCausalLM",
+                "{}: field `architectures` is [\"{other}\"], which smelt does not support; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM",
                 f.source
             ),
         }
@@ -368,8 +391,15 @@ impl ModelConfig {
                 }),
             );
         }
-        if self.architecture == Architecture::Llama {
-            obj.insert("attention_bias".into(), json!(false));
+        match self.architecture {
+            Architecture::Llama => {
+                obj.insert("attention_bias".into(), json!(false));
+            }
+            // transformers' MistralConfig defaults to a 4096-token window.
+            Architecture::Mistral => {
+                obj.insert("sliding_window".into(), Value::Null);
+            }
+            Architecture::Qwen2 => {}
         }
         if let Some(bos) = self.bos_token_id {
             obj.insert("bos_token_id".into(), json!(bos));
@@ -500,6 +530,38 @@ mod tests {
     }
 
     #[test]
+    fn reads_mistral_without_a_window_and_refuses_one() {
+        let mistral = |window: Value| {
+            let v = json!({
+                "architectures": ["MistralForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": null, "vocab_size": 100,
+                "max_position_embeddings": 32768, "sliding_window": window
+            });
+            ModelConfig::from_json(&v, "m/config.json")
+        };
+        let c = mistral(Value::Null).unwrap();
+        assert_eq!(
+            (c.architecture, c.head_dim, c.qkv_bias),
+            (Architecture::Mistral, 16, false)
+        );
+        // Exported with the window spelled out as null, or transformers would open one of 4096.
+        let exported = c.to_hf_json();
+        assert_eq!(exported["sliding_window"], Value::Null);
+        assert_eq!(exported["model_type"], "mistral");
+        assert_eq!(ModelConfig::from_json(&exported, "x").unwrap(), c);
+        assert!(
+            mistral(json!(32768)).is_ok(),
+            "a window over every position changes nothing"
+        );
+        let err = mistral(json!(4096)).unwrap_err().to_string();
+        assert!(
+            err.contains("m/config.json: field `sliding_window` = 4096"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn reads_transformers5_rope_parameters() {
         let mut v = qwen();
         v.as_object_mut().unwrap().remove("rope_theta");
@@ -515,10 +577,8 @@ mod tests {
                 .to_string()
         };
         let mut v = qwen();
-        v["architectures"] = json!(["MistralForCausalLM"]);
-        assert!(
-            err(v).contains("m/config.json: field `architectures` is [\"MistralForCausalLM\"]")
-        );
+        v["architectures"] = json!(["GemmaForCausalLM"]);
+        assert!(err(v).contains("m/config.json: field `architectures` is [\"GemmaForCausalLM\"]"));
         let mut v = qwen();
         v["use_sliding_window"] = json!(true);
         assert!(err(v).contains("`use_sliding_window`"));
