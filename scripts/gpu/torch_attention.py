@@ -8,23 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from cuda_timing import ms_per_call
+
 SHAPES = [  # model, batch, q heads, kv heads, head dim; seq 1024
     ("qwen2.5-0.5b", 32, 14, 2, 64),
     ("qwen2.5-1.5b", 16, 12, 2, 128),
     ("qwen2.5-3b", 8, 16, 2, 128),
 ]
 SEQ = 1024
-
-
-def timed(fn, reps=10):
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def main():
@@ -40,8 +31,8 @@ def main():
                     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
                 try:
-                    fwd = timed(forward)
-                    both = timed(lambda: forward().backward(dout))
+                    fwd = ms_per_call(forward, iters=10, warmup=1)
+                    both = ms_per_call(lambda: forward().backward(dout), iters=10, warmup=1)
                 except RuntimeError as e:
                     print(f"[figure] torch {backend.name} {model}: unavailable ({str(e).splitlines()[0]})")
                     continue

@@ -12,6 +12,8 @@ both sides (what a weight gradient, both operands activations, would take).
 import torch
 import torch.nn.functional as F
 
+from cuda_timing import ms_per_call
+
 BLOCK_1X128 = getattr(getattr(F, "ScalingType", None), "BlockWise1x128", None)
 
 E4M3 = torch.float8_e4m3fn
@@ -29,18 +31,6 @@ SHAPES = {  # name: (M, N, K) of out[M, N] = a[M, K] · b[N, K]ᵀ
     "1.5B fwd down": (16384, 1536, 8960),
     "1.5B wgrad gate/up": (17920, 1536, 16384),
 }
-
-
-def ms_per_call(fn, iters=20):
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def first_that_runs(flop, candidates):
