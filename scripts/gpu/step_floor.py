@@ -43,38 +43,36 @@ _timed = {}
 
 
 def matmul_ms(m, n, k, kind, fp8):
-    """One product out[m, n] over k, alone. kind: 'fwd' (a[m,k]·b[n,k]ᵀ), 'dgrad' (a[m,k]·b[k,n])
-    or 'wgrad' (a[k,m]ᵀ·b[k,n]); FP8 takes every kind K-major (smelt's transposed copies), the
-    gradient (a, outside the forward) in e5m2, with fast accumulation in the forward only."""
+    """Milliseconds of one product out[m, n] over k, alone (`product`)."""
     key = (m, n, k, kind, fp8)
     if key not in _timed:
-        if fp8:
-            a = torch.randn(m, k, device="cuda").mul_(0.5).to(E4M3 if kind == "fwd" else E5M2)
-            b = torch.randn(n, k, device="cuda").mul_(0.5).to(E4M3)
-            one = torch.ones((), device="cuda")
-            fn = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,
-                                          use_fast_accum=kind == "fwd")
-        else:
-            shape_a = (k, m) if kind == "wgrad" else (m, k)
-            shape_b = (n, k) if kind == "fwd" else (k, n)
-            a = torch.randn(*shape_a, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(*shape_b, device="cuda", dtype=torch.bfloat16)
-            a_op = a.t() if kind == "wgrad" else a
-            b_op = b.t() if kind == "fwd" else b
-            fn = lambda: torch.mm(a_op, b_op)
-        _timed[key] = ms_per_call(fn, iters=10)
-        del a, b
-        torch.cuda.empty_cache()
+        _timed[key] = ms_per_call(product(m, n, k, kind, fp8), iters=10)
+        torch.cuda.empty_cache()  # the operands are gone: the next shape has the memory
     return _timed[key]
+
+
+def product(m, n, k, kind, fp8):
+    """A call of out[m, n] over k on random operands. kind: 'fwd' (a[m,k]·b[n,k]ᵀ), 'dgrad'
+    (a[m,k]·b[k,n]) or 'wgrad' (a[k,m]ᵀ·b[k,n]); FP8 takes every kind K-major (smelt's
+    transposed copies), the gradient (a, outside the forward) in e5m2, with fast accumulation
+    in the forward only."""
+    if fp8:
+        a = torch.randn(m, k, device="cuda").mul_(0.5).to(E4M3 if kind == "fwd" else E5M2)
+        b = torch.randn(n, k, device="cuda").mul_(0.5).to(E4M3)
+        one = torch.ones((), device="cuda")
+        return lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,
+                                        use_fast_accum=kind == "fwd")
+    a = torch.randn(*((k, m) if kind == "wgrad" else (m, k)), device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(*((n, k) if kind == "fwd" else (k, n)), device="cuda", dtype=torch.bfloat16)
+    a_op = a.t() if kind == "wgrad" else a
+    b_op = b.t() if kind == "fwd" else b
+    return lambda: torch.mm(a_op, b_op)
 
 
 def copy_bytes_per_ms():
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    rate = 2 * x.numel() / ms_per_call(lambda: y.copy_(x), iters=20)
-    del x, y
-    torch.cuda.empty_cache()
-    return rate
+    return 2 * x.numel() / ms_per_call(lambda: y.copy_(x), iters=20)
 
 
 def floors(model, fp8, tokens, attention_ms, copy_rate):
