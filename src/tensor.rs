@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::backend::Backend;
+use crate::backend::MemoryOps;
 
 /// Element types. The CPU backend stores every float in its own precision and rounds
 /// each written value to the tensor's dtype, so it predicts the GPU's numerics.
@@ -99,14 +99,14 @@ impl TensorSpec {
 }
 
 /// A view of backend storage: `numel()` elements starting at element `offset`.
-pub struct Tensor<B: Backend> {
+pub struct Tensor<B: MemoryOps> {
     pub(crate) storage: B::Storage,
     pub(crate) offset: usize,
     pub shape: Vec<usize>,
     pub dtype: DType,
 }
 
-impl<B: Backend> Clone for Tensor<B> {
+impl<B: MemoryOps> Clone for Tensor<B> {
     fn clone(&self) -> Self {
         Tensor {
             storage: self.storage.clone(),
@@ -117,13 +117,13 @@ impl<B: Backend> Clone for Tensor<B> {
     }
 }
 
-impl<B: Backend> fmt::Debug for Tensor<B> {
+impl<B: MemoryOps> fmt::Debug for Tensor<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Tensor({:?}, {})", self.shape, self.dtype)
     }
 }
 
-impl<B: Backend> Tensor<B> {
+impl<B: MemoryOps> Tensor<B> {
     pub fn new(storage: B::Storage, shape: Vec<usize>, dtype: DType) -> Self {
         Tensor {
             storage,

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use safetensors::{Dtype, SafeTensors};
 use smelt::backend::cpu::Cpu;
-use smelt::backend::{AdamW, AdamWTensor, Backend};
+use smelt::backend::prelude::*;
+use smelt::backend::{AdamW, AdamWTensor};
 use smelt::tensor::{DType, Tensor, TensorSpec};
 
 /// The fixture's float64 tensors and its metadata.

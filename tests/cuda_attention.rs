@@ -8,9 +8,10 @@
 mod common;
 
 use common::gpu::*;
+use smelt::backend::AttnShape;
 use smelt::backend::cuda::Cuda;
 use smelt::backend::cuda::attention::AttentionKernels;
-use smelt::backend::{AttnShape, Backend};
+use smelt::backend::prelude::*;
 use smelt::tensor::{DType, Tensor};
 
 struct Buffers {

@@ -16,7 +16,8 @@ mod common;
 use common::gpu::*;
 use smelt::backend::cpu::Cpu;
 use smelt::backend::cuda::Cuda;
-use smelt::backend::{Backend, Fp8Sum, Matmul, Scaled};
+use smelt::backend::prelude::*;
+use smelt::backend::{Matmul, Operand};
 use smelt::tensor::{DType, Tensor};
 
 /// An MLP's operands: x [m, k] and w [2f, k], in bf16 or, with `fp8`, in e4m3 with the
@@ -62,11 +63,11 @@ impl<B: Backend> Mlp<B> {
         }
     }
 
-    fn operands(&self) -> (Scaled<'_, B>, Scaled<'_, B>) {
+    fn operands(&self) -> (Operand<'_, B>, Operand<'_, B>) {
         let [x_descale, w_descale] = &self.descales;
         (
-            Scaled::new(&self.x, x_descale),
-            Scaled::new(&self.w, w_descale),
+            Operand::scaled(&self.x, x_descale),
+            Operand::scaled(&self.w, w_descale),
         )
     }
 
@@ -74,9 +75,9 @@ impl<B: Backend> Mlp<B> {
         if self.fp8 {
             let (x, w) = self.operands();
             b.fill(&self.amax, 0.0).unwrap();
-            b.gate_up_swiglu_scaled(&self.gate_up, &self.swiglu, x, w, Some(&self.amax))
+            b.gate_up_swiglu(&self.gate_up, &self.swiglu, x, w, Some(&self.amax))
         } else {
-            b.gate_up_swiglu(&self.gate_up, &self.swiglu, &self.x, &self.w)
+            b.gate_up_swiglu(&self.gate_up, &self.swiglu, &self.x, &self.w, None)
         }
         .unwrap();
     }
@@ -97,7 +98,7 @@ impl<B: Backend> Mlp<B> {
     fn cublaslt_matmul(&self, b: &B) {
         if self.fp8 {
             let (x, w) = self.operands();
-            b.matmul_scaled(&self.gate_up, x, w, None, Fp8Sum::Fast, false)
+            b.matmul(&self.gate_up, x, w, None, Matmul::FORWARD)
         } else {
             b.matmul(&self.gate_up, &self.x, &self.w, None, Matmul::FORWARD)
         }
@@ -395,15 +396,17 @@ impl<B: Backend> DownOperands<B> {
             gate_up, dh, dy, w, ..
         } = self;
         match self.fp8 {
-            None => b.swiglu_backward_through_down(gate_up, dh, dy, w).unwrap(),
+            None => b
+                .swiglu_backward_through_down(gate_up, dh, dy, w, None)
+                .unwrap(),
             Some(_) => {
                 let [dy_descale, w_descale] = &self.descales;
                 b.fill(&self.amax, 0.0).unwrap();
-                b.swiglu_backward_through_down_scaled(
+                b.swiglu_backward_through_down(
                     gate_up,
                     dh,
-                    Scaled::new(dy, dy_descale),
-                    Scaled::new(w, w_descale),
+                    Operand::scaled(dy, dy_descale),
+                    Operand::scaled(w, w_descale),
                     Some(&self.amax),
                 )
                 .unwrap()

@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use common::gpu::*;
 use common::{batch, cached_logits, full_logits, logits_rel_err};
-use smelt::backend::Backend;
+use smelt::backend::ResidualAdd;
+use smelt::backend::prelude::*;
 use smelt::model::{ModelOptions, Transformer, presets};
 use smelt::tensor::DType;
 use smelt::train::sample::{Generator, SampleOptions, Sampling};
@@ -261,14 +262,15 @@ fn enqueue_costs(gpu: &smelt::backend::cuda::Cuda, config: &smelt::model::ModelC
     };
     time("fill", &|| gpu.fill(y, 0.0));
     time("rmsnorm_forward", &|| {
-        gpu.rmsnorm_forward(Some(y), rstd, x, norm, 1e-6, None)
+        gpu.rmsnorm_forward(Some(y), rstd, x, None, norm, 1e-6, None)
     });
     time("residual_rmsnorm_forward", &|| {
-        gpu.residual_rmsnorm_forward(y, Some(x), rstd, x, y, norm, 1e-6, None)
+        let add = ResidualAdd { out: y, branch: y };
+        gpu.rmsnorm_forward(Some(x), rstd, x, Some(add), norm, 1e-6, None)
     });
     time("matmul", &|| gpu.matmul(y, x, w_o, None, Matmul::FORWARD));
     time("gate_up_swiglu", &|| {
-        gpu.gate_up_swiglu(gate_up, swiglu, x, w_gate_up)
+        gpu.gate_up_swiglu(gate_up, swiglu, x, w_gate_up, None)
     });
     time("rope_forward", &|| gpu.rope_forward(&last, rope, shape(1)));
     time("attention_decode", &|| {

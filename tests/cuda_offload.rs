@@ -9,8 +9,8 @@ mod common;
 
 use common::gpu::*;
 use common::options;
-use smelt::backend::Backend;
 use smelt::backend::cuda::Cuda;
+use smelt::backend::prelude::*;
 use smelt::comm::Solo;
 use smelt::model::{Recompute, Transformer};
 use smelt::tensor::{DType, Tensor, TensorSpec};

@@ -12,7 +12,8 @@ mod common;
 use common::gpu::*;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::backend::cuda::attention::AttentionKernels;
-use smelt::backend::{AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Scaled};
+use smelt::backend::prelude::*;
+use smelt::backend::{AdamW, AdamWTensor, AttnShape, Fp8Sum, Fused, Matmul, Operand, ResidualAdd};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor};
 
@@ -197,20 +198,31 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
         let zeros = vec![0.0; n * c];
         let (x, branch, w) = (t(x), t(branch), tensor(b, &[c], dtype, w));
         let (out, rstd, out_amax) = (t(&zeros), stat(), amax(b));
-        b.rmsnorm_forward(Some(&out), &rstd, &x, &w, 1e-6, Some(&out_amax))
+        b.rmsnorm_forward(Some(&out), &rstd, &x, None, &w, 1e-6, Some(&out_amax))
             .unwrap();
         // Without an output: FP8's norms, whose projections normalize as they quantize.
         let (unstored_rstd, unstored_amax) = (stat(), amax(b));
-        b.rmsnorm_forward(None, &unstored_rstd, &x, &w, 1e-6, Some(&unstored_amax))
-            .unwrap();
+        b.rmsnorm_forward(
+            None,
+            &unstored_rstd,
+            &x,
+            None,
+            &w,
+            1e-6,
+            Some(&unstored_amax),
+        )
+        .unwrap();
         let (res, fused, fused_rstd) = (t(&zeros), t(&zeros), stat());
         let fused_amax = amax(b);
-        b.residual_rmsnorm_forward(
-            &res,
+        let add = ResidualAdd {
+            out: &res,
+            branch: &branch,
+        };
+        b.rmsnorm_forward(
             Some(&fused),
             &fused_rstd,
             &x,
-            &branch,
+            Some(add),
             &w,
             1e-6,
             Some(&fused_amax),
@@ -218,7 +230,7 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
         .unwrap();
         // The plain norm of the fused kernel's rounded residual.
         let (replain, replain_rstd) = (t(&zeros), stat());
-        b.rmsnorm_forward(Some(&replain), &replain_rstd, &res, &w, 1e-6, None)
+        b.rmsnorm_forward(Some(&replain), &replain_rstd, &res, None, &w, 1e-6, None)
             .unwrap();
         let (dy, dx, dw, dx_amax) = (t(dy), t(dx0), tensor(b, &[c], dtype, dw0), amax(b));
         b.rmsnorm_backward(&dx, &dw, &dy, &res, &w, &fused_rstd, acc, Some(&dx_amax))
@@ -334,7 +346,7 @@ fn matmul_all_modes() {
             let spec = Matmul {
                 trans_a: true,
                 trans_b: true,
-                accumulate: false,
+                ..Matmul::default()
             };
             b.matmul(&both, &x, &z, None, spec).unwrap();
             vec![
@@ -458,15 +470,17 @@ fn rope_forward_and_backward() {
             b.rope_forward(&fwd, &freqs, s).unwrap();
             let bwd = shifted(b, &shape, dtype, x, skip);
             let found = amax(b);
-            b.rope_backward(&bwd, &freqs, s, Some(&found)).unwrap();
+            b.rope_backward(&bwd, &freqs, s, Some(&found), None)
+                .unwrap();
             let both = shifted(b, &shape, dtype, x, skip);
             let (dbias, added) = (
                 tensor(b, &[shape[1]], dtype, &vec![0.0; shape[1]]),
                 tensor(b, &[shape[1]], dtype, bias),
             );
-            b.rope_backward_and_bias(&both, &freqs, s, &dbias, false)
+            b.rope_backward(&both, &freqs, s, None, Some((&dbias, false)))
                 .unwrap();
-            b.rope_backward_and_bias(&shifted(b, &shape, dtype, x, skip), &freqs, s, &added, true)
+            let again = shifted(b, &shape, dtype, x, skip);
+            b.rope_backward(&again, &freqs, s, None, Some((&added, true)))
                 .unwrap();
             vec![
                 ("forward", download(b, &fwd)),
@@ -1124,7 +1138,8 @@ fn quantize_matches_the_cpu_bit_for_bit() {
             for (name, descale_name, input, a) in cases {
                 let (rows_out, cols_out) = (out(rows, [r, c]), out(cols, [c, r]));
                 let descale = tensor(b, &[1], DType::F32, &[0.0]);
-                b.quantize(rows_out.as_ref(), cols_out.as_ref(), &descale, input, a)
+                let (rows, cols) = (rows_out.as_ref(), cols_out.as_ref());
+                b.quantize(rows, cols, &descale, input, a, Fused::Nothing)
                     .unwrap();
                 outs.extend(rows_out.map(|t| (name, download(b, &t))));
                 outs.extend(cols_out.map(|t| (name, download(b, &t))));
@@ -1160,7 +1175,7 @@ fn quantize_matches_the_cpu_bit_for_bit() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn quantize_summing_columns_matches_the_cpu() {
+fn quantize_fused_with_column_sums_matches_the_cpu() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
     // The 0.5B QKV gradient's width on the 16-byte path, and an odd shape with partial tiles
     // element by element.
@@ -1185,15 +1200,12 @@ fn quantize_summing_columns_matches_the_cpu() {
             let (rows_out, cols_out) = (out(rows, [r, c]), out(cols, [c, r]));
             let descale = tensor(b, &[1], DType::F32, &[0.0]);
             let db = tensor(b, &[c], x_dtype, db0);
-            b.quantize_summing_columns(
-                rows_out.as_ref(),
-                cols_out.as_ref(),
-                &descale,
-                &xt,
-                &found,
-                (&db, accumulate),
-            )
-            .unwrap();
+            let sums = Fused::ColumnSums {
+                dbias: &db,
+                accumulate,
+            };
+            let (rows, cols) = (rows_out.as_ref(), cols_out.as_ref());
+            b.quantize(rows, cols, &descale, &xt, &found, sums).unwrap();
             let mut outs = vec![("dbias", download(b, &db))];
             outs.extend(rows_out.map(|t| ("rows", download(b, &t))));
             outs.extend(cols_out.map(|t| ("cols", download(b, &t))));
@@ -1228,14 +1240,14 @@ fn quantize_summing_columns_matches_the_cpu() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn quantize_normalized_is_the_norm_then_its_quantization() {
+fn quantize_fused_with_a_norm_is_the_norm_then_its_quantization() {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
     // The 0.5B width on the 16-byte path, and an odd one element by element in partial tiles.
     for (r, c) in [(4096, 896), (300, 37)] {
         let x = normal(r * c, 1.0, 54);
         let w: Vec<f32> = normal(c, 0.2, 55).iter().map(|v| 1.0 + v).collect();
         for x_dtype in [DType::BF16, DType::F32] {
-            let name = format!("quantize_normalized {r}x{c} {x_dtype} to e4m3");
+            let name = format!("quantize of a norm {r}x{c} {x_dtype} to e4m3");
             // The CPU's rstd is its own f32 rounding of a sum in another order, which may move
             // an output across a rounding boundary: a few codes one step apart.
             let gpu_out = check_op(
@@ -1283,24 +1295,32 @@ fn matmul_scaled_matches_the_cpu() {
                 b.abs_max(&a, &t).unwrap();
                 let q = tensor(b, &[rows, k], dtype, &vec![0.0; rows * k]);
                 let descale = tensor(b, &[1], DType::F32, &[0.0]);
-                b.quantize(Some(&q), None, &descale, &t, &a).unwrap();
+                b.quantize(Some(&q), None, &descale, &t, &a, Fused::Nothing)
+                    .unwrap();
                 (q, descale)
             };
             let (xq, x_descale) = quantized(x, m, a_dtype);
             let (wq, w_descale) = quantized(w, n, b_dtype);
-            let (a, wt) = (Scaled::new(&xq, &x_descale), Scaled::new(&wq, &w_descale));
+            let (a, wt) = (
+                Operand::scaled(&xq, &x_descale),
+                Operand::scaled(&wq, &w_descale),
+            );
             let bias = tensor(b, &[n], DType::BF16, bias);
             let zeros = vec![0.0; m * n];
+            let spec = |accumulate| Matmul {
+                accumulate,
+                sum,
+                ..Matmul::FORWARD
+            };
             let plain = tensor(b, &[m, n], DType::BF16, &zeros);
-            b.matmul_scaled(&plain, a, wt, None, sum, false).unwrap();
+            b.matmul(&plain, a, wt, None, spec(false)).unwrap();
             let biased = tensor(b, &[m, n], DType::BF16, &zeros);
-            b.matmul_scaled(&biased, a, wt, Some(&bias), sum, false)
-                .unwrap();
+            b.matmul(&biased, a, wt, Some(&bias), spec(false)).unwrap();
             let accumulated = tensor(b, &[m, n], DType::BF16, acc0);
-            b.matmul_scaled(&accumulated, a, wt, Some(&bias), sum, true)
+            b.matmul(&accumulated, a, wt, Some(&bias), spec(true))
                 .unwrap();
             let unbiased_accumulated = tensor(b, &[m, n], DType::BF16, acc0);
-            b.matmul_scaled(&unbiased_accumulated, a, wt, None, sum, true)
+            b.matmul(&unbiased_accumulated, a, wt, None, spec(true))
                 .unwrap();
             vec![
                 ("a·bᵀ", download(b, &plain)),
@@ -1347,28 +1367,18 @@ fn matmul_scaled_matches_the_cpu() {
         q(24, 32, DType::E4M3),
     );
     let out = q(32, 32, DType::BF16);
-    let scaled = |t| Scaled::new(t, &one);
+    let scaled = |t| Operand::scaled(t, &one);
+    let promoted = Matmul {
+        sum: Fp8Sum::Promoted,
+        ..Matmul::FORWARD
+    };
     let err = gpu
-        .matmul_scaled(
-            &out,
-            scaled(&e5),
-            scaled(&e5),
-            None,
-            Fp8Sum::Promoted,
-            false,
-        )
+        .matmul(&out, scaled(&e5), scaled(&e5), None, promoted)
         .unwrap_err();
     assert!(format!("{err:#}").contains("matmul_scaled"), "{err:#}");
     let out = q(24, 32, DType::BF16);
     let err = gpu
-        .matmul_scaled(
-            &out,
-            scaled(&odd),
-            scaled(&e4),
-            None,
-            Fp8Sum::Promoted,
-            false,
-        )
+        .matmul(&out, scaled(&odd), scaled(&e4), None, promoted)
         .unwrap_err();
     let text = format!("{err:#}");
     assert!(

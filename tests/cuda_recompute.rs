@@ -9,7 +9,7 @@ mod common;
 
 use common::gpu::*;
 use common::{batch, gradients, max_abs, max_abs_diff, options};
-use smelt::backend::Backend;
+use smelt::backend::prelude::*;
 use smelt::model::{
     LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
 };

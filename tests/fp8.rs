@@ -8,8 +8,8 @@ use common::gpu::{
     bf16_adamw, cosine, norm_quantizations, norm_quantizations_agree, normal, output,
 };
 use common::*;
-use smelt::backend::Backend;
 use smelt::backend::cpu::Cpu;
+use smelt::backend::prelude::*;
 use smelt::comm::Solo;
 use smelt::model::{LossOptions, MatmulPrecision, ModelConfig, Recompute, Transformer};
 use smelt::tensor::DType;

@@ -6,8 +6,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use smelt::backend::Backend;
 use smelt::backend::cpu::Cpu;
+use smelt::backend::prelude::*;
 use smelt::io::hf;
 use smelt::io::tensors::{MappedFile, write_file};
 use smelt::model::{ModelConfig, Recompute, Transformer};

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use smelt::backend::Backend;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
+use smelt::backend::prelude::*;
 use smelt::io::hf;
 use smelt::io::tensors::{MappedFile, decode};
 use smelt::model::{Gradients, LossOptions, MatmulPrecision, ModelOptions, Recompute, Transformer};

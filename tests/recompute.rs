@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
-use smelt::backend::Backend;
 use smelt::backend::cpu::Cpu;
+use smelt::backend::prelude::*;
 use smelt::model::{LossOptions, MatmulPrecision, ModelConfig, Recompute, Transformer};
 use smelt::tensor::DType;
 

@@ -156,6 +156,7 @@ pub fn load<B: Backend>(b: &B, path: &Path, tensors: &[(String, &Tensor<B>)]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::MemoryOps;
     use crate::backend::cpu::Cpu;
     use crate::tensor::TensorSpec;
 

@@ -147,10 +147,10 @@ impl<B: Backend> Transformer<B> {
             .bias(g)
             .filter(|_| self.bias_with_rope(Linear::Qkv));
         match bias {
-            Some(db) => b.rope_backward_and_bias(&a.dqkv, &self.rope, shape, db, acc)?,
+            Some(db) => b.rope_backward(&a.dqkv, &self.rope, shape, None, Some((db, acc)))?,
             None => {
                 let amax = self.grad_amax(l, Linear::Qkv);
-                b.rope_backward(&a.dqkv, &self.rope, shape, amax.as_ref())?;
+                b.rope_backward(&a.dqkv, &self.rope, shape, amax.as_ref(), None)?;
             }
         }
         self.linear_backward(b, (l, Linear::Qkv), &a.dln, &a.dqkv, a.ln1.layer(l), acc)?;

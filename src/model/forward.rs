@@ -9,8 +9,9 @@ use anyhow::Result;
 use super::decode::KvCache;
 use super::fp8::Linear;
 use super::linear::Input;
+use super::linear::Normalized;
 use super::transformer::Transformer;
-use crate::backend::{Backend, Normalized, Range};
+use crate::backend::{Backend, Range, ResidualAdd};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
@@ -48,12 +49,14 @@ impl<B: Backend> Transformer<B> {
         // The last block's residual sum is fused into the final norm (a config has at least
         // one layer).
         let (a, p, last) = (&self.acts, &self.params, self.config.num_layers);
-        b.residual_rmsnorm_forward(
-            a.residual.layer(last),
+        b.rmsnorm_forward(
             Some(&a.lnf),
             &a.rstdf,
             a.residual_mid.layer(last - 1),
-            &a.branch,
+            Some(ResidualAdd {
+                out: a.residual.layer(last),
+                branch: &a.branch,
+            }),
             &p.final_norm,
             self.config.rms_norm_eps as f32,
             None,
@@ -94,12 +97,14 @@ impl<B: Backend> Transformer<B> {
         if pass == Pass::Forward && l > 0 {
             let prev_mid = a.residual_mid.layer(l - 1);
             a.residual.before_write(b, l)?;
-            b.residual_rmsnorm_forward(
-                a.residual.layer(l),
+            b.rmsnorm_forward(
                 self.norm_out(ln1),
                 a.rstd1.layer(l),
                 prev_mid,
-                &a.branch,
+                Some(ResidualAdd {
+                    out: a.residual.layer(l),
+                    branch: &a.branch,
+                }),
                 &w.ln1,
                 eps,
                 amax_qkv.as_ref(),
@@ -107,7 +112,7 @@ impl<B: Backend> Transformer<B> {
             a.residual.written(b, l)?;
         } else if run(rc.norms() && stored) {
             let (out, inp, rstd) = (self.norm_out(ln1), a.residual.layer(l), a.rstd1.layer(l));
-            b.rmsnorm_forward(out, rstd, inp, &w.ln1, eps, amax_qkv.as_ref())?;
+            b.rmsnorm_forward(out, rstd, inp, None, &w.ln1, eps, amax_qkv.as_ref())?;
         }
         // 2) QKV projection (+ bias), then RoPE on q and k; when generating, into the KV
         // cache's next rows, rotated to their positions
@@ -139,19 +144,21 @@ impl<B: Backend> Transformer<B> {
         // 4) output projection, 5) residual add and post-attention norm
         if run(rc.residual_mid()) {
             self.linear_forward(b, (l, Linear::Out), &a.branch, Input::Tensor(att), None)?;
-            b.residual_rmsnorm_forward(
-                mid,
+            b.rmsnorm_forward(
                 self.norm_out(ln2),
                 a.rstd2.layer(l),
                 a.residual.layer(l),
-                &a.branch,
+                Some(ResidualAdd {
+                    out: mid,
+                    branch: &a.branch,
+                }),
                 &w.ln2,
                 eps,
                 amax_gate_up.as_ref(),
             )?;
         } else if run(rc.norms() && stored) {
             let (out, rstd) = (self.norm_out(ln2), a.rstd2.layer(l));
-            b.rmsnorm_forward(out, rstd, mid, &w.ln2, eps, amax_gate_up.as_ref())?;
+            b.rmsnorm_forward(out, rstd, mid, None, &w.ln2, eps, amax_gate_up.as_ref())?;
         }
         // 6)–8) the MLP
         self.mlp_forward(b, l, pass)?;

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::activations::Recompute;
 use super::linear::Input;
 use super::params::{LayerParams, ParamSpec, Params};
-use crate::backend::{Backend, Fp8Sum, Scaled};
+use crate::backend::{Backend, Fp8Sum, Fused, Matmul, Operand};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 /// The dtypes the four linear layers of each block (QKV, output, gate/up, down) multiply
@@ -377,7 +377,14 @@ impl<B: Backend> Fp8State<B> {
                     b.abs_max(&amax, w)?;
                 }
                 let copy = &self.linears[l][lin as usize].weight;
-                b.quantize(Some(&copy.rows), Some(&copy.cols), &copy.descale, w, &amax)?;
+                b.quantize(
+                    Some(&copy.rows),
+                    Some(&copy.cols),
+                    &copy.descale,
+                    w,
+                    &amax,
+                    Fused::Nothing,
+                )?;
             }
         }
         self.state.set(WeightCopies::Current);
@@ -400,7 +407,7 @@ impl<B: Backend> Fp8State<B> {
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
         self.with_operands(b, (l, lin), x, |x8, w8| {
-            b.matmul_scaled(out, x8, w8, bias, Fp8Sum::Fast, false)
+            b.matmul(out, x8, w8, bias, Matmul::FORWARD)
         })
     }
 
@@ -417,7 +424,7 @@ impl<B: Backend> Fp8State<B> {
     ) -> Result<()> {
         let amax = self.input_amax(l, Linear::Down);
         self.with_operands(b, (l, Linear::GateUp), x, |x8, w8| {
-            b.gate_up_swiglu_scaled(gate_up, swiglu, x8, w8, Some(&amax))
+            b.gate_up_swiglu(gate_up, swiglu, x8, w8, Some(&amax))
         })
     }
 
@@ -428,7 +435,7 @@ impl<B: Backend> Fp8State<B> {
         b: &B,
         (l, lin): (usize, Linear),
         x: Input<'_, B>,
-        matmul: impl FnOnce(Scaled<'_, B>, Scaled<'_, B>) -> Result<()>,
+        matmul: impl FnOnce(Operand<'_, B>, Operand<'_, B>) -> Result<()>,
     ) -> Result<()> {
         let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
         let (rows, cols) = x.dims();
@@ -436,12 +443,19 @@ impl<B: Backend> Fp8State<B> {
         let xt = input.cols.reshape(&[cols, rows]);
         let (xd, amax) = (&input.descale, &self.input_amax(l, lin));
         match x {
-            Input::Tensor(x) => b.quantize(Some(&xq), Some(&xt), xd, x, amax)?,
-            Input::Norm { normalized, .. } => {
-                b.quantize_normalized(&xq, &xt, xd, normalized, amax)?
+            Input::Tensor(x) => b.quantize(Some(&xq), Some(&xt), xd, x, amax, Fused::Nothing)?,
+            Input::Norm { normalized: n, .. } => {
+                let norm = Fused::Norm {
+                    rstd: n.rstd,
+                    weight: n.weight,
+                };
+                b.quantize(Some(&xq), Some(&xt), xd, n.x, amax, norm)?
             }
         }
-        matmul(Scaled::new(&xq, xd), Scaled::new(&w.rows, &w.descale))
+        matmul(
+            Operand::scaled(&xq, xd),
+            Operand::scaled(&w.rows, &w.descale),
+        )
     }
 
     /// `dx = dy · w`, `dw (+)= dyᵀ · x` and `db (+)= Σ dy`, as `with_gradient` runs them.
@@ -455,7 +469,7 @@ impl<B: Backend> Fp8State<B> {
         accumulate: bool,
     ) -> Result<()> {
         self.with_gradient(b, (l, lin), grads, dy, accumulate, |dy8, w8| {
-            b.matmul_scaled(dx, dy8, w8, None, Fp8Sum::Fast, false)
+            b.matmul(dx, dy8, w8, None, Matmul::FORWARD)
         })
     }
 
@@ -479,7 +493,7 @@ impl<B: Backend> Fp8State<B> {
             (dw, None),
             dy,
             accumulate,
-            |dy8, w8| b.swiglu_backward_through_down_scaled(gate_up, dh, dy8, w8, Some(&amax)),
+            |dy8, w8| b.swiglu_backward_through_down(gate_up, dh, dy8, w8, Some(&amax)),
         )
     }
 
@@ -496,28 +510,34 @@ impl<B: Backend> Fp8State<B> {
         (dw, db): (&Tensor<B>, Option<&Tensor<B>>),
         dy: &Tensor<B>,
         accumulate: bool,
-        input_gradient: impl FnOnce(Scaled<'_, B>, Scaled<'_, B>) -> Result<()>,
+        input_gradient: impl FnOnce(Operand<'_, B>, Operand<'_, B>) -> Result<()>,
     ) -> Result<()> {
         let (n, outs) = (dy.matrix_rows(), dy.cols());
         let amax = self.grad_amax(l, lin);
         let dd = &self.grad_descale;
         let (dyq, dyt) = (view(&self.grad_q, n, outs), view(&self.grad_qt, outs, n));
-        match db {
-            Some(db) => {
-                b.quantize_summing_columns(Some(&dyq), Some(&dyt), dd, dy, &amax, (db, accumulate))?
-            }
-            None => b.quantize(Some(&dyq), Some(&dyt), dd, dy, &amax)?,
-        }
+        let fused = match db {
+            Some(dbias) => Fused::ColumnSums { dbias, accumulate },
+            None => Fused::Nothing,
+        };
+        b.quantize(Some(&dyq), Some(&dyt), dd, dy, &amax, fused)?;
         let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
-        input_gradient(Scaled::new(&dyq, dd), Scaled::new(&w.cols, &w.descale))?;
+        input_gradient(
+            Operand::scaled(&dyq, dd),
+            Operand::scaled(&w.cols, &w.descale),
+        )?;
         let xt = input.cols.reshape(&[w.cols.matrix_rows(), n]);
-        b.matmul_scaled(
-            dw,
-            Scaled::new(&dyt, dd),
-            Scaled::new(&xt, &input.descale),
-            None,
-            Fp8Sum::Promoted,
+        let spec = Matmul {
             accumulate,
+            sum: Fp8Sum::Promoted,
+            ..Matmul::FORWARD
+        };
+        b.matmul(
+            dw,
+            Operand::scaled(&dyt, dd),
+            Operand::scaled(&xt, &input.descale),
+            None,
+            spec,
         )
     }
 

@@ -104,6 +104,7 @@ fn slots_of(kept: &[bool]) -> Vec<Option<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::MemoryOps;
     use crate::backend::cpu::Cpu;
     use crate::model::ModelConfig;
     use crate::tensor::DType;

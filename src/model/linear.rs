@@ -5,8 +5,17 @@ use anyhow::Result;
 
 use super::fp8::Linear;
 use super::transformer::Transformer;
-use crate::backend::{Backend, Matmul, Normalized};
+use crate::backend::{Backend, Matmul};
 use crate::tensor::Tensor;
+
+/// The output of `rmsnorm_forward` described by its input rows `x` `[N, C]`, their `rstd`
+/// `[N]` (f32) and the norm's `weight` `[C]`, for an op that normalizes as it reads instead
+/// of reading the stored output.
+pub(crate) struct Normalized<'a, B: Backend> {
+    pub x: &'a Tensor<B>,
+    pub rstd: &'a Tensor<B>,
+    pub weight: &'a Tensor<B>,
+}
 
 /// What a linear layer reads: a tensor, or a norm's output. A norm stores its output in
 /// `stored` for bf16 matmuls only: with FP8, the projection's quantization normalizes the

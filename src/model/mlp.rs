@@ -104,7 +104,7 @@ impl<B: Backend> Transformer<B> {
             None => {
                 let w = Linear::Down.weight(&self.params.layers[l]);
                 b.matmul(dw, &a.dresidual, swiglu, None, Matmul::backward_weight(acc))?;
-                b.swiglu_backward_through_down(gate_up, dswiglu, &a.dresidual, w)?;
+                b.swiglu_backward_through_down(gate_up, dswiglu, &a.dresidual, w, None)?;
             }
         }
         // 6) gate/up projection
@@ -155,7 +155,7 @@ impl<B: Backend> Transformer<B> {
             return fp8.gate_up_swiglu(b, l, gate_up, swiglu, ln2);
         }
         let w = Linear::GateUp.weight(&self.params.layers[l]);
-        b.gate_up_swiglu(gate_up, swiglu, ln2.stored(), w)
+        b.gate_up_swiglu(gate_up, swiglu, ln2.stored(), w, None)
     }
 
     /// Step 7 alone, reporting its output's abs-max where FP8 quantizes it next.

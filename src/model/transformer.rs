@@ -387,6 +387,7 @@ pub(super) fn rope_table(config: &ModelConfig, seq: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::MemoryOps;
     use crate::backend::cpu::Cpu;
     use crate::model::LossOptions;
 

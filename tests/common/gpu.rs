@@ -2,8 +2,9 @@
 //! that print their figures (the GPU script collects `[figure]` lines), and model weights
 //! drawn once on the host.
 
+use smelt::backend::Fused;
 use smelt::backend::cuda::Cuda;
-use smelt::backend::{Backend, Normalized};
+use smelt::backend::prelude::*;
 use smelt::comm::Solo;
 use smelt::model::{LossOptions, ParamKind, Transformer};
 use smelt::rng::{Rng, fill_normal};
@@ -218,7 +219,7 @@ pub fn bf16_adamw<B: Backend>(b: &B, model: &Transformer<B>) -> AdamWState<B> {
 }
 
 /// A norm's output quantized to e4m3 two ways: stored by `rmsnorm_forward` and quantized,
-/// and (`quantize_normalized`) from the norm's input by a norm that stores nothing; with both
+/// and (`Fused::Norm`) from the norm's input by a norm that stores nothing; with both
 /// norms' rstd and abs-max. The two ways must give the same bits.
 pub fn norm_quantizations<B: Backend>(
     b: &B,
@@ -232,7 +233,7 @@ pub fn norm_quantizations<B: Backend>(
         |shape: &[usize], dtype| tensor(b, shape, dtype, &vec![0.0; shape.iter().product()]);
     let norm = |out: Option<&Tensor<B>>| {
         let (rstd, amax) = (zeros(&[r], DType::F32), zeros(&[1], DType::F32));
-        b.rmsnorm_forward(out, &rstd, &x, &w, 1e-6, Some(&amax))
+        b.rmsnorm_forward(out, &rstd, &x, None, &w, 1e-6, Some(&amax))
             .unwrap();
         (rstd, amax)
     };
@@ -247,16 +248,29 @@ pub fn norm_quantizations<B: Backend>(
         )
     };
     let (rows, cols, descale) = codes();
-    b.quantize(Some(&rows), Some(&cols), &descale, &y, &amax)
-        .unwrap();
+    b.quantize(
+        Some(&rows),
+        Some(&cols),
+        &descale,
+        &y,
+        &amax,
+        Fused::Nothing,
+    )
+    .unwrap();
     let (n_rows, n_cols, n_descale) = codes();
-    let normalized = Normalized {
-        x: &x,
+    let norm = Fused::Norm {
         rstd: &unstored_rstd,
         weight: &w,
     };
-    b.quantize_normalized(&n_rows, &n_cols, &n_descale, normalized, &unstored_amax)
-        .unwrap();
+    b.quantize(
+        Some(&n_rows),
+        Some(&n_cols),
+        &n_descale,
+        &x,
+        &unstored_amax,
+        norm,
+    )
+    .unwrap();
     let values = |t: &Tensor<B>| b.download(t).unwrap();
     vec![
         ("stored rstd", values(&rstd)),

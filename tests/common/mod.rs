@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use serde_json::json;
-use smelt::backend::Backend;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX, Scalar};
+use smelt::backend::prelude::*;
 use smelt::model::{Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer};
 use smelt::rng::Rng;
 use smelt::tensor::DType;

@@ -4,10 +4,12 @@
 //! PyTorch's AdamW with the bias corrections' reciprocals taken once per tensor, so that an
 //! element costs one division and one square root.
 
-use super::Scalar;
+use anyhow::{Result, ensure};
+
 use super::rounding::{hash_u32, round_slice, stochastic_round_bf16};
-use crate::backend::AdamW;
-use crate::tensor::DType;
+use super::{Cpu, Scalar};
+use crate::backend::{AdamW, AdamWTensor, OptimizerOps};
+use crate::tensor::{DType, Tensor};
 
 /// The factor that scales gradients down to `grad_clip` in global norm.
 pub fn clip_scale(norm_sq: f64, grad_clip: f32) -> f64 {
@@ -93,5 +95,72 @@ pub fn adamw<T: Scalar>(
                 store(&mut param[i], p_new, dtypes.param, Some(noise));
             }
         }
+    }
+}
+
+impl<T: Scalar> OptimizerOps for Cpu<T> {
+    fn sum_squares(&self, sums: &Tensor<Self>, xs: &[Option<&Tensor<Self>>]) -> Result<()> {
+        ensure!(
+            sums.numel() == xs.len(),
+            "sum_squares: {} sums for {} tensors",
+            sums.numel(),
+            xs.len()
+        );
+        let mut each = Vec::with_capacity(xs.len());
+        for x in xs {
+            each.push(match x {
+                Some(x) => self.floats(x)?.iter().map(|&v| v * v).sum::<T>(),
+                None => T::zero(),
+            });
+        }
+        self.update(sums, |o| o.copy_from_slice(&each))
+    }
+
+    fn sum(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
+        let total = self.floats(x)?.iter().copied().sum::<T>();
+        self.update(out, |o| o[0] = total)
+    }
+
+    fn adamw(
+        &self,
+        tensors: &[AdamWTensor<'_, Self>],
+        norm_sq: &Tensor<Self>,
+        hp: &AdamW,
+    ) -> Result<()> {
+        let norm_sq = self.floats(norm_sq)?[0].f64();
+        for t in tensors {
+            {
+                let grad_v = self.floats(t.grad)?;
+                let (mut m_v, mut v_v, mut p_v) = (
+                    self.floats_mut(t.m)?,
+                    self.floats_mut(t.v)?,
+                    self.floats_mut(t.param)?,
+                );
+                let mut master_v = t.master.map(|m| self.floats_mut(m)).transpose()?;
+                let dtypes = StateDtypes {
+                    param: t.param.dtype,
+                    m: t.m.dtype,
+                    v: t.v.dtype,
+                    master: t.master.map_or(t.param.dtype, |m| m.dtype),
+                };
+                let tensor_hp = TensorHyper {
+                    weight_decay: hp.weight_decay_for(t.decays),
+                    seed: t.seed,
+                };
+                adamw(
+                    &mut p_v,
+                    master_v.as_deref_mut(),
+                    &grad_v,
+                    &mut m_v,
+                    &mut v_v,
+                    norm_sq,
+                    hp,
+                    &tensor_hp,
+                    &dtypes,
+                );
+            }
+            self.report_abs_max(t.amax, t.param)?;
+        }
+        Ok(())
     }
 }

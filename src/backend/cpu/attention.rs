@@ -6,8 +6,11 @@
 
 use rayon::prelude::*;
 
-use super::Scalar;
-use crate::backend::AttnShape;
+use anyhow::Result;
+
+use super::{Cpu, Scalar, rounding};
+use crate::backend::{AttentionOps, AttnShape};
+use crate::tensor::Tensor;
 
 fn dot<T: Scalar>(a: &[T], b: &[T]) -> T {
     a.iter().zip(b).map(|(&x, &y)| x * y).sum()
@@ -172,5 +175,54 @@ pub fn attention_backward<T: Scalar>(
             row[k_at..k_at + d].copy_from_slice(&dk[t * d..(t + 1) * d]);
             row[v_at..v_at + d].copy_from_slice(&dv[t * d..(t + 1) * d]);
         }
+    }
+}
+
+impl<T: Scalar> AttentionOps for Cpu<T> {
+    fn attention_forward(
+        &self,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        {
+            let qkv = self.floats(qkv)?;
+            let mut lse_v = self.floats_mut(lse)?;
+            self.update(out, |o| attention_forward(o, &mut lse_v, &qkv, shape))?;
+            rounding::round_slice(lse.dtype, &mut lse_v);
+        }
+        self.report_abs_max(amax, out)
+    }
+
+    fn attention_decode(
+        &self,
+        out: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let qkv = self.floats(qkv)?;
+        self.update(out, |o| attention_decode(o, &qkv, shape))
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let (dout, qkv, out, lse) = (
+            self.floats(dout)?,
+            self.floats(qkv)?,
+            self.floats(out)?,
+            self.floats(lse)?,
+        );
+        self.update(dqkv, |d| {
+            attention_backward(d, &dout, &qkv, &out, &lse, shape)
+        })
     }
 }

@@ -2,7 +2,11 @@
 
 use rayon::prelude::*;
 
-use super::Scalar;
+use anyhow::Result;
+
+use super::{Cpu, Scalar, rounding};
+use crate::backend::ClassifierOps;
+use crate::tensor::Tensor;
 
 /// Targets with this value are not trained (HF's and PyTorch's convention).
 pub const IGNORE_INDEX: i32 = -100;
@@ -42,4 +46,29 @@ pub fn cross_entropy<T: Scalar>(
                 row[target as usize] = row[target as usize] - scale;
             }
         });
+}
+
+impl<T: Scalar> ClassifierOps for Cpu<T> {
+    fn cross_entropy(
+        &self,
+        logits: &Tensor<Self>,
+        losses: &Tensor<Self>,
+        targets: &Tensor<Self>,
+        z_loss: f32,
+        grad_scale: Option<f32>,
+    ) -> Result<()> {
+        let targets = self.ints(targets)?;
+        let mut losses_v = self.floats_mut(losses)?;
+        self.update(logits, |l| {
+            cross_entropy(
+                l,
+                &mut losses_v,
+                &targets,
+                z_loss as f64,
+                grad_scale.map(f64::from),
+            )
+        })?;
+        rounding::round_slice(losses.dtype, &mut losses_v);
+        Ok(())
+    }
 }

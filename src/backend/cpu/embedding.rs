@@ -2,7 +2,11 @@
 
 use rayon::prelude::*;
 
-use super::Scalar;
+use anyhow::Result;
+
+use super::{Cpu, Scalar};
+use crate::backend::EmbeddingOps;
+use crate::tensor::Tensor;
 
 /// out: `[N, C]`, tokens: `[N]`, wte: `[V, C]`.
 pub fn embedding_forward<T: Scalar>(out: &mut [T], tokens: &[i32], wte: &[T], c: usize) {
@@ -33,5 +37,30 @@ pub fn embedding_backward<T: Scalar>(
         {
             *d += g;
         }
+    }
+}
+
+impl<T: Scalar> EmbeddingOps for Cpu<T> {
+    fn embedding_forward(
+        &self,
+        out: &Tensor<Self>,
+        tokens: &Tensor<Self>,
+        wte: &Tensor<Self>,
+    ) -> Result<()> {
+        let (tokens, wte_v) = (self.ints(tokens)?, self.floats(wte)?);
+        self.update(out, |o| embedding_forward(o, &tokens, &wte_v, wte.cols()))
+    }
+
+    fn embedding_backward(
+        &self,
+        dwte: &Tensor<Self>,
+        tokens: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (tokens, dout) = (self.ints(tokens)?, self.floats(dout)?);
+        self.update(dwte, |d| {
+            embedding_backward(d, &tokens, &dout, dwte.cols(), accumulate)
+        })
     }
 }

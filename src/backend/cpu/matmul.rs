@@ -1,7 +1,10 @@
 //! Matrix products through a real GEMM, plus the bias gradient.
 
-use super::Scalar;
-use crate::backend::Matmul;
+use anyhow::{Result, bail, ensure};
+
+use super::{Cpu, Scalar};
+use crate::backend::{Matmul, MatmulOps, Operand};
+use crate::tensor::Tensor;
 
 /// Row-major strides of `op(x)` for an `[rows, cols]` matrix: `(rows_of_op, cols_of_op, rs, cs)`.
 fn op_view(rows: usize, cols: usize, transpose: bool) -> (usize, usize, isize, isize) {
@@ -67,5 +70,81 @@ pub fn bias_backward<T: Scalar>(dbias: &mut [T], dout: &[T], accumulate: bool) {
         for (d, &g) in dbias.iter_mut().zip(row) {
             *d += g;
         }
+    }
+}
+
+impl<T: Scalar> MatmulOps for Cpu<T> {
+    fn matmul<'a>(
+        &self,
+        out: &Tensor<Self>,
+        a: impl Into<Operand<'a, Self>>,
+        b: impl Into<Operand<'a, Self>>,
+        bias: Option<&Tensor<Self>>,
+        spec: Matmul,
+    ) -> Result<()>
+    where
+        Self: 'a,
+    {
+        let (a, b) = (a.into(), b.into());
+        let bias = bias.map(|t| self.floats(t)).transpose()?;
+        match (a.descale, b.descale) {
+            (None, None) => {
+                let (a, b) = (a.data, b.data);
+                let (a_v, b_v) = (self.floats(a)?, self.floats(b)?);
+                let m = if spec.trans_a {
+                    a.cols()
+                } else {
+                    a.matrix_rows()
+                };
+                let n = if spec.trans_b {
+                    b.matrix_rows()
+                } else {
+                    b.cols()
+                };
+                ensure!(
+                    out.numel() == m * n,
+                    "matmul: output {:?} is not {m}x{n}",
+                    out.shape
+                );
+                self.update(out, |o| {
+                    matmul(o, &a_v, a.cols(), &b_v, b.cols(), bias.as_deref(), spec)
+                })
+            }
+            (Some(da), Some(db)) => {
+                let (a, b) = (a.data, b.data);
+                let k = a.cols();
+                ensure!(
+                    !spec.trans_a
+                        && spec.trans_b
+                        && b.cols() == k
+                        && out.numel() == a.matrix_rows() * b.matrix_rows(),
+                    "matmul of scaled operands: a {:?} · b {:?}ᵀ into {:?} ({spec:?}; FP8 \
+                     operands take K contiguous in both)",
+                    a.shape,
+                    b.shape,
+                    out.shape
+                );
+                let (da, db) = (self.scalar(da)?, self.scalar(db)?);
+                let (a_v, b_v) = (self.floats(a)?, self.floats(b)?);
+                self.update(out, |o| {
+                    let (da, db) = (T::of(da as f64), T::of(db as f64));
+                    // The real values of the operands formed first and multiplied in `T`.
+                    let a: Vec<T> = a_v.iter().map(|&x| x * da).collect();
+                    let b: Vec<T> = b_v.iter().map(|&x| x * db).collect();
+                    matmul(o, &a, k, &b, k, bias.as_deref(), spec)
+                })
+            }
+            _ => bail!("matmul: one operand scaled and the other not"),
+        }
+    }
+
+    fn bias_backward(
+        &self,
+        dbias: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let dout = self.floats(dout)?;
+        self.update(dbias, |d| bias_backward(d, &dout, accumulate))
     }
 }

@@ -2,7 +2,11 @@
 
 use rayon::prelude::*;
 
-use super::Scalar;
+use anyhow::{Result, ensure};
+
+use super::{Cpu, Scalar, rounding};
+use crate::backend::{NormOps, ResidualAdd};
+use crate::tensor::Tensor;
 
 /// `rstd[n] = 1/sqrt(mean(inp[n]²) + eps)`; inp: `[N, C]`; rstd: `[N]`.
 pub fn rstd<T: Scalar>(rstd: &mut [T], inp: &[T], c: usize, eps: f64) {
@@ -62,5 +66,101 @@ pub fn rmsnorm_backward<T: Scalar>(
         for ((dw, &dy), &x) in dweight.iter_mut().zip(dy).zip(x) {
             *dw += dy * x * r;
         }
+    }
+}
+
+impl<T: Scalar> NormOps for Cpu<T> {
+    fn rmsnorm_forward(
+        &self,
+        out: Option<&Tensor<Self>>,
+        rstd: &Tensor<Self>,
+        inp: &Tensor<Self>,
+        residual: Option<ResidualAdd<'_, Self>>,
+        weight: &Tensor<Self>,
+        eps: f32,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        // The norm reads the rounded sum, as a kernel reading back its bf16 output would.
+        let x = match residual {
+            Some(ResidualAdd { out: sum, branch }) => {
+                let (residual, branch) = (self.floats(inp)?, self.floats(branch)?);
+                self.update(sum, |s| {
+                    s.iter_mut()
+                        .zip(residual.iter().zip(branch.iter()))
+                        .for_each(|(s, (&a, &b))| *s = a + b)
+                })?;
+                sum
+            }
+            None => inp,
+        };
+        ensure!(
+            out.is_none_or(|o| o.dtype == x.dtype),
+            "rmsnorm_forward: out {:?} is not inp's {}",
+            out.map(|o| o.dtype),
+            x.dtype
+        );
+        {
+            let x_v = self.floats(x)?;
+            let c = weight.numel();
+            self.update(rstd, |r| self::rstd(r, &x_v, c, eps as f64))?;
+        }
+        // From rstd as stored, as the quantization of a norm's output reads it.
+        let y = self.normalized(x, rstd, weight)?;
+        if let Some(amax) = amax {
+            self.raise_abs_max(amax, &y)?;
+        }
+        match out {
+            Some(out) => self.update(out, |o| o.copy_from_slice(&y)),
+            None => Ok(()),
+        }
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dinp: &Tensor<Self>,
+        dweight: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        inp: &Tensor<Self>,
+        weight: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        accumulate: bool,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        let (dout, inp, weight, rstd) = (
+            self.floats(dout)?,
+            self.floats(inp)?,
+            self.floats(weight)?,
+            self.floats(rstd)?,
+        );
+        let mut dweight_v = self.floats_mut(dweight)?;
+        self.update(dinp, |dx| {
+            rmsnorm_backward(dx, &mut dweight_v, &dout, &inp, &weight, &rstd, accumulate)
+        })?;
+        rounding::round_slice(dweight.dtype, &mut dweight_v);
+        self.report_abs_max(amax, dinp)
+    }
+}
+
+impl<T: Scalar> Cpu<T> {
+    /// The output of the norm of `x` by `rstd` and `weight`, rounded to x's dtype as
+    /// `rmsnorm_forward` stores it.
+    pub(super) fn normalized(
+        &self,
+        x: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        weight: &Tensor<Self>,
+    ) -> Result<Vec<T>> {
+        let (inp, rstd_v, weight_v) = (self.floats(x)?, self.floats(rstd)?, self.floats(weight)?);
+        ensure!(
+            inp.len() == rstd_v.len() * weight_v.len(),
+            "the norm of {:?} with rstd {:?} and weight {:?}",
+            x.shape,
+            rstd.shape,
+            weight.shape
+        );
+        let mut y = vec![T::zero(); inp.len()];
+        normalize(&mut y, &inp, &rstd_v, &weight_v);
+        rounding::round_slice(x.dtype, &mut y);
+        Ok(y)
     }
 }

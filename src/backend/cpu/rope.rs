@@ -3,8 +3,11 @@
 
 use rayon::prelude::*;
 
-use super::Scalar;
-use crate::backend::AttnShape;
+use anyhow::Result;
+
+use super::{Cpu, Scalar};
+use crate::backend::{AttnShape, MatmulOps, RopeOps};
+use crate::tensor::Tensor;
 
 /// Rotates each query and key head of every `qkv` row by its position's angles.
 /// `freqs`: `[T, head_dim/2, 2]` of (cos, sin). `inverse` rotates back, which is the
@@ -27,4 +30,35 @@ pub fn rope_rotate<T: Scalar>(qkv: &mut [T], freqs: &[T], shape: AttnShape, inve
                 }
             }
         });
+}
+
+impl<T: Scalar> RopeOps for Cpu<T> {
+    fn rope_forward(
+        &self,
+        qkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let freqs = self.floats(freqs)?;
+        self.update(qkv, |x| rope_rotate(x, &freqs, shape, false))
+    }
+
+    fn rope_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        freqs: &Tensor<Self>,
+        shape: AttnShape,
+        amax: Option<&Tensor<Self>>,
+        bias: Option<(&Tensor<Self>, bool)>,
+    ) -> Result<()> {
+        {
+            let freqs = self.floats(freqs)?;
+            self.update(dqkv, |x| rope_rotate(x, &freqs, shape, true))?;
+        }
+        self.report_abs_max(amax, dqkv)?;
+        match bias {
+            Some((dbias, accumulate)) => self.bias_backward(dbias, dqkv, accumulate),
+            None => Ok(()),
+        }
+    }
 }

@@ -2,7 +2,11 @@
 
 use rayon::prelude::*;
 
-use super::Scalar;
+use anyhow::Result;
+
+use super::{Cpu, Scalar};
+use crate::backend::SwigluOps;
+use crate::tensor::Tensor;
 
 fn sigmoid<T: Scalar>(x: T) -> T {
     (T::one() + (-x).exp()).recip()
@@ -33,4 +37,34 @@ pub fn swiglu_backward<T: Scalar>(dgate_up: &mut [T], dout: &[T], gate_up: &[T],
                 dup[i] = dy[i] * gate[i] * s;
             }
         });
+}
+
+impl<T: Scalar> SwigluOps for Cpu<T> {
+    fn swiglu_forward(
+        &self,
+        out: &Tensor<Self>,
+        gate_up: &Tensor<Self>,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        {
+            let gu = self.floats(gate_up)?;
+            self.update(out, |o| swiglu_forward(o, &gu, out.cols()))?;
+        }
+        self.report_abs_max(amax, out)
+    }
+
+    fn swiglu_backward(
+        &self,
+        dgate_up: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        gate_up: &Tensor<Self>,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        {
+            // gate_up copied, as the contract lets `dgate_up` be `gate_up` itself.
+            let (dy, gu) = (self.floats(dout)?, self.values(gate_up)?);
+            self.update(dgate_up, |d| swiglu_backward(d, &dy, &gu, dout.cols()))?;
+        }
+        self.report_abs_max(amax, dgate_up)
+    }
 }

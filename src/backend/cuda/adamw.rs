@@ -1,13 +1,15 @@
-//! AdamW: the CPU's f32 update on the device, clipping by the device-side norm, one launch
-//! for a whole list of tensors.
+//! The optimizer on the GPU: the gradients' deterministic sums of squares, and AdamW (the
+//! CPU's f32 update, clipping by the device-side norm), each one launch for a whole list of
+//! tensors.
 
 use anyhow::{Result, ensure};
 
-use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
 use super::multi_tensor::Runs;
-use super::{BLOCK, Cuda, aligned_head, blocks, ensure_dtype, float, ptr};
-use crate::backend::{AdamW, AdamWTensor};
+use super::{
+    BLOCK, Cuda, aligned_head, amax_ptr, blocks, ensure_dtype, ensure_dtype_in, float, ptr,
+};
+use crate::backend::{AdamW, AdamWTensor, OptimizerOps};
 use crate::tensor::{DType, Tensor};
 
 /// Elements a thread updates at once when every tensor is 16-byte aligned at `head`: as
@@ -34,13 +36,99 @@ const ENTRY_WORDS: usize = 11;
 /// there is a master copy, and the unit width.
 type Variant = (DType, DType, DType, DType, bool, usize);
 
-impl Cuda {
-    pub(super) fn adamw_impl(
+/// Blocks of the two-pass sum of squares: a function of the length only, so the reduction
+/// tree (which also depends on x's address modulo 16), and hence the result, is the same on
+/// every run and every GPU.
+fn sum_squares_blocks(n: usize) -> u32 {
+    blocks(n, BLOCK as usize * 8).min(1024)
+}
+
+/// The words of adamw.cu's `SquaresEntry`.
+const SQUARES_ENTRY_WORDS: usize = 4;
+
+impl OptimizerOps for Cuda {
+    /// One partial pass over the tensors given (one launch per run of tensors of one dtype:
+    /// one for a model's gradients) into consecutive runs of one scratch array, then one
+    /// block per tensor sums its run of partials (none for an absent tensor: 0).
+    fn sum_squares(&self, sums: &Tensor<Cuda>, xs: &[Option<&Tensor<Cuda>>]) -> Result<()> {
+        let _timing = self.time_op("sum_squares")?;
+        ensure_dtype(sums, DType::F32, "sum_squares")?;
+        ensure!(
+            sums.numel() == xs.len(),
+            "sum_squares: {} sums for {} tensors",
+            sums.numel(),
+            xs.len()
+        );
+        let present: Vec<&Tensor<Cuda>> = xs.iter().flatten().copied().collect();
+        // Each present tensor's table entry (adamw.cu's `SquaresEntry`: x, n, head,
+        // then its first block within its launch and its block count in one word); a run per
+        // dtype. Then where each tensor's partials start, and where the last one's end.
+        let mut table: Vec<u64> = Vec::with_capacity(SQUARES_ENTRY_WORDS * xs.len() + 1);
+        let mut offsets = Vec::with_capacity(xs.len() + 1);
+        let mut runs = Runs::new();
+        for x in xs {
+            offsets.push(runs.blocks() as u64);
+            let Some(x) = x else { continue };
+            ensure_dtype_in(x, &[DType::F32, DType::BF16], "sum_squares")?;
+            let n = x.numel();
+            // The elements before the first 16-byte boundary.
+            let head = aligned_head(&[x])
+                .expect("a tensor of 2- or 4-byte values reaches a 16-byte boundary within 8")
+                .min(n);
+            let grid = sum_squares_blocks(n);
+            let first_block = runs.push(x.dtype, grid);
+            table.extend([
+                ptr(x),
+                n as u64,
+                head as u64,
+                first_block as u64 | (grid as u64) << 32,
+            ]);
+        }
+        let count = runs.blocks();
+        offsets.push(count as u64);
+        let entries = table.len();
+        table.extend(offsets);
+        let (partials, list) = self.scratch_with_table(count as usize, &table)?;
+        let mut next = partials;
+        for run in &runs.0 {
+            // SAFETY: block b of the launch finds its entry, reads that tensor's n elements
+            // (16 bytes at a time from element `head`, which is 16-byte aligned) and writes
+            // partial b from `next`; the launches' partials are consecutive, `count` in all.
+            unsafe {
+                self.launch(
+                    Kernel::SumSquaresPartial,
+                    &[float(present[run.first])],
+                    (run.blocks, 1, 1),
+                    BLOCK,
+                    &[
+                        next.into(),
+                        run.entries_at(list, SQUARES_ENTRY_WORDS).into(),
+                        (run.entries as i32).into(),
+                    ],
+                )?;
+            }
+            next += 4 * run.blocks as u64;
+        }
+        self.sum_ranges(sums, partials, list + 8 * entries as u64)
+    }
+
+    /// `out[0] = Σ x`, by one block.
+    fn sum(&self, out: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
+        let _timing = self.time_op("sum")?;
+        ensure_dtype(out, DType::F32, "sum")?;
+        ensure_dtype(x, DType::F32, "sum")?;
+        ensure!(out.numel() == 1, "sum: out must hold one value");
+        let (_, offsets) = self.scratch_with_table(0, &[0, x.numel() as u64])?;
+        self.sum_ranges(out, ptr(x), offsets)
+    }
+
+    fn adamw(
         &self,
         tensors: &[AdamWTensor<'_, Cuda>],
         norm_sq: &Tensor<Cuda>,
         hp: &AdamW,
     ) -> Result<()> {
+        let _timing = self.time_op("adamw")?;
         ensure_dtype(norm_sq, DType::F32, "adamw (norm_sq)")?;
         let mut table: Vec<u64> = Vec::with_capacity(ENTRY_WORDS * tensors.len());
         let mut runs: Runs<Variant> = Runs::new();
@@ -141,5 +229,22 @@ impl Cuda {
             }
         }
         Ok(())
+    }
+}
+
+impl Cuda {
+    /// `out[r] = Σ x[offsets[r]..offsets[r + 1]]` for each of out's elements, one block each;
+    /// `offsets` is a device array of `out.numel() + 1` words.
+    fn sum_ranges(&self, out: &Tensor<Cuda>, x: u64, offsets: u64) -> Result<()> {
+        // SAFETY: block r reads x over its range of the offsets and writes out[r].
+        unsafe {
+            self.launch(
+                Kernel::SumRanges,
+                &[],
+                (out.numel() as u32, 1, 1),
+                1024,
+                &[ptr(out).into(), x.into(), offsets.into()],
+            )
+        }
     }
 }

@@ -5,23 +5,18 @@
 
 use anyhow::{Result, bail, ensure};
 
-use super::fp8::amax_ptr;
-use super::kernels::{Arg, HEAD_DIMS, KArg, Kernel, wgmma_head_dim};
+use super::kernels::{
+    ATTENTION_TC_THREADS, ATTENTION_TC_TILE, ATTENTION_TILE, Arg, HEAD_DIMS, KArg, Kernel,
+    wgmma_head_dim,
+};
 use super::tma::{TensorMap, TensorMaps2};
-use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16};
-use crate::backend::AttnShape;
+use super::{BLOCK, Cuda, amax_ptr, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16};
+use crate::backend::{AttentionOps, AttnShape};
 use crate::tensor::{DType, Tensor};
 
-/// Query (or key) rows per block of the CUDA-core kernels (attention.cu's `TILE`), whose
-/// blocks are `BLOCK` threads.
-pub(super) const TILE: usize = 32;
 /// Keys a block of the CUDA-core `attention_decode` takes: 8 rounds of its `BLOCK / 8` row
 /// groups.
 const DECODE_KEYS: usize = 256;
-/// Rows per block and threads per block of the tensor-core kernels (attention_tc.cu's
-/// `ATTENTION_TILE` and `ATTENTION_THREADS`).
-pub(super) const TC_TILE: usize = 64;
-pub(super) const TC_THREADS: u32 = 128;
 
 /// Which attention kernels run. `SMELT_ATTENTION=mma` picks the mma.sync ones where wgmma
 /// would run, `SMELT_ATTENTION=simple` the CUDA-core ones; unset (or `wgmma`), the default.
@@ -86,7 +81,7 @@ impl TensorCoreKernels {
 
     /// Dynamic shared memory for `tiles` 64-row tiles plus `extra` bytes.
     fn smem(&self, head_dim: usize, tiles: usize, extra: usize) -> u32 {
-        (tiles * TC_TILE * (head_dim + self.padding) * 2 + extra) as u32
+        (tiles * ATTENTION_TC_TILE * (head_dim + self.padding) * 2 + extra) as u32
     }
 
     /// The forward stages Q, K and V tiles, and K's and V's TMA barriers.
@@ -97,7 +92,7 @@ impl TensorCoreKernels {
     /// dK/dV stages K and V, two buffers of Q and dout tiles and of the query tile's lse and
     /// delta, and the two buffers' TMA barriers.
     fn dkdv_smem(&self, head_dim: usize) -> u32 {
-        self.smem(head_dim, 6, 2 * 2 * TC_TILE * 4 + TMA_BARRIERS)
+        self.smem(head_dim, 6, 2 * 2 * ATTENTION_TC_TILE * 4 + TMA_BARRIERS)
     }
 
     /// dQ stages Q and dout, two buffers of K and V tiles, and the two buffers' TMA barriers.
@@ -122,7 +117,7 @@ impl TensorCoreKernels {
                 DType::BF16,
                 [cols as u64, s.seq as u64, s.batch as u64],
                 &[row, row * s.seq as u64],
-                [64, TC_TILE as u32, 1],
+                [64, ATTENTION_TC_TILE as u32, 1],
             )
         };
         let maps = match (self.tma, dout) {
@@ -161,7 +156,7 @@ fn delta_lanes(head_dim: usize, dtype: DType, vec: bool) -> usize {
 ///   seven at 0.5B's shape with batch 16 made its backward 7% slower.
 fn dkdv_splits(s: &AttnShape, slots: usize) -> usize {
     let group = s.q_heads / s.kv_heads;
-    let tiles = s.seq.div_ceil(TC_TILE);
+    let tiles = s.seq.div_ceil(ATTENTION_TC_TILE);
     let blocks = tiles * s.kv_heads * s.batch;
     let tile_pairs = group * tiles * (tiles + 1) / 2 * s.kv_heads * s.batch;
     if 2 * blocks <= slots {
@@ -213,38 +208,8 @@ fn check_qkv(s: &AttnShape, qkv: &Tensor<Cuda>) -> Result<()> {
     Ok(())
 }
 
-impl Cuda {
-    /// Chooses the attention kernels for the calls that follow (tests compare the three).
-    pub fn set_attention_kernels(&self, kernels: AttentionKernels) {
-        self.attention.set(kernels);
-    }
-
-    /// The tensor-core kernels for this call, or None for the CUDA-core ones. `tensors` are
-    /// those the tensor-core kernels copy 16 bytes at a time from (qkv, dout) or move in pairs
-    /// (out, dqkv): each must be bf16 and 16-byte aligned.
-    fn tensor_cores(
-        &self,
-        tensors: &[&Tensor<Cuda>],
-        head_dim: usize,
-    ) -> Option<&'static TensorCoreKernels> {
-        let choice = self.attention.get();
-        if choice == AttentionKernels::Simple
-            || tensors.iter().any(|t| t.dtype != DType::BF16)
-            || !vec16(tensors, head_dim)
-            || self.compute_capability.0 < 8
-        {
-            None
-        } else if choice == AttentionKernels::Wgmma
-            && self.compute_capability.0 == 9
-            && wgmma_head_dim(head_dim)
-        {
-            Some(&TensorCoreKernels::WGMMA)
-        } else {
-            Some(&TensorCoreKernels::MMA_SYNC)
-        }
-    }
-
-    pub(super) fn attention_forward_impl(
+impl AttentionOps for Cuda {
+    fn attention_forward(
         &self,
         out: &Tensor<Cuda>,
         lse: &Tensor<Cuda>,
@@ -252,6 +217,7 @@ impl Cuda {
         s: AttnShape,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let _timing = self.time_op("attention_forward")?;
         let amax = amax_ptr("attention_forward", amax)?;
         check(&s, qkv, lse)?;
         ensure_same_dtype("attention_forward", &[out, qkv])?;
@@ -280,8 +246,12 @@ impl Cuda {
                 self.launch_with_smem(
                     tc.forward,
                     &[Arg::HeadDim(s.head_dim)],
-                    (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
-                    TC_THREADS,
+                    (
+                        blocks(s.seq, ATTENTION_TC_TILE),
+                        s.q_heads as u32,
+                        s.batch as u32,
+                    ),
+                    ATTENTION_TC_THREADS,
                     tc.forward_smem(s.head_dim),
                     &[&args[..], &[tc.tile_maps(&s, qkv, None)?]].concat(),
                 )
@@ -289,7 +259,11 @@ impl Cuda {
                 self.launch(
                     Kernel::AttentionForward,
                     &[float(qkv), Arg::HeadDim(s.head_dim)],
-                    (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
+                    (
+                        blocks(s.seq, ATTENTION_TILE),
+                        s.q_heads as u32,
+                        s.batch as u32,
+                    ),
                     BLOCK,
                     &args,
                 )
@@ -299,12 +273,8 @@ impl Cuda {
 
     /// Generation's attention: `DECODE_KEYS` keys a block, and where that makes more than
     /// one block a head, a second kernel merging the blocks' states.
-    pub(super) fn attention_decode_impl(
-        &self,
-        out: &Tensor<Cuda>,
-        qkv: &Tensor<Cuda>,
-        s: AttnShape,
-    ) -> Result<()> {
+    fn attention_decode(&self, out: &Tensor<Cuda>, qkv: &Tensor<Cuda>, s: AttnShape) -> Result<()> {
+        let _timing = self.time_op("attention_decode")?;
         check_qkv(&s, qkv)?;
         ensure_same_dtype("attention_decode", &[out, qkv])?;
         ensure!(
@@ -355,7 +325,7 @@ impl Cuda {
     /// delta = rowsum(dout ⊙ out) into scratch, dK/dV per key tile and dQ per query tile: on
     /// the tensor cores dQ goes first and writes delta for dK/dV, elsewhere a pass of its own
     /// does.
-    pub(super) fn attention_backward_impl(
+    fn attention_backward(
         &self,
         dqkv: &Tensor<Cuda>,
         dout: &Tensor<Cuda>,
@@ -364,6 +334,7 @@ impl Cuda {
         lse: &Tensor<Cuda>,
         s: AttnShape,
     ) -> Result<()> {
+        let _timing = self.time_op("attention_backward")?;
         check(&s, qkv, lse)?;
         ensure_same_dtype("attention_backward", &[dqkv, dout, qkv, out])?;
         let q_numel = s.batch * s.seq * s.q_heads * s.head_dim;
@@ -382,7 +353,10 @@ impl Cuda {
         let splits = match tc {
             Some(tc) => {
                 let smem = tc.dkdv_smem(s.head_dim);
-                dkdv_splits(&s, self.block_slots(tc.dkdv, &dims, TC_THREADS, smem)?)
+                dkdv_splits(
+                    &s,
+                    self.block_slots(tc.dkdv, &dims, ATTENTION_TC_THREADS, smem)?,
+                )
             }
             None => 1,
         };
@@ -450,14 +424,22 @@ impl Cuda {
                 self.launch(
                     Kernel::AttentionBackwardDkDv,
                     &targs,
-                    (blocks(s.seq, TILE), s.kv_heads as u32, s.batch as u32),
+                    (
+                        blocks(s.seq, ATTENTION_TILE),
+                        s.kv_heads as u32,
+                        s.batch as u32,
+                    ),
                     BLOCK,
                     &common(),
                 )?;
                 return self.launch(
                     Kernel::AttentionBackwardDq,
                     &targs,
-                    (blocks(s.seq, TILE), s.q_heads as u32, s.batch as u32),
+                    (
+                        blocks(s.seq, ATTENTION_TILE),
+                        s.q_heads as u32,
+                        s.batch as u32,
+                    ),
                     BLOCK,
                     &common(),
                 );
@@ -467,8 +449,12 @@ impl Cuda {
             self.launch_with_smem(
                 tc.dq,
                 &dims,
-                (blocks(s.seq, TC_TILE), s.q_heads as u32, s.batch as u32),
-                TC_THREADS,
+                (
+                    blocks(s.seq, ATTENTION_TC_TILE),
+                    s.q_heads as u32,
+                    s.batch as u32,
+                ),
+                ATTENTION_TC_THREADS,
                 tc.dq_smem(s.head_dim),
                 &[common(), vec![ptr(out).into(), maps.clone()]].concat(),
             )?;
@@ -476,11 +462,11 @@ impl Cuda {
                 tc.dkdv,
                 &dims,
                 (
-                    blocks(s.seq, TC_TILE),
+                    blocks(s.seq, ATTENTION_TC_TILE),
                     (s.kv_heads * splits) as u32,
                     s.batch as u32,
                 ),
-                TC_THREADS,
+                ATTENTION_TC_THREADS,
                 tc.dkdv_smem(s.head_dim),
                 &[
                     common(),
@@ -514,6 +500,38 @@ impl Cuda {
                 )?;
             }
             Ok(())
+        }
+    }
+}
+
+impl Cuda {
+    /// Chooses the attention kernels for the calls that follow (tests compare the three).
+    pub fn set_attention_kernels(&self, kernels: AttentionKernels) {
+        self.attention.set(kernels);
+    }
+
+    /// The tensor-core kernels for this call, or None for the CUDA-core ones. `tensors` are
+    /// those the tensor-core kernels copy 16 bytes at a time from (qkv, dout) or move in pairs
+    /// (out, dqkv): each must be bf16 and 16-byte aligned.
+    fn tensor_cores(
+        &self,
+        tensors: &[&Tensor<Cuda>],
+        head_dim: usize,
+    ) -> Option<&'static TensorCoreKernels> {
+        let choice = self.attention.get();
+        if choice == AttentionKernels::Simple
+            || tensors.iter().any(|t| t.dtype != DType::BF16)
+            || !vec16(tensors, head_dim)
+            || self.compute_capability.0 < 8
+        {
+            None
+        } else if choice == AttentionKernels::Wgmma
+            && self.compute_capability.0 == 9
+            && wgmma_head_dim(head_dim)
+        {
+            Some(&TensorCoreKernels::WGMMA)
+        } else {
+            Some(&TensorCoreKernels::MMA_SYNC)
         }
     }
 }

@@ -2,21 +2,23 @@
 
 use anyhow::{Result, ensure};
 
-use super::kernels::{Arg, Kernel};
+use super::kernels::{Arg, CLUSTER_BLOCKS, CLUSTER_THREADS, CLUSTER_UNITS, Kernel};
 use super::{Cuda, ensure_dtype, float, ptr, vec16};
+use crate::backend::ClassifierOps;
 use crate::tensor::{DType, Tensor};
 
 /// Threads per row of `cross_entropy`: a vocabulary of 150k is 300 elements per thread.
 const THREADS: u32 = 512;
 
-/// `cross_entropy_cluster`'s shape (classifier.cu compiles with these): blocks per row,
-/// threads per block and the 16-byte units each thread holds.
-pub(super) const CLUSTER_BLOCKS: usize = 8;
-pub(super) const CLUSTER_THREADS: u32 = 256;
-pub(super) const CLUSTER_UNITS: usize = 12;
+/// Whether a cluster's registers hold a row of `v` values of `size` bytes: the kernel gives
+/// each block a share of whole 16-byte units.
+fn cluster_fits(v: usize, size: usize) -> bool {
+    let units = (v * size).div_ceil(16);
+    units.div_ceil(CLUSTER_BLOCKS) <= CLUSTER_THREADS as usize * CLUSTER_UNITS
+}
 
-impl Cuda {
-    pub(super) fn cross_entropy_impl(
+impl ClassifierOps for Cuda {
+    fn cross_entropy(
         &self,
         logits: &Tensor<Cuda>,
         losses: &Tensor<Cuda>,
@@ -24,6 +26,7 @@ impl Cuda {
         z_loss: f32,
         grad_scale: Option<f32>,
     ) -> Result<()> {
+        let _timing = self.time_op("cross_entropy")?;
         ensure_dtype(losses, DType::F32, "cross_entropy (losses)")?;
         ensure_dtype(targets, DType::I32, "cross_entropy (targets)")?;
         let (n, v) = (logits.matrix_rows(), logits.cols());
@@ -73,13 +76,6 @@ impl Cuda {
             )
         }
     }
-}
-
-/// Whether a cluster's registers hold a row of `v` values of `size` bytes: the kernel gives
-/// each block a share of whole 16-byte units.
-fn cluster_fits(v: usize, size: usize) -> bool {
-    let units = (v * size).div_ceil(16);
-    units.div_ceil(CLUSTER_BLOCKS) <= CLUSTER_THREADS as usize * CLUSTER_UNITS
 }
 
 #[cfg(test)]

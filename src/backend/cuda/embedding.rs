@@ -2,21 +2,19 @@
 
 use anyhow::{Result, ensure};
 
-use super::kernels::Kernel;
+use super::kernels::{EMBEDDING_SORT_TILE, Kernel};
 use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr};
+use crate::backend::EmbeddingOps;
 use crate::tensor::{DType, Tensor};
 
-/// The bitonic sort's tile (embedding.cu's `SORT_TILE`): sorted in shared memory by one block
-/// of half as many threads.
-pub(super) const TILE: usize = 1024;
-
-impl Cuda {
-    pub(super) fn embedding_forward_impl(
+impl EmbeddingOps for Cuda {
+    fn embedding_forward(
         &self,
         out: &Tensor<Cuda>,
         tokens: &Tensor<Cuda>,
         wte: &Tensor<Cuda>,
     ) -> Result<()> {
+        let _timing = self.time_op("embedding_forward")?;
         ensure_dtype(tokens, DType::I32, "embedding_forward")?;
         ensure_same_dtype("embedding_forward", &[out, wte])?;
         let (n, c, v) = (tokens.numel(), wte.cols(), wte.rows());
@@ -46,13 +44,14 @@ impl Cuda {
 
     /// Sorts (token, position) keys, then one block per run of equal tokens adds that
     /// token's rows of `dout` in position order: the CPU's order, without float atomics.
-    pub(super) fn embedding_backward_impl(
+    fn embedding_backward(
         &self,
         dwte: &Tensor<Cuda>,
         tokens: &Tensor<Cuda>,
         dout: &Tensor<Cuda>,
         accumulate: bool,
     ) -> Result<()> {
+        let _timing = self.time_op("embedding_backward")?;
         ensure_dtype(tokens, DType::I32, "embedding_backward")?;
         ensure_same_dtype("embedding_backward", &[dwte, dout])?;
         let (n, c, v) = (tokens.numel(), dwte.cols(), dwte.rows());
@@ -62,12 +61,12 @@ impl Cuda {
             dout.shape
         );
         if !accumulate {
-            self.fill_impl(dwte, 0.0)?;
+            self.fill_untimed(dwte, 0.0)?;
         }
         if n == 0 {
             return Ok(());
         }
-        let padded = n.next_power_of_two().max(TILE);
+        let padded = n.next_power_of_two().max(EMBEDDING_SORT_TILE);
         let keys = self.memory.scratch(padded * 8)?;
         // SAFETY: `keys` holds `padded` u64; the sort kernels touch exactly those, the key
         // kernel reads n tokens, and the backward reads the first n keys, rows of dout [n, c]
@@ -85,21 +84,21 @@ impl Cuda {
                     (padded as i32).into(),
                 ],
             )?;
-            let tiles = (padded / TILE) as u32;
+            let tiles = (padded / EMBEDDING_SORT_TILE) as u32;
             let local = |k: usize| {
                 self.launch(
                     Kernel::BitonicLocal,
                     &[],
                     (tiles, 1, 1),
-                    (TILE / 2) as u32,
+                    (EMBEDDING_SORT_TILE / 2) as u32,
                     &[keys.into(), (k as i32).into()],
                 )
             };
             local(0)?;
-            let mut k = 2 * TILE;
+            let mut k = 2 * EMBEDDING_SORT_TILE;
             while k <= padded {
                 let mut j = k / 2;
-                while j >= TILE {
+                while j >= EMBEDDING_SORT_TILE {
                     self.launch(
                         Kernel::BitonicGlobal,
                         &[],

@@ -1,37 +1,33 @@
-//! FP8 on the GPU: abs-max, current-scaling quantization (plain, or transposed for the
-//! backward's operands), scaled matmuls through cuBLASLt, and the host codec that uploads
-//! and downloads e4m3/e5m2 tensors (one byte per element) so that tests can compare bits.
+//! FP8 on the GPU: abs-max and current-scaling quantization (plain, or transposed for the
+//! backward's operands), and the host codec that uploads and downloads e4m3/e5m2 tensors (one
+//! byte per element) so that tests can compare bits. Scaled matmuls are matmul.rs'.
 
 use anyhow::{Result, bail, ensure};
 
-use super::cublaslt::{GemmKey, GemmPtrs};
-use super::kernels::{Arg, Kernel};
+use super::kernels::{Arg, Kernel, QUANTIZE_TILE, QUANTIZE_TILE_THREADS};
 use super::{
-    BLOCK, Cuda, blocks, ensure_dtype, ensure_dtype_in, ensure_same_dtype, float, ptr,
-    unsupported_dtype, vec16, width,
+    BLOCK, Cuda, amax_ptr, blocks, ensure_dtype, ensure_dtype_in, ensure_same_dtype, float, ptr,
+    vec16, width,
 };
 use crate::backend::cpu::rounding::round_fp8;
-use crate::backend::{Fp8Sum, Scaled};
+use crate::backend::{Fused, Operand, QuantizeOps};
 use crate::tensor::{DType, Tensor};
-
-/// The tile edge of `quantize_transposed` and its threads per block (fp8.cu compiles with
-/// these).
-pub(super) const TILE: usize = 64;
-pub(super) const TILE_THREADS: u32 = 256;
 
 /// Blocks of the grid-stride abs-max: enough to fill any GPU, and one atomic each.
 const ABS_MAX_BLOCKS: u32 = 1024;
 
-/// The device address of a producer's `amax` (`[1]` f32), or null when none was asked for.
-pub(super) fn amax_ptr(op: &'static str, amax: Option<&Tensor<Cuda>>) -> Result<u64> {
-    let Some(amax) = amax else { return Ok(0) };
-    ensure_dtype(amax, DType::F32, op)?;
+/// The device address of a scaled operand's descale (`[1]` f32).
+pub(super) fn descale_ptr(op: &'static str, operand: &Operand<'_, Cuda>) -> Result<u64> {
+    let Some(descale) = operand.descale else {
+        bail!("{op}: operand {:?} has no descale", operand.data.shape);
+    };
+    ensure_dtype(descale, DType::F32, op)?;
     ensure!(
-        amax.numel() == 1,
-        "{op}: amax must be one f32, got {:?}",
-        amax.shape
+        descale.numel() == 1,
+        "{op}: a descale must be one f32, got {:?}",
+        descale.shape
     );
-    Ok(ptr(amax))
+    Ok(ptr(descale))
 }
 
 /// The name a quantization's time is filed under: by shape and layouts, as matmuls are, since
@@ -105,22 +101,9 @@ pub(super) fn decode(code: u8, dtype: DType) -> f32 {
     (sign * value) as f32
 }
 
-/// What a quantization pass does besides quantizing x.
-#[derive(Clone, Copy)]
-pub(super) enum Fused<'a> {
-    Nothing,
-    /// `bias_backward(dbias, x, accumulate)` from the same read of x.
-    ColumnSums(&'a Tensor<Cuda>, bool),
-    /// x is a norm's input: quantize its output, `x · rstd · weight` as `rmsnorm_forward`
-    /// stores it.
-    Norm {
-        rstd: &'a Tensor<Cuda>,
-        weight: &'a Tensor<Cuda>,
-    },
-}
-
-impl Cuda {
-    pub(super) fn abs_max_impl(&self, amax: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
+impl QuantizeOps for Cuda {
+    fn abs_max(&self, amax: &Tensor<Cuda>, x: &Tensor<Cuda>) -> Result<()> {
+        let _timing = self.time_op("abs_max")?;
         let amax = amax_ptr("abs_max", Some(amax))?;
         let n = x.numel();
         let vec = ptr(x).is_multiple_of(16);
@@ -138,20 +121,41 @@ impl Cuda {
         }
     }
 
-    /// `quantize`, and what `fused` asks: from the transposing pass's read of x, which a
-    /// norm's output needs.
-    pub(super) fn quantize_impl(
+    /// What `fused` asks is done from the transposing pass's read of x, which a norm's output
+    /// needs.
+    fn quantize(
         &self,
         rows: Option<&Tensor<Cuda>>,
         cols: Option<&Tensor<Cuda>>,
         descale: &Tensor<Cuda>,
         x: &Tensor<Cuda>,
         amax: &Tensor<Cuda>,
-        fused: Fused<'_>,
+        fused: Fused<'_, Cuda>,
+    ) -> Result<()> {
+        let extra = match fused {
+            Fused::Nothing => "",
+            Fused::Norm { .. } => "+norm",
+            Fused::ColumnSums { .. } => "+sums",
+        };
+        let _timing = self.time_op_named(|| quantize_name(rows, cols, x, extra))?;
+        self.quantize_pass(rows, cols, descale, x, amax, fused)
+    }
+}
+
+impl Cuda {
+    /// `quantize`, untimed.
+    fn quantize_pass(
+        &self,
+        rows: Option<&Tensor<Cuda>>,
+        cols: Option<&Tensor<Cuda>>,
+        descale: &Tensor<Cuda>,
+        x: &Tensor<Cuda>,
+        amax: &Tensor<Cuda>,
+        fused: Fused<'_, Cuda>,
     ) -> Result<()> {
         match (cols, fused) {
-            (None, Fused::ColumnSums(dbias, accumulate)) => {
-                self.quantize_impl(rows, None, descale, x, amax, Fused::Nothing)?;
+            (None, Fused::ColumnSums { dbias, accumulate }) => {
+                self.quantize_pass(rows, None, descale, x, amax, Fused::Nothing)?;
                 return self.column_sum(dbias, x, accumulate);
             }
             (None, Fused::Norm { .. }) => {
@@ -209,7 +213,7 @@ impl Cuda {
             };
         };
         ensure!(
-            r.div_ceil(TILE) <= 65535,
+            r.div_ceil(QUANTIZE_TILE) <= 65535,
             "quantize: x {:?} has too many rows to transpose in one launch",
             x.shape
         );
@@ -234,9 +238,9 @@ impl Cuda {
         ) && r.is_multiple_of(4)
             && ptr(cols).is_multiple_of(4)
             && rows_ptr.is_multiple_of(codes);
-        let row_tiles = r.div_ceil(TILE);
+        let row_tiles = r.div_ceil(QUANTIZE_TILE);
         let sums = match fused {
-            Fused::ColumnSums(dbias, _) => {
+            Fused::ColumnSums { dbias, .. } => {
                 ensure_same_dtype("quantize (column sums)", &[dbias, x])?;
                 ensure!(
                     dbias.numel() == c,
@@ -260,7 +264,7 @@ impl Cuda {
         ];
         // SAFETY: quantize_transposed<T, F, VEC, SUMS, NORM>(out, rows_out, col_sums,
         // descale, x, amax, rstd, norm_weight, R, C): the block of tile (i, j) reads rows
-        // [Tj, Tj + T) × columns [Ti, Ti + T) of x [R, C] (T = TILE) and, with NORM, the same
+        // [Tj, Tj + T) × columns [Ti, Ti + T) of x [R, C] (T = QUANTIZE_TILE) and, with NORM, the same
         // rows of rstd [R] and columns of norm_weight [C], writes them to rows_out [R, C] when
         // it is not null, the transposed tile to out [C, R] and, with SUMS (col_sums not
         // null), the tile's column sums to row j of col_sums [ceil(R / T), C] (the scratch,
@@ -276,120 +280,17 @@ impl Cuda {
                     Arg::Flag(sums != 0),
                     Arg::Flag(norm.is_some()),
                 ],
-                (blocks(c, TILE), row_tiles as u32, 1),
-                TILE_THREADS,
+                (blocks(c, QUANTIZE_TILE), row_tiles as u32, 1),
+                QUANTIZE_TILE_THREADS,
                 &[args.as_slice(), &[(r as i32).into(), (c as i32).into()]].concat(),
             )?;
         }
         match fused {
-            Fused::ColumnSums(dbias, accumulate) => {
+            Fused::ColumnSums { dbias, accumulate } => {
                 self.colsum_finish(dbias, sums, row_tiles, accumulate)
             }
             _ => Ok(()),
         }
-    }
-
-    pub(super) fn matmul_scaled_impl(
-        &self,
-        out: &Tensor<Cuda>,
-        a: Scaled<'_, Cuda>,
-        b: Scaled<'_, Cuda>,
-        bias: Option<&Tensor<Cuda>>,
-        sum: Fp8Sum,
-        accumulate: bool,
-    ) -> Result<()> {
-        let (major, minor) = self.compute_capability;
-        ensure!(
-            (major, minor) >= (8, 9),
-            "FP8 matmuls need an Ada or Hopper GPU (compute capability 8.9 or newer), and {} is \
-             {major}.{minor}: train with --matmul-dtype bf16",
-            self.name
-        );
-        let (m, n, k) = (a.data.matrix_rows(), b.data.matrix_rows(), a.data.cols());
-        let shapes = || {
-            format!(
-                "a {:?} {} · b {:?} {}ᵀ into out {:?} {}{}",
-                a.data.shape,
-                a.data.dtype,
-                b.data.shape,
-                b.data.dtype,
-                out.shape,
-                out.dtype,
-                bias.map_or(String::new(), |t| format!(
-                    " + bias {:?} {}",
-                    t.shape, t.dtype
-                ))
-            )
-        };
-        let both_e5m2 = a.data.dtype == DType::E5M2 && b.data.dtype == DType::E5M2;
-        if !a.data.dtype.is_fp8()
-            || !b.data.dtype.is_fp8()
-            || both_e5m2
-            || out.dtype != DType::BF16
-            || bias.is_some_and(|t| t.dtype != DType::BF16)
-        {
-            let mut dtypes = vec![a.data.dtype, b.data.dtype, out.dtype];
-            dtypes.extend(bias.map(|t| t.dtype));
-            return Err(unsupported_dtype(
-                "matmul_scaled (e4m3/e5m2 operands, not both e5m2, into bf16)",
-                dtypes,
-            ));
-        }
-        for descale in [a.descale, b.descale] {
-            ensure_dtype(descale, DType::F32, "matmul_scaled (descale)")?;
-            ensure!(
-                descale.numel() == 1,
-                "matmul_scaled: a descale must be one f32, got {:?}",
-                descale.shape
-            );
-        }
-        ensure!(
-            b.data.cols() == k && out.numel() == m * n && bias.is_none_or(|t| t.numel() == n),
-            "matmul_scaled: mismatched shapes: {}",
-            shapes()
-        );
-        ensure!(
-            m.is_multiple_of(16) && n.is_multiple_of(16) && k.is_multiple_of(16),
-            "matmul_scaled: cuBLASLt's FP8 matmuls need M, N and K to be multiples of 16, got \
-             M={m}, N={n}, K={k}: {}",
-            shapes()
-        );
-        // cuBLASLt refuses (NOT_SUPPORTED) an FP8 matmul whose descale is only 4-byte aligned,
-        // as an element of a larger f32 tensor can be; require the 16 bytes that a tensor of
-        // its own always has.
-        for (name, descale) in [("a", a.descale), ("b", b.descale)] {
-            ensure!(
-                ptr(descale).is_multiple_of(16),
-                "matmul_scaled: {name}'s descale must be 16-byte aligned (its own allocation, \
-                 not a row of a larger tensor): {}",
-                shapes()
-            );
-        }
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        let ptrs = GemmPtrs {
-            out: ptr(out),
-            a: ptr(a.data),
-            b: ptr(b.data),
-            bias: bias.map(ptr),
-            descales: Some((ptr(a.descale), ptr(b.descale))),
-        };
-        // out = a · bᵀ is the one FP8 form: trans_b only (cublaslt.rs makes it cuBLAS's TN).
-        let key = GemmKey {
-            m,
-            n,
-            k,
-            trans_a: false,
-            trans_b: true,
-            dtypes: [a.data.dtype, b.data.dtype, out.dtype],
-            bias: bias.is_some(),
-            align: ptrs.alignments(),
-            fast_accum: sum == Fp8Sum::Fast,
-        };
-        self.blas
-            .gemm(key, &ptrs, accumulate)
-            .map_err(|e| e.context(format!("matmul_scaled: {}", shapes())))
     }
 }
 

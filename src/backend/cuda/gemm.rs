@@ -8,17 +8,13 @@
 
 use anyhow::{Result, bail, ensure};
 
-use super::fp8::amax_ptr;
-use super::kernels::{Arg, GemmKind, KArg, Kernel};
+use super::fp8::descale_ptr;
+use super::kernels::{Arg, GEMM_EPI_BUFS, GEMM_STAGES, GEMM_THREADS, GemmKind, KArg, Kernel};
 use super::tma::{TensorMap, TensorMaps4};
-use super::{Cuda, ptr};
-use crate::backend::Scaled;
+use super::{Cuda, amax_ptr, ptr};
+use crate::backend::Operand;
 use crate::tensor::{DType, Tensor};
 
-/// The ring of shared buffers the producer fills ahead of the products, 40 KB each.
-pub(super) const STAGES: usize = 4;
-/// A producer warpgroup and two consumers.
-pub(super) const THREADS: u32 = 384;
 /// Blocks of a cluster, which share their B tiles (gemm.cu's `__cluster_dims__`).
 const CLUSTER: u32 = 2;
 /// A tile's rows and columns (a consumer warpgroup's, in turns).
@@ -31,8 +27,6 @@ const LINE: u32 = LINE_BYTES / 2;
 /// An output box: 64 rows of 32 columns (64 bytes, so in the 64-byte swizzle), three to half a
 /// tile's row.
 const OUT_BOX: [u32; 2] = [32, 64];
-/// The epilogue's ring of 16 KB pieces, per consumer warpgroup.
-pub(super) const EPI_BUFS: usize = 2;
 const PIECE_BYTES: u32 = 64 * 64 * 2 * 2;
 
 /// An operand's map, `[rows, cols]` K-major in boxes of one 128-byte swizzled line (64 bf16
@@ -142,16 +136,17 @@ impl Cuda {
             "own_matmul: needs a Hopper GPU and 16-byte aligned bf16 operands with rows of a \
              multiple of 8"
         );
-        self.op("own_matmul", || self.gemm(out, None, a, b))
+        let _timing = self.time_op("own_matmul")?;
+        self.gemm(out, None, a, b)
     }
 
-    /// `out = (a · a.descale)(b · b.descale)ᵀ` by smelt's own kernel, a and b e4m3, for
-    /// measuring it against cuBLASLt.
+    /// `out = (a · a.descale)(b · b.descale)ᵀ` by smelt's own kernel, a and b scaled e4m3,
+    /// for measuring it against cuBLASLt.
     pub fn own_matmul_scaled(
         &self,
         out: &Tensor<Cuda>,
-        a: Scaled<'_, Cuda>,
-        b: Scaled<'_, Cuda>,
+        a: Operand<'_, Cuda>,
+        b: Operand<'_, Cuda>,
     ) -> Result<()> {
         ensure!(
             self.compute_capability.0 == 9
@@ -160,24 +155,23 @@ impl Cuda {
             "own_matmul_scaled: needs a Hopper GPU, e4m3 operands and a bf16 output, 16-byte \
              aligned, with rows of a multiple of 16 bytes"
         );
-        self.op("own_matmul_scaled", || {
-            self.gemm_scaled(out, None, a, b, None)
-        })
+        let _timing = self.time_op("own_matmul_scaled")?;
+        self.gemm_scaled(out, None, a, b, None)
     }
 
-    /// `out = (x · x.descale)(w · w.descale)ᵀ` (x and w e4m3), and with `swiglu` also
+    /// `out = (x · x.descale)(w · w.descale)ᵀ` (x and w scaled e4m3), and with `swiglu` also
     /// `swiglu = SwiGLU(out)`, its abs-max into `amax` where given.
     pub(super) fn gemm_scaled(
         &self,
         out: &Tensor<Cuda>,
         swiglu: Option<&Tensor<Cuda>>,
-        x: Scaled<'_, Cuda>,
-        w: Scaled<'_, Cuda>,
+        x: Operand<'_, Cuda>,
+        w: Operand<'_, Cuda>,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let scales = Fp8Scales {
-            a: ptr(x.descale),
-            b: ptr(w.descale),
+            a: descale_ptr("gemm", &x)?,
+            b: descale_ptr("gemm", &w)?,
             amax: amax_ptr("gate_up_swiglu", amax)?,
         };
         self.gemm_tn(out, swiglu, x.data, w.data, Some(scales))
@@ -239,7 +233,7 @@ impl Cuda {
         };
         // SAFETY: the maps describe a, b, out and swiglu, [m, k], [n, k], [m, n] and
         // [m, n / 2] (checked above), every one 16-byte aligned (`fits`); the scales point at
-        // one f32 each (`Scaled`, `amax_ptr`).
+        // one f32 each (`descale_ptr`, `amax_ptr`).
         unsafe { self.launch_gemm(maps, kind, (m, span, k), n, scales) }
     }
 
@@ -281,8 +275,8 @@ impl Cuda {
     pub(super) fn fused_swiglu_backward_scaled(
         &self,
         gate_up: &Tensor<Cuda>,
-        dy: Scaled<'_, Cuda>,
-        w: Scaled<'_, Cuda>,
+        dy: Operand<'_, Cuda>,
+        w: Operand<'_, Cuda>,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let (k, f) = (dy.data.cols(), w.data.matrix_rows());
@@ -293,8 +287,8 @@ impl Cuda {
             w.data.shape
         );
         let scales = Fp8Scales {
-            a: ptr(dy.descale),
-            b: ptr(w.descale),
+            a: descale_ptr("fused_swiglu_backward_scaled", &dy)?,
+            b: descale_ptr("fused_swiglu_backward_scaled", &w)?,
             amax: amax_ptr("swiglu_backward_through_down", amax)?,
         };
         let kind = GemmKind::Fp8DSwiGlu(dy.data.dtype);
@@ -356,16 +350,16 @@ impl Cuda {
         // A cluster takes two tiles, one above the other, at a time. As many clusters as fit
         // at once walk them all.
         let pairs = m.div_ceil((CLUSTER * TILE_ROWS) as usize) * span.div_ceil(tile_cols as usize);
-        let smem = STAGES as u32 * (TILE_ROWS + TILE_COLS) * LINE * 2
-            + 2 * EPI_BUFS as u32 * PIECE_BYTES
+        let smem = GEMM_STAGES as u32 * (TILE_ROWS + TILE_COLS) * LINE * 2
+            + 2 * GEMM_EPI_BUFS as u32 * PIECE_BYTES
             // mbarriers: full and empty for each stage, and gemm.cu's ready and written (one
             // each per epilogue buffer) and order (2)
-            + (2 * STAGES as u32 + 4 * EPI_BUFS as u32 + 2) * 8;
+            + (2 * GEMM_STAGES as u32 + 4 * GEMM_EPI_BUFS as u32 + 2) * 8;
         let targs = [Arg::Gemm(kind)];
         let inst = Kernel::GemmTn.instance(&targs)?;
         let resident =
             self.kernels
-                .resident_clusters(&self.stream, &inst, (CLUSTER, THREADS, smem))?;
+                .resident_clusters(&self.stream, &inst, (CLUSTER, GEMM_THREADS, smem))?;
         ensure!(
             resident > 0,
             "gemm: no cluster of two blocks fits on this GPU"
@@ -381,6 +375,15 @@ impl Cuda {
             scales.as_ref().map_or(0, |s| s.amax).into(),
         ];
         // SAFETY: the caller's maps; smem is the ring, the epilogue's buffers and the barriers.
-        unsafe { self.launch_with_smem(Kernel::GemmTn, &targs, (grid, 1, 1), THREADS, smem, &args) }
+        unsafe {
+            self.launch_with_smem(
+                Kernel::GemmTn,
+                &targs,
+                (grid, 1, 1),
+                GEMM_THREADS,
+                smem,
+                &args,
+            )
+        }
     }
 }

@@ -17,8 +17,28 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 use cudarc::cublaslt::sys::cublasLtMatmulAlgo_t;
 
-use super::cublaslt::GemmKey;
 use super::disk_cache;
+use crate::tensor::DType;
+
+/// Everything that decides the descriptors and the algorithm of one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmKey {
+    /// Row-major `op(a)` is `[m, k]`, `op(b)` is `[k, n]`, out is `[m, n]`.
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    /// Storage types of a, b and out: all bf16 or all f32, or for FP8 e4m3/e5m2 operands
+    /// (not both e5m2, and only as `a · bᵀ`) into bf16.
+    pub dtypes: [DType; 3],
+    pub bias: bool,
+    /// The largest power of two (≤ 256) dividing each of the a, b and out addresses: the
+    /// heuristic must only pick kernels that accept them.
+    pub align: [u32; 3],
+    /// FP8 only: CUBLASLT_MATMUL_DESC_FAST_ACCUM (see `Fp8Sum`).
+    pub fast_accum: bool,
+}
 
 /// How much slower than the fastest a candidate may be and still count as tied with it.
 const TIE: f32 = 0.03;

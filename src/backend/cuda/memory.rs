@@ -1,277 +1,195 @@
-//! Device memory: one allocation per category (weights, gradients, activations, ...), carved
-//! into 256-byte-aligned views, plus a scratch buffer for kernels' transient partial results.
-//! Every byte is counted by category, so the startup memory table shows real numbers, and
-//! running out of memory says what to change instead of printing a CUDA error code.
-//!
-//! A category may instead live in pinned host memory mapped into the device's address space
-//! (offloaded optimizer state): kernels reach it over the bus through the same kind of
-//! pointer, so no op needs to know where its tensors are.
+//! The memory family on the GPU: allocation by category (`arena.rs` carves each into views),
+//! transfers between host and device, fill and convert-copy (memory.cu), and copies on the
+//! copy engine beside the compute stream (offload).
 
-use std::cell::RefCell;
-use std::ffi::c_void;
-use std::sync::{Arc, Weak};
+use anyhow::{Context, Result, ensure};
+use cudarc::driver::{result, sys};
+use half::bf16;
+use rayon::prelude::*;
 
-use anyhow::{Result, anyhow};
-use cudarc::driver::result::{self, DriverError};
-use cudarc::driver::{CudaContext, sys};
+use super::arena::{CudaStorage, Place};
+use super::kernels::Kernel;
+use super::{BLOCK, Cuda, blocks, float, fp8, ptr};
+use crate::backend::MemoryOps;
+use crate::tensor::{DType, Tensor, TensorSpec};
 
-use crate::tensor::TensorSpec;
-
-/// Views start at multiples of this many bytes (what cuBLASLt and vector loads like best).
-pub const ALIGN: usize = 256;
-
-/// Where an arena's bytes are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Place {
-    Device,
-    /// Page-locked host memory that the device reads and writes over the bus.
-    PinnedHost,
+/// Grid-stride element-wise kernels need no more blocks than this.
+fn elementwise_blocks(n: usize) -> u32 {
+    blocks(n, BLOCK as usize).min(1 << 16)
 }
 
-/// One allocation, freed on drop.
-pub struct Arena {
-    ctx: Arc<CudaContext>,
-    /// The address kernels use (for pinned host memory, its device mapping).
-    ptr: sys::CUdeviceptr,
-    /// The host address that pinned host memory is freed by (an integer, like `ptr`).
-    host: Option<usize>,
-    bytes: usize,
-}
+impl MemoryOps for Cuda {
+    type Storage = CudaStorage;
 
-impl Arena {
-    /// Allocates `bytes` (at least one) for `ctx`'s device, in `place`.
-    pub fn new(ctx: &Arc<CudaContext>, bytes: usize, place: Place) -> Result<Arena, DriverError> {
-        ctx.bind_to_thread()?;
-        let (ptr, host) = match place {
-            // SAFETY: the context is current; the pointer is owned by the returned Arena.
-            Place::Device => (unsafe { result::malloc_sync(bytes.max(1)) }?, None),
-            Place::PinnedHost => {
-                let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP;
-                // SAFETY: as above; the memory is written before it is read (the optimizer
-                // fills or uploads its state), like device memory.
-                let host = unsafe { result::malloc_host(bytes.max(1), flags) }?;
-                let mut ptr = 0;
-                // SAFETY: `host` was allocated with DEVICEMAP in the current context.
-                let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host, 0) };
-                if let Err(e) = mapped.result() {
-                    // SAFETY: `host` came from malloc_host and nothing else holds it.
-                    let _ = unsafe { result::free_host(host) };
-                    return Err(e);
-                }
-                (ptr, Some(host as usize))
+    fn allocate(&self, category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>> {
+        self.allocate_in(category, specs, Place::Device)
+    }
+
+    fn allocate_offloaded(
+        &self,
+        category: &str,
+        specs: &[TensorSpec],
+    ) -> Result<Vec<Tensor<Self>>> {
+        self.allocate_in(category, specs, Place::PinnedHost)
+    }
+
+    fn free_memory(&self) -> Option<(usize, usize)> {
+        self.memory.report().ok().map(|r| (r.free, r.total))
+    }
+
+    fn upload(&self, dst: &Tensor<Self>, src: &[f32]) -> Result<()> {
+        ensure!(
+            src.len() == dst.numel(),
+            "upload of {} values into {:?}",
+            src.len(),
+            dst.shape
+        );
+        // The conversions run in parallel: checkpoints and the tests' model-sized inputs
+        // are hundreds of millions of values.
+        match dst.dtype {
+            DType::F32 => self.copy_in(dst, src),
+            DType::BF16 => {
+                let v: Vec<bf16> = src.par_iter().map(|&x| bf16::from_f32(x)).collect();
+                self.copy_in(dst, &v)
             }
-        };
-        Ok(Arena {
-            ctx: ctx.clone(),
-            ptr,
-            host,
-            bytes,
+            fp8 if fp8.is_fp8() => {
+                let v: Vec<u8> = src.par_iter().map(|&x| fp8::encode(x, fp8)).collect();
+                self.copy_in(dst, &v)
+            }
+            other => anyhow::bail!("upload of f32 values into a {other} tensor {:?}", dst.shape),
+        }
+    }
+
+    fn upload_i32(&self, dst: &Tensor<Self>, src: &[i32]) -> Result<()> {
+        ensure!(
+            src.len() == dst.numel() && dst.dtype == DType::I32,
+            "upload of {} i32 values into {:?} {}",
+            src.len(),
+            dst.shape,
+            dst.dtype
+        );
+        self.copy_in(dst, src)
+    }
+
+    fn download(&self, src: &Tensor<Self>) -> Result<Vec<f32>> {
+        Ok(match src.dtype {
+            DType::F32 => self.copy_out::<f32>(src)?,
+            DType::BF16 => self
+                .copy_out::<bf16>(src)?
+                .into_par_iter()
+                .map(f32::from)
+                .collect(),
+            fp8 if fp8.is_fp8() => self
+                .copy_out::<u8>(src)?
+                .into_par_iter()
+                .map(|code| fp8::decode(code, fp8))
+                .collect(),
+            DType::I32 => self
+                .copy_out::<i32>(src)?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+            other => anyhow::bail!("download of a {other} tensor"),
         })
     }
 
-    pub fn ptr(&self) -> u64 {
-        self.ptr
+    fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()> {
+        let _timing = self.time_op("fill")?;
+        self.fill_untimed(dst, value)
     }
 
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // Wait for work that may still use the memory before freeing it. Errors here (a
-        // context already torn down) cannot be reported from a destructor.
-        let _ = self.ctx.synchronize();
-        // SAFETY: the pointer came from malloc_host or malloc_sync, no queued work uses it
-        // any more, and it is freed once.
-        let _ = unsafe {
-            match self.host {
-                Some(host) => result::free_host(host as *mut c_void),
-                None => result::free_sync(self.ptr),
-            }
-        };
-    }
-}
-
-/// What a CUDA tensor points into: an arena and the byte offset of its view.
-#[derive(Clone)]
-pub struct CudaStorage {
-    pub(super) arena: Arc<Arena>,
-    pub(super) base: usize,
-}
-
-impl CudaStorage {
-    /// The device address of element `offset` of a view whose elements are `size` bytes.
-    pub fn address(&self, offset: usize, size: usize) -> u64 {
-        self.arena.ptr() + (self.base + offset * size) as u64
-    }
-}
-
-fn mib(bytes: usize) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
-
-/// The byte offset of each spec's view in one allocation, and the total size.
-pub fn carve(specs: &[TensorSpec]) -> (Vec<usize>, usize) {
-    let mut offsets = Vec::with_capacity(specs.len());
-    let mut end = 0usize;
-    for spec in specs {
-        offsets.push(end);
-        end += spec.bytes().div_ceil(ALIGN) * ALIGN;
-    }
-    (offsets, end)
-}
-
-/// The allocations of one category in one place, in allocation order (weak, so that the
-/// report counts only live memory).
-struct Category {
-    name: String,
-    place: Place,
-    arenas: Vec<Weak<Arena>>,
-}
-
-/// Every category's allocations, and the growable scratch buffer.
-pub struct Memory {
-    ctx: Arc<CudaContext>,
-    categories: RefCell<Vec<Category>>,
-    scratch: RefCell<Option<Arena>>,
-}
-
-/// The memory table: bytes per category on the device and in pinned host memory, and the
-/// device's free and total bytes.
-#[derive(Clone, Debug)]
-pub struct MemoryReport {
-    pub categories: Vec<(String, usize)>,
-    pub pinned_host: Vec<(String, usize)>,
-    pub free: usize,
-    pub total: usize,
-}
-
-impl std::fmt::Display for MemoryReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (name, bytes) in &self.categories {
-            writeln!(f, "  {name:<14} {:>10.1} MiB", mib(*bytes))?;
-        }
-        for (name, bytes) in &self.pinned_host {
-            writeln!(
-                f,
-                "  {name:<14} {:>10.1} MiB (pinned host memory)",
-                mib(*bytes)
-            )?;
-        }
-        write!(
-            f,
-            "  {:<14} {:>10.1} MiB of {:.1} MiB",
-            "free",
-            mib(self.free),
-            mib(self.total)
-        )
-    }
-}
-
-impl Memory {
-    pub fn new(ctx: Arc<CudaContext>) -> Self {
-        Memory {
-            ctx,
-            categories: RefCell::new(vec![]),
-            scratch: RefCell::new(None),
+    fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
+        let _timing = self.time_op("copy")?;
+        let n = dst.numel();
+        ensure!(
+            n == src.numel(),
+            "copy {:?} into {:?}",
+            src.shape,
+            dst.shape
+        );
+        // SAFETY: copy<S, D>(D* dst, const S* src, long long n) touches n elements of each.
+        unsafe {
+            self.launch(
+                Kernel::Copy,
+                &[float(src), float(dst)],
+                (elementwise_blocks(n), 1, 1),
+                BLOCK,
+                &[ptr(dst).into(), ptr(src).into(), (n as i64).into()],
+            )
         }
     }
 
-    pub fn report(&self) -> Result<MemoryReport> {
+    fn start_copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
+        ensure!(
+            dst.dtype == src.dtype && dst.numel() == src.numel(),
+            "start_copy of {} {:?} into {} {:?}",
+            src.dtype,
+            src.shape,
+            dst.dtype,
+            dst.shape
+        );
+        self.copies.join(&self.stream)?;
+        // SAFETY: both ranges are the tensors' own bytes; the copy stream waits for the ops
+        // enqueued so far, and the caller keeps later ops off both tensors until
+        // `wait_for_copies_of` either. Unified addressing lets one call move device and
+        // pinned host bytes.
+        unsafe { sys::cuMemcpyAsync(ptr(dst), ptr(src), src.bytes(), self.copies.cu_stream()) }
+            .result()
+            .context("starting a copy between device and host memory")?;
+        self.copies_pending
+            .record(&self.copies, &[ptr(dst), ptr(src)])
+    }
+
+    fn wait_for_copies_of(&self, tensors: &[&Tensor<Self>]) -> Result<()> {
+        let addresses: Vec<u64> = tensors.iter().map(|t| ptr(t)).collect();
+        self.copies_pending.wait(&self.stream, &addresses)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().context("waiting for the GPU")
+    }
+}
+
+impl Cuda {
+    /// `fill`, for ops that fill as one of their steps and are timed whole.
+    pub(super) fn fill_untimed(&self, dst: &Tensor<Cuda>, value: f32) -> Result<()> {
+        let n = dst.numel();
+        // SAFETY: fill<T>(T* dst, long long n, float value) writes n elements of dst.
+        unsafe {
+            self.launch(
+                Kernel::Fill,
+                &[float(dst)],
+                (elementwise_blocks(n), 1, 1),
+                BLOCK,
+                &[ptr(dst).into(), (n as i64).into(), value.into()],
+            )
+        }
+    }
+
+    /// Copies host elements of the tensor's storage type in. Pageable host memory is staged
+    /// before the call returns, so `src` may be reused at once.
+    fn copy_in<T>(&self, dst: &Tensor<Cuda>, src: &[T]) -> Result<()> {
+        ensure!(
+            std::mem::size_of_val(src) == dst.bytes(),
+            "upload size mismatch"
+        );
         self.ctx.bind_to_thread()?;
-        let (free, total) = result::mem_get_info()?;
-        let categories = self.categories.borrow();
-        let in_place = |place: Place| -> Vec<(String, usize)> {
-            categories
-                .iter()
-                .filter(|c| c.place == place)
-                .filter_map(|c| {
-                    let live: Vec<_> = c.arenas.iter().filter_map(Weak::upgrade).collect();
-                    let bytes = live.iter().map(|a| a.bytes()).sum();
-                    (!live.is_empty()).then(|| (c.name.clone(), bytes))
-                })
-                .collect()
-        };
-        let mut on_device = in_place(Place::Device);
-        if let Some(s) = self.scratch.borrow().as_ref() {
-            on_device.push(("scratch".into(), s.bytes()));
-        }
-        Ok(MemoryReport {
-            categories: on_device,
-            pinned_host: in_place(Place::PinnedHost),
-            free,
-            total,
-        })
+        // SAFETY: `dst` spans `dst.bytes()` bytes of a live arena, equal to `src`'s size.
+        unsafe { result::memcpy_htod_async(ptr(dst), src, self.stream.cu_stream()) }?;
+        Ok(())
     }
 
-    /// One allocation for `category` in `place`, counted in the report, or an out-of-memory
-    /// error that shows the table and what to change.
-    pub fn allocate(&self, category: &str, bytes: usize, place: Place) -> Result<Arc<Arena>> {
-        let arena = match Arena::new(&self.ctx, bytes, place) {
-            Ok(arena) => Arc::new(arena),
-            Err(e) if place == Place::PinnedHost => {
-                return Err(anyhow!(
-                    "pinning {:.1} MiB of host memory for {category}: {e}. The host lacks that \
-                     much free memory, or its locked-memory limit (ulimit -l) is lower: keep \
-                     {category} on the device (leave out its --offload-* flag)",
-                    mib(bytes)
-                ));
-            }
-            Err(e) => return Err(self.out_of_memory(category, bytes, e)),
-        };
-        let mut categories = self.categories.borrow_mut();
-        let weak = Arc::downgrade(&arena);
-        match categories
-            .iter_mut()
-            .find(|c| c.name == category && c.place == place)
-        {
-            Some(c) => {
-                c.arenas.retain(|a| a.strong_count() > 0);
-                c.arenas.push(weak);
-            }
-            None => categories.push(Category {
-                name: category.to_string(),
-                place,
-                arenas: vec![weak],
-            }),
-        }
-        Ok(arena)
-    }
-
-    fn out_of_memory(&self, category: &str, bytes: usize, e: DriverError) -> anyhow::Error {
-        if e.0 != sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
-            return anyhow!("allocating {bytes} bytes for {category}: {e}");
-        }
-        let table = self
-            .report()
-            .map(|r| r.to_string())
-            .unwrap_or_else(|e| format!("  (no table: {e})"));
-        anyhow!(
-            "out of GPU memory allocating {:.1} MiB for {category}.\nAlready allocated:\n{table}\n\
-             To fit, lower --batch-size (activations scale with it), turn on recompute \
-             (--recompute-block, or -ffn/-att/-qkv/-norm/-swiglu), raise --lmhead-chunks \
-             (the logits buffer shrinks with it), or keep the optimizer state in host memory \
-             (the --offload-* flags).",
-            mib(bytes)
-        )
-    }
-
-    /// A scratch buffer of at least `bytes`, valid until the next call. It only grows, which
-    /// happens in the first step; growing waits for the device (freeing synchronizes).
-    pub fn scratch(&self, bytes: usize) -> Result<u64> {
-        if let Some(s) = self.scratch.borrow().as_ref()
-            && s.bytes() >= bytes
-        {
-            return Ok(s.ptr());
-        }
-        *self.scratch.borrow_mut() = None;
-        let size = bytes.next_power_of_two().max(1 << 20);
-        let arena = Arena::new(&self.ctx, size, Place::Device)
-            .map_err(|e| self.out_of_memory("scratch", size, e))?;
-        let ptr = arena.ptr();
-        *self.scratch.borrow_mut() = Some(arena);
-        Ok(ptr)
+    /// Waits for the stream and copies the tensor's raw elements out.
+    fn copy_out<T: Default + Clone>(&self, src: &Tensor<Cuda>) -> Result<Vec<T>> {
+        ensure!(
+            src.bytes().is_multiple_of(std::mem::size_of::<T>()),
+            "download size mismatch"
+        );
+        let mut out = vec![T::default(); src.bytes() / std::mem::size_of::<T>()];
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `src` spans exactly `out`'s bytes of a live arena.
+        unsafe { result::memcpy_dtoh_async(&mut out, ptr(src), self.stream.cu_stream()) }?;
+        self.stream.synchronize()?;
+        Ok(out)
     }
 }

@@ -13,12 +13,12 @@
 //! `Cuda::new` checks that they can be loaded before touching them and says what to install.
 
 mod adamw;
+pub mod arena;
 pub mod attention;
 mod classifier;
 pub mod cublaslt;
 pub mod device;
 mod disk_cache;
-mod elementwise;
 mod embedding;
 mod fp8;
 mod gemm;
@@ -26,7 +26,7 @@ mod gemv;
 pub mod kernels;
 mod matmul;
 mod matmul_algos;
-pub mod memory;
+mod memory;
 mod multi_tensor;
 pub mod nccl;
 pub mod nvrtc;
@@ -41,22 +41,16 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
-use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaStream};
-use half::bf16;
-use rayon::prelude::*;
 
+use self::arena::{CudaStorage, Memory, MemoryReport, Place, carve};
 use self::cublaslt::Blas;
-use self::fp8::Fused;
-use self::kernels::{Arg, KArg, Kernel, Kernels};
-use self::matmul::op_dims;
-use self::memory::{CudaStorage, Memory, MemoryReport, Place, carve};
-use self::op_timer::OpTimer;
+use self::kernels::{Arg, BLOCK, KArg, Kernel, Kernels};
+use self::op_timer::{OpTimer, OpTiming};
 use super::datasheet::datasheet;
-use super::op_times::{OpTime, matmul_name};
-use super::{
-    AdamW, AdamWTensor, AttnShape, Backend, Fp8Sum, Matmul, Normalized, Scaled, UnsupportedDtype,
-};
+use super::op_times::OpTime;
+use super::{Backend, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub struct Cuda {
@@ -77,9 +71,6 @@ pub struct Cuda {
     own_gemm: Cell<bool>,
     op_timer: OpTimer,
 }
-
-/// Threads per block of the simple element-wise and row kernels.
-const BLOCK: u32 = 256;
 
 /// `ceil(n / per)` blocks, at least one.
 fn blocks(n: usize, per: usize) -> u32 {
@@ -119,6 +110,18 @@ fn aligned_head(tensors: &[&Tensor<Cuda>]) -> Option<usize> {
 /// `access_width`).
 fn width(t: &Tensor<Cuda>, vec: bool) -> usize {
     if vec { 16 / t.dtype.size_bytes() } else { 1 }
+}
+
+/// The device address of a producer's `amax` (`[1]` f32), or null when none was asked for.
+pub(super) fn amax_ptr(op: &'static str, amax: Option<&Tensor<Cuda>>) -> Result<u64> {
+    let Some(amax) = amax else { return Ok(0) };
+    ensure_dtype(amax, DType::F32, op)?;
+    ensure!(
+        amax.numel() == 1,
+        "{op}: amax must be one f32, got {:?}",
+        amax.shape
+    );
+    Ok(ptr(amax))
 }
 
 fn ensure_dtype(t: &Tensor<Cuda>, dtype: DType, op: &'static str) -> Result<()> {
@@ -299,18 +302,16 @@ impl Cuda {
         Ok(per_sm as usize * self.multiprocessors as usize)
     }
 
-    /// Runs one backend op, its device time filed under `op` while op timing is on.
-    fn op(&self, op: &'static str, run: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.op_named(|| op.to_string(), run)
+    /// Times the op that calls it, until the returned value drops: its device time is filed
+    /// under `op` while op timing is on (`Backend::time_ops`).
+    fn time_op(&self, op: &'static str) -> Result<OpTiming<'_>> {
+        self.op_timer.begin(&self.stream, || op.to_string())
     }
 
-    /// `op` for names built from the arguments (a matmul's shape), only while timing is on.
-    fn op_named(
-        &self,
-        name: impl FnOnce() -> String,
-        run: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        self.op_timer.time(&self.stream, name, run)
+    /// `time_op` for names built from the arguments (a matmul's shape), only while timing is
+    /// on.
+    fn time_op_named(&self, name: impl FnOnce() -> String) -> Result<OpTiming<'_>> {
+        self.op_timer.begin(&self.stream, name)
     }
 
     /// The f32 scratch buffer, at least `floats` long, for one op's transient partials.
@@ -320,124 +321,12 @@ impl Cuda {
 }
 
 impl Backend for Cuda {
-    type Storage = CudaStorage;
-
     fn describe(&self) -> String {
         format!("cuda ({}, {})", self.name, self.kernels.arch())
     }
 
     fn peak_flops(&self) -> Option<f64> {
         datasheet(&self.name).map(|g| g.bf16_flops)
-    }
-
-    fn free_memory(&self) -> Option<(usize, usize)> {
-        self.memory.report().ok().map(|r| (r.free, r.total))
-    }
-
-    fn allocate(&self, category: &str, specs: &[TensorSpec]) -> Result<Vec<Tensor<Self>>> {
-        self.allocate_in(category, specs, Place::Device)
-    }
-
-    fn allocate_offloaded(
-        &self,
-        category: &str,
-        specs: &[TensorSpec],
-    ) -> Result<Vec<Tensor<Self>>> {
-        self.allocate_in(category, specs, Place::PinnedHost)
-    }
-
-    fn upload(&self, dst: &Tensor<Self>, src: &[f32]) -> Result<()> {
-        ensure!(
-            src.len() == dst.numel(),
-            "upload of {} values into {:?}",
-            src.len(),
-            dst.shape
-        );
-        // The conversions run in parallel: checkpoints and the tests' model-sized inputs
-        // are hundreds of millions of values.
-        match dst.dtype {
-            DType::F32 => self.copy_in(dst, src),
-            DType::BF16 => {
-                let v: Vec<bf16> = src.par_iter().map(|&x| bf16::from_f32(x)).collect();
-                self.copy_in(dst, &v)
-            }
-            fp8 if fp8.is_fp8() => {
-                let v: Vec<u8> = src.par_iter().map(|&x| fp8::encode(x, fp8)).collect();
-                self.copy_in(dst, &v)
-            }
-            other => anyhow::bail!("upload of f32 values into a {other} tensor {:?}", dst.shape),
-        }
-    }
-
-    fn upload_i32(&self, dst: &Tensor<Self>, src: &[i32]) -> Result<()> {
-        ensure!(
-            src.len() == dst.numel() && dst.dtype == DType::I32,
-            "upload of {} i32 values into {:?} {}",
-            src.len(),
-            dst.shape,
-            dst.dtype
-        );
-        self.copy_in(dst, src)
-    }
-
-    fn download(&self, src: &Tensor<Self>) -> Result<Vec<f32>> {
-        Ok(match src.dtype {
-            DType::F32 => self.copy_out::<f32>(src)?,
-            DType::BF16 => self
-                .copy_out::<bf16>(src)?
-                .into_par_iter()
-                .map(f32::from)
-                .collect(),
-            fp8 if fp8.is_fp8() => self
-                .copy_out::<u8>(src)?
-                .into_par_iter()
-                .map(|code| fp8::decode(code, fp8))
-                .collect(),
-            DType::I32 => self
-                .copy_out::<i32>(src)?
-                .into_iter()
-                .map(|x| x as f32)
-                .collect(),
-            other => anyhow::bail!("download of a {other} tensor"),
-        })
-    }
-
-    fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()> {
-        self.op("fill", || self.fill_impl(dst, value))
-    }
-
-    fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
-        self.op("copy", || self.copy_impl(dst, src))
-    }
-
-    fn start_copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
-        ensure!(
-            dst.dtype == src.dtype && dst.numel() == src.numel(),
-            "start_copy of {} {:?} into {} {:?}",
-            src.dtype,
-            src.shape,
-            dst.dtype,
-            dst.shape
-        );
-        self.copies.join(&self.stream)?;
-        // SAFETY: both ranges are the tensors' own bytes; the copy stream waits for the ops
-        // enqueued so far, and the caller keeps later ops off both tensors until
-        // `wait_for_copies_of` either. Unified addressing lets one call move device and
-        // pinned host bytes.
-        unsafe { sys::cuMemcpyAsync(ptr(dst), ptr(src), src.bytes(), self.copies.cu_stream()) }
-            .result()
-            .context("starting a copy between device and host memory")?;
-        self.copies_pending
-            .record(&self.copies, &[ptr(dst), ptr(src)])
-    }
-
-    fn wait_for_copies_of(&self, tensors: &[&Tensor<Self>]) -> Result<()> {
-        let addresses: Vec<u64> = tensors.iter().map(|t| ptr(t)).collect();
-        self.copies_pending.wait(&self.stream, &addresses)
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().context("waiting for the GPU")
     }
 
     fn time_ops(&self, on: bool) {
@@ -454,367 +343,5 @@ impl Backend for Cuda {
 
     fn end_range(&self) {
         nvtx::range_pop!();
-    }
-
-    fn embedding_forward(
-        &self,
-        out: &Tensor<Self>,
-        tokens: &Tensor<Self>,
-        wte: &Tensor<Self>,
-    ) -> Result<()> {
-        self.op("embedding_forward", || {
-            self.embedding_forward_impl(out, tokens, wte)
-        })
-    }
-
-    fn embedding_backward(
-        &self,
-        dwte: &Tensor<Self>,
-        tokens: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.op("embedding_backward", || {
-            self.embedding_backward_impl(dwte, tokens, dout, accumulate)
-        })
-    }
-
-    fn rmsnorm_forward(
-        &self,
-        out: Option<&Tensor<Self>>,
-        rstd: &Tensor<Self>,
-        inp: &Tensor<Self>,
-        weight: &Tensor<Self>,
-        eps: f32,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        self.op("rmsnorm_forward", || {
-            self.rmsnorm_forward_impl(out, rstd, inp, None, weight, eps, amax)
-        })
-    }
-
-    fn residual_rmsnorm_forward(
-        &self,
-        residual_out: &Tensor<Self>,
-        out: Option<&Tensor<Self>>,
-        rstd: &Tensor<Self>,
-        residual: &Tensor<Self>,
-        branch: &Tensor<Self>,
-        weight: &Tensor<Self>,
-        eps: f32,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        self.op("residual_rmsnorm_forward", || {
-            self.rmsnorm_forward_impl(
-                out,
-                rstd,
-                residual,
-                Some((residual_out, branch)),
-                weight,
-                eps,
-                amax,
-            )
-        })
-    }
-
-    fn rmsnorm_backward(
-        &self,
-        dinp: &Tensor<Self>,
-        dweight: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        inp: &Tensor<Self>,
-        weight: &Tensor<Self>,
-        rstd: &Tensor<Self>,
-        accumulate: bool,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        self.op("rmsnorm_backward", || {
-            self.rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, accumulate, amax)
-        })
-    }
-
-    fn matmul(
-        &self,
-        out: &Tensor<Self>,
-        a: &Tensor<Self>,
-        b: &Tensor<Self>,
-        bias: Option<&Tensor<Self>>,
-        spec: Matmul,
-    ) -> Result<()> {
-        self.op_named(
-            || matmul_name(out.matrix_rows(), out.cols(), op_dims(a, spec.trans_a).1),
-            || self.matmul_impl(out, a, b, bias, spec),
-        )
-    }
-
-    fn bias_backward(
-        &self,
-        dbias: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.op("bias_backward", || self.column_sum(dbias, dout, accumulate))
-    }
-
-    fn rope_forward(
-        &self,
-        qkv: &Tensor<Self>,
-        freqs: &Tensor<Self>,
-        shape: AttnShape,
-    ) -> Result<()> {
-        self.op("rope_forward", || {
-            self.rope_impl(qkv, freqs, shape, false, None)
-        })
-    }
-
-    fn rope_backward(
-        &self,
-        dqkv: &Tensor<Self>,
-        freqs: &Tensor<Self>,
-        shape: AttnShape,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        self.op("rope_backward", || {
-            self.rope_impl(dqkv, freqs, shape, true, amax)
-        })
-    }
-
-    fn rope_backward_and_bias(
-        &self,
-        dqkv: &Tensor<Self>,
-        freqs: &Tensor<Self>,
-        shape: AttnShape,
-        dbias: &Tensor<Self>,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.op("rope_backward_and_bias", || {
-            self.rope_backward_and_bias_impl(dqkv, freqs, shape, dbias, accumulate)
-        })
-    }
-
-    fn attention_forward(
-        &self,
-        out: &Tensor<Self>,
-        lse: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        shape: AttnShape,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        self.op("attention_forward", || {
-            self.attention_forward_impl(out, lse, qkv, shape, amax)
-        })
-    }
-
-    fn attention_decode(
-        &self,
-        out: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        shape: AttnShape,
-    ) -> Result<()> {
-        self.op("attention_decode", || {
-            self.attention_decode_impl(out, qkv, shape)
-        })
-    }
-
-    fn attention_backward(
-        &self,
-        dqkv: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        out: &Tensor<Self>,
-        lse: &Tensor<Self>,
-        shape: AttnShape,
-    ) -> Result<()> {
-        self.op("attention_backward", || {
-            self.attention_backward_impl(dqkv, dout, qkv, out, lse, shape)
-        })
-    }
-
-    fn swiglu_forward(
-        &self,
-        out: &Tensor<Self>,
-        gate_up: &Tensor<Self>,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        self.op("swiglu_forward", || {
-            self.swiglu_forward_impl(out, gate_up, amax)
-        })
-    }
-
-    fn gate_up_swiglu(
-        &self,
-        gate_up: &Tensor<Self>,
-        out: &Tensor<Self>,
-        x: &Tensor<Self>,
-        w: &Tensor<Self>,
-    ) -> Result<()> {
-        if gemv::is_one_row(gate_up, x) {
-            return self.op("gate_up_swiglu", || self.gemv_swiglu(gate_up, out, x, w));
-        }
-        if self.fuses(&[gate_up, out, x, w]) {
-            return self.op("gate_up_swiglu", || self.gemm(gate_up, Some(out), x, w));
-        }
-        crate::backend::unfused_gate_up_swiglu(self, gate_up, out, x, w)
-    }
-
-    fn gate_up_swiglu_scaled(
-        &self,
-        gate_up: &Tensor<Self>,
-        out: &Tensor<Self>,
-        x: Scaled<'_, Self>,
-        w: Scaled<'_, Self>,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        if self.fuses_fp8(&[gate_up, out], (x.data, DType::E4M3), w.data) {
-            return self.op("gate_up_swiglu", || {
-                self.gemm_scaled(gate_up, Some(out), x, w, amax)
-            });
-        }
-        crate::backend::unfused_gate_up_swiglu_scaled(self, gate_up, out, x, w, amax)
-    }
-
-    fn swiglu_backward_through_down(
-        &self,
-        gate_up: &Tensor<Self>,
-        dh: &Tensor<Self>,
-        dy: &Tensor<Self>,
-        w: &Tensor<Self>,
-    ) -> Result<()> {
-        if self.fuses(&[gate_up, dy, w]) {
-            return self.op("swiglu_backward_through_down", || {
-                self.fused_swiglu_backward(gate_up, dy, w)
-            });
-        }
-        crate::backend::unfused_swiglu_backward_through_down(self, gate_up, dh, dy, w)
-    }
-
-    fn swiglu_backward_through_down_scaled(
-        &self,
-        gate_up: &Tensor<Self>,
-        dh: &Tensor<Self>,
-        dy: Scaled<'_, Self>,
-        w: Scaled<'_, Self>,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        if self.fuses_fp8(&[gate_up], (dy.data, dy.data.dtype), w.data) {
-            return self.op("swiglu_backward_through_down", || {
-                self.fused_swiglu_backward_scaled(gate_up, dy, w, amax)
-            });
-        }
-        crate::backend::unfused_swiglu_backward_through_down_scaled(self, gate_up, dh, dy, w, amax)
-    }
-
-    fn swiglu_backward(
-        &self,
-        dgate_up: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        gate_up: &Tensor<Self>,
-        amax: Option<&Tensor<Self>>,
-    ) -> Result<()> {
-        self.op("swiglu_backward", || {
-            self.swiglu_backward_impl(dgate_up, dout, gate_up, amax)
-        })
-    }
-
-    fn cross_entropy(
-        &self,
-        logits: &Tensor<Self>,
-        losses: &Tensor<Self>,
-        targets: &Tensor<Self>,
-        z_loss: f32,
-        grad_scale: Option<f32>,
-    ) -> Result<()> {
-        self.op("cross_entropy", || {
-            self.cross_entropy_impl(logits, losses, targets, z_loss, grad_scale)
-        })
-    }
-
-    fn sum_squares(&self, sums: &Tensor<Self>, xs: &[Option<&Tensor<Self>>]) -> Result<()> {
-        self.op("sum_squares", || self.sum_squares_impl(sums, xs))
-    }
-
-    fn sum(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
-        self.op("sum", || self.sum_impl(out, x))
-    }
-
-    fn adamw(
-        &self,
-        tensors: &[AdamWTensor<'_, Self>],
-        norm_sq: &Tensor<Self>,
-        hp: &AdamW,
-    ) -> Result<()> {
-        self.op("adamw", || self.adamw_impl(tensors, norm_sq, hp))
-    }
-
-    fn abs_max(&self, amax: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
-        self.op("abs_max", || self.abs_max_impl(amax, x))
-    }
-
-    fn quantize(
-        &self,
-        rows: Option<&Tensor<Self>>,
-        cols: Option<&Tensor<Self>>,
-        descale: &Tensor<Self>,
-        x: &Tensor<Self>,
-        amax: &Tensor<Self>,
-    ) -> Result<()> {
-        self.op_named(
-            || fp8::quantize_name(rows, cols, x, ""),
-            || self.quantize_impl(rows, cols, descale, x, amax, Fused::Nothing),
-        )
-    }
-
-    fn quantize_normalized(
-        &self,
-        rows: &Tensor<Self>,
-        cols: &Tensor<Self>,
-        descale: &Tensor<Self>,
-        x: Normalized<'_, Self>,
-        amax: &Tensor<Self>,
-    ) -> Result<()> {
-        let (rows, cols) = (Some(rows), Some(cols));
-        let norm = Fused::Norm {
-            rstd: x.rstd,
-            weight: x.weight,
-        };
-        self.op_named(
-            || fp8::quantize_name(rows, cols, x.x, "+norm"),
-            || self.quantize_impl(rows, cols, descale, x.x, amax, norm),
-        )
-    }
-
-    fn quantize_summing_columns(
-        &self,
-        rows: Option<&Tensor<Self>>,
-        cols: Option<&Tensor<Self>>,
-        descale: &Tensor<Self>,
-        x: &Tensor<Self>,
-        amax: &Tensor<Self>,
-        column_sums: (&Tensor<Self>, bool),
-    ) -> Result<()> {
-        self.op_named(
-            || fp8::quantize_name(rows, cols, x, "+sums"),
-            || {
-                let (dbias, accumulate) = column_sums;
-                let sums = Fused::ColumnSums(dbias, accumulate);
-                self.quantize_impl(rows, cols, descale, x, amax, sums)
-            },
-        )
-    }
-
-    fn matmul_scaled(
-        &self,
-        out: &Tensor<Self>,
-        a: Scaled<'_, Self>,
-        b: Scaled<'_, Self>,
-        bias: Option<&Tensor<Self>>,
-        sum: Fp8Sum,
-        accumulate: bool,
-    ) -> Result<()> {
-        let name = || matmul_name(out.matrix_rows(), out.cols(), a.data.cols());
-        self.op_named(
-            || format!("fp8 {}", name()),
-            || self.matmul_scaled_impl(out, a, b, bias, sum, accumulate),
-        )
     }
 }

@@ -15,6 +15,17 @@ pub struct OpTimer {
     on: Cell<bool>,
     /// Ops enqueued since the last `take`: name, start and end events.
     pending: RefCell<Vec<(String, CudaEvent, CudaEvent)>>,
+    /// The first end event that failed to record, reported by `take`.
+    failed: RefCell<Option<anyhow::Error>>,
+}
+
+/// One op's timing, from its start to its drop, which records the end: an op begins with
+/// `let _timing = self.time_op(..)?;` and its launches follow.
+pub struct OpTiming<'a> {
+    timer: &'a OpTimer,
+    stream: &'a Arc<CudaStream>,
+    /// The op's name and start event, while timing is on.
+    started: Option<(String, CudaEvent)>,
 }
 
 impl OpTimer {
@@ -22,27 +33,30 @@ impl OpTimer {
         self.on.set(on);
     }
 
-    /// Runs `op` (which enqueues work on `stream`) between two events when timing is on.
-    pub fn time<R>(
-        &self,
-        stream: &Arc<CudaStream>,
+    /// Starts timing an op whose work is enqueued on `stream` until the returned value is
+    /// dropped; `name` is built only while timing is on.
+    pub fn begin<'a>(
+        &'a self,
+        stream: &'a Arc<CudaStream>,
         name: impl FnOnce() -> String,
-        op: impl FnOnce() -> Result<R>,
-    ) -> Result<R> {
-        if !self.on.get() {
-            return op();
-        }
-        let event = || stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT));
-        let start = event().context("recording an op-timing event")?;
-        let out = op()?;
-        let end = event().context("recording an op-timing event")?;
-        self.pending.borrow_mut().push((name(), start, end));
-        Ok(out)
+    ) -> Result<OpTiming<'a>> {
+        let started = match self.on.get() {
+            true => Some((name(), record(stream)?)),
+            false => None,
+        };
+        Ok(OpTiming {
+            timer: self,
+            stream,
+            started,
+        })
     }
 
     /// Waits for the device and returns the totals of the ops timed since the last call.
     pub fn take(&self, stream: &CudaStream) -> Result<Vec<OpTime>> {
         stream.synchronize().context("waiting for the GPU")?;
+        if let Some(err) = self.failed.borrow_mut().take() {
+            return Err(err);
+        }
         let mut totals = OpTotals::default();
         for (name, start, end) in self.pending.borrow_mut().drain(..) {
             let ms = start
@@ -52,4 +66,24 @@ impl OpTimer {
         }
         Ok(totals.take())
     }
+}
+
+impl Drop for OpTiming<'_> {
+    fn drop(&mut self) {
+        let Some((name, start)) = self.started.take() else {
+            return;
+        };
+        match record(self.stream) {
+            Ok(end) => self.timer.pending.borrow_mut().push((name, start, end)),
+            Err(err) => {
+                self.timer.failed.borrow_mut().get_or_insert(err);
+            }
+        }
+    }
+}
+
+fn record(stream: &Arc<CudaStream>) -> Result<CudaEvent> {
+    stream
+        .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .context("recording an op-timing event")
 }

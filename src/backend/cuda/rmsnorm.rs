@@ -4,10 +4,12 @@
 
 use anyhow::{Result, ensure};
 
-use super::fp8::amax_ptr;
-use super::kernels::{Arg, DEFAULT_SHARED_LIMIT, HELD, Kernel};
+use super::kernels::{Arg, COLSUM_FINISH_THREADS, DEFAULT_SHARED_LIMIT, HELD, Kernel};
 use super::rope::RopeStrips;
-use super::{BLOCK, Cuda, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16, width};
+use super::{
+    BLOCK, Cuda, amax_ptr, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16, width,
+};
+use crate::backend::{NormOps, ResidualAdd};
 use crate::tensor::{DType, Tensor};
 
 /// Rows per block of the forward: one per warp.
@@ -23,25 +25,23 @@ const BACKWARD_SMEM: usize = DEFAULT_SHARED_LIMIT as usize;
 /// sm_86 and sm_89 99 KB).
 const MAX_SMEM: usize = 99 * 1024;
 
-/// Threads of a `colsum_finish` block (colsum.cu compiles with it): 32 warps each add a share
-/// of the partials of the block's 32 columns.
-pub(super) const COLSUM_FINISH_THREADS: u32 = 1024;
-
-impl Cuda {
-    /// `out = rmsnorm(inp) · weight`; with `residual_add = Some((residual_out, branch))`,
-    /// `residual_out = inp + branch` first, and `out` its norm. Without `out`, rstd and the
-    /// abs-max only.
+impl NormOps for Cuda {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn rmsnorm_forward_impl(
+    fn rmsnorm_forward(
         &self,
         out: Option<&Tensor<Cuda>>,
         rstd: &Tensor<Cuda>,
         inp: &Tensor<Cuda>,
-        residual_add: Option<(&Tensor<Cuda>, &Tensor<Cuda>)>,
+        residual: Option<ResidualAdd<'_, Cuda>>,
         weight: &Tensor<Cuda>,
         eps: f32,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let _timing = self.time_op(match residual {
+            Some(_) => "residual_rmsnorm_forward",
+            None => "rmsnorm_forward",
+        })?;
+        let residual_add = residual.map(|r| (r.out, r.branch));
         let amax = amax_ptr("rmsnorm_forward", amax)?;
         ensure_dtype(rstd, DType::F32, "rmsnorm_forward (rstd)")?;
         let mut rows: Vec<&Tensor<Cuda>> = out.into_iter().chain([inp, weight]).collect();
@@ -98,7 +98,7 @@ impl Cuda {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn rmsnorm_backward_impl(
+    fn rmsnorm_backward(
         &self,
         dinp: &Tensor<Cuda>,
         dweight: &Tensor<Cuda>,
@@ -109,6 +109,7 @@ impl Cuda {
         accumulate: bool,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let _timing = self.time_op("rmsnorm_backward")?;
         let amax = amax_ptr("rmsnorm_backward", amax)?;
         ensure_dtype(rstd, DType::F32, "rmsnorm_backward (rstd)")?;
         ensure_same_dtype("rmsnorm_backward", &[dinp, dweight, dout, inp, weight])?;
@@ -180,7 +181,9 @@ impl Cuda {
         }
         self.colsum_finish(dweight, partials, chunks, accumulate)
     }
+}
 
+impl Cuda {
     /// `out[c] (+)= Σ_n dy[n, c]`: partials per chunk of rows, then a fixed-order sum.
     pub(super) fn column_sum(
         &self,

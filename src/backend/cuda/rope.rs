@@ -2,17 +2,58 @@
 
 use anyhow::{Result, ensure};
 
-use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
-use super::{BLOCK, Cuda, ensure_dtype, float, ptr, vec16, width};
-use crate::backend::AttnShape;
+use super::{BLOCK, Cuda, amax_ptr, ensure_dtype, float, ptr, vec16, width};
+use crate::backend::{AttnShape, RopeOps};
 use crate::tensor::{DType, Tensor};
 
 /// At most this many blocks when reporting an abs-max.
 const REPORTING_BLOCKS: usize = 1024;
 
+impl RopeOps for Cuda {
+    fn rope_forward(
+        &self,
+        qkv: &Tensor<Cuda>,
+        freqs: &Tensor<Cuda>,
+        shape: AttnShape,
+    ) -> Result<()> {
+        let _timing = self.time_op("rope_forward")?;
+        self.rope(qkv, freqs, shape, false, None)
+    }
+
+    /// With a bias, in one pass where the heads fit `colsum_partial`'s strips (which report no
+    /// abs-max), else the two passes.
+    fn rope_backward(
+        &self,
+        dqkv: &Tensor<Cuda>,
+        freqs: &Tensor<Cuda>,
+        shape: AttnShape,
+        amax: Option<&Tensor<Cuda>>,
+        bias: Option<(&Tensor<Cuda>, bool)>,
+    ) -> Result<()> {
+        let Some((dbias, accumulate)) = bias else {
+            let _timing = self.time_op("rope_backward")?;
+            return self.rope(dqkv, freqs, shape, true, amax);
+        };
+        let _timing = self.time_op("rope_backward_and_bias")?;
+        match RopeStrips::fit(dqkv, freqs, shape).filter(|_| amax.is_none()) {
+            Some(strips) => {
+                check_shapes(dqkv, freqs, shape)?;
+                self.column_sum_rotating(dbias, dqkv, accumulate, Some(strips))
+            }
+            // `rope` checks the shapes.
+            None => {
+                self.rope(dqkv, freqs, shape, true, amax)?;
+                self.column_sum(dbias, dqkv, accumulate)
+            }
+        }
+    }
+}
+
 impl Cuda {
-    pub(super) fn rope_impl(
+    /// RoPE's rotation of `qkv` in place, or with `inverse` its gradient's, reporting the
+    /// abs-max of all of qkv as stored into `amax` where given.
+    fn rope(
         &self,
         qkv: &Tensor<Cuda>,
         freqs: &Tensor<Cuda>,
@@ -66,29 +107,6 @@ impl Cuda {
                     amax.into(),
                 ],
             )
-        }
-    }
-
-    /// RoPE's backward on `dqkv` and QKV's bias gradient `dbias (+)= Σ_m dqkv[m]` of the rotated
-    /// gradient: in one pass where the heads fit `colsum_partial`'s strips, else the two passes.
-    pub(super) fn rope_backward_and_bias_impl(
-        &self,
-        dqkv: &Tensor<Cuda>,
-        freqs: &Tensor<Cuda>,
-        shape: AttnShape,
-        dbias: &Tensor<Cuda>,
-        accumulate: bool,
-    ) -> Result<()> {
-        match RopeStrips::fit(dqkv, freqs, shape) {
-            Some(strips) => {
-                check_shapes(dqkv, freqs, shape)?;
-                self.column_sum_rotating(dbias, dqkv, accumulate, Some(strips))
-            }
-            // `rope_impl` checks the shapes.
-            None => {
-                self.rope_impl(dqkv, freqs, shape, true, None)?;
-                self.column_sum(dbias, dqkv, accumulate)
-            }
         }
     }
 }

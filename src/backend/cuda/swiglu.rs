@@ -1,19 +1,22 @@
-//! SwiGLU forward and backward over `[N, 2F]` gate/up rows.
+//! SwiGLU forward and backward over `[N, 2F]` gate/up rows, and the MLP ops that fuse it
+//! with the matmul beside it where one kernel of ours does both (gemm.rs, gemv.rs).
 
 use anyhow::{Result, ensure};
 
-use super::fp8::amax_ptr;
 use super::kernels::{Arg, Kernel};
-use super::{BLOCK, Cuda, blocks, ensure_same_dtype, float, ptr, vec16, width};
-use crate::tensor::Tensor;
+use super::{BLOCK, Cuda, amax_ptr, blocks, ensure_same_dtype, float, gemv, ptr, vec16, width};
+use crate::backend::ops::swiglu::{unfused_gate_up_swiglu, unfused_swiglu_backward_through_down};
+use crate::backend::{Operand, SwigluOps};
+use crate::tensor::{DType, Tensor};
 
-impl Cuda {
-    pub(super) fn swiglu_forward_impl(
+impl SwigluOps for Cuda {
+    fn swiglu_forward(
         &self,
         out: &Tensor<Cuda>,
         gate_up: &Tensor<Cuda>,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let _timing = self.time_op("swiglu_forward")?;
         let amax = amax_ptr("swiglu_forward", amax)?;
         ensure_same_dtype("swiglu_forward", &[out, gate_up])?;
         let f = out.cols();
@@ -43,13 +46,14 @@ impl Cuda {
         }
     }
 
-    pub(super) fn swiglu_backward_impl(
+    fn swiglu_backward(
         &self,
         dgate_up: &Tensor<Cuda>,
         dout: &Tensor<Cuda>,
         gate_up: &Tensor<Cuda>,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
+        let _timing = self.time_op("swiglu_backward")?;
         let amax = amax_ptr("swiglu_backward", amax)?;
         ensure_same_dtype("swiglu_backward", &[dgate_up, dout, gate_up])?;
         let f = dout.cols();
@@ -84,5 +88,64 @@ impl Cuda {
                 ],
             )
         }
+    }
+
+    /// One kernel where one of ours runs on the operands: a plain kernel for one row
+    /// (generation's token pass), our matmul with SwiGLU in its epilogue (Hopper); else
+    /// cuBLASLt and `swiglu_forward`.
+    fn gate_up_swiglu<'a>(
+        &self,
+        gate_up: &Tensor<Cuda>,
+        out: &Tensor<Cuda>,
+        x: impl Into<Operand<'a, Cuda>>,
+        w: impl Into<Operand<'a, Cuda>>,
+        amax: Option<&Tensor<Cuda>>,
+    ) -> Result<()>
+    where
+        Self: 'a,
+    {
+        let (x, w) = (x.into(), w.into());
+        let plain = x.descale.is_none() && w.descale.is_none() && amax.is_none();
+        if plain && gemv::is_one_row(gate_up, x.data) {
+            let _timing = self.time_op("gate_up_swiglu")?;
+            return self.gemv_swiglu(gate_up, out, x.data, w.data);
+        }
+        if plain && self.fuses(&[gate_up, out, x.data, w.data]) {
+            let _timing = self.time_op("gate_up_swiglu")?;
+            return self.gemm(gate_up, Some(out), x.data, w.data);
+        }
+        let scaled = x.descale.is_some() && w.descale.is_some();
+        if scaled && self.fuses_fp8(&[gate_up, out], (x.data, DType::E4M3), w.data) {
+            let _timing = self.time_op("gate_up_swiglu")?;
+            return self.gemm_scaled(gate_up, Some(out), x, w, amax);
+        }
+        unfused_gate_up_swiglu(self, gate_up, out, x, w, amax)
+    }
+
+    /// One kernel of ours (Hopper) where it runs on the operands, which never stores `dh`;
+    /// else cuBLASLt and `swiglu_backward`.
+    fn swiglu_backward_through_down<'a>(
+        &self,
+        gate_up: &Tensor<Cuda>,
+        dh: &Tensor<Cuda>,
+        dy: impl Into<Operand<'a, Cuda>>,
+        w: impl Into<Operand<'a, Cuda>>,
+        amax: Option<&Tensor<Cuda>>,
+    ) -> Result<()>
+    where
+        Self: 'a,
+    {
+        let (dy, w) = (dy.into(), w.into());
+        let plain = dy.descale.is_none() && w.descale.is_none() && amax.is_none();
+        if plain && self.fuses(&[gate_up, dy.data, w.data]) {
+            let _timing = self.time_op("swiglu_backward_through_down")?;
+            return self.fused_swiglu_backward(gate_up, dy.data, w.data);
+        }
+        let scaled = dy.descale.is_some() && w.descale.is_some();
+        if scaled && self.fuses_fp8(&[gate_up], (dy.data, dy.data.dtype), w.data) {
+            let _timing = self.time_op("swiglu_backward_through_down")?;
+            return self.fused_swiglu_backward_scaled(gate_up, dy, w, amax);
+        }
+        unfused_swiglu_backward_through_down(self, gate_up, dh, dy, w, amax)
     }
 }

@@ -1,8 +1,9 @@
-//! The one table of CUDA kernels: each entry names its source file, its template and the kinds
-//! of its template parameters. Launch sites pick a `Kernel` variant (a typo there fails to
-//! build) and its arguments; `instance` checks them against the table and spells the NVRTC
-//! name expression. The CPU-only compile test instantiates every entry with every argument,
-//! so a misspelt template fails there.
+//! The CUDA kernels: their sources (the `.cu` files beside this one, each with the launch
+//! constants it is compiled with), and the one table of kernels. Each table entry names its
+//! source file, its template and the kinds of its template parameters. Launch sites pick a
+//! `Kernel` variant (a typo there fails to build) and its arguments; `instance` checks them
+//! against the table and spells the NVRTC name expression. The CPU-only compile test
+//! instantiates every entry with every argument, so a misspelt template fails there.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -14,115 +15,144 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::gemm;
 use super::nvrtc::{self, Source};
 use super::tma::{TensorMaps2, TensorMaps4};
-use super::{BLOCK, attention, classifier, embedding, fp8, rmsnorm};
 use crate::backend::UnsupportedDtype;
 use crate::tensor::DType;
 
-pub static ELEMENTWISE: Source = Source {
-    name: "elementwise.cu",
-    text: include_str!("kernels/elementwise.cu"),
+/// `cross_entropy_cluster`'s shape (classifier.cu compiles with these): blocks per row,
+/// threads per block and the 16-byte units each thread holds.
+pub const CLUSTER_BLOCKS: usize = 8;
+pub const CLUSTER_THREADS: u32 = 256;
+pub const CLUSTER_UNITS: usize = 12;
+/// Rows per block and threads per block of the tensor-core kernels (attention_tc.cu's
+/// `ATTENTION_TILE` and `ATTENTION_THREADS`).
+pub const ATTENTION_TC_TILE: usize = 64;
+pub const ATTENTION_TC_THREADS: u32 = 128;
+/// Query (or key) rows per block of the CUDA-core kernels (attention.cu's `TILE`), whose
+/// blocks are `BLOCK` threads.
+pub const ATTENTION_TILE: usize = 32;
+/// Threads of a `colsum_finish` block (colsum.cu compiles with it): 32 warps each add a share
+/// of the partials of the block's 32 columns.
+pub const COLSUM_FINISH_THREADS: u32 = 1024;
+/// The bitonic sort's tile (embedding.cu's `SORT_TILE`): sorted in shared memory by one block
+/// of half as many threads.
+pub const EMBEDDING_SORT_TILE: usize = 1024;
+/// Threads per block of the simple element-wise and row kernels.
+pub const BLOCK: u32 = 256;
+
+pub static MEMORY: Source = Source {
+    name: "memory.cu",
+    text: include_str!("memory.cu"),
     options: &[],
     defines: &[],
 };
 pub static EMBEDDING: Source = Source {
     name: "embedding.cu",
-    text: include_str!("kernels/embedding.cu"),
+    text: include_str!("embedding.cu"),
     options: &[],
-    defines: &[("SORT_TILE", embedding::TILE)],
+    defines: &[("SORT_TILE", EMBEDDING_SORT_TILE)],
 };
 pub static RMSNORM: Source = Source {
     name: "rmsnorm.cu",
-    text: include_str!("kernels/rmsnorm.cu"),
+    text: include_str!("rmsnorm.cu"),
     options: &[],
     defines: &[("BACKWARD_MAX_THREADS", BLOCK as usize)],
 };
 pub static COLSUM: Source = Source {
     name: "colsum.cu",
-    text: include_str!("kernels/colsum.cu"),
+    text: include_str!("colsum.cu"),
     options: &[],
     defines: &[
         ("PARTIAL_THREADS", BLOCK as usize),
-        ("FINISH_THREADS", rmsnorm::COLSUM_FINISH_THREADS as usize),
+        ("FINISH_THREADS", COLSUM_FINISH_THREADS as usize),
     ],
 };
 pub static ROPE: Source = Source {
     name: "rope.cu",
-    text: include_str!("kernels/rope.cu"),
+    text: include_str!("rope.cu"),
     options: &[],
     defines: &[],
 };
 pub static SWIGLU: Source = Source {
     name: "swiglu.cu",
-    text: include_str!("kernels/swiglu.cu"),
+    text: include_str!("swiglu.cu"),
     options: &[],
     defines: &[],
 };
 pub static GEMV: Source = Source {
     name: "gemv.cu",
-    text: include_str!("kernels/gemv.cu"),
+    text: include_str!("gemv.cu"),
     options: &[],
     defines: &[],
 };
 pub static ATTENTION: Source = Source {
     name: "attention.cu",
-    text: include_str!("kernels/attention.cu"),
+    text: include_str!("attention.cu"),
     options: &[],
-    defines: &[("TILE", attention::TILE), ("THREADS", BLOCK as usize)],
+    defines: &[("TILE", ATTENTION_TILE), ("THREADS", BLOCK as usize)],
 };
 pub static ATTENTION_TC: Source = Source {
     name: "attention_tc.cu",
-    text: include_str!("kernels/attention_tc.cu"),
+    text: include_str!("attention_tc.cu"),
     options: &[],
     defines: &[
-        ("ATTENTION_TILE", attention::TC_TILE),
-        ("ATTENTION_THREADS", attention::TC_THREADS as usize),
+        ("ATTENTION_TILE", ATTENTION_TC_TILE),
+        ("ATTENTION_THREADS", ATTENTION_TC_THREADS as usize),
     ],
 };
 pub static CLASSIFIER: Source = Source {
     name: "classifier.cu",
-    text: include_str!("kernels/classifier.cu"),
+    text: include_str!("classifier.cu"),
     options: &[],
     defines: &[
-        ("CLUSTER_BLOCKS", classifier::CLUSTER_BLOCKS),
-        ("CLUSTER_THREADS", classifier::CLUSTER_THREADS as usize),
-        ("CLUSTER_UNITS", classifier::CLUSTER_UNITS),
+        ("CLUSTER_BLOCKS", CLUSTER_BLOCKS),
+        ("CLUSTER_THREADS", CLUSTER_THREADS as usize),
+        ("CLUSTER_UNITS", CLUSTER_UNITS),
     ],
 };
 // No contracted multiply-adds (--fmad=false), so the f32 update is bitwise the CPU's (see
 // adamw.cu).
 pub static ADAMW: Source = Source {
     name: "adamw.cu",
-    text: include_str!("kernels/adamw.cu"),
+    text: include_str!("adamw.cu"),
     options: &["--fmad=false"],
     defines: &[("ADAMW_THREADS", BLOCK as usize)],
 };
 
+/// The tile edge of `quantize_transposed` and its threads per block (fp8.cu compiles with
+/// these).
+pub const QUANTIZE_TILE: usize = 64;
+pub const QUANTIZE_TILE_THREADS: u32 = 256;
 pub static FP8: Source = Source {
     name: "fp8.cu",
-    text: include_str!("kernels/fp8.cu"),
+    text: include_str!("fp8.cu"),
     options: &[],
     defines: &[
-        ("QUANTIZE_TILE", fp8::TILE),
-        ("QUANTIZE_THREADS", fp8::TILE_THREADS as usize),
+        ("QUANTIZE_TILE", QUANTIZE_TILE),
+        ("QUANTIZE_THREADS", QUANTIZE_TILE_THREADS as usize),
     ],
 };
 
+/// The ring of shared buffers the producer fills ahead of the products, 40 KB each.
+pub const GEMM_STAGES: usize = 4;
+/// A producer warpgroup and two consumers.
+pub const GEMM_THREADS: u32 = 384;
+/// The epilogue's ring of 16 KB pieces, per consumer warpgroup.
+pub const GEMM_EPI_BUFS: usize = 2;
 pub static GEMM: Source = Source {
     name: "gemm.cu",
-    text: include_str!("kernels/gemm.cu"),
+    text: include_str!("gemm.cu"),
     options: &[],
     defines: &[
-        ("GEMM_STAGES", gemm::STAGES),
-        ("GEMM_THREADS", gemm::THREADS as usize),
-        ("GEMM_EPI_BUFS", gemm::EPI_BUFS),
+        ("GEMM_STAGES", GEMM_STAGES),
+        ("GEMM_THREADS", GEMM_THREADS as usize),
+        ("GEMM_EPI_BUFS", GEMM_EPI_BUFS),
     ],
 };
 
 pub static SOURCES: [&Source; 13] = [
-    &ELEMENTWISE,
+    &MEMORY,
     &EMBEDDING,
     &RMSNORM,
     &COLSUM,
@@ -294,10 +324,8 @@ macro_rules! kernel_table {
 }
 
 kernel_table! {
-    Fill => ELEMENTWISE, "fill", [Float];
-    Copy => ELEMENTWISE, "copy", [Float, Float];
-    SumSquaresPartial => ELEMENTWISE, "sum_squares_partial", [Float];
-    SumRanges => ELEMENTWISE, "sum_ranges", [];
+    Fill => MEMORY, "fill", [Float];
+    Copy => MEMORY, "copy", [Float, Float];
     EmbeddingForward => EMBEDDING, "embedding_forward", [Float];
     EmbeddingSortKeys => EMBEDDING, "embedding_sort_keys", [];
     BitonicGlobal => EMBEDDING, "bitonic_global", [];
@@ -328,6 +356,8 @@ kernel_table! {
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
     CrossEntropyCluster => CLASSIFIER, "cross_entropy_cluster", [Float];
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Width];
+    SumSquaresPartial => ADAMW, "sum_squares_partial", [Float];
+    SumRanges => ADAMW, "sum_ranges", [];
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];
     QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag, Flag, Flag];
@@ -409,7 +439,7 @@ pub fn all_names(source: &Source) -> Vec<String> {
 }
 
 /// Shared memory, static and dynamic together, a block may use without opting in.
-pub(super) const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+pub const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 
 /// A kernel argument: device pointers travel as `u64`.
 #[derive(Clone, Debug)]

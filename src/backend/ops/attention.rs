@@ -1,0 +1,58 @@
+//! Causal grouped-query attention over the fused QKV rows: training's forward and backward,
+//! and generation's one new position over a KV cache.
+
+use anyhow::Result;
+
+use super::memory::MemoryOps;
+use crate::tensor::Tensor;
+
+/// Shape of one attention call. `qkv` rows hold `q_heads` query heads, then `kv_heads`
+/// key heads, then `kv_heads` value heads, each `head_dim` wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub seq: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    pub fn qkv_width(&self) -> usize {
+        (self.q_heads + 2 * self.kv_heads) * self.head_dim
+    }
+}
+
+pub trait AttentionOps: MemoryOps {
+    /// Causal grouped-query attention with scale `1/sqrt(head_dim)`.
+    /// qkv: `[B·T, qkv_width]`; out: `[B·T, q_heads·head_dim]`; lse: `[B, q_heads, T]` f32,
+    /// the log-sum-exp of each score row, kept for the backward.
+    fn attention_forward(
+        &self,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()>;
+    /// Generation's attention over a KV cache: the query of the last of `shape.seq`
+    /// positions against the keys and values of all of them, which is the last row of
+    /// `attention_forward`'s output. qkv: `[T, qkv_width]` (one sequence); out:
+    /// `[1, q_heads·head_dim]`.
+    fn attention_decode(
+        &self,
+        out: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()>;
+    /// Writes `dqkv` (all three parts) from `dout`.
+    fn attention_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        dout: &Tensor<Self>,
+        qkv: &Tensor<Self>,
+        out: &Tensor<Self>,
+        lse: &Tensor<Self>,
+        shape: AttnShape,
+    ) -> Result<()>;
+}
