@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf")
 BATCH, SEQ = 2, 16
@@ -52,6 +52,9 @@ FIXTURES = {
     # Mistral 7B v0.3's layout: Llama's layers under Mistral's class, with no sliding window.
     "mistral": (MistralConfig(**COMMON, tie_word_embeddings=False, sliding_window=None,
                               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), torch.float32),
+    # Qwen3: Llama's layers with an RMSNorm over each query and key head before RoPE.
+    "qwen3": (Qwen3Config(**COMMON, tie_word_embeddings=False,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), torch.float32),
 }
 
 

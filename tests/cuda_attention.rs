@@ -10,7 +10,7 @@ mod common;
 use common::gpu::*;
 use smelt::backend::AttnShape;
 use smelt::backend::cuda::Cuda;
-use smelt::backend::cuda::attention::AttentionKernels;
+use smelt::backend::cuda::kernel_choice::AttentionKernels;
 use smelt::backend::prelude::*;
 use smelt::tensor::{DType, Tensor};
 

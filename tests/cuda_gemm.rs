@@ -1,4 +1,4 @@
-//! smelt's own Hopper matmul (gemm.cu) against the CPU at an awkward small shape and against
+//! smelt's own Hopper matmul (gemm_tn.cu) against the CPU at an awkward small shape and against
 //! cuBLASLt at the MLP shapes of the benchmark's models, and both timed there. The fused
 //! gate/up projection with SwiGLU must give what the separate matmul and SwiGLU kernels give
 //! within bf16 rounding, and its SwiGLU output must be, bit for bit, what swiglu.cu computes

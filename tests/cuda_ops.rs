@@ -11,7 +11,7 @@ mod common;
 
 use common::gpu::*;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
-use smelt::backend::cuda::attention::AttentionKernels;
+use smelt::backend::cuda::kernel_choice::AttentionKernels;
 use smelt::backend::prelude::*;
 use smelt::backend::{AdamW, AdamWTensor, AttnShape, Fp8Sum, Fused, Matmul, Operand, ResidualAdd};
 use smelt::rng::Rng;
@@ -289,6 +289,111 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
                 output(&gpu_out, "plain rstd of fused residual")
             ));
             figure(&name, "fused norm bitwise equal to the plain norm");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn head_rmsnorm_forward_and_backward() {
+    let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    // Qwen3-0.6B's heads (16 queries, 8 keys and values of 128) over 1024 rows, and a small
+    // shape of 64-wide heads whose rows do not fill the backward's blocks evenly.
+    let cases = [
+        (
+            1024,
+            AttnShape {
+                batch: 1,
+                seq: 1024,
+                q_heads: 16,
+                kv_heads: 8,
+                head_dim: 128,
+            },
+        ),
+        (
+            300,
+            AttnShape {
+                batch: 3,
+                seq: 100,
+                q_heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+            },
+        ),
+    ];
+    for (rows, s) in cases {
+        let (w, d) = (s.qkv_width(), s.head_dim);
+        let heads = s.q_heads + s.kv_heads;
+        let weight = |seed| -> Vec<f32> { normal(d, 0.2, seed).iter().map(|r| 1.0 + r).collect() };
+        let (x, dy, qw, kw, dw0) = (
+            normal(rows * w, 1.0, 70),
+            normal(rows * w, 1.0, 71),
+            weight(72),
+            weight(73),
+            normal(2 * d, 1.0, 74),
+        );
+        #[allow(clippy::too_many_arguments)]
+        fn run<B: Backend>(
+            b: &B,
+            dtype: DType,
+            acc: bool,
+            (rows, s, heads): (usize, AttnShape, usize),
+            x: &[f32],
+            dy: &[f32],
+            (qw, kw): (&[f32], &[f32]),
+            dw0: &[f32],
+        ) -> Outputs {
+            let (w, d) = (s.qkv_width(), s.head_dim);
+            let x = tensor(b, &[rows, w], dtype, x);
+            let out = tensor(b, &[rows, w], dtype, &vec![0.0; rows * w]);
+            let rstd = tensor(b, &[rows, heads], DType::F32, &vec![0.0; rows * heads]);
+            let (qw, kw) = (tensor(b, &[d], dtype, qw), tensor(b, &[d], dtype, kw));
+            b.head_rmsnorm_forward(&out, &rstd, &x, (&qw, &kw), s, 1e-6)
+                .unwrap();
+            let dqkv = tensor(b, &[rows, w], dtype, dy);
+            let (dq, dk) = (
+                tensor(b, &[d], dtype, &dw0[..d]),
+                tensor(b, &[d], dtype, &dw0[d..]),
+            );
+            let found = amax(b);
+            b.head_rmsnorm_backward(
+                &dqkv,
+                (&dq, &dk),
+                &x,
+                (&qw, &kw),
+                &rstd,
+                s,
+                acc,
+                Some(&found),
+            )
+            .unwrap();
+            vec![
+                ("out", download(b, &out)),
+                ("rstd", download(b, &rstd)),
+                ("dqkv", download(b, &dqkv)),
+                ("dqkv amax", download(b, &found)),
+                ("dq_norm", download(b, &dq)),
+                ("dk_norm", download(b, &dk)),
+            ]
+        }
+        for dtype in [DType::BF16, DType::F32] {
+            for acc in [false, true] {
+                let name = format!("head_rmsnorm {rows}x{w} D{d} {dtype} accumulate={acc}");
+                let shape = (rows, s, heads);
+                let gpu_out = check_op(
+                    &name,
+                    || run(&gpu, dtype, acc, shape, &x, &dy, (&qw, &kw), &dw0),
+                    || run(&cpu, dtype, acc, shape, &x, &dy, (&qw, &kw), &dw0),
+                    // rstd is f32 from identical inputs; the weights' gradients are sums of
+                    // rows·heads products, in another order than the CPU's.
+                    |output| match output {
+                        "rstd" => 1e-5,
+                        "dq_norm" | "dk_norm" => 1e-3_f64.max(tol(dtype)),
+                        _ => tol(dtype),
+                    },
+                );
+                check_amax(&name, &gpu_out, "dqkv", "dqkv amax");
+            }
         }
     }
 }

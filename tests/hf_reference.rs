@@ -1,5 +1,5 @@
 //! The CPU backend against HF transformers: fixtures written by `scripts/hf_fixtures.py`
-//! (tiny random Llama, Qwen2 and Mistral models, tied and untied, GQA, head_dim ≠ hidden/heads,
+//! (tiny random Llama, Qwen2, Qwen3 and Mistral models, tied and untied, GQA, head_dim ≠ hidden/heads,
 //! llama3 RoPE scaling, one stored in bf16), loaded through the real import path.
 
 use std::path::{Path, PathBuf};
@@ -11,12 +11,13 @@ use smelt::io::tensors::{MappedFile, decode};
 use smelt::model::{Gradients, LossOptions, MatmulPrecision, ModelOptions, Recompute, Transformer};
 use smelt::tensor::DType;
 
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "llama_untied",
     "llama_tied",
     "qwen2_untied",
     "qwen2_tied",
     "mistral",
+    "qwen3",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use super::Backend;
 use super::cpu::Cpu;
-use super::cuda::attention::AttentionKernels;
+use super::cuda::kernel_choice::AttentionKernels;
 use super::cuda::{Cuda, device};
 
 /// The `--device` choice.

@@ -1,95 +1,22 @@
-//! Activation memory, planned once for a (batch, seq) shape.
+//! Activation memory, planned once for a (batch, seq) shape, and the store the blocks read
+//! and write their activations through.
 //!
 //! An activation the backward needs is either kept per layer, or, when the recompute
 //! options say so, held in one buffer that all layers share and recomputed in the backward
 //! from what was kept; one kept per layer may live in host memory (`Stash`). Which is
-//! which is decided here, in one place.
+//! which is decided here, in one place. Where an activation lives is the store's business:
+//! the forward and backward passes tell it when a block starts and ends, and a block sees
+//! only tensors.
 
 use std::ops::Range;
 
 use anyhow::Result;
 
+use super::recompute::Recompute;
 use super::residuals::Residuals;
 use super::stash::Stash;
 use crate::backend::Backend;
 use crate::tensor::{DType, Tensor, TensorSpec};
-
-/// Activations to recompute in the backward instead of keeping them per layer
-/// (llm.q's `--recompute-*` set).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Recompute {
-    /// The SwiGLU output.
-    pub swiglu: bool,
-    /// Both RMSNorm outputs of a block.
-    pub norm: bool,
-    /// The QKV projection and its RoPE.
-    pub qkv: bool,
-    /// The attention output and its log-sum-exp.
-    pub att: bool,
-    /// The gate/up projection and SwiGLU.
-    pub ffn: bool,
-    /// Everything but each block's input residual.
-    pub block: bool,
-}
-
-impl Recompute {
-    pub fn all() -> Self {
-        Recompute {
-            swiglu: true,
-            norm: true,
-            qkv: true,
-            att: true,
-            ffn: true,
-            block: true,
-        }
-    }
-
-    /// Each option alone, under its flag's name less `--recompute-`, then all of them: the
-    /// variants the recompute tests hold against no recompute.
-    pub fn variants() -> Vec<(&'static str, Self)> {
-        let none = Self::default();
-        vec![
-            (
-                "swiglu",
-                Self {
-                    swiglu: true,
-                    ..none
-                },
-            ),
-            ("norm", Self { norm: true, ..none }),
-            ("qkv", Self { qkv: true, ..none }),
-            ("att", Self { att: true, ..none }),
-            ("ffn", Self { ffn: true, ..none }),
-            (
-                "block",
-                Self {
-                    block: true,
-                    ..none
-                },
-            ),
-            ("all", Self::all()),
-        ]
-    }
-
-    pub(crate) fn norms(&self) -> bool {
-        self.norm || self.block
-    }
-    pub(crate) fn qkv(&self) -> bool {
-        self.qkv || self.block
-    }
-    pub(crate) fn attention(&self) -> bool {
-        self.att || self.block
-    }
-    pub(crate) fn residual_mid(&self) -> bool {
-        self.block
-    }
-    pub(crate) fn gate_up(&self) -> bool {
-        self.ffn || self.block
-    }
-    pub(crate) fn swiglu_out(&self) -> bool {
-        self.swiglu || self.ffn || self.block
-    }
-}
 
 /// Collects the specs of one allocation; each `add` returns where its tensors will be.
 struct Plan {
@@ -163,6 +90,8 @@ pub struct ActivationShape {
     pub vocab: usize,
     pub head_rows: usize, // rows of one LM-head chunk
     pub ffn_rows: usize,  // rows of one MLP chunk (N unchunked; chunks are always recomputed)
+    /// The heads a QK-norm normalizes (queries and keys), for a model with one (Qwen3).
+    pub qk_norm_heads: Option<usize>,
 }
 
 /// Every activation and activation gradient of one micro-batch. The MLP's gradients have no
@@ -175,6 +104,8 @@ pub struct Activations<B: Backend> {
     pub ln1: Stash<B>,          // [N, C]
     pub rstd1: Stash<B>,        // [N]
     pub qkv: Stash<B>,          // [N, W], after RoPE
+    /// The QK-norm's input and statistics, for a model with one (Qwen3).
+    pub qk_norm: Option<QkNormStash<B>>,
     pub att: Stash<B>,          // [N, Q]
     pub lse: Stash<B>,          // [B, H, T]
     pub residual_mid: Stash<B>, // [N, C]: residual after attention
@@ -194,9 +125,16 @@ pub struct Activations<B: Backend> {
     pub dqkv: Tensor<B>,        // [N, W]
 }
 
+/// What a QK-norm keeps for its backward.
+pub struct QkNormStash<B: Backend> {
+    pub raw: Stash<B>,  // [N, W]: the QKV projection's output, the norm's input
+    pub rstd: Stash<B>, // [N, q_heads + kv_heads]
+}
+
 impl<B: Backend> Activations<B> {
     /// Every activation kept per layer (or shared) but the residual stream.
-    fn stashes(&self) -> [&Stash<B>; 10] {
+    fn stashes(&self) -> impl Iterator<Item = &Stash<B>> {
+        let qk_norm = self.qk_norm.iter().flat_map(|q| [&q.raw, &q.rstd]);
         [
             &self.ln1,
             &self.rstd1,
@@ -209,24 +147,27 @@ impl<B: Backend> Activations<B> {
             &self.gate_up,
             &self.swiglu,
         ]
+        .into_iter()
+        .chain(qk_norm)
     }
 
-    /// Before block `l`'s forward writes its activations (`Stash::before_write`).
+    /// Before block `l`'s forward writes its activations, its input in the residual stream
+    /// among them (`Stash::before_write`): before the embedding for block 0.
     pub fn before_block_forward(&self, b: &B, l: usize) -> Result<()> {
-        self.stashes().iter().try_for_each(|s| s.before_write(b, l))
+        self.residual.before_write(b, l)?;
+        self.stashes().try_for_each(|s| s.before_write(b, l))
     }
 
     /// After block `l`'s forward: its offloaded activations start their way out.
     pub fn block_forward_done(&self, b: &B, l: usize) -> Result<()> {
-        self.stashes().iter().try_for_each(|s| s.written(b, l))
+        self.residual.written(b, l)?;
+        self.stashes().try_for_each(|s| s.written(b, l))
     }
 
     /// Before block `l`'s backward (and its recompute pass), with the residual stream.
     pub fn before_block_backward(&self, b: &B, l: usize) -> Result<()> {
         self.residual.before_backward(b, l)?;
-        self.stashes()
-            .iter()
-            .try_for_each(|s| s.before_backward(b, l))
+        self.stashes().try_for_each(|s| s.before_backward(b, l))
     }
 }
 
@@ -244,6 +185,7 @@ pub struct ActivationPlan {
     ln1: StashPlan,
     rstd1: StashPlan,
     qkv: StashPlan,
+    qk_norm: Option<(StashPlan, StashPlan)>,
     att: StashPlan,
     lse: StashPlan,
     residual_mid: StashPlan,
@@ -301,6 +243,12 @@ impl ActivationPlan {
         let ln1 = p.stash("ln1", &[n, s.hidden], dtype, !kept_ln1, kept);
         let rstd1 = p.stash("rstd1", &[n], stat_dtype, false, kept);
         let qkv = p.stash("qkv", &[n, s.qkv_dim], dtype, recompute.qkv(), kept);
+        let qk_norm = s.qk_norm_heads.map(|heads| {
+            (
+                p.stash("qkv_raw", &[n, s.qkv_dim], dtype, recompute.qkv(), kept),
+                p.stash("rstd_qk", &[n, heads], stat_dtype, recompute.qkv(), kept),
+            )
+        });
         let att = p.stash("att", &[n, s.q_dim], dtype, recompute.attention(), kept);
         let lse_shape = [s.batch, s.heads, s.seq];
         let lse = p.stash("lse", &lse_shape, stat_dtype, recompute.attention(), kept);
@@ -324,6 +272,7 @@ impl ActivationPlan {
             ln1,
             rstd1,
             qkv,
+            qk_norm,
             att,
             lse,
             residual_mid,
@@ -370,6 +319,10 @@ impl ActivationPlan {
             ln1: stash(&self.ln1),
             rstd1: stash(&self.rstd1),
             qkv: stash(&self.qkv),
+            qk_norm: (self.qk_norm.as_ref()).map(|(raw, rstd)| QkNormStash {
+                raw: stash(raw),
+                rstd: stash(rstd),
+            }),
             att: stash(&self.att),
             lse: stash(&self.lse),
             residual_mid: stash(&self.residual_mid),

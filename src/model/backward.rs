@@ -1,4 +1,5 @@
-//! The backward pass: the forward read in reverse.
+//! The backward pass: the LM head and loss, then every block from the last (its recompute
+//! pass, then its backward: `block.rs`), then the embedding; the forward read in reverse.
 //!
 //! Gradient rule: parameter gradients are written by the first micro-step and added into by
 //! later ones (`accumulate`); the residual-stream gradient `dresidual` is added into by each
@@ -6,9 +7,8 @@
 
 use anyhow::{Result, ensure};
 
-use super::forward::Pass;
-use super::fp8::Linear;
 use super::head::LossOptions;
+use super::linear::Linear;
 use super::transformer::{Gradients, Transformer};
 use crate::backend::{Backend, Range};
 use crate::tensor::Tensor;
@@ -65,9 +65,7 @@ impl<B: Backend> Transformer<B> {
             let _head = Range::begin(b, format_args!("LM head and loss"));
             self.head(b, targets, loss.z_loss, Some(loss))?;
         }
-        if let Some(fp8) = &self.fp8 {
-            fp8.begin_backward(b)?;
-        }
+        self.linears.begin_backward(b)?;
         let (a, p, g, acc) = (&self.acts, &self.params, self.grads(), loss.accumulate);
         let last = self.config.num_layers;
         b.fill(&a.dresidual, 0.0)?;
@@ -79,7 +77,7 @@ impl<B: Backend> Transformer<B> {
             &p.final_norm,
             &a.rstdf,
             acc,
-            self.grad_amax(last - 1, Linear::Down).as_ref(),
+            self.linears.grad_amax(last - 1, Linear::Down).as_ref(),
         )?;
         events(GradEvent::Done {
             layer: None,
@@ -91,8 +89,8 @@ impl<B: Backend> Transformer<B> {
         for l in (0..last).rev() {
             let _layer = Range::begin(b, format_args!("layer {l} backward"));
             self.acts.before_block_backward(b, l)?;
-            self.block_forward(b, l, Pass::Recompute, None)?;
-            let grads: Vec<&Tensor<B>> = self.grads().layers[l].iter().collect();
+            self.block_recompute(b, l)?;
+            let grads: Vec<&Tensor<B>> = self.layer_grads(l).iter().collect();
             events(GradEvent::Writing {
                 layer: l,
                 grads: &grads,
@@ -112,62 +110,5 @@ impl<B: Backend> Transformer<B> {
             layer: None,
             grads: &[&g.embed],
         })
-    }
-
-    /// Block `l`, given `dresidual` = ∂loss/∂(block output); leaves ∂loss/∂(block input) there.
-    fn block_backward(&self, b: &B, l: usize, acc: bool) -> Result<()> {
-        let (a, w, g) = (&self.acts, &self.params.layers[l], &self.grads().layers[l]);
-        let shape = self.attn_shape();
-        let dres = &a.dresidual;
-        // 8)–6) the MLP, into `dln`
-        self.mlp_backward(b, l, acc)?;
-        // 5) post-attention norm, into the residual gradient
-        b.rmsnorm_backward(
-            dres,
-            &g.ln2,
-            &a.dln,
-            a.residual_mid.layer(l),
-            &w.ln2,
-            a.rstd2.layer(l),
-            acc,
-            self.grad_amax(l, Linear::Out).as_ref(),
-        )?;
-        // 4) output projection
-        self.linear_backward(b, (l, Linear::Out), &a.datt, dres, a.att.layer(l), acc)?;
-        // 3) attention, 2) RoPE and the QKV projection
-        b.attention_backward(
-            &a.dqkv,
-            &a.datt,
-            a.qkv.layer(l),
-            a.att.layer(l),
-            a.lse.layer(l),
-            shape,
-        )?;
-        let bias = Linear::Qkv
-            .bias(g)
-            .filter(|_| self.bias_with_rope(Linear::Qkv));
-        match bias {
-            Some(db) => b.rope_backward(&a.dqkv, &self.rope, shape, None, Some((db, acc)))?,
-            None => {
-                let amax = self.grad_amax(l, Linear::Qkv);
-                b.rope_backward(&a.dqkv, &self.rope, shape, amax.as_ref(), None)?;
-            }
-        }
-        self.linear_backward(b, (l, Linear::Qkv), &a.dln, &a.dqkv, a.ln1.layer(l), acc)?;
-        // 1) input norm, into the residual gradient: the down projection's output gradient
-        // in the block below
-        let below = l
-            .checked_sub(1)
-            .and_then(|l| self.grad_amax(l, Linear::Down));
-        b.rmsnorm_backward(
-            dres,
-            &g.ln1,
-            &a.dln,
-            a.residual.layer(l),
-            &w.ln1,
-            a.rstd1.layer(l),
-            acc,
-            below.as_ref(),
-        )
     }
 }

@@ -6,6 +6,8 @@
 //!
 //! Mistral's models without a sliding window (Mistral 7B v0.3, Nemo, Small 3) compute exactly
 //! Llama's layers; they keep their own class name so that an export loads as what it was.
+//! Qwen3 is Llama's layers with an RMSNorm over each query and key head before RoPE
+//! (`qk_norm`).
 
 use std::path::Path;
 
@@ -17,6 +19,7 @@ pub enum Architecture {
     Llama,
     Mistral,
     Qwen2,
+    Qwen3,
 }
 
 impl Architecture {
@@ -25,6 +28,7 @@ impl Architecture {
             Architecture::Llama => "LlamaForCausalLM",
             Architecture::Mistral => "MistralForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
         }
     }
 
@@ -33,6 +37,7 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Mistral => "mistral",
             Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
         }
     }
 }
@@ -60,9 +65,11 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rope_scaling: Option<RopeScaling>,
     pub tie_word_embeddings: bool,
-    /// Biases on the q, k and v projections (always for Qwen2, never for Llama or Mistral
-    /// here).
+    /// Biases on the q, k and v projections (always for Qwen2, never for the others here).
     pub qkv_bias: bool,
+    /// An RMSNorm over each query and each key head before RoPE, one weight `[head_dim]` for
+    /// the queries and one for the keys (Qwen3).
+    pub qk_norm: bool,
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
@@ -197,6 +204,14 @@ impl ModelConfig {
             "sliding-window attention is not implemented",
         )?;
         f.refuse_if(
+            "layer_types",
+            |v| {
+                v.as_array()
+                    .is_none_or(|types| types.iter().any(|t| t != "full_attention"))
+            },
+            "only full attention is implemented (every entry \"full_attention\")",
+        )?;
+        f.refuse_if(
             "attention_dropout",
             |v| v.as_f64() != Some(0.0),
             "dropout is not implemented",
@@ -261,6 +276,7 @@ impl ModelConfig {
             rope_scaling,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             qkv_bias: architecture == Architecture::Qwen2,
+            qk_norm: architecture == Architecture::Qwen3,
             max_position_embeddings,
             bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: f.token_ids("eos_token_id")?,
@@ -277,8 +293,9 @@ impl ModelConfig {
             ([], Some("llama")) => "LlamaForCausalLM",
             ([], Some("mistral")) => "MistralForCausalLM",
             ([], Some("qwen2")) => "Qwen2ForCausalLM",
+            ([], Some("qwen3")) => "Qwen3ForCausalLM",
             ([], _) => bail!(
-                "{}: field `architectures` is missing (expected one of [\"LlamaForCausalLM\"], [\"MistralForCausalLM\"], [\"Qwen2ForCausalLM\"])",
+                "{}: field `architectures` is missing (expected one of [\"LlamaForCausalLM\"], [\"MistralForCausalLM\"], [\"Qwen2ForCausalLM\"], [\"Qwen3ForCausalLM\"])",
                 f.source
             ),
             (many, _) => bail!(
@@ -290,8 +307,9 @@ impl ModelConfig {
             "LlamaForCausalLM" => Ok(Architecture::Llama),
             "MistralForCausalLM" => Ok(Architecture::Mistral),
             "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
+            "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
             other => bail!(
-                "{}: field `architectures` is [\"{other}\"], which smelt does not support; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM",
+                "{}: field `architectures` is [\"{other}\"], which smelt does not support; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
                 f.source
             ),
         }
@@ -392,7 +410,7 @@ impl ModelConfig {
             );
         }
         match self.architecture {
-            Architecture::Llama => {
+            Architecture::Llama | Architecture::Qwen3 => {
                 obj.insert("attention_bias".into(), json!(false));
             }
             // transformers' MistralConfig defaults to a 4096-token window.
@@ -433,7 +451,8 @@ impl ModelConfig {
     pub fn num_parameters(&self) -> usize {
         let (c, f) = (self.hidden_size, self.intermediate_size);
         let bias = if self.qkv_bias { self.qkv_dim() } else { 0 };
-        let layer = 2 * c + self.qkv_dim() * c + bias + c * self.q_dim() + 3 * f * c;
+        let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
+        let layer = 2 * c + self.qkv_dim() * c + bias + qk_norm + c * self.q_dim() + 3 * f * c;
         let heads = if self.tie_word_embeddings { 1 } else { 2 };
         self.num_layers * layer + c + heads * self.vocab_size * c
     }

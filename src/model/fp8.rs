@@ -2,121 +2,28 @@
 
 use std::cell::Cell;
 
-use anyhow::{Result, bail};
-use serde::{Deserialize, Serialize};
+use anyhow::Result;
 
-use super::activations::Recompute;
-use super::linear::Input;
-use super::params::{LayerParams, ParamSpec, Params};
+use super::linear::{Input, Linear, MatmulPrecision};
+use super::params::{ParamSpec, Params};
+use super::recompute::Recompute;
 use crate::backend::{Backend, Fp8Sum, Fused, Matmul, Operand};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
-/// The dtypes the four linear layers of each block (QKV, output, gate/up, down) multiply
-/// in. The embeddings and the LM head always use the model's dtype.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MatmulPrecision {
-    /// The model's dtype.
-    #[default]
-    Native,
-    /// FP8: inputs and weights in `forward` (e4m3), output gradients in `gradient` (e4m3 or
-    /// e5m2), each tensor scaled by its own current abs-max.
-    Fp8 { forward: DType, gradient: DType },
-}
-
-impl MatmulPrecision {
-    pub fn is_fp8(self) -> bool {
-        matches!(self, MatmulPrecision::Fp8 { .. })
-    }
-
-    /// From `--matmul-dtype` and `--gradient-dtype`.
-    pub fn parse(matmul: &str, gradient: Option<&str>) -> Result<Self> {
-        let dtype = |flag: &str, name: &str, allowed: &[DType]| match DType::parse(name) {
-            Some(d) if allowed.contains(&d) => Ok(d),
-            _ => bail!(
-                "{flag} {name}: choose from {}",
-                allowed
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        match dtype("--matmul-dtype", matmul, &[DType::BF16, DType::E4M3])? {
-            DType::E4M3 => Ok(MatmulPrecision::Fp8 {
-                forward: DType::E4M3,
-                gradient: dtype(
-                    "--gradient-dtype",
-                    gradient.unwrap_or("e5m2"),
-                    &[DType::E4M3, DType::E5M2],
-                )?,
-            }),
-            _ => match gradient {
-                Some(g) => bail!(
-                    "--gradient-dtype {g} needs --matmul-dtype e4m3; bf16 matmuls take bf16 gradients"
-                ),
-                None => Ok(MatmulPrecision::Native),
-            },
-        }
+/// Whether the backward's recompute pass reruns `lin`'s forward (`block_recompute`), which
+/// rewrites its input's FP8 copy: one copy then serves every layer.
+fn rerun_by(lin: Linear, recompute: Recompute) -> bool {
+    match lin {
+        Linear::Qkv => recompute.qkv(),
+        Linear::Out => recompute.residual_mid(),
+        Linear::GateUp => recompute.gate_up(),
+        Linear::Down => false,
     }
 }
 
-/// The linear layers of a block that FP8 applies to, each with the activation it reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Linear {
-    /// QKV, reading the input norm's output.
-    Qkv,
-    /// The attention output projection, reading the attention output.
-    Out,
-    /// Gate/up, reading the post-attention norm's output.
-    GateUp,
-    /// Down, reading the SwiGLU output.
-    Down,
-}
-
-impl Linear {
-    pub const ALL: [Linear; 4] = [Linear::Qkv, Linear::Out, Linear::GateUp, Linear::Down];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Linear::Qkv => "qkv",
-            Linear::Out => "o",
-            Linear::GateUp => "gate_up",
-            Linear::Down => "down",
-        }
-    }
-
-    pub fn weight<T>(self, layer: &LayerParams<T>) -> &T {
-        match self {
-            Linear::Qkv => &layer.qkv,
-            Linear::Out => &layer.o,
-            Linear::GateUp => &layer.gate_up,
-            Linear::Down => &layer.down,
-        }
-    }
-
-    /// The bias of this linear, if it has one.
-    pub fn bias<T>(self, layer: &LayerParams<T>) -> Option<&T> {
-        match self {
-            Linear::Qkv => layer.qkv_bias.as_ref(),
-            _ => None,
-        }
-    }
-
-    /// Whether the backward's recompute pass reruns this linear's forward (`block_forward`,
-    /// `mlp_forward`), which rewrites its input's FP8 copy: one copy then serves every layer.
-    fn rerun_by(self, recompute: Recompute) -> bool {
-        match self {
-            Linear::Qkv => recompute.qkv(),
-            Linear::Out => recompute.residual_mid(),
-            Linear::GateUp => recompute.gate_up(),
-            Linear::Down => false,
-        }
-    }
-
-    /// Row of this layer's statistics in the `[layers · 4, 1]` abs-max tensors.
-    fn slot(self, layer: usize) -> usize {
-        4 * layer + self as usize
-    }
+/// Row of layer `l`'s statistics of `lin` in the `[layers · 4, 1]` abs-max tensors.
+fn slot(lin: Linear, l: usize) -> usize {
+    4 * l + lin as usize
 }
 
 /// Whether the FP8 copies of the weights match the weights.
@@ -195,7 +102,7 @@ pub(crate) struct Fp8Shape {
     /// Largest input width (K) and output width (N) of the four linears.
     pub max_in: usize,
     pub max_out: usize,
-    /// What the backward recomputes (`Linear::rerun_by`).
+    /// What the backward recomputes (`rerun_by`).
     pub recompute: Recompute,
 }
 
@@ -239,7 +146,7 @@ impl Fp8Plan {
             TensorSpec::new("fp8.grad_qt", &[shape.tokens * shape.max_out], gradient),
             stat("fp8.grad_descale", 1),
         ];
-        let shared_input = Linear::ALL.map(|lin| lin.rerun_by(shape.recompute));
+        let shared_input = Linear::ALL.map(|lin| rerun_by(lin, shape.recompute));
         let input_stash = |specs: &mut Vec<TensorSpec>, name: &str, inp: usize| {
             let input = format!("{name}.input");
             specs.push(TensorSpec::new(
@@ -346,7 +253,7 @@ impl<B: Backend> Fp8State<B> {
 
     /// Where layer `l`'s output gradient of `lin` has its abs-max.
     pub fn grad_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
-        self.grad_amax.narrow_rows(lin.slot(l), lin.slot(l) + 1)
+        self.grad_amax.narrow_rows(slot(lin, l), slot(lin, l) + 1)
     }
 
     fn weight_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
@@ -356,7 +263,7 @@ impl<B: Backend> Fp8State<B> {
 
     /// Where the op producing layer `l`'s input to `lin` reports its abs-max.
     pub fn input_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
-        self.input_amax.narrow_rows(lin.slot(l), lin.slot(l) + 1)
+        self.input_amax.narrow_rows(slot(lin, l), slot(lin, l) + 1)
     }
 
     /// At the start of every forward: makes the weights' FP8 copies current (once per
@@ -444,12 +351,12 @@ impl<B: Backend> Fp8State<B> {
         let (xd, amax) = (&input.descale, &self.input_amax(l, lin));
         match x {
             Input::Tensor(x) => b.quantize(Some(&xq), Some(&xt), xd, x, amax, Fused::Nothing)?,
-            Input::Norm { normalized: n, .. } => {
+            Input::Norm(n) => {
                 let norm = Fused::Norm {
-                    rstd: n.rstd,
+                    rstd: &n.rstd,
                     weight: n.weight,
                 };
-                b.quantize(Some(&xq), Some(&xt), xd, n.x, amax, norm)?
+                b.quantize(Some(&xq), Some(&xt), xd, &n.x, amax, norm)?
             }
         }
         matmul(
@@ -553,9 +460,9 @@ impl<B: Backend> Fp8State<B> {
         for (l, slots) in self.weight_slot.iter().enumerate() {
             for lin in Linear::ALL {
                 let name = format!("layers.{l}.{}", lin.name());
-                out.push((format!("{name}.input"), input[lin.slot(l)]));
+                out.push((format!("{name}.input"), input[slot(lin, l)]));
                 out.push((format!("{name}.weight"), weight[slots[lin as usize]]));
-                out.push((format!("{name}.grad"), grad[lin.slot(l)]));
+                out.push((format!("{name}.grad"), grad[slot(lin, l)]));
             }
         }
         Ok(out)

@@ -2,28 +2,31 @@
 //! activation plan, forward, backward and recompute. It knows nothing of optimizers,
 //! schedules or files.
 
-pub mod activations;
+mod activations;
 mod backward;
+mod block;
 pub mod config;
 mod decode;
 mod forward;
-pub mod fp8;
+mod fp8;
 pub mod grads;
 mod head;
 mod init;
 mod linear;
+mod linear_layers;
 mod mlp;
 pub mod params;
 pub mod presets;
+mod recompute;
 mod residuals;
 mod stash;
 mod transformer;
 
-pub use activations::Recompute;
 pub use backward::{GradEvent, GradEvents};
 pub use config::{Architecture, ModelConfig};
 pub use decode::KvCache;
-pub use fp8::MatmulPrecision;
 pub use head::LossOptions;
+pub use linear::MatmulPrecision;
 pub use params::{ParamKind, Params};
+pub use recompute::Recompute;
 pub use transformer::{Gradients, ModelOptions, ModelPlan, Transformer};

@@ -10,12 +10,14 @@ use super::config::ModelConfig;
 use crate::tensor::{DType, TensorSpec};
 
 /// One transformer block's parameters. Shapes use C = hidden, F = intermediate,
-/// Q = heads·head_dim, W = (heads + 2·kv_heads)·head_dim.
+/// D = head_dim, Q = heads·D, W = (heads + 2·kv_heads)·D.
 #[derive(Clone, Debug)]
 pub struct LayerParams<T> {
     pub ln1: T,              // [C]
     pub qkv: T,              // [W, C]
     pub qkv_bias: Option<T>, // [W] (Qwen2)
+    pub q_norm: Option<T>,   // [D] (Qwen3)
+    pub k_norm: Option<T>,   // [D] (Qwen3)
     pub o: T,                // [C, Q]
     pub ln2: T,              // [C]
     pub gate_up: T,          // [2F, C]: gate rows, then up rows
@@ -90,11 +92,18 @@ impl<T> LayerParams<T> {
             ln1: f(&self.ln1)?,
             qkv: f(&self.qkv)?,
             qkv_bias: self.qkv_bias.as_ref().map(&mut *f).transpose()?,
+            q_norm: self.q_norm.as_ref().map(&mut *f).transpose()?,
+            k_norm: self.k_norm.as_ref().map(&mut *f).transpose()?,
             o: f(&self.o)?,
             ln2: f(&self.ln2)?,
             gate_up: f(&self.gate_up)?,
             down: f(&self.down)?,
         })
+    }
+
+    /// The QK-norm's weights, (queries, keys), where the block has them.
+    pub fn qk_norm(&self) -> Option<(&T, &T)> {
+        self.q_norm.as_ref().zip(self.k_norm.as_ref())
     }
 
     /// Every element, in a fixed order.
@@ -103,6 +112,8 @@ impl<T> LayerParams<T> {
             Some(&self.ln1),
             Some(&self.qkv),
             self.qkv_bias.as_ref(),
+            self.q_norm.as_ref(),
+            self.k_norm.as_ref(),
             Some(&self.o),
             Some(&self.ln2),
             Some(&self.gate_up),
@@ -168,7 +179,7 @@ impl Params<ParamSpec> {
             config.intermediate_size,
             config.vocab_size,
         );
-        let (q, kv) = (config.q_dim(), config.kv_dim());
+        let (q, kv, d) = (config.q_dim(), config.kv_dim(), config.head_dim);
         let spec = |name: String, shape: &[usize], kind, hf: Vec<(String, usize)>| ParamSpec {
             tensor: TensorSpec::new(name, shape, dtype),
             kind,
@@ -206,6 +217,14 @@ impl Params<ParamSpec> {
                                 (hf("self_attn.v_proj.bias"), kv),
                             ],
                         )
+                    }),
+                    q_norm: config.qk_norm.then(|| {
+                        let hf_name = hf("self_attn.q_norm.weight");
+                        spec(n("q_norm"), &[d], ParamKind::Norm, vec![(hf_name, d)])
+                    }),
+                    k_norm: config.qk_norm.then(|| {
+                        let hf_name = hf("self_attn.k_norm.weight");
+                        spec(n("k_norm"), &[d], ParamKind::Norm, vec![(hf_name, d)])
                     }),
                     o: spec(
                         n("o"),

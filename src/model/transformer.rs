@@ -3,13 +3,14 @@
 
 use anyhow::{Result, ensure};
 
-use super::activations::{
-    ActivationOffload, ActivationPlan, ActivationShape, Activations, Recompute,
-};
+use super::activations::{ActivationOffload, ActivationPlan, ActivationShape, Activations};
 use super::config::ModelConfig;
-use super::fp8::{Fp8Plan, Fp8Shape, Fp8State, MatmulPrecision};
+use super::fp8::{Fp8Plan, Fp8Shape};
 use super::grads;
+use super::linear::MatmulPrecision;
+use super::linear_layers::LinearLayers;
 use super::params::{ParamSpec, Params, from_list};
+use super::recompute::{Recompute, RecomputePlan};
 use crate::backend::{AttnShape, Backend};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
@@ -89,8 +90,10 @@ pub struct Transformer<B: Backend> {
     pub(crate) acts: Activations<B>,
     /// `[T, head_dim/2, 2]`: (cos, sin) per position and rotated pair.
     pub(crate) rope: Tensor<B>,
-    /// The FP8 copies, statistics and scratch, when the linear layers run in FP8.
-    pub(crate) fp8: Option<Fp8State<B>>,
+    /// The blocks' linear layers, in the model's dtype or FP8.
+    pub(crate) linears: LinearLayers<B>,
+    /// What the backward's recompute pass reruns of each block.
+    pub(crate) recompute: RecomputePlan,
     /// What each allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
     /// The same for the allocations in host memory.
@@ -180,6 +183,9 @@ impl ModelPlan {
             vocab: config.vocab_size,
             head_rows: n.div_ceil(options.lmhead_chunks),
             ffn_rows: n.div_ceil(options.ffn_chunks),
+            qk_norm_heads: config
+                .qk_norm
+                .then_some(config.num_heads + config.num_kv_heads),
         };
         let activations = ActivationPlan::new(
             &shape,
@@ -301,11 +307,14 @@ impl<B: Backend> Transformer<B> {
             Some((category, specs)) => backend.allocate_offloaded(category, specs)?,
             None => vec![],
         };
+        let recompute =
+            RecomputePlan::new(options.recompute, fp8.is_none(), options.ffn_chunks > 1);
         Ok(Transformer {
             acts: plan.activations.build(act_tensors, host),
             memory,
             offloaded,
-            fp8,
+            linears: LinearLayers::new(fp8),
+            recompute,
             config,
             options,
             layout: plan.layout,
@@ -342,27 +351,19 @@ impl<B: Backend> Transformer<B> {
     /// Tells the model its weights were written other than by the optimizer (initialised,
     /// loaded), so that FP8 copies are remade from scratch at the next forward.
     pub fn weights_changed(&self) {
-        if let Some(fp8) = &self.fp8 {
-            fp8.weights_changed();
-        }
+        self.linears.weights_changed();
     }
 
     /// Before an optimizer step: where its update of each parameter (in `Params` order) reports
     /// the abs-max that scales the weight's FP8 copy. `None` without FP8.
     pub fn weight_amax_slots(&self, b: &B) -> Result<Option<Vec<Tensor<B>>>> {
-        self.fp8
-            .as_ref()
-            .map(|fp8| fp8.weight_amax_slots(b))
-            .transpose()
+        self.linears.weight_amax_slots(b)
     }
 
     /// Every FP8 abs-max statistic by name (`None` without FP8), for diagnosing divergence.
     /// Waits for the device.
     pub fn fp8_abs_max(&self, b: &B) -> Result<Option<Vec<(String, f32)>>> {
-        self.fp8
-            .as_ref()
-            .map(|fp8| fp8.abs_max_report(b))
-            .transpose()
+        self.linears.abs_max_report(b)
     }
 
     pub fn tokens_per_step(&self) -> usize {

@@ -167,8 +167,8 @@ pub fn small_config(
     smelt::model::ModelConfig::from_json(&v, "small GPU test config").unwrap()
 }
 
-/// The four shapes of the model-level GPU tests: both families, tied and untied, GQA, and
-/// every supported head size.
+/// The shapes of the model-level GPU tests: every family, tied and untied, GQA, and every
+/// supported head size.
 pub fn small_configs() -> Vec<(&'static str, smelt::model::ModelConfig)> {
     vec![
         (
@@ -186,6 +186,10 @@ pub fn small_configs() -> Vec<(&'static str, smelt::model::ModelConfig)> {
         (
             "llama tied D96",
             small_config("LlamaForCausalLM", true, 384, 6, 2, 96),
+        ),
+        (
+            "qwen3 untied D128",
+            small_config("Qwen3ForCausalLM", false, 256, 4, 2, 128),
         ),
     ]
 }

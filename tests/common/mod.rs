@@ -18,13 +18,14 @@ pub fn tiny_config(arch: &str, tied: bool) -> ModelConfig {
     ModelConfig::from_json(&v, "tiny config").unwrap()
 }
 
-/// The four shapes every model-level test runs on.
+/// The shapes every model-level test runs on.
 pub fn tiny_configs() -> Vec<(&'static str, ModelConfig)> {
     vec![
         ("llama untied", tiny_config("LlamaForCausalLM", false)),
         ("llama tied", tiny_config("LlamaForCausalLM", true)),
         ("qwen2 untied", tiny_config("Qwen2ForCausalLM", false)),
         ("qwen2 tied", tiny_config("Qwen2ForCausalLM", true)),
+        ("qwen3 tied", tiny_config("Qwen3ForCausalLM", true)),
     ]
 }
 

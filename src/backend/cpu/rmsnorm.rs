@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use anyhow::{Result, ensure};
 
 use super::{Cpu, Scalar, rounding};
-use crate::backend::{NormOps, ResidualAdd};
+use crate::backend::{AttnShape, NormOps, ResidualAdd};
 use crate::tensor::Tensor;
 
 /// `rstd[n] = 1/sqrt(mean(inp[n]²) + eps)`; inp: `[N, C]`; rstd: `[N]`.
@@ -65,6 +65,55 @@ pub fn rmsnorm_backward<T: Scalar>(
     for ((dy, x), &r) in dout.chunks(c).zip(inp.chunks(c)).zip(rstd) {
         for ((dw, &dy), &x) in dweight.iter_mut().zip(dy).zip(x) {
             *dw += dy * x * r;
+        }
+    }
+}
+
+/// Qwen3's QK-norm of one fused QKV row: each of its `normed` first heads (`[D]` each, the
+/// queries' then the keys') normalized by its `rstd` and the weight of its kind (`q_weight`
+/// for the first `q_heads`, `k_weight` after); the value heads copied.
+fn head_norm_row<T: Scalar>(
+    out: &mut [T],
+    x: &[T],
+    rstd: &[T],
+    (q_weight, k_weight): (&[T], &[T]),
+    q_heads: usize,
+) {
+    let d = q_weight.len();
+    let normed = rstd.len();
+    for (h, &r) in rstd.iter().enumerate() {
+        let w = if h < q_heads { q_weight } else { k_weight };
+        let head = h * d..(h + 1) * d;
+        for ((y, &x), &w) in out[head.clone()].iter_mut().zip(&x[head]).zip(w) {
+            *y = x * r * w;
+        }
+    }
+    out[normed * d..].copy_from_slice(&x[normed * d..]);
+}
+
+/// The gradient of `head_norm_row` in place of one row's `dqkv` (value heads untouched), as
+/// `rmsnorm_backward`'s input gradient per head, written rather than added.
+fn head_norm_row_backward<T: Scalar>(
+    dqkv: &mut [T],
+    x: &[T],
+    rstd: &[T],
+    (q_weight, k_weight): (&[T], &[T]),
+    q_heads: usize,
+) {
+    let d = q_weight.len();
+    for (h, &r) in rstd.iter().enumerate() {
+        let w = if h < q_heads { q_weight } else { k_weight };
+        let head = h * d..(h + 1) * d;
+        let (dy, x) = (&mut dqkv[head.clone()], &x[head]);
+        let dot = dy
+            .iter()
+            .zip(w)
+            .zip(x)
+            .map(|((&dy, &w), &x)| dy * w * x)
+            .sum::<T>();
+        let k = r * r * r * dot / T::of(d as f64);
+        for ((dy, &w), &x) in dy.iter_mut().zip(w).zip(x) {
+            *dy = r * *dy * w - x * k;
         }
     }
 }
@@ -139,6 +188,87 @@ impl<T: Scalar> NormOps for Cpu<T> {
         rounding::round_slice(dweight.dtype, &mut dweight_v);
         self.report_abs_max(amax, dinp)
     }
+
+    fn head_rmsnorm_forward(
+        &self,
+        out: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        x: &Tensor<Self>,
+        (q_weight, k_weight): (&Tensor<Self>, &Tensor<Self>),
+        shape: AttnShape,
+        eps: f32,
+    ) -> Result<()> {
+        let (w, d, normed) = head_norm_shape(x, rstd, shape)?;
+        let x_v = self.floats(x)?;
+        // Each head's rstd as `rstd` computes a row's, rounded as stored before it is used.
+        {
+            let heads: Vec<T> = x_v
+                .chunks(w)
+                .flat_map(|row| row[..normed * d].to_vec())
+                .collect();
+            self.update(rstd, |r| self::rstd(r, &heads, d, eps as f64))?;
+        }
+        let (rstd_v, q_w, k_w) = (
+            self.floats(rstd)?,
+            self.floats(q_weight)?,
+            self.floats(k_weight)?,
+        );
+        let (q_w, k_w): (&[T], &[T]) = (&q_w, &k_w);
+        self.update(out, |o| {
+            o.par_chunks_mut(w)
+                .zip(x_v.par_chunks(w).zip(rstd_v.par_chunks(normed)))
+                .for_each(|(o, (x, r))| head_norm_row(o, x, r, (q_w, k_w), shape.q_heads))
+        })
+    }
+
+    fn head_rmsnorm_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        (dq_weight, dk_weight): (&Tensor<Self>, &Tensor<Self>),
+        x: &Tensor<Self>,
+        (q_weight, k_weight): (&Tensor<Self>, &Tensor<Self>),
+        rstd: &Tensor<Self>,
+        shape: AttnShape,
+        accumulate: bool,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()> {
+        let (w, d, normed) = head_norm_shape(x, rstd, shape)?;
+        let (x_v, rstd_v, q_w, k_w) = (
+            self.floats(x)?,
+            self.floats(rstd)?,
+            self.floats(q_weight)?,
+            self.floats(k_weight)?,
+        );
+        // The weights' gradients first, from dout, in row then head order.
+        {
+            let dy = self.floats(dqkv)?;
+            let (mut dq, mut dk) = (self.floats_mut(dq_weight)?, self.floats_mut(dk_weight)?);
+            if !accumulate {
+                dq.fill(T::zero());
+                dk.fill(T::zero());
+            }
+            for ((dy, x), r) in dy.chunks(w).zip(x_v.chunks(w)).zip(rstd_v.chunks(normed)) {
+                for (h, &r) in r.iter().enumerate() {
+                    let dw: &mut [T] = if h < shape.q_heads { &mut dq } else { &mut dk };
+                    let head = h * d..(h + 1) * d;
+                    for ((dw, &dy), &x) in dw.iter_mut().zip(&dy[head.clone()]).zip(&x[head]) {
+                        *dw += dy * x * r;
+                    }
+                }
+            }
+            rounding::round_slice(dq_weight.dtype, &mut dq);
+            rounding::round_slice(dk_weight.dtype, &mut dk);
+        }
+        let (q_w, k_w): (&[T], &[T]) = (&q_w, &k_w);
+        self.update(dqkv, |dy| {
+            dy.par_chunks_mut(w)
+                .zip(x_v.par_chunks(w).zip(rstd_v.par_chunks(normed)))
+                .for_each(|(dy, (x, r))| {
+                    head_norm_row_backward(dy, x, r, (q_w, k_w), shape.q_heads)
+                })
+        })?;
+        self.report_abs_max(amax, dqkv)
+    }
 }
 
 impl<T: Scalar> Cpu<T> {
@@ -163,4 +293,24 @@ impl<T: Scalar> Cpu<T> {
         rounding::round_slice(x.dtype, &mut y);
         Ok(y)
     }
+}
+
+/// The QKV width, head size and normed heads of a head norm over `x` with `rstd`, checked.
+fn head_norm_shape<T: Scalar>(
+    x: &Tensor<Cpu<T>>,
+    rstd: &Tensor<Cpu<T>>,
+    shape: AttnShape,
+) -> Result<(usize, usize, usize)> {
+    let (w, d, normed) = (
+        shape.qkv_width(),
+        shape.head_dim,
+        shape.q_heads + shape.kv_heads,
+    );
+    ensure!(
+        x.cols() == w && rstd.numel() == x.matrix_rows() * normed,
+        "head_rmsnorm: x {:?}, rstd {:?} for {shape:?}",
+        x.shape,
+        rstd.shape
+    );
+    Ok((w, d, normed))
 }

@@ -3,8 +3,9 @@
 //! cores otherwise (kernels/attention.cu, which is also the simple reference the tensor-core
 //! versions are tested against).
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 
+use super::kernel_choice::AttentionKernels;
 use super::kernels::{
     ATTENTION_TC_THREADS, ATTENTION_TC_TILE, ATTENTION_TILE, Arg, HEAD_DIMS, KArg, Kernel,
     wgmma_head_dim,
@@ -17,37 +18,6 @@ use crate::tensor::{DType, Tensor};
 /// Keys a block of the CUDA-core `attention_decode` takes: 8 rounds of its `BLOCK / 8` row
 /// groups.
 const DECODE_KEYS: usize = 256;
-
-/// Which attention kernels run. `SMELT_ATTENTION=mma` picks the mma.sync ones where wgmma
-/// would run, `SMELT_ATTENTION=simple` the CUDA-core ones; unset (or `wgmma`), the default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttentionKernels {
-    /// wgmma kernels for bf16 on Hopper at head sizes that are multiples of 64; else as
-    /// `MmaSync`.
-    Wgmma,
-    /// mma.sync tensor-core kernels for 16-byte aligned bf16 on sm_80 and later; the simple
-    /// ones otherwise.
-    MmaSync,
-    /// The CUDA-core kernels, for every storage type.
-    Simple,
-}
-
-impl AttentionKernels {
-    /// The choice `SMELT_ATTENTION` names (`Wgmma` when it is unset).
-    pub fn from_env() -> Result<Self> {
-        Self::named(std::env::var("SMELT_ATTENTION").ok().as_deref())
-    }
-
-    /// `SMELT_ATTENTION`'s value, if set.
-    fn named(value: Option<&str>) -> Result<Self> {
-        match value {
-            None | Some("wgmma") => Ok(AttentionKernels::Wgmma),
-            Some("mma") => Ok(AttentionKernels::MmaSync),
-            Some("simple") => Ok(AttentionKernels::Simple),
-            Some(other) => bail!("SMELT_ATTENTION={other}: set it to wgmma, mma or simple"),
-        }
-    }
-}
 
 /// Shared memory for the two TMA barriers (mbarriers of 8 bytes) of a tensor-core kernel.
 const TMA_BARRIERS: usize = 2 * 8;
@@ -576,20 +546,6 @@ mod tests {
             ..shape(48, 7, 1)
         };
         assert_eq!(dkdv_splits(&short, 396), 4);
-    }
-
-    #[test]
-    fn the_choice_takes_the_documented_values_and_names_itself_otherwise() {
-        let named = |v| AttentionKernels::named(v).unwrap();
-        assert_eq!(named(None), AttentionKernels::Wgmma);
-        assert_eq!(named(Some("wgmma")), AttentionKernels::Wgmma);
-        assert_eq!(named(Some("mma")), AttentionKernels::MmaSync);
-        assert_eq!(named(Some("simple")), AttentionKernels::Simple);
-        let err = AttentionKernels::named(Some("tc")).unwrap_err().to_string();
-        assert!(
-            err.contains("SMELT_ATTENTION=tc") && err.contains("wgmma, mma or simple"),
-            "{err}"
-        );
     }
 
     #[test]

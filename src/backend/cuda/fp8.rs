@@ -47,7 +47,7 @@ pub(super) fn quantize_name(
 }
 
 /// (mantissa bits, exponent bias) of an FP8 format.
-fn format(dtype: DType) -> (u32, i32) {
+fn bit_layout(dtype: DType) -> (u32, i32) {
     match dtype {
         DType::E4M3 => (3, 7),
         DType::E5M2 => (2, 15),
@@ -57,7 +57,7 @@ fn format(dtype: DType) -> (u32, i32) {
 
 /// The code of `x` rounded as the CPU rounds it (`round_fp8`: nearest even, saturating).
 pub(super) fn encode(x: f32, dtype: DType) -> u8 {
-    let (mantissa, bias) = format(dtype);
+    let (mantissa, bias) = bit_layout(dtype);
     let r = round_fp8(x, dtype);
     let sign = if r.is_sign_negative() { 0x80 } else { 0 };
     if r.is_nan() {
@@ -79,7 +79,7 @@ pub(super) fn encode(x: f32, dtype: DType) -> u8 {
 
 /// The value of an FP8 code.
 pub(super) fn decode(code: u8, dtype: DType) -> f32 {
-    let (mantissa, bias) = format(dtype);
+    let (mantissa, bias) = bit_layout(dtype);
     let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
     let e = ((code & 0x7F) >> mantissa) as i32;
     let m = (code & ((1 << mantissa) - 1)) as f64;

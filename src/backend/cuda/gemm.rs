@@ -1,4 +1,4 @@
-//! smelt's own Hopper matmul (kernels/gemm.cu): TMA copies, wgmma products and epilogues of
+//! smelt's own Hopper matmul (kernels/gemm_tn.cu): TMA copies, wgmma products and epilogues of
 //! our choosing, which cuBLASLt does not have. It runs the MLP's gate/up projection with
 //! SwiGLU in its epilogue, and the down projection's input gradient with SwiGLU's backward in
 //! its (each in bf16, or in FP8 with the abs-max of what FP8 quantizes next), so that neither
@@ -6,7 +6,7 @@
 //! main loop against cuBLASLt's. `SMELT_GEMM=cublaslt` runs cuBLASLt and the separate SwiGLU
 //! kernels instead (on an H100, the same bits, slower).
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 
 use super::fp8::descale_ptr;
 use super::kernels::{Arg, GEMM_EPI_BUFS, GEMM_STAGES, GEMM_THREADS, GemmKind, KArg, Kernel};
@@ -15,7 +15,7 @@ use super::{Cuda, amax_ptr, ptr};
 use crate::backend::Operand;
 use crate::tensor::{DType, Tensor};
 
-/// Blocks of a cluster, which share their B tiles (gemm.cu's `__cluster_dims__`).
+/// Blocks of a cluster, which share their B tiles (gemm_tn.cu's `__cluster_dims__`).
 const CLUSTER: u32 = 2;
 /// A tile's rows and columns (a consumer warpgroup's, in turns).
 const TILE_ROWS: u32 = 128;
@@ -86,15 +86,6 @@ struct Fp8Scales {
     a: u64,
     b: u64,
     amax: u64,
-}
-
-/// Whether `SMELT_GEMM` leaves smelt's own matmul on: unset or `own`, yes; `cublaslt`, no.
-pub(super) fn own_gemm_from_env() -> Result<bool> {
-    match std::env::var("SMELT_GEMM").ok().as_deref() {
-        None | Some("own") => Ok(true),
-        Some("cublaslt") => Ok(false),
-        Some(other) => bail!("SMELT_GEMM={other}: set it to own or cublaslt"),
-    }
 }
 
 impl Cuda {
@@ -352,7 +343,7 @@ impl Cuda {
         let pairs = m.div_ceil((CLUSTER * TILE_ROWS) as usize) * span.div_ceil(tile_cols as usize);
         let smem = GEMM_STAGES as u32 * (TILE_ROWS + TILE_COLS) * LINE * 2
             + 2 * GEMM_EPI_BUFS as u32 * PIECE_BYTES
-            // mbarriers: full and empty for each stage, and gemm.cu's ready and written (one
+            // mbarriers: full and empty for each stage, and gemm_tn.cu's ready and written (one
             // each per epilogue buffer) and order (2)
             + (2 * GEMM_STAGES as u32 + 4 * GEMM_EPI_BUFS as u32 + 2) * 8;
         let targs = [Arg::Gemm(kind)];

@@ -23,6 +23,7 @@ mod embedding;
 mod fp8;
 mod gemm;
 mod gemv;
+pub mod kernel_choice;
 pub mod kernels;
 mod matmul;
 mod matmul_algos;
@@ -46,6 +47,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 
 use self::arena::{CudaStorage, Memory, MemoryReport, Place, carve};
 use self::cublaslt::Blas;
+use self::kernel_choice::AttentionKernels;
 use self::kernels::{Arg, BLOCK, KArg, Kernel, Kernels};
 use self::op_timer::{OpTimer, OpTiming};
 use super::datasheet::datasheet;
@@ -66,7 +68,7 @@ pub struct Cuda {
     name: String,
     compute_capability: (i32, i32),
     multiprocessors: u32,
-    attention: Cell<attention::AttentionKernels>,
+    attention: Cell<AttentionKernels>,
     /// Whether smelt's own matmul (gemm.rs) may run where the GPU has it.
     own_gemm: Cell<bool>,
     op_timer: OpTimer,
@@ -213,8 +215,8 @@ impl Cuda {
             name,
             compute_capability: (major, minor),
             multiprocessors,
-            attention: Cell::new(attention::AttentionKernels::from_env()?),
-            own_gemm: Cell::new(gemm::own_gemm_from_env()?),
+            attention: Cell::new(AttentionKernels::from_env()?),
+            own_gemm: Cell::new(kernel_choice::own_gemm_from_env()?),
             op_timer: OpTimer::default(),
         })
     }

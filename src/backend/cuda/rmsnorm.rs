@@ -9,7 +9,7 @@ use super::rope::RopeStrips;
 use super::{
     BLOCK, Cuda, amax_ptr, blocks, ensure_dtype, ensure_same_dtype, float, ptr, vec16, width,
 };
-use crate::backend::{NormOps, ResidualAdd};
+use crate::backend::{AttnShape, NormOps, ResidualAdd};
 use crate::tensor::{DType, Tensor};
 
 /// Rows per block of the forward: one per warp.
@@ -181,6 +181,108 @@ impl NormOps for Cuda {
         }
         self.colsum_finish(dweight, partials, chunks, accumulate)
     }
+
+    fn head_rmsnorm_forward(
+        &self,
+        out: &Tensor<Cuda>,
+        rstd: &Tensor<Cuda>,
+        x: &Tensor<Cuda>,
+        (q_weight, k_weight): (&Tensor<Cuda>, &Tensor<Cuda>),
+        shape: AttnShape,
+        eps: f32,
+    ) -> Result<()> {
+        let _timing = self.time_op("head_rmsnorm_forward")?;
+        let rows = check_head_norm(
+            "head_rmsnorm_forward",
+            out,
+            x,
+            (q_weight, k_weight),
+            rstd,
+            shape,
+        )?;
+        let items = rows * (shape.q_heads + shape.kv_heads + 1);
+        // SAFETY: warp i of the grid takes item i of the rows' (heads + 1) items: it reads
+        // one head of x [rows, W] and the weight of its kind ([D] each), and writes that head
+        // of out and its rstd [rows, heads] (the last item of a row copies its value heads).
+        unsafe {
+            self.launch(
+                Kernel::HeadRmsnormForward,
+                &[float(x), Arg::HeadDim(shape.head_dim)],
+                (blocks(items, FORWARD_ROWS), 1, 1),
+                BLOCK,
+                &[
+                    ptr(out).into(),
+                    ptr(rstd).into(),
+                    ptr(x).into(),
+                    ptr(q_weight).into(),
+                    ptr(k_weight).into(),
+                    (rows as i64).into(),
+                    (shape.q_heads as i32).into(),
+                    (shape.kv_heads as i32).into(),
+                    eps.into(),
+                ],
+            )
+        }
+    }
+
+    fn head_rmsnorm_backward(
+        &self,
+        dqkv: &Tensor<Cuda>,
+        (dq_weight, dk_weight): (&Tensor<Cuda>, &Tensor<Cuda>),
+        x: &Tensor<Cuda>,
+        weights: (&Tensor<Cuda>, &Tensor<Cuda>),
+        rstd: &Tensor<Cuda>,
+        shape: AttnShape,
+        accumulate: bool,
+        amax: Option<&Tensor<Cuda>>,
+    ) -> Result<()> {
+        let _timing = self.time_op("head_rmsnorm_backward")?;
+        let amax = amax_ptr("head_rmsnorm_backward", amax)?;
+        let rows = check_head_norm("head_rmsnorm_backward", dqkv, x, weights, rstd, shape)?;
+        ensure_same_dtype("head_rmsnorm_backward", &[dqkv, dq_weight, dk_weight])?;
+        let d = shape.head_dim;
+        ensure!(
+            dq_weight.numel() == d && dk_weight.numel() == d,
+            "head_rmsnorm_backward: weight gradients {:?} and {:?} for a head of {d}",
+            dq_weight.shape,
+            dk_weight.shape
+        );
+        let targs = [float(x), Arg::HeadDim(d)];
+        // One wave, as `rmsnorm_backward`: as many blocks as the GPU holds at once, each with
+        // an equal share of the rows, so the partials are as few as keep every SM busy.
+        let slots = self.block_slots(Kernel::HeadRmsnormBackward, &targs, BLOCK, 0)?;
+        let rows_per_block = rows.div_ceil(slots).max(1);
+        let chunks = rows.div_ceil(rows_per_block).max(1);
+        let partials = self.scratch_f32(2 * chunks * d)?;
+        // SAFETY: block i rewrites the query and key heads of rows [i·R, (i+1)·R) of dqkv
+        // [rows, W] in place, reading the same heads of x, rstd [rows, heads] and the weights
+        // [D]; it writes row i of each of the two [chunks, D] planes of partials (scratch,
+        // 2·chunks·D f32); amax is one f32 or null.
+        unsafe {
+            self.launch(
+                Kernel::HeadRmsnormBackward,
+                &targs,
+                (chunks as u32, 1, 1),
+                BLOCK,
+                &[
+                    ptr(dqkv).into(),
+                    partials.into(),
+                    ptr(x).into(),
+                    ptr(weights.0).into(),
+                    ptr(weights.1).into(),
+                    ptr(rstd).into(),
+                    (rows as i64).into(),
+                    (shape.q_heads as i32).into(),
+                    (shape.kv_heads as i32).into(),
+                    (rows_per_block as i32).into(),
+                    amax.into(),
+                ],
+            )?;
+        }
+        self.colsum_finish(dq_weight, partials, chunks, accumulate)?;
+        let keys = partials + (4 * chunks * d) as u64;
+        self.colsum_finish(dk_weight, keys, chunks, accumulate)
+    }
 }
 
 impl Cuda {
@@ -298,4 +400,34 @@ impl Cuda {
             )
         }
     }
+}
+
+/// The rows of a head norm's `x` (and its `out` or gradient `y`), with `rstd` and the weights,
+/// checked against `shape`.
+fn check_head_norm(
+    op: &'static str,
+    y: &Tensor<Cuda>,
+    x: &Tensor<Cuda>,
+    (q_weight, k_weight): (&Tensor<Cuda>, &Tensor<Cuda>),
+    rstd: &Tensor<Cuda>,
+    shape: AttnShape,
+) -> Result<usize> {
+    ensure_dtype(rstd, DType::F32, op)?;
+    ensure_same_dtype(op, &[y, x, q_weight, k_weight])?;
+    let (w, d) = (shape.qkv_width(), shape.head_dim);
+    let rows = x.numel() / w;
+    ensure!(
+        x.cols() == w
+            && y.numel() == x.numel()
+            && rstd.numel() == rows * (shape.q_heads + shape.kv_heads)
+            && q_weight.numel() == d
+            && k_weight.numel() == d,
+        "{op}: x {:?}, out {:?}, rstd {:?}, weights {:?} and {:?} for {shape:?}",
+        x.shape,
+        y.shape,
+        rstd.shape,
+        q_weight.shape,
+        k_weight.shape
+    );
+    Ok(rows)
 }

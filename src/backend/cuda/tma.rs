@@ -85,7 +85,7 @@ pub struct TensorMaps2(pub [TensorMap; 2]);
 // SAFETY: plain bytes, laid out as the kernels' struct of two 128-byte maps.
 unsafe impl DeviceRepr for TensorMaps2 {}
 
-/// Four maps as one kernel parameter (gemm.cu: a, b, out and SwiGLU's output).
+/// Four maps as one kernel parameter (gemm_tn.cu: a, b, out and SwiGLU's output).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TensorMaps4(pub [TensorMap; 4]);

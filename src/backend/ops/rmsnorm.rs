@@ -1,7 +1,9 @@
-//! RMSNorm, alone or fused with the residual add before it, and its gradient.
+//! RMSNorm, alone or fused with the residual add before it, and its gradient; and Qwen3's
+//! RMSNorm over each query and key head.
 
 use anyhow::Result;
 
+use super::attention::AttnShape;
 use super::memory::MemoryOps;
 use crate::tensor::Tensor;
 
@@ -42,6 +44,36 @@ pub trait NormOps: MemoryOps {
         inp: &Tensor<Self>,
         weight: &Tensor<Self>,
         rstd: &Tensor<Self>,
+        accumulate: bool,
+        amax: Option<&Tensor<Self>>,
+    ) -> Result<()>;
+
+    /// Qwen3's QK-norm: an RMSNorm over each query head and each key head of the fused QKV
+    /// rows `x` `[N, qkv_width]` (`shape`'s heads), by `weights.0` for the queries and
+    /// `weights.1` for the keys (`[head_dim]` each), into `out` (the same shape), the value
+    /// heads copied. rstd: `[N, q_heads + kv_heads]` f32.
+    fn head_rmsnorm_forward(
+        &self,
+        out: &Tensor<Self>,
+        rstd: &Tensor<Self>,
+        x: &Tensor<Self>,
+        weights: (&Tensor<Self>, &Tensor<Self>),
+        shape: AttnShape,
+        eps: f32,
+    ) -> Result<()>;
+    /// Its gradient, in place: the query and key heads of `dqkv` (the gradient of `out`)
+    /// become the gradient of `x`, and the value heads stay; `dweights (+)= Σ dout ⊙ x · rstd`
+    /// over every row and head of their kind. With `amax`, also the abs-max of all of dqkv as
+    /// stored: the QKV projection's output gradient, whose FP8 copy scales by it.
+    #[allow(clippy::too_many_arguments)]
+    fn head_rmsnorm_backward(
+        &self,
+        dqkv: &Tensor<Self>,
+        dweights: (&Tensor<Self>, &Tensor<Self>),
+        x: &Tensor<Self>,
+        weights: (&Tensor<Self>, &Tensor<Self>),
+        rstd: &Tensor<Self>,
+        shape: AttnShape,
         accumulate: bool,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;

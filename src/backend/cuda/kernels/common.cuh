@@ -110,11 +110,11 @@ template <typename T> __device__ __forceinline__ float silu(float x) {
         return x * sigmoid<T>(x);
     }
 }
-// SwiGLU of one gate and up value stored as T: swiglu.cu's forward and gemm.cu's fused
+// SwiGLU of one gate and up value stored as T: swiglu.cu's forward and gemm_tn.cu's fused
 // epilogue share it, so that the two give the same bits.
 template <typename T> __device__ __forceinline__ float swiglu(float g, float u) { return silu<T>(g) * u; }
 // Its gradients: d gate = dy · u · σ(g)(1 + g(1 − σ(g))), d up = dy · silu(g); swiglu.cu's
-// backward and gemm.cu's fused one share it.
+// backward and gemm_tn.cu's fused one share it.
 template <typename T>
 __device__ __forceinline__ void swiglu_grads(float g, float u, float dy, float& dg, float& du) {
     const float s = sigmoid<T>(g);

@@ -15,9 +15,9 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::nvrtc::{self, Source};
-use super::tma::{TensorMaps2, TensorMaps4};
 use crate::backend::UnsupportedDtype;
+use crate::backend::cuda::nvrtc::{self, Source};
+use crate::backend::cuda::tma::{TensorMaps2, TensorMaps4};
 use crate::tensor::DType;
 
 /// `cross_entropy_cluster`'s shape (classifier.cu compiles with these): blocks per row,
@@ -141,8 +141,8 @@ pub const GEMM_THREADS: u32 = 384;
 /// The epilogue's ring of 16 KB pieces, per consumer warpgroup.
 pub const GEMM_EPI_BUFS: usize = 2;
 pub static GEMM: Source = Source {
-    name: "gemm.cu",
-    text: include_str!("gemm.cu"),
+    name: "gemm_tn.cu",
+    text: include_str!("gemm_tn.cu"),
     options: &[],
     defines: &[
         ("GEMM_STAGES", GEMM_STAGES),
@@ -196,7 +196,7 @@ pub const HELD: [usize; 3] = [0, 4, 8];
 /// The values of `Param::Width`.
 pub const WIDTHS: [usize; 3] = [1, 4, 8];
 
-/// What one launch of the own matmul computes (gemm.cu's `gemm::Kind`): its operands' type and
+/// What one launch of the own matmul computes (gemm_tn.cu's `gemm::Kind`): its operands' type and
 /// its epilogue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GemmKind {
@@ -333,6 +333,8 @@ kernel_table! {
     EmbeddingBackward => EMBEDDING, "embedding_backward", [Float];
     RmsnormForward => RMSNORM, "rmsnorm_forward", [Float, Flag, Flag];
     RmsnormBackward => RMSNORM, "rmsnorm_backward", [Float, Flag, Held];
+    HeadRmsnormForward => RMSNORM, "head_rmsnorm_forward", [Float, HeadDim];
+    HeadRmsnormBackward => RMSNORM, "head_rmsnorm_backward", [Float, HeadDim];
     ColsumPartial => COLSUM, "colsum_partial", [Float, Flag, Flag];
     ColsumFinish => COLSUM, "colsum_finish", [Float];
     Rope => ROPE, "rope", [Float, Flag];

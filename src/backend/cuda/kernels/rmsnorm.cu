@@ -1,7 +1,8 @@
 // RMSNorm, y = x · rstd · w with rstd = 1/sqrt(mean(x²) + eps), optionally fused with the
 // residual add that produces x; and its input gradient, fused with the partial column sums of
 // the weight gradient (finished by colsum.cu). With `amax`, the forward reports max |out| and
-// the backward max |dinp|, as stored (common.cuh).
+// the backward max |dinp|, as stored (common.cuh). At the end, Qwen3's per-head norm of the
+// query and key heads, forward and backward.
 //
 // One warp per row: a row of the models' widths (C = 896 .. 3584) is 2-7 KB in bf16, so a
 // warp keeps several 16-byte loads per lane and operand in flight, the row's reduction is a
@@ -191,6 +192,125 @@ __global__ void __launch_bounds__(BACKWARD_MAX_THREADS, HELD > 4 ? 2 : 3)
         float total = 0.0f;
         for (int v = 0; v < warps; v++) total += dweight_acc[v * acc_len<W>(C) + slot];
         partials[(long long)blockIdx.x * C + c] = total;
+    }
+    report_amax(amax, largest);
+}
+
+// Qwen3's QK-norm: an RMSNorm over each query and each key head of the fused QKV rows
+// (`[rows, (Hq + 2·Hkv)·D]`), by one weight for the query heads and one for the key heads
+// (`[D]` each), the value heads copied as they are. rstd is `[rows, Hq + Hkv]`. One warp per
+// item: item i of a row normalizes its head i, and the row's last item copies its value heads.
+// Lane j takes the head's elements j, j + 32, ...; the head's sum of squares is one warp
+// shuffle.
+template <typename T, int D>
+__global__ void head_rmsnorm_forward(T* out, float* rstd, const T* x, const T* q_weight,
+                                     const T* k_weight, long long rows, int q_heads, int kv_heads,
+                                     float eps) {
+    constexpr int PER = (D + 31) / 32;
+    const int normed = q_heads + kv_heads, width = (normed + kv_heads) * D;
+    const int lane = threadIdx.x % 32;
+    const long long item = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (item >= rows * (normed + 1)) return;
+    const long long n = item / (normed + 1);
+    const int h = (int)(item % (normed + 1));
+    const long long row = n * width;
+    if (h == normed) {
+        for (int c = normed * D + lane; c < width; c += 32) out[row + c] = x[row + c];
+        return;
+    }
+    const T* w = h < q_heads ? q_weight : k_weight;
+    const long long head = row + (long long)h * D;
+    float v[PER];
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int d = lane + 32 * k;
+        v[k] = d < D ? to_f32(x[head + d]) : 0.0f;
+        sum_sq += v[k] * v[k];
+    }
+    sum_sq = warp_sum(sum_sq);
+    const float r = 1.0f / sqrtf(sum_sq / (float)D + eps);
+    if (lane == 0) rstd[n * normed + h] = r;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int d = lane + 32 * k;
+        if (d < D) out[head + d] = from_f32<T>(v[k] * r * to_f32(w[d]));
+    }
+}
+
+// Its gradient, in place: each query and key head of dqkv becomes the gradient of the norm's
+// input, rstd · g − x · rstd³ · (g·x) / D with g = dout ⊙ w; the value heads stay. The weights'
+// gradients: partials[kind, block, d] = Σ dout · x · rstd over the block's rows and the heads
+// of that kind (queries 0, keys 1), finished by colsum_finish. Block b has the rows [b·R,
+// (b+1)·R), R = rows_per_block; its warps take the items (row, head) in turn, warp w those of
+// index w, w + warps, ..., each lane keeping its own column sums, which the warps then add in
+// warp order: the partials do not depend on timing. With amax, the abs-max of all of dqkv as
+// stored, value heads included.
+template <typename T, int D>
+__global__ void __launch_bounds__(BACKWARD_MAX_THREADS)
+    head_rmsnorm_backward(T* dqkv, float* partials, const T* x, const T* q_weight,
+                          const T* k_weight, const float* rstd, long long rows, int q_heads,
+                          int kv_heads, int rows_per_block, float* amax) {
+    constexpr int PER = (D + 31) / 32;
+    constexpr int MAX_WARPS = BACKWARD_MAX_THREADS / 32;
+    __shared__ float sums[MAX_WARPS][2][D];
+    const int normed = q_heads + kv_heads, width = (normed + kv_heads) * D;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const long long first = (long long)blockIdx.x * rows_per_block;
+    const long long last = min(rows, first + rows_per_block);
+    float acc[2][PER] = {};
+    float largest = 0.0f;
+    for (long long i = warp; i < (last - first) * (normed + 1); i += warps) {
+        const long long n = first + i / (normed + 1);
+        const int h = (int)(i % (normed + 1));
+        const long long row = n * width;
+        if (h == normed) {
+            if (amax != nullptr)
+                for (int c = normed * D + lane; c < width; c += 32)
+                    largest = fmaxf(largest, fabsf(to_f32(dqkv[row + c])));
+            continue;
+        }
+        const int kind = h < q_heads ? 0 : 1;
+        const T* w = kind == 0 ? q_weight : k_weight;
+        const long long head = row + (long long)h * D;
+        const float r = rstd[n * normed + h];
+        float dy[PER], xv[PER], wv[PER];
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int d = lane + 32 * k;
+            const bool in = d < D;
+            dy[k] = in ? to_f32(dqkv[head + d]) : 0.0f;
+            xv[k] = in ? to_f32(x[head + d]) : 0.0f;
+            wv[k] = in ? to_f32(w[d]) : 0.0f;
+            dot += dy[k] * wv[k] * xv[k];
+            acc[kind][k] += dy[k] * xv[k] * r;
+        }
+        dot = warp_sum(dot);
+        const float kx = r * r * r * dot / (float)D;
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            const int d = lane + 32 * k;
+            if (d >= D) continue;
+            const T dx = from_f32<T>(r * dy[k] * wv[k] - xv[k] * kx);
+            dqkv[head + d] = dx;
+            largest = fmaxf(largest, fabsf(to_f32(dx)));
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int d = lane + 32 * k;
+        if (d < D) {
+            sums[warp][0][d] = acc[0][k];
+            sums[warp][1][d] = acc[1][k];
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) {
+        const int kind = c / D, d = c % D;
+        float total = 0.0f;
+        for (int v = 0; v < warps; v++) total += sums[v][kind][d];
+        partials[((long long)kind * gridDim.x + blockIdx.x) * D + d] = total;
     }
     report_amax(amax, largest);
 }
