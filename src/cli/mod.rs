@@ -7,7 +7,6 @@ mod offload;
 mod plan;
 mod plot;
 mod precision;
-mod ranks;
 mod recompute;
 mod sample;
 pub mod text_stream;
