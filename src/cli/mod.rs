@@ -9,7 +9,6 @@ mod plot;
 mod precision;
 mod recompute;
 mod sample;
-pub mod text_stream;
 mod tokenize;
 mod train;
 

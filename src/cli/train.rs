@@ -15,13 +15,13 @@ use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::comm::Comm;
 use crate::comm::ranks::{RankMain, on_ranks};
+use crate::generate::{Generator, SampleOptions, Sampling};
 use crate::io::hf;
 use crate::model::{MatmulPrecision, ModelConfig, Recompute, presets};
 use crate::tensor::DType;
 use crate::train::optimizer::{Offload, OptimizerOptions};
 use crate::train::options::Defaults;
 use crate::train::plan;
-use crate::train::sample::{Generator, SampleOptions, Sampling};
 use crate::train::schedule::Decay;
 use crate::train::{ModelSource, Options, Summary, demo};
 
