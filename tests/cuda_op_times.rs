@@ -7,7 +7,7 @@ use common::gpu::*;
 use smelt::model::presets::preset;
 use smelt::model::{MatmulPrecision, Recompute};
 use smelt::train::bench::{self, BenchOptions};
-use smelt::train::optimizer::Offload;
+use smelt::train::options::Offload;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]

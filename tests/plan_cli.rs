@@ -16,7 +16,7 @@ use smelt::model::{MatmulPrecision, ModelConfig, Recompute};
 use smelt::tensor::DType;
 use smelt::train::bench::bf16_adamw_options;
 use smelt::train::log::Event;
-use smelt::train::optimizer::{Offload, OptimizerOptions};
+use smelt::train::options::{Offload, OptimizerOptions};
 use smelt::train::plan::{Candidate, Choice, Request, candidates};
 use train_support::*;
 

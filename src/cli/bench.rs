@@ -14,7 +14,7 @@ use crate::model::{MatmulPrecision, Recompute};
 use crate::tensor::DType;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 use crate::train::console::gib;
-use crate::train::optimizer::Offload;
+use crate::train::options::Offload;
 use crate::train::plan;
 
 /// The LM head's default chunk: the whole batch, as `smelt train` runs it, up to 10 GB of

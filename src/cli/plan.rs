@@ -11,7 +11,7 @@ use crate::backend::select::{Device, DeviceChoice, select};
 use crate::tensor::DType;
 use crate::train::bench::bf16_adamw_options;
 use crate::train::console::gib;
-use crate::train::optimizer::OptimizerOptions;
+use crate::train::options::OptimizerOptions;
 use crate::train::plan::{self, Budget, ByCategory, Candidate, DEVICE_RESERVE, Plan, Request};
 
 const GIB: f64 = (1u64 << 30) as f64;

@@ -18,7 +18,8 @@ use anyhow::{Result, bail};
 
 use super::console::memory_total;
 use super::metrics;
-use super::optimizer::{AdamWState, Offload, OptimizerOptions};
+use super::optimizer::AdamWState;
+use super::options::{Offload, OptimizerOptions};
 use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
 use crate::comm::Solo;

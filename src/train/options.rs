@@ -1,11 +1,11 @@
-//! A training run's settings, resolved from the command line (or the demo's defaults).
+//! A training run's settings, resolved from the command line (or the demo's defaults), and
+//! the optimizer's, which the planner and the benchmark share.
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::optimizer::OptimizerOptions;
 use super::schedule::Decay;
 use crate::model::{MatmulPrecision, Recompute};
 use crate::tensor::DType;
@@ -113,4 +113,34 @@ pub struct Defaults {
     pub model_dtype: DType,
     pub eval_every_n_steps: u64,
     pub eval_num_steps: usize,
+}
+
+/// AdamW's settings, and where its state lives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerOptions {
+    pub beta_1: f64,
+    pub beta_2: f64,
+    pub adam_eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip; 0 disables it.
+    pub grad_clip: f64,
+    pub opt_m_dtype: DType,
+    pub opt_v_dtype: DType,
+    /// The dtype of a master copy of the weights; `None` updates the weights in place.
+    pub master_dtype: Option<DType>,
+    /// Which of the state lives in host memory.
+    pub offload: Offload,
+    /// 1: the state is sharded over the ranks (ZeRO-1); 2: the blocks' gradients too
+    /// (ZeRO-2); 0: every rank keeps all of it.
+    pub zero_level: u8,
+}
+
+/// Which optimizer state lives in host memory (llm.q's `--offload-*`). The update reads and
+/// writes it over the bus once per step, which costs that traffic at PCIe speed and saves
+/// its size in device memory. Where the state lives changes no result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offload {
+    pub master: bool,
+    pub opt_m: bool,
+    pub opt_v: bool,
 }

@@ -14,7 +14,8 @@ use anyhow::Result;
 
 use self::cost::{StepCost, Workload};
 use super::console::{Categories, category_bytes};
-use super::optimizer::{Offload, OptimizerOptions, StatePlan};
+use super::optimizer::StatePlan;
+use super::options::{Offload, OptimizerOptions};
 use super::step_losses::rows_spec;
 use super::zero;
 use crate::backend::datasheet::Datasheet;
