@@ -13,11 +13,11 @@ use serde_json::Value;
 use smelt::backend::datasheet::datasheet;
 use smelt::io::hf;
 use smelt::model::{MatmulPrecision, ModelConfig, Recompute};
+use smelt::plan::{Candidate, Choice, Request, candidates};
 use smelt::tensor::DType;
 use smelt::train::bench::bf16_adamw_options;
 use smelt::train::log::Event;
 use smelt::train::options::{Offload, OptimizerOptions};
-use smelt::train::plan::{Candidate, Choice, Request, candidates};
 use train_support::*;
 
 /// The plan's figures for `choice`, for the tiny model at batch 2 × 16 on one GPU.

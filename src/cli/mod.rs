@@ -1,13 +1,12 @@
-//! The `smelt` command line: one subcommand per file, each with its arguments and `run`.
+//! The `smelt` command line: one subcommand per file, each with its arguments and `run`,
+//! which turns them into the options of the module that does the work. `flags` holds the
+//! flag groups several subcommands share.
 
 mod bench;
 mod export;
-mod fit_memory;
-mod offload;
+mod flags;
 mod plan;
 mod plot;
-mod precision;
-mod recompute;
 mod sample;
 mod tokenize;
 mod train;

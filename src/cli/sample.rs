@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Map, Value, json};
 
-use super::precision::dtype;
+use super::flags::dtype;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::generate::{Codec, Generator, SampleOptions, Sampling, TextStream};

@@ -1,7 +1,7 @@
-//! Training: the loop and everything around it — data loading, the optimizer, the
-//! learning-rate schedule, checkpoints, logs, the console — plus the memory planner, the
-//! benchmark and the built-in demo. It sees the model only through `Transformer`'s public
-//! methods and any `Backend`.
+//! Training: the loop and everything around it — data loading, the optimizer and its ZeRO
+//! sharding, the learning-rate schedule, checkpoints, logs, the console — plus the benchmark
+//! and the built-in demo. It sees the model only through `Transformer`'s public methods and
+//! any `Backend`.
 
 pub mod bench;
 pub mod checkpoint;
@@ -12,7 +12,6 @@ pub mod log;
 pub mod metrics;
 pub mod optimizer;
 pub mod options;
-pub mod plan;
 pub mod schedule;
 pub mod step_losses;
 pub mod trainer;

@@ -1,13 +1,15 @@
 //! A training run's settings, resolved from the command line (or the demo's defaults), and
 //! the optimizer's, which the planner and the benchmark share.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::schedule::Decay;
-use crate::model::{MatmulPrecision, Recompute};
+use crate::io::hf;
+use crate::model::{MatmulPrecision, ModelConfig, Recompute, presets};
 use crate::tensor::DType;
 
 /// Where the model comes from.
@@ -19,6 +21,72 @@ pub enum ModelSource {
     Config { name: String, config: Value },
     /// A HF model directory: its weights, or only its config with `from_scratch`.
     Dir { path: PathBuf, from_scratch: bool },
+}
+
+impl ModelSource {
+    /// `--model`: a HF model directory, or one of the built-in architectures (see
+    /// `model::presets`) to train from random weights.
+    pub fn new(model: &Path, from_scratch: bool) -> Result<ModelSource> {
+        // A path that exists is a directory, even where it shares a preset's name.
+        if model.exists() {
+            return Ok(ModelSource::Dir {
+                path: model.to_path_buf(),
+                from_scratch,
+            });
+        }
+        let Some(name) = model
+            .to_str()
+            .filter(|name| presets::names().contains(name))
+        else {
+            bail!(
+                "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json) or one of {}",
+                model.display(),
+                presets::names().join(", ")
+            );
+        };
+        if !from_scratch {
+            bail!(
+                "--model {name} is a built-in architecture without weights: add --from-scratch to train it from random weights"
+            );
+        }
+        Ok(ModelSource::Config {
+            name: name.to_string(),
+            config: presets::preset(name)?.to_hf_json(),
+        })
+    }
+
+    /// The config of `model` (a directory, of which only config.json is read, or a built-in
+    /// architecture), resolved as `smelt train --from-scratch` resolves it.
+    pub fn architecture(model: &str) -> Result<ModelConfig> {
+        Ok(ModelSource::new(Path::new(model), true)?.config()?.0)
+    }
+
+    /// The model's config, and the directory it came from (whose tokenizer files belong to
+    /// it).
+    pub fn config(&self) -> Result<(ModelConfig, Option<PathBuf>)> {
+        match self {
+            ModelSource::Config { name, config } => Ok((
+                ModelConfig::from_json(config, &format!("the config of {name}"))?,
+                None,
+            )),
+            ModelSource::Dir { path, from_scratch } => {
+                let config = hf::read_config(path)?;
+                if !from_scratch
+                    && ![hf::WEIGHTS, hf::INDEX]
+                        .iter()
+                        .any(|f| path.join(f).exists())
+                {
+                    bail!(
+                        "--model {}: no {} (or {}) to fine-tune; pass --from-scratch to train its config from random weights",
+                        path.display(),
+                        hf::WEIGHTS,
+                        hf::INDEX
+                    );
+                }
+                Ok((config, Some(path.clone())))
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]

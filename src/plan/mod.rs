@@ -1,5 +1,5 @@
-//! `smelt plan`: which recompute, offload, ZeRO and LM-head choices fit a run into a memory
-//! budget, and which of those is fastest.
+//! The memory planner behind `smelt plan` and `--fit-memory`: which recompute, offload,
+//! ZeRO and LM-head choices fit a run into a memory budget, and which of those is fastest.
 //!
 //! Memory is counted from the same plans that `Transformer::new` and `AdamWState::new`
 //! allocate (`ModelPlan`, `StatePlan`), so it is exact for what smelt allocates up front;
@@ -10,19 +10,20 @@
 
 pub mod cost;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use self::cost::{StepCost, Workload};
-use super::console::{Categories, category_bytes};
-use super::optimizer::StatePlan;
-use super::options::{Offload, OptimizerOptions};
-use super::step_losses::rows_spec;
-use super::zero;
 use crate::backend::datasheet::Datasheet;
 use crate::model::{
     Gradients, MatmulPrecision, ModelConfig, ModelOptions, ModelPlan, Params, Recompute, grads,
 };
 use crate::tensor::DType;
+use crate::train::bench::{self, BenchOptions};
+use crate::train::console::{Categories, category_bytes};
+use crate::train::optimizer::StatePlan;
+use crate::train::options::{Offload, OptimizerOptions};
+use crate::train::step_losses::rows_spec;
+use crate::train::{Options, zero};
 
 /// Device memory a run needs beyond its planned tensors: the CUDA context, cuBLASLt's
 /// workspace, the kernels' scratch and, with several GPUs, NCCL's buffers.
@@ -47,6 +48,44 @@ pub struct Request {
     /// Whether ZeRO-2 may be chosen (not with `--grad-sum-after-backward`, which it cannot
     /// honour).
     pub allow_zero_2: bool,
+}
+
+impl Request {
+    /// What `--fit-memory` asks for a training run: `options` on `gpus` GPUs, its memory
+    /// flags to choose.
+    pub fn for_training(options: &Options, gpus: usize) -> Result<Request> {
+        Ok(Request {
+            config: options.model.config()?.0,
+            batch: options.batch_size,
+            seq: options.seq_len,
+            micro_steps: options.grad_accumulation,
+            model_dtype: options.model_dtype,
+            matmul: options.matmul,
+            optimizer: options.optimizer.clone(),
+            gpus,
+            lmhead_chunks: None,
+            ffn_chunks: None,
+            allow_zero_2: !options.grad_sum_after_backward,
+        })
+    }
+
+    /// What `--fit-memory` asks for the run `bench::run` makes: bf16 weights and the
+    /// benchmark's optimizer, on one GPU.
+    pub fn for_bench(config: ModelConfig, options: &BenchOptions) -> Request {
+        Request {
+            config,
+            batch: options.batch,
+            seq: options.seq,
+            micro_steps: 1,
+            model_dtype: DType::BF16,
+            matmul: options.matmul,
+            optimizer: bench::bf16_adamw_options(),
+            gpus: 1,
+            lmhead_chunks: None,
+            ffn_chunks: None,
+            allow_zero_2: true,
+        }
+    }
 }
 
 /// Bytes available on each GPU (after `DEVICE_RESERVE`) and in host memory (for all ranks).
@@ -401,4 +440,20 @@ fn offload_choices(master: bool) -> Vec<Offload> {
         })
         .filter(|o| master || !o.master)
         .collect()
+}
+
+/// Host memory a plan may pin: the kernel's estimate of what new allocations can take
+/// without swapping, less a tenth for what is not planned (the data loader, the page cache
+/// the data files are read through, the process's own allocations), since pinned memory
+/// cannot be swapped out when those grow.
+pub fn available_host_memory() -> Result<u64> {
+    let path = "/proc/meminfo";
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {path} for the host memory"))?;
+    let kib = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .with_context(|| format!("{path} has no MemAvailable line"))?;
+    Ok(kib * 1024 / 10 * 9)
 }

@@ -160,7 +160,7 @@ mod tests {
     use super::Workload;
     use crate::backend::datasheet::datasheet;
     use crate::model::{ModelConfig, Recompute, presets};
-    use crate::train::plan::Choice;
+    use crate::plan::Choice;
 
     fn choice(recompute: Recompute, lmhead_chunks: usize) -> Choice {
         Choice {
