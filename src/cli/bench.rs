@@ -13,7 +13,7 @@ use crate::plan::Request;
 use crate::train::ModelSource;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 use crate::train::console::gib;
-use crate::train::options::Offload;
+use crate::train::options::{ActivationOptions, Offload};
 
 /// The LM head's default chunk: the whole batch, as `smelt train` runs it, up to 10 GB of
 /// logits for a 152k vocabulary. In chunks of 4096 tokens its matmuls took 2.5 ms more of a
@@ -102,14 +102,16 @@ impl BenchArgs {
             steps: self.steps,
             warmup: self.warmup,
             matmul,
-            recompute,
+            activations: ActivationOptions {
+                recompute,
+                offload_residual: self.offload.residual(),
+                offload_activations: self.offload.activations(),
+                lmhead_chunks: self
+                    .lmhead_chunks
+                    .unwrap_or((self.batch_size * self.seq_len).div_ceil(LMHEAD_CHUNK_TOKENS)),
+                ffn_chunks: self.ffn_chunks,
+            },
             offload,
-            offload_residual: self.offload.residual(),
-            offload_activations: self.offload.activations(),
-            lmhead_chunks: self
-                .lmhead_chunks
-                .unwrap_or((self.batch_size * self.seq_len).div_ceil(LMHEAD_CHUNK_TOKENS)),
-            ffn_chunks: self.ffn_chunks,
             op_times: self.op_times,
         };
         let request = || Ok(Request::for_bench(config.clone(), &options));
@@ -117,12 +119,8 @@ impl BenchArgs {
             .fit_memory
             .choose(&device, SmallerBatch::Alone, request)?
         {
-            options.recompute = choice.recompute;
+            options.activations = choice.activations;
             options.offload = choice.offload;
-            options.offload_residual = choice.offload_residual;
-            options.offload_activations = choice.offload_activations;
-            options.lmhead_chunks = choice.lmhead_chunks;
-            options.ffn_chunks = choice.ffn_chunks;
         }
         let report = match &device {
             Device::Cpu(b) => bench::run(b, config, &options, |_| Ok(None)),

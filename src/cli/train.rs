@@ -19,7 +19,7 @@ use crate::io::hf;
 use crate::model::{MatmulPrecision, Recompute};
 use crate::plan::Request;
 use crate::tensor::DType;
-use crate::train::options::{Defaults, Offload, OptimizerOptions};
+use crate::train::options::{ActivationOptions, Defaults, Offload, OptimizerOptions};
 use crate::train::schedule::Decay;
 use crate::train::{ModelSource, Options, Summary, demo};
 
@@ -241,13 +241,9 @@ impl TrainArgs {
                     Request::for_training(&options, self.gpus)
                 })?
         {
-            options.recompute = choice.recompute;
-            options.offload_residual = choice.offload_residual;
-            options.offload_activations = choice.offload_activations;
+            options.activations = choice.activations;
             options.optimizer.offload = choice.offload;
             options.optimizer.zero_level = choice.zero_level;
-            options.lmhead_chunks = choice.lmhead_chunks;
-            options.ffn_chunks = choice.ffn_chunks;
         }
         if options.optimizer.zero_level == 2 && options.grad_sum_after_backward {
             bail!(
@@ -406,11 +402,13 @@ impl TrainArgs {
             z_loss: self.z_loss,
             model_dtype,
             matmul,
-            recompute: self.recompute.recompute(),
-            offload_residual: self.offload.residual(),
-            offload_activations: self.offload.activations(),
-            lmhead_chunks: self.lmhead_chunks,
-            ffn_chunks: self.ffn_chunks,
+            activations: ActivationOptions {
+                recompute: self.recompute.recompute(),
+                offload_residual: self.offload.residual(),
+                offload_activations: self.offload.activations(),
+                lmhead_chunks: self.lmhead_chunks,
+                ffn_chunks: self.ffn_chunks,
+            },
             seed: self.seed,
             ckpt_interval: self.ckpt_interval,
             checkpoint_dir: self

@@ -14,14 +14,12 @@ use anyhow::{Context, Result};
 
 use self::cost::{StepCost, Workload};
 use crate::backend::datasheet::Datasheet;
-use crate::model::{
-    Gradients, MatmulPrecision, ModelConfig, ModelOptions, ModelPlan, Params, Recompute, grads,
-};
+use crate::model::{Gradients, MatmulPrecision, ModelConfig, ModelPlan, Params, Recompute, grads};
 use crate::tensor::DType;
 use crate::train::bench::{self, BenchOptions};
 use crate::train::console::{Categories, category_bytes};
 use crate::train::optimizer::StatePlan;
-use crate::train::options::{Offload, OptimizerOptions};
+use crate::train::options::{ActivationOptions, Offload, OptimizerOptions};
 use crate::train::step_losses::rows_spec;
 use crate::train::{Options, zero};
 
@@ -98,19 +96,17 @@ pub struct Budget {
 /// What the plan chooses.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Choice {
-    pub recompute: Recompute,
-    pub offload_residual: bool,
-    pub offload_activations: bool,
+    pub activations: ActivationOptions,
+    /// The optimizer state in host memory.
     pub offload: Offload,
     pub zero_level: u8,
-    pub lmhead_chunks: usize,
-    pub ffn_chunks: usize,
 }
 
 impl Choice {
     /// The `smelt train` flags that make this choice.
     pub fn flags(&self) -> Vec<String> {
-        let r = self.recompute;
+        let a = self.activations;
+        let r = a.recompute;
         let o = self.offload;
         let mut flags: Vec<String> = [
             (r.block, "--recompute-block"),
@@ -119,8 +115,8 @@ impl Choice {
             (!r.block && r.norm, "--recompute-norm"),
             (!r.block && r.qkv, "--recompute-qkv"),
             (!r.block && r.att, "--recompute-att"),
-            (self.offload_residual, "--offload-residual"),
-            (self.offload_activations, "--offload-activations"),
+            (a.offload_residual, "--offload-residual"),
+            (a.offload_activations, "--offload-activations"),
             (o.opt_m, "--offload-opt-m"),
             (o.opt_v, "--offload-opt-v"),
             (o.master, "--offload-master"),
@@ -129,9 +125,9 @@ impl Choice {
         .filter(|f| f.0)
         .map(|f| f.1.to_string())
         .collect();
-        flags.push(format!("--lmhead-chunks {}", self.lmhead_chunks));
-        if self.ffn_chunks > 1 {
-            flags.push(format!("--ffn-chunks {}", self.ffn_chunks));
+        flags.push(format!("--lmhead-chunks {}", a.lmhead_chunks));
+        if a.ffn_chunks > 1 {
+            flags.push(format!("--ffn-chunks {}", a.ffn_chunks));
         }
         if self.zero_level > 0 {
             flags.push(format!("--zero-level {}", self.zero_level));
@@ -295,18 +291,20 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         for (offload_residual, offload_activations) in activation_offloads {
             for &lmhead_chunks in &chunks {
                 for &ffn_chunks in &ffn_chunks {
-                    let options = ModelOptions {
-                        batch: r.batch,
-                        seq: r.seq,
-                        dtype: r.model_dtype,
+                    let activations = ActivationOptions {
                         recompute,
                         offload_residual,
                         offload_activations,
                         lmhead_chunks,
                         ffn_chunks,
-                        matmul: r.matmul,
-                        gradients: Gradients::All,
                     };
+                    let options = activations.model_options(
+                        r.batch,
+                        r.seq,
+                        r.model_dtype,
+                        r.matmul,
+                        Gradients::All,
+                    );
                     let model = ModelPlan::new(&r.config, &options)?;
                     let losses = model.losses();
                     let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
@@ -316,9 +314,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
                     memory.retain(|c| c.0 != "gradients");
                     memory.push(("losses", vec![losses]));
                     let (device, host) = (bytes(&memory), bytes(&model.offloaded()));
-                    let chunks = (lmhead_chunks, ffn_chunks);
-                    let offloads = (offload_residual, offload_activations);
-                    models.push((recompute, offloads, chunks, device, host));
+                    models.push((activations, device, host));
                 }
             }
         }
@@ -372,18 +368,14 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         fp8: r.matmul.is_fp8(),
     };
     let mut out = Vec::with_capacity(models.len() * states.len());
-    for (recompute, offloads, (lmhead_chunks, ffn_chunks), model, model_host) in &models {
+    for (activations, model, model_host) in &models {
         // What crosses the bus each way for one block, on each rank.
         let block_bytes = total(model_host) / r.config.num_layers as u64;
         for (offload, zero_level, device, host, bus) in &states {
             let choice = Choice {
-                recompute: *recompute,
-                offload_residual: offloads.0,
-                offload_activations: offloads.1,
+                activations: *activations,
                 offload: *offload,
                 zero_level: *zero_level,
-                lmhead_chunks: *lmhead_chunks,
-                ffn_chunks: *ffn_chunks,
             };
             out.push(Candidate {
                 choice,

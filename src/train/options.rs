@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::schedule::Decay;
 use crate::io::hf;
-use crate::model::{MatmulPrecision, ModelConfig, Recompute, presets};
+use crate::model::{Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, presets};
 use crate::tensor::DType;
 
 /// Where the model comes from.
@@ -111,14 +111,8 @@ pub struct Options {
     /// `--matmul-dtype` with `--gradient-dtype`; listed (and warned about) under the first.
     #[serde(rename = "matmul_dtype")]
     pub matmul: MatmulPrecision,
-    pub recompute: Recompute,
-    /// `--offload-residual`: the residual stream in host memory (`ModelOptions`).
-    pub offload_residual: bool,
-    /// `--offload-activations`: every other activation kept per layer in host memory.
-    pub offload_activations: bool,
-    pub lmhead_chunks: usize,
-    /// `ModelOptions::ffn_chunks`.
-    pub ffn_chunks: usize,
+    #[serde(flatten)]
+    pub activations: ActivationOptions,
     pub seed: u64,
     /// Steps between checkpoints; 0 for none.
     pub ckpt_interval: u64,
@@ -181,6 +175,48 @@ pub struct Defaults {
     pub model_dtype: DType,
     pub eval_every_n_steps: u64,
     pub eval_num_steps: usize,
+}
+
+/// How a run keeps the activations its backward reads: what it recomputes, what it keeps in
+/// host memory, and in how many chunks the LM head and the MLP run. `smelt plan` chooses
+/// them, with the optimizer's offload and ZeRO level.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ActivationOptions {
+    pub recompute: Recompute,
+    /// `--offload-residual`: the residual stream in host memory.
+    pub offload_residual: bool,
+    /// `--offload-activations`: every other activation kept per layer in host memory.
+    pub offload_activations: bool,
+    pub lmhead_chunks: usize,
+    /// `ModelOptions::ffn_chunks`.
+    pub ffn_chunks: usize,
+}
+
+impl ActivationOptions {
+    /// The model's options for training on micro-batches of `batch` sequences of `seq`
+    /// tokens, its weights and activations in `dtype`, keeping the gradients `gradients`
+    /// says.
+    pub fn model_options(
+        &self,
+        batch: usize,
+        seq: usize,
+        dtype: DType,
+        matmul: MatmulPrecision,
+        gradients: Gradients,
+    ) -> ModelOptions {
+        ModelOptions {
+            batch,
+            seq,
+            dtype,
+            recompute: self.recompute,
+            offload_residual: self.offload_residual,
+            offload_activations: self.offload_activations,
+            lmhead_chunks: self.lmhead_chunks,
+            ffn_chunks: self.ffn_chunks,
+            matmul,
+            gradients,
+        }
+    }
 }
 
 /// AdamW's settings, and where its state lives.

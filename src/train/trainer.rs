@@ -35,7 +35,7 @@ use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::hf;
-use crate::model::{GradEvent, Gradients, LossOptions, ModelOptions, Params, Transformer};
+use crate::model::{GradEvent, Gradients, LossOptions, Params, Transformer};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
@@ -93,23 +93,11 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     // 2) Startup: options, device, model, memory.
     let layout = Params::layout(&config, o.model_dtype);
     let owners = zero::owners_of(&layout, comm.world(), &o.optimizer);
-    let model = Transformer::new(
-        b,
-        config.clone(),
-        ModelOptions {
-            batch: o.batch_size,
-            seq: o.seq_len,
-            dtype: o.model_dtype,
-            recompute: o.recompute,
-            offload_residual: o.offload_residual,
-            offload_activations: o.offload_activations,
-            lmhead_chunks: o.lmhead_chunks,
-            ffn_chunks: o.ffn_chunks,
-            matmul: o.matmul,
-            gradients: (owners.and_then(|w| w.kept_blocks(comm.rank())))
-                .map_or(Gradients::All, Gradients::Kept),
-        },
-    )?;
+    let gradients =
+        (owners.and_then(|w| w.kept_blocks(comm.rank()))).map_or(Gradients::All, Gradients::Kept);
+    let options =
+        (o.activations).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
+    let model = Transformer::new(b, config.clone(), options)?;
     // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
     if root {
         check_out_dir(o)?;
