@@ -1,5 +1,6 @@
-//! A training run's settings, resolved from the command line (or the demo's defaults), and
-//! the optimizer's, which the planner and the benchmark share.
+//! A training run's settings, resolved from the command line (or the demo's defaults): where
+//! the model comes from, and the groups that the planner and the benchmark share, how the
+//! activations are kept and the optimizer's settings.
 
 use std::path::{Path, PathBuf};
 
