@@ -8,9 +8,9 @@ mod common;
 
 use common::gpu::*;
 use half::bf16;
-use smelt::backend::cuda::nccl::{Nccl, UniqueId};
 use smelt::backend::cuda::{Cuda, device};
 use smelt::backend::prelude::*;
+use smelt::comm::nccl::{Nccl, UniqueId};
 use smelt::comm::{Comm, ranks};
 use smelt::tensor::{DType, TensorSpec};
 use std::time::{Duration, Instant};

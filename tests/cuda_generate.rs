@@ -10,9 +10,9 @@ use common::gpu::*;
 use common::{batch, cached_logits, full_logits, logits_rel_err};
 use smelt::backend::ResidualAdd;
 use smelt::backend::prelude::*;
+use smelt::generate::{Generator, SampleOptions, Sampling};
 use smelt::model::{ModelOptions, Transformer, presets};
 use smelt::tensor::DType;
-use smelt::train::sample::{Generator, SampleOptions, Sampling};
 
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -15,7 +15,8 @@ use smelt::comm::Solo;
 use smelt::model::{Recompute, Transformer};
 use smelt::tensor::{DType, Tensor, TensorSpec};
 use smelt::train::bench;
-use smelt::train::optimizer::{AdamWState, Offload, OptimizerOptions};
+use smelt::train::optimizer::AdamWState;
+use smelt::train::options::{Offload, OptimizerOptions};
 
 const STEPS: u64 = 5;
 

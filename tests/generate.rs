@@ -6,9 +6,9 @@ mod common;
 
 use common::*;
 use smelt::backend::cpu::Cpu;
+use smelt::generate::{Generator, SampleOptions, Sampling};
 use smelt::model::{ModelOptions, Transformer};
 use smelt::tensor::DType;
-use smelt::train::sample::{Generator, SampleOptions, Sampling};
 
 #[test]
 fn cached_logits_are_the_full_forwards() {

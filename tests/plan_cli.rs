@@ -13,11 +13,11 @@ use serde_json::Value;
 use smelt::backend::datasheet::datasheet;
 use smelt::io::hf;
 use smelt::model::{MatmulPrecision, ModelConfig, Recompute};
+use smelt::plan::{Candidate, Choice, Request, candidates};
 use smelt::tensor::DType;
 use smelt::train::bench::bf16_adamw_options;
 use smelt::train::log::Event;
-use smelt::train::optimizer::{Offload, OptimizerOptions};
-use smelt::train::plan::{Candidate, Choice, Request, candidates};
+use smelt::train::options::{ActivationOptions, Offload, OptimizerOptions};
 use train_support::*;
 
 /// The plan's figures for `choice`, for the tiny model at batch 2 × 16 on one GPU.
@@ -50,8 +50,8 @@ fn planned_on(
             ..bf16_adamw_options()
         },
         gpus,
-        lmhead_chunks: Some(choice.lmhead_chunks),
-        ffn_chunks: Some(choice.ffn_chunks),
+        lmhead_chunks: Some(choice.activations.lmhead_chunks),
+        ffn_chunks: Some(choice.activations.ffn_chunks),
         allow_zero_2: true,
     };
     let gpu = datasheet("H100").unwrap();
@@ -65,13 +65,15 @@ fn planned_on(
 /// `recompute` alone: nothing offloaded, no ZeRO, one LM-head and one MLP chunk.
 fn recomputing(recompute: Recompute) -> Choice {
     Choice {
-        recompute,
-        offload_residual: false,
-        offload_activations: false,
+        activations: ActivationOptions {
+            recompute,
+            offload_residual: false,
+            offload_activations: false,
+            lmhead_chunks: 1,
+            ffn_chunks: 1,
+        },
         offload: Offload::default(),
         zero_level: 0,
-        lmhead_chunks: 1,
-        ffn_chunks: 1,
     }
 }
 
@@ -158,16 +160,18 @@ fn the_plan_counts_what_training_allocates() {
             2,
             false,
             Choice {
-                recompute: Recompute { ffn: true, ..none },
-                offload_residual: false,
-                offload_activations: true,
+                activations: ActivationOptions {
+                    recompute: Recompute { ffn: true, ..none },
+                    offload_residual: false,
+                    offload_activations: true,
+                    lmhead_chunks: 2,
+                    ffn_chunks: 1,
+                },
                 offload: Offload {
                     opt_m: true,
                     ..Offload::default()
                 },
                 zero_level: 0,
-                lmhead_chunks: 2,
-                ffn_chunks: 1,
             },
         ),
         (
@@ -180,31 +184,29 @@ fn the_plan_counts_what_training_allocates() {
             1,
             false,
             Choice {
-                recompute: Recompute {
-                    block: true,
-                    ..none
+                activations: ActivationOptions {
+                    recompute: Recompute {
+                        block: true,
+                        ..none
+                    },
+                    offload_residual: true,
+                    offload_activations: false,
+                    lmhead_chunks: 1,
+                    ffn_chunks: 1,
                 },
-                offload_residual: true,
-                offload_activations: false,
                 offload: Offload {
                     master: true,
                     opt_v: true,
                     ..Offload::default()
                 },
                 zero_level: 0,
-                lmhead_chunks: 1,
-                ffn_chunks: 1,
             },
         ),
-        (
-            &["--recompute-ffn", "--ffn-chunks", "2"],
-            1,
-            false,
-            Choice {
-                ffn_chunks: 2,
-                ..recomputing(Recompute { ffn: true, ..none })
-            },
-        ),
+        (&["--recompute-ffn", "--ffn-chunks", "2"], 1, false, {
+            let mut choice = recomputing(Recompute { ffn: true, ..none });
+            choice.activations.ffn_chunks = 2;
+            choice
+        }),
         (
             &["--matmul-dtype", "e4m3", "--recompute-norm"],
             1,
@@ -271,11 +273,9 @@ fn recompute_saves_the_activations_written_out_by_hand() {
         ..config.clone()
     };
     let offloaded = |recompute, offload_residual, offload_activations| {
-        let choice = Choice {
-            offload_residual,
-            offload_activations,
-            ..recomputing(recompute)
-        };
+        let mut choice = recomputing(recompute);
+        choice.activations.offload_residual = offload_residual;
+        choice.activations.offload_activations = offload_activations;
         let plan = planned(&deep, 1, false, choice);
         let host = by_name(&plan.host).get("activations").copied();
         (by_name(&plan.device)["activations"], host)

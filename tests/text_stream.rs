@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::io::Write;
 use std::rc::Rc;
 
-use smelt::cli::text_stream::TextStream;
+use smelt::generate::TextStream;
 use tokenizing::*;
 
 /// A writer whose bytes the test reads while the stream holds it.

@@ -5,17 +5,15 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
-use super::fit_memory::{FitMemoryFlag, SmallerBatch};
-use super::offload::OffloadFlags;
-use super::recompute::RecomputeFlags;
+use super::flags::{FitMemoryFlag, OffloadFlags, RecomputeFlags, SmallerBatch};
 use crate::backend::op_times::{OpTime, by_family};
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::model::{MatmulPrecision, Recompute};
-use crate::tensor::DType;
+use crate::plan::Request;
+use crate::train::ModelSource;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 use crate::train::console::gib;
-use crate::train::optimizer::Offload;
-use crate::train::plan;
+use crate::train::options::{ActivationOptions, Offload};
 
 /// The LM head's default chunk: the whole batch, as `smelt train` runs it, up to 10 GB of
 /// logits for a 152k vocabulary. In chunks of 4096 tokens its matmuls took 2.5 ms more of a
@@ -83,7 +81,7 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     pub fn run(self) -> Result<()> {
-        let config = super::train::model_config(&self.model)?;
+        let config = ModelSource::architecture(&self.model)?;
         if self.batch_size == 0 || self.seq_len == 0 {
             bail!("--batch-size and --seq-len must be at least 1");
         }
@@ -104,42 +102,25 @@ impl BenchArgs {
             steps: self.steps,
             warmup: self.warmup,
             matmul,
-            recompute,
+            activations: ActivationOptions {
+                recompute,
+                offload_residual: self.offload.residual(),
+                offload_activations: self.offload.activations(),
+                lmhead_chunks: self
+                    .lmhead_chunks
+                    .unwrap_or((self.batch_size * self.seq_len).div_ceil(LMHEAD_CHUNK_TOKENS)),
+                ffn_chunks: self.ffn_chunks,
+            },
             offload,
-            offload_residual: self.offload.residual(),
-            offload_activations: self.offload.activations(),
-            lmhead_chunks: self
-                .lmhead_chunks
-                .unwrap_or((self.batch_size * self.seq_len).div_ceil(LMHEAD_CHUNK_TOKENS)),
-            ffn_chunks: self.ffn_chunks,
             op_times: self.op_times,
         };
-        // The run `bench::run` makes: bf16 weights and the benchmark's optimizer.
-        let request = || {
-            Ok(plan::Request {
-                config: config.clone(),
-                batch: self.batch_size,
-                seq: self.seq_len,
-                micro_steps: 1,
-                model_dtype: DType::BF16,
-                matmul,
-                optimizer: bench::bf16_adamw_options(),
-                gpus: 1,
-                lmhead_chunks: None,
-                ffn_chunks: None,
-                allow_zero_2: true,
-            })
-        };
+        let request = || Ok(Request::for_bench(config.clone(), &options));
         if let Some(choice) = self
             .fit_memory
             .choose(&device, SmallerBatch::Alone, request)?
         {
-            options.recompute = choice.recompute;
+            options.activations = choice.activations;
             options.offload = choice.offload;
-            options.offload_residual = choice.offload_residual;
-            options.offload_activations = choice.offload_activations;
-            options.lmhead_chunks = choice.lmhead_chunks;
-            options.ffn_chunks = choice.ffn_chunks;
         }
         let report = match &device {
             Device::Cpu(b) => bench::run(b, config, &options, |_| Ok(None)),

@@ -1,16 +1,13 @@
-//! The `smelt` command line: one subcommand per file, each with its arguments and `run`.
+//! The `smelt` command line: one subcommand per file, each with its arguments and `run`,
+//! which turns them into the options of the module that does the work. `flags` holds the
+//! flag groups several subcommands share.
 
 mod bench;
 mod export;
-mod fit_memory;
-mod offload;
+mod flags;
 mod plan;
 mod plot;
-mod precision;
-mod ranks;
-mod recompute;
 mod sample;
-pub mod text_stream;
 mod tokenize;
 mod train;
 

@@ -1,20 +1,21 @@
 //! `smelt plan`: which memory flags a training run needs to fit, and the fastest of them
-//! (see `train::plan`), as a table or, with `--json`, one JSON object.
+//! (see `plan`), as a table or, with `--json`, one JSON object.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::json;
 
-use super::precision::PrecisionFlags;
+use super::flags::{PrecisionFlags, gib_bytes};
 use crate::backend::datasheet::{self, Datasheet};
 use crate::backend::select::{Device, DeviceChoice, select};
+use crate::plan::{
+    self, Budget, ByCategory, Candidate, DEVICE_RESERVE, Plan, Request, available_host_memory,
+};
 use crate::tensor::DType;
+use crate::train::ModelSource;
 use crate::train::bench::bf16_adamw_options;
 use crate::train::console::gib;
-use crate::train::optimizer::OptimizerOptions;
-use crate::train::plan::{self, Budget, ByCategory, Candidate, DEVICE_RESERVE, Plan, Request};
-
-const GIB: f64 = (1u64 << 30) as f64;
+use crate::train::options::OptimizerOptions;
 
 #[derive(Args, Debug)]
 #[command(
@@ -81,7 +82,7 @@ impl PlanArgs {
         }
         let precision = self.precision.resolve(DType::BF16)?;
         let request = Request {
-            config: super::train::model_config(&self.model)?,
+            config: ModelSource::architecture(&self.model)?,
             batch: self.batch_size,
             seq: self.seq_len,
             micro_steps: self.grad_accumulation,
@@ -280,27 +281,4 @@ fn by_name(categories: &ByCategory) -> serde_json::Value {
         .map(|(name, bytes)| (name.to_string(), json!(bytes)))
         .collect::<serde_json::Map<_, _>>()
         .into()
-}
-
-pub(super) fn gib_bytes(gib: f64, flag: &str) -> Result<u64> {
-    if !(gib > 0.0 && gib.is_finite()) {
-        bail!("{flag} {gib}: give a positive number of GiB");
-    }
-    Ok((gib * GIB) as u64)
-}
-
-/// Host memory a plan may pin: the kernel's estimate of what new allocations can take
-/// without swapping, less a tenth for what is not planned (the data loader, the page cache
-/// the data files are read through, the process's own allocations), since pinned memory
-/// cannot be swapped out when those grow.
-pub(super) fn available_host_memory() -> Result<u64> {
-    let path = "/proc/meminfo";
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {path} for the host memory"))?;
-    let kib = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-        .with_context(|| format!("{path} has no MemAvailable line"))?;
-    Ok(kib * 1024 / 10 * 9)
 }

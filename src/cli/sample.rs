@@ -1,23 +1,21 @@
 //! `smelt sample`: continues a prompt with a trained model, to see what a run learned.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Map, Value, json};
 
-use super::precision::dtype;
-use super::text_stream::TextStream;
+use super::flags::dtype;
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
+use crate::generate::{Codec, Generator, SampleOptions, Sampling, TextStream};
 use crate::io::hf;
 use crate::model::ModelConfig;
 use crate::tensor::DType;
 use crate::tokenize::chat_template::{ChatTemplate, Conversation, parse_kwargs};
 use crate::train::checkpoint;
-use crate::train::demo;
-use crate::train::sample::{Generator, SampleOptions, Sampling};
 
 #[derive(Args, Debug)]
 #[command(
@@ -78,67 +76,6 @@ pub struct SampleArgs {
     /// f32 on the CPU]. A checkpoint runs in the dtype it was trained in.
     #[arg(long, value_parser = dtype, conflicts_with = "checkpoint")]
     model_dtype: Option<DType>,
-}
-
-/// How text becomes tokens and back.
-enum Codec {
-    Hf(Box<tokenizers::Tokenizer>),
-    Bytes,
-    /// No tokenizer: token ids in, token ids out.
-    None,
-}
-
-impl Codec {
-    /// The model's tokenizer.json in `dir` if there is one, else bytes for a 256-token
-    /// vocabulary.
-    fn find(dir: Option<&Path>, config: &ModelConfig) -> Result<Codec> {
-        if let Some(path) = dir.map(|d| d.join("tokenizer.json")).filter(|p| p.exists()) {
-            let t = tokenizers::Tokenizer::from_file(&path)
-                .map_err(|e| anyhow!("{}: cannot read the tokenizer: {e}", path.display()))?;
-            return Ok(Codec::Hf(Box::new(t)));
-        }
-        Ok(if config.vocab_size == demo::VOCAB {
-            Codec::Bytes
-        } else {
-            Codec::None
-        })
-    }
-
-    /// `text`'s tokens, with the tokenizer's special tokens (such as a BOS) where
-    /// `special_tokens`; a chat template's text writes its own.
-    fn encode(&self, text: &str, special_tokens: bool) -> Result<Vec<i32>> {
-        match self {
-            Codec::Hf(t) => Ok(t
-                .encode(text, special_tokens)
-                .map_err(|e| anyhow!("encoding the prompt: {e}"))?
-                .get_ids()
-                .iter()
-                .map(|&id| id as i32)
-                .collect()),
-            Codec::Bytes => Ok(text.bytes().map(i32::from).collect()),
-            Codec::None => bail!(
-                "--prompt needs a tokenizer.json next to the model, and there is none; give the prompt as --tokens ids"
-            ),
-        }
-    }
-
-    /// The tokens' text; with `skip_special`, without special tokens (a chat turn's end).
-    fn decode(&self, tokens: &[i32], skip_special: bool) -> Result<String> {
-        match self {
-            Codec::Hf(t) => {
-                let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-                t.decode(&ids, skip_special)
-                    .map_err(|e| anyhow!("decoding the sample: {e}"))
-            }
-            Codec::Bytes => Ok(demo::decode(tokens)),
-            // As --tokens takes them.
-            Codec::None => Ok(tokens
-                .iter()
-                .map(i32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")),
-        }
-    }
 }
 
 impl SampleArgs {

@@ -7,21 +7,19 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use clap::Args;
 
-use super::fit_memory::{FitMemoryFlag, SmallerBatch};
-use super::offload::OffloadFlags;
-use super::precision::{Precision, PrecisionFlags};
-use super::ranks::{RankMain, on_ranks};
-use super::recompute::RecomputeFlags;
+use super::flags::{
+    FitMemoryFlag, OffloadFlags, Precision, PrecisionFlags, RecomputeFlags, SmallerBatch,
+};
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::comm::Comm;
+use crate::comm::ranks::{RankMain, on_ranks};
+use crate::generate::{Generator, SampleOptions, Sampling};
 use crate::io::hf;
-use crate::model::{MatmulPrecision, ModelConfig, Recompute, presets};
+use crate::model::{MatmulPrecision, Recompute};
+use crate::plan::Request;
 use crate::tensor::DType;
-use crate::train::optimizer::{Offload, OptimizerOptions};
-use crate::train::options::Defaults;
-use crate::train::plan;
-use crate::train::sample::{Generator, SampleOptions, Sampling};
+use crate::train::options::{ActivationOptions, Defaults, Offload, OptimizerOptions};
 use crate::train::schedule::Decay;
 use crate::train::{ModelSource, Options, Summary, demo};
 
@@ -240,16 +238,12 @@ impl TrainArgs {
         if let Some(choice) =
             self.fit_memory
                 .choose(&device, SmallerBatch::WithAccumulation, || {
-                    self.plan_request(&options)
+                    Request::for_training(&options, self.gpus)
                 })?
         {
-            options.recompute = choice.recompute;
-            options.offload_residual = choice.offload_residual;
-            options.offload_activations = choice.offload_activations;
+            options.activations = choice.activations;
             options.optimizer.offload = choice.offload;
             options.optimizer.zero_level = choice.zero_level;
-            options.lmhead_chunks = choice.lmhead_chunks;
-            options.ffn_chunks = choice.ffn_chunks;
         }
         if options.optimizer.zero_level == 2 && options.grad_sum_after_backward {
             bail!(
@@ -293,7 +287,7 @@ impl TrainArgs {
                 "--train-file needs --model DIR, a HF model directory (add --from-scratch to train its config from random weights)"
             ),
             (Some(train), Some(model)) => (
-                model_source(model, self.from_scratch)?,
+                ModelSource::new(model, self.from_scratch)?,
                 train.clone(),
                 self.eval_file.clone(),
             ),
@@ -408,11 +402,13 @@ impl TrainArgs {
             z_loss: self.z_loss,
             model_dtype,
             matmul,
-            recompute: self.recompute.recompute(),
-            offload_residual: self.offload.residual(),
-            offload_activations: self.offload.activations(),
-            lmhead_chunks: self.lmhead_chunks,
-            ffn_chunks: self.ffn_chunks,
+            activations: ActivationOptions {
+                recompute: self.recompute.recompute(),
+                offload_residual: self.offload.residual(),
+                offload_activations: self.offload.activations(),
+                lmhead_chunks: self.lmhead_chunks,
+                ffn_chunks: self.ffn_chunks,
+            },
             seed: self.seed,
             ckpt_interval: self.ckpt_interval,
             checkpoint_dir: self
@@ -427,24 +423,6 @@ impl TrainArgs {
             eval_num_steps: positive[4].1,
             debug_log_abs_max: self.debug_log_abs_max,
             grad_sum_after_backward: self.grad_sum_after_backward,
-        })
-    }
-
-    /// What `smelt plan` is asked for `--fit-memory`: this run, its memory flags to choose.
-    fn plan_request(&self, options: &Options) -> Result<plan::Request> {
-        let (config, _) = crate::train::trainer::model_config(options)?;
-        Ok(plan::Request {
-            config,
-            batch: options.batch_size,
-            seq: options.seq_len,
-            micro_steps: options.grad_accumulation,
-            model_dtype: options.model_dtype,
-            matmul: options.matmul,
-            optimizer: options.optimizer.clone(),
-            gpus: self.gpus,
-            lmhead_chunks: None,
-            ffn_chunks: None,
-            allow_zero_2: !options.grad_sum_after_backward,
         })
     }
 
@@ -500,48 +478,6 @@ fn demo_report<B: Backend>(b: &B, summary: &Summary, options: &Options) -> Resul
         .as_ref()
         .expect("the demo always writes a model");
     demo_sample(b, out, options.seed)
-}
-
-/// `--model` names a HF model directory, or one of the built-in architectures (see
-/// `model::presets`) to train from random weights.
-pub(super) fn model_source(model: &std::path::Path, from_scratch: bool) -> Result<ModelSource> {
-    // A path that exists is a directory, even where it shares a preset's name.
-    if model.exists() {
-        return Ok(ModelSource::Dir {
-            path: model.to_path_buf(),
-            from_scratch,
-        });
-    }
-    let Some(name) = model
-        .to_str()
-        .filter(|name| presets::names().contains(name))
-    else {
-        bail!(
-            "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json) or one of {}",
-            model.display(),
-            presets::names().join(", ")
-        );
-    };
-    if !from_scratch {
-        bail!(
-            "--model {name} is a built-in architecture without weights: add --from-scratch to train it from random weights"
-        );
-    }
-    Ok(ModelSource::Config {
-        name: name.to_string(),
-        config: presets::preset(name)?.to_hf_json(),
-    })
-}
-
-/// The config of `--model` (a directory, of which only config.json is read, or a built-in
-/// architecture), resolved as `smelt train --from-scratch` resolves it.
-pub(super) fn model_config(model: &str) -> Result<ModelConfig> {
-    match model_source(std::path::Path::new(model), true)? {
-        ModelSource::Config { name, config } => {
-            ModelConfig::from_json(&config, &format!("the config of {name}"))
-        }
-        ModelSource::Dir { path, .. } => hf::read_config(&path),
-    }
 }
 
 /// The demo's closing sample, from the model it just exported.

@@ -3,12 +3,13 @@
 //!
 //! `Comm` is what the trainer asks of them. Three implementations: `Solo` (one rank, nothing
 //! to exchange), `InProcess` (any backend: tensors pass through host memory, so that the
-//! multi-rank logic runs and is tested on the CPU) and, on GPUs, NCCL
-//! (`backend::cuda::nccl`). Host values (losses, token counts) always meet in a `Group`, since
-//! every rank is a thread of this process.
+//! multi-rank logic runs and is tested on the CPU) and, on GPUs, `nccl::Nccl`. Host values
+//! (losses, token counts) always meet in a `Group`, since every rank is a thread of this
+//! process. `ranks` starts the ranks and runs a command's body on each.
 
 pub mod group;
 pub mod in_process;
+pub mod nccl;
 pub mod ranks;
 
 use std::sync::Arc;

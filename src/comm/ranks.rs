@@ -1,16 +1,70 @@
-//! Runs one thread per rank and reports how the run ended: rank 0's result, or the error of
-//! the rank that failed first (not what its failure caused in the others, such as the
-//! "another rank failed" of those it released), or that the ranks stalled.
+//! The ranks of a run (`--gpus N`): `on_ranks` runs a command's body once per rank, each on
+//! its own device and thread, joined by the collectives that fit the device (NCCL between
+//! GPUs, host memory between CPU ranks), or once on the device already open when N is 1.
+//! `run` starts one thread per rank and reports how the run ended: rank 0's result, or the
+//! error of the rank that failed first (not what its failure caused in the others, such as
+//! the "another rank failed" of those it released), or that the ranks stalled.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail, ensure};
 
-use super::Member;
 use super::group::{Failure, Group};
+use super::nccl::{Nccl, UniqueId};
+use super::{Comm, InProcess, Member, Solo};
+use crate::backend::Backend;
+use crate::backend::cpu::Cpu;
+use crate::backend::cuda::{Cuda, device};
+use crate::backend::select::Device;
+
+/// What each rank runs: the same code on every backend.
+pub trait RankMain: Sync {
+    type Output: Send;
+    fn run<B: Backend>(&self, b: &B, comm: &dyn Comm<B>) -> Result<Self::Output>;
+}
+
+/// Runs `main` on `gpus` ranks of `device`'s kind, whose meetings give up on a stuck rank
+/// after `timeout`; rank 0's output, or the error of the rank that failed first.
+pub fn on_ranks<M: RankMain + Send + 'static>(
+    device: Device,
+    gpus: usize,
+    timeout: Duration,
+    main: M,
+) -> Result<M::Output>
+where
+    M::Output: 'static,
+{
+    if gpus == 0 {
+        bail!("--gpus 0: give the number of devices to train on, 1 or more");
+    }
+    let main = Arc::new(main);
+    match device {
+        Device::Cpu(b) if gpus == 1 => main.run(&b, &Solo),
+        Device::Cuda(b) if gpus == 1 => main.run(&b, &Solo),
+        Device::Cpu(_) => run(gpus, timeout, move |member| {
+            main.run(&Cpu::<f32>::new(), &InProcess { member })
+        }),
+        Device::Cuda(first) => {
+            let count = device::gpu_count()?;
+            ensure!(
+                gpus <= count,
+                "--gpus {gpus}: the driver reports {count} GPU(s); check nvidia-smi and \
+                 CUDA_VISIBLE_DEVICES, or ask for fewer"
+            );
+            // Each rank opens its own GPU on its own thread.
+            drop(first);
+            let id = UniqueId::new()?;
+            run(gpus, timeout, move |member| {
+                let b = Cuda::new(member.rank)?;
+                let comm = Nccl::new(&b, id, member)?;
+                main.run(&b, &comm)
+            })
+        }
+    }
+}
 
 /// How often the caller looks whether the ranks have ended.
 const POLL: Duration = Duration::from_millis(20);

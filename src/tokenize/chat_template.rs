@@ -17,7 +17,7 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value};
 
 use super::document::Piece;
-use super::jsonl::shown;
+use super::shown::shown;
 
 pub struct ChatTemplate {
     env: Environment<'static>,

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 
 use super::chat_template::{ChatTemplate, Conversation, Turns};
 use super::document::{Document, Sink};
+use super::shown::shown;
 
 /// Which fields hold a document.
 pub enum Fields {
@@ -107,11 +108,6 @@ fn list_field<'a>(
         )),
         None => Err(missing(object, field)),
     }
-}
-
-/// The start of a value, to show in an error.
-pub(super) fn shown(value: &Value) -> String {
-    value.to_string().chars().take(40).collect()
 }
 
 fn missing(object: &Map<String, Value>, field: &str) -> String {

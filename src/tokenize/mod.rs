@@ -7,8 +7,8 @@
 //!
 //! Files: `inputs` (globs and formats), the readers `txt`, `jsonl`, `parquet`, `encoder` and
 //! `eos` (the tokenizer), `chat_template` (conversations into trained and untrained pieces),
-//! `outputs` (shards and the eval split), `pipeline` (threads and batches), `progress` and
-//! `summary`.
+//! `outputs` (shards and the eval split), `pipeline` (threads and batches), `progress`,
+//! `summary`, and `shown` (a JSON value quoted in an error).
 
 pub mod chat_template;
 mod document;
@@ -20,6 +20,7 @@ pub mod outputs;
 mod parquet;
 mod pipeline;
 mod progress;
+mod shown;
 pub mod summary;
 mod txt;
 

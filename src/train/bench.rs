@@ -18,13 +18,12 @@ use anyhow::{Result, bail};
 
 use super::console::memory_total;
 use super::metrics;
-use super::optimizer::{AdamWState, Offload, OptimizerOptions};
+use super::optimizer::AdamWState;
+use super::options::{ActivationOptions, Offload, OptimizerOptions};
 use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
 use crate::comm::Solo;
-use crate::model::{
-    Gradients, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
-};
+use crate::model::{Gradients, LossOptions, MatmulPrecision, ModelConfig, Transformer};
 use crate::rng::Rng;
 use crate::tensor::DType;
 
@@ -45,13 +44,9 @@ pub struct BenchOptions {
     /// Untimed steps before them.
     pub warmup: usize,
     pub matmul: MatmulPrecision,
-    pub recompute: Recompute,
+    pub activations: ActivationOptions,
+    /// The optimizer state in host memory.
     pub offload: Offload,
-    pub offload_residual: bool,
-    pub offload_activations: bool,
-    pub lmhead_chunks: usize,
-    /// `ModelOptions::ffn_chunks`.
-    pub ffn_chunks: usize,
     /// Also time each op (`BenchReport::ops`).
     pub op_times: bool,
 }
@@ -120,22 +115,9 @@ pub fn run<B: Backend>(
         bail!("--steps must be at least 1");
     }
     let flops_per_token = config.training_flops_per_token(o.seq);
-    let model = Transformer::new(
-        b,
-        config,
-        ModelOptions {
-            batch: o.batch,
-            seq: o.seq,
-            dtype: DType::BF16,
-            recompute: o.recompute,
-            offload_residual: o.offload_residual,
-            offload_activations: o.offload_activations,
-            lmhead_chunks: o.lmhead_chunks,
-            ffn_chunks: o.ffn_chunks,
-            matmul: o.matmul,
-            gradients: Gradients::All,
-        },
-    )?;
+    let options =
+        (o.activations).model_options(o.batch, o.seq, DType::BF16, o.matmul, Gradients::All);
+    let model = Transformer::new(b, config, options)?;
     model.init_weights(b, SEED)?;
     let optimizer = OptimizerOptions {
         offload: o.offload,

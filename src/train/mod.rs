@@ -1,6 +1,7 @@
-//! Training: the loop and everything around it — data loading, the optimizer, the
-//! learning-rate schedule, checkpoints, logs, the console — plus sampling and the built-in
-//! demo. It sees the model only through `Transformer`'s public methods and any `Backend`.
+//! Training: the loop and everything around it — data loading, the optimizer and its ZeRO
+//! sharding, the learning-rate schedule, checkpoints, logs, the console — plus the benchmark
+//! and the built-in demo. It sees the model only through `Transformer`'s public methods and
+//! any `Backend`.
 
 pub mod bench;
 pub mod checkpoint;
@@ -11,8 +12,6 @@ pub mod log;
 pub mod metrics;
 pub mod optimizer;
 pub mod options;
-pub mod plan;
-pub mod sample;
 pub mod schedule;
 pub mod step_losses;
 pub mod trainer;

@@ -13,8 +13,8 @@
 //! rank the others'), so the ranks add their shares of the gradient norm.
 
 use anyhow::Result;
-use serde::{Deserialize, Serialize};
 
+use super::options::OptimizerOptions;
 use super::zero;
 use crate::backend::{AdamW, AdamWTensor, Backend, Range};
 use crate::comm::Comm;
@@ -23,34 +23,6 @@ use crate::model::params::ParamSpec;
 use crate::model::{Params, Transformer};
 use crate::rng::Rng;
 use crate::tensor::{DType, Tensor, TensorSpec};
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct OptimizerOptions {
-    pub beta_1: f64,
-    pub beta_2: f64,
-    pub adam_eps: f64,
-    pub weight_decay: f64,
-    /// Global gradient-norm clip; 0 disables it.
-    pub grad_clip: f64,
-    pub opt_m_dtype: DType,
-    pub opt_v_dtype: DType,
-    /// The dtype of a master copy of the weights; `None` updates the weights in place.
-    pub master_dtype: Option<DType>,
-    /// Which of the state lives in host memory.
-    pub offload: Offload,
-    /// 1: the state is sharded over the ranks (ZeRO-1); 0: every rank keeps all of it.
-    pub zero_level: u8,
-}
-
-/// Which optimizer state lives in host memory (llm.q's `--offload-*`). The update reads and
-/// writes it over the bus once per step, which costs that traffic at PCIe speed and saves
-/// its size in device memory. Where the state lives changes no result.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Offload {
-    pub master: bool,
-    pub opt_m: bool,
-    pub opt_v: bool,
-}
 
 pub struct AdamWState<B: Backend> {
     pub options: OptimizerOptions,

@@ -1,13 +1,16 @@
-//! A training run's settings, resolved from the command line (or the demo's defaults).
+//! A training run's settings, resolved from the command line (or the demo's defaults): where
+//! the model comes from, and the groups that the planner and the benchmark share, how the
+//! activations are kept and the optimizer's settings.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::optimizer::OptimizerOptions;
 use super::schedule::Decay;
-use crate::model::{MatmulPrecision, Recompute};
+use crate::io::hf;
+use crate::model::{Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, presets};
 use crate::tensor::DType;
 
 /// Where the model comes from.
@@ -19,6 +22,72 @@ pub enum ModelSource {
     Config { name: String, config: Value },
     /// A HF model directory: its weights, or only its config with `from_scratch`.
     Dir { path: PathBuf, from_scratch: bool },
+}
+
+impl ModelSource {
+    /// `--model`: a HF model directory, or one of the built-in architectures (see
+    /// `model::presets`) to train from random weights.
+    pub fn new(model: &Path, from_scratch: bool) -> Result<ModelSource> {
+        // A path that exists is a directory, even where it shares a preset's name.
+        if model.exists() {
+            return Ok(ModelSource::Dir {
+                path: model.to_path_buf(),
+                from_scratch,
+            });
+        }
+        let Some(name) = model
+            .to_str()
+            .filter(|name| presets::names().contains(name))
+        else {
+            bail!(
+                "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json) or one of {}",
+                model.display(),
+                presets::names().join(", ")
+            );
+        };
+        if !from_scratch {
+            bail!(
+                "--model {name} is a built-in architecture without weights: add --from-scratch to train it from random weights"
+            );
+        }
+        Ok(ModelSource::Config {
+            name: name.to_string(),
+            config: presets::preset(name)?.to_hf_json(),
+        })
+    }
+
+    /// The config of `model` (a directory, of which only config.json is read, or a built-in
+    /// architecture), resolved as `smelt train --from-scratch` resolves it.
+    pub fn architecture(model: &str) -> Result<ModelConfig> {
+        Ok(ModelSource::new(Path::new(model), true)?.config()?.0)
+    }
+
+    /// The model's config, and the directory it came from (whose tokenizer files belong to
+    /// it).
+    pub fn config(&self) -> Result<(ModelConfig, Option<PathBuf>)> {
+        match self {
+            ModelSource::Config { name, config } => Ok((
+                ModelConfig::from_json(config, &format!("the config of {name}"))?,
+                None,
+            )),
+            ModelSource::Dir { path, from_scratch } => {
+                let config = hf::read_config(path)?;
+                if !from_scratch
+                    && ![hf::WEIGHTS, hf::INDEX]
+                        .iter()
+                        .any(|f| path.join(f).exists())
+                {
+                    bail!(
+                        "--model {}: no {} (or {}) to fine-tune; pass --from-scratch to train its config from random weights",
+                        path.display(),
+                        hf::WEIGHTS,
+                        hf::INDEX
+                    );
+                }
+                Ok((config, Some(path.clone())))
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -43,14 +112,8 @@ pub struct Options {
     /// `--matmul-dtype` with `--gradient-dtype`; listed (and warned about) under the first.
     #[serde(rename = "matmul_dtype")]
     pub matmul: MatmulPrecision,
-    pub recompute: Recompute,
-    /// `--offload-residual`: the residual stream in host memory (`ModelOptions`).
-    pub offload_residual: bool,
-    /// `--offload-activations`: every other activation kept per layer in host memory.
-    pub offload_activations: bool,
-    pub lmhead_chunks: usize,
-    /// `ModelOptions::ffn_chunks`.
-    pub ffn_chunks: usize,
+    #[serde(flatten)]
+    pub activations: ActivationOptions,
     pub seed: u64,
     /// Steps between checkpoints; 0 for none.
     pub ckpt_interval: u64,
@@ -113,4 +176,76 @@ pub struct Defaults {
     pub model_dtype: DType,
     pub eval_every_n_steps: u64,
     pub eval_num_steps: usize,
+}
+
+/// How a run keeps the activations its backward reads: what it recomputes, what it keeps in
+/// host memory, and in how many chunks the LM head and the MLP run. `smelt plan` chooses
+/// them, with the optimizer's offload and ZeRO level.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ActivationOptions {
+    pub recompute: Recompute,
+    /// `--offload-residual`: the residual stream in host memory.
+    pub offload_residual: bool,
+    /// `--offload-activations`: every other activation kept per layer in host memory.
+    pub offload_activations: bool,
+    pub lmhead_chunks: usize,
+    /// `ModelOptions::ffn_chunks`.
+    pub ffn_chunks: usize,
+}
+
+impl ActivationOptions {
+    /// The model's options for training on micro-batches of `batch` sequences of `seq`
+    /// tokens, its weights and activations in `dtype`, keeping the gradients `gradients`
+    /// says.
+    pub fn model_options(
+        &self,
+        batch: usize,
+        seq: usize,
+        dtype: DType,
+        matmul: MatmulPrecision,
+        gradients: Gradients,
+    ) -> ModelOptions {
+        ModelOptions {
+            batch,
+            seq,
+            dtype,
+            recompute: self.recompute,
+            offload_residual: self.offload_residual,
+            offload_activations: self.offload_activations,
+            lmhead_chunks: self.lmhead_chunks,
+            ffn_chunks: self.ffn_chunks,
+            matmul,
+            gradients,
+        }
+    }
+}
+
+/// AdamW's settings, and where its state lives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerOptions {
+    pub beta_1: f64,
+    pub beta_2: f64,
+    pub adam_eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip; 0 disables it.
+    pub grad_clip: f64,
+    pub opt_m_dtype: DType,
+    pub opt_v_dtype: DType,
+    /// The dtype of a master copy of the weights; `None` updates the weights in place.
+    pub master_dtype: Option<DType>,
+    /// Which of the state lives in host memory.
+    pub offload: Offload,
+    /// 1: the state is sharded over the ranks (ZeRO-1); 2: the blocks' gradients too
+    /// (ZeRO-2); 0: every rank keeps all of it.
+    pub zero_level: u8,
+}
+
+/// Which optimizer state lives in host memory (llm.q's `--offload-*`). The update reads and
+/// writes it over the bus once per step, which costs that traffic at PCIe speed and saves
+/// its size in device memory. Where the state lives changes no result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offload {
+    pub master: bool,
+    pub opt_m: bool,
+    pub opt_v: bool,
 }

@@ -35,9 +35,7 @@ use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::hf;
-use crate::model::{
-    GradEvent, Gradients, LossOptions, ModelConfig, ModelOptions, Params, Transformer,
-};
+use crate::model::{GradEvent, Gradients, LossOptions, Params, Transformer};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
@@ -54,7 +52,7 @@ pub struct Summary {
 pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summary> {
     let root = comm.rank() == 0;
     // 1) Everything that reads the user's input, before anything is written.
-    let (config, model_dir) = model_config(o)?;
+    let (config, model_dir) = o.model.config()?;
     let data = DataSet::open(&o.train_file, "--train-file", config.vocab_size, o.seq_len)?;
     let eval = (o.eval_file.as_deref())
         .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
@@ -95,23 +93,11 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     // 2) Startup: options, device, model, memory.
     let layout = Params::layout(&config, o.model_dtype);
     let owners = zero::owners_of(&layout, comm.world(), &o.optimizer);
-    let model = Transformer::new(
-        b,
-        config.clone(),
-        ModelOptions {
-            batch: o.batch_size,
-            seq: o.seq_len,
-            dtype: o.model_dtype,
-            recompute: o.recompute,
-            offload_residual: o.offload_residual,
-            offload_activations: o.offload_activations,
-            lmhead_chunks: o.lmhead_chunks,
-            ffn_chunks: o.ffn_chunks,
-            matmul: o.matmul,
-            gradients: (owners.and_then(|w| w.kept_blocks(comm.rank())))
-                .map_or(Gradients::All, Gradients::Kept),
-        },
-    )?;
+    let gradients =
+        (owners.and_then(|w| w.kept_blocks(comm.rank()))).map_or(Gradients::All, Gradients::Kept);
+    let options =
+        (o.activations).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
+    let model = Transformer::new(b, config.clone(), options)?;
     // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
     if root {
         check_out_dir(o)?;
@@ -169,32 +155,6 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     run.train_loop()?;
     run.finish(model_dir.as_deref())?;
     Ok(run.summary)
-}
-
-/// The model's config, and the directory it came from (whose tokenizer files belong to it).
-pub fn model_config(o: &Options) -> Result<(ModelConfig, Option<PathBuf>)> {
-    match &o.model {
-        ModelSource::Config { name, config } => Ok((
-            ModelConfig::from_json(config, &format!("the config of {name}"))?,
-            None,
-        )),
-        ModelSource::Dir { path, from_scratch } => {
-            let config = hf::read_config(path)?;
-            if !from_scratch
-                && ![hf::WEIGHTS, hf::INDEX]
-                    .iter()
-                    .any(|f| path.join(f).exists())
-            {
-                bail!(
-                    "--model {}: no {} (or {}) to fine-tune; pass --from-scratch to train its config from random weights",
-                    path.display(),
-                    hf::WEIGHTS,
-                    hf::INDEX
-                );
-            }
-            Ok((config, Some(path.clone())))
-        }
-    }
 }
 
 /// What must not change for a run to continue from a checkpoint, by flag.

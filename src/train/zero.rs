@@ -7,7 +7,7 @@
 //! update is the one an unsharded run computes, bit for bit: AdamW treats every element on
 //! its own, seeded by its tensor's place in the model, not by its place in a rank's share.
 
-use super::optimizer::OptimizerOptions;
+use super::options::OptimizerOptions;
 use crate::model::Params;
 use crate::model::params::ParamSpec;
 

@@ -29,10 +29,9 @@ mod matmul;
 mod matmul_algos;
 mod memory;
 mod multi_tensor;
-pub mod nccl;
 pub mod nvrtc;
 mod op_timer;
-mod pending;
+pub(crate) mod pending;
 mod rmsnorm;
 mod rope;
 mod swiglu;
@@ -56,8 +55,8 @@ use super::{Backend, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 pub struct Cuda {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
     /// Where `start_copy` runs, beside the compute stream.
     copies: Arc<CudaStream>,
     /// The end of the last copy into or out of each tensor.
@@ -80,7 +79,7 @@ fn blocks(n: usize, per: usize) -> u32 {
 }
 
 /// The device address of a tensor's first element.
-fn ptr(t: &Tensor<Cuda>) -> u64 {
+pub(crate) fn ptr(t: &Tensor<Cuda>) -> u64 {
     t.storage.address(t.offset, t.dtype.size_bytes())
 }
 

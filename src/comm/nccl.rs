@@ -25,10 +25,10 @@ use anyhow::{Context, Result, bail, ensure};
 use cudarc::driver::{CudaStream, result::stream};
 use cudarc::nccl::{result, sys};
 
-use super::pending::Pending;
-use super::{Cuda, ptr};
-use crate::comm::group::Group;
-use crate::comm::{Comm, Member};
+use super::group::Group;
+use super::{Comm, Member};
+use crate::backend::cuda::pending::Pending;
+use crate::backend::cuda::{Cuda, ptr};
 use crate::tensor::{DType, Tensor};
 
 pub struct Nccl {

@@ -1,5 +1,5 @@
-//! `smelt plan`: which recompute, offload, ZeRO and LM-head choices fit a run into a memory
-//! budget, and which of those is fastest.
+//! The memory planner behind `smelt plan` and `--fit-memory`: which recompute, offload,
+//! ZeRO and LM-head choices fit a run into a memory budget, and which of those is fastest.
 //!
 //! Memory is counted from the same plans that `Transformer::new` and `AdamWState::new`
 //! allocate (`ModelPlan`, `StatePlan`), so it is exact for what smelt allocates up front;
@@ -10,18 +10,18 @@
 
 pub mod cost;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use self::cost::{StepCost, Workload};
-use super::console::{Categories, category_bytes};
-use super::optimizer::{Offload, OptimizerOptions, StatePlan};
-use super::step_losses::rows_spec;
-use super::zero;
 use crate::backend::datasheet::Datasheet;
-use crate::model::{
-    Gradients, MatmulPrecision, ModelConfig, ModelOptions, ModelPlan, Params, Recompute, grads,
-};
+use crate::model::{Gradients, MatmulPrecision, ModelConfig, ModelPlan, Params, Recompute, grads};
 use crate::tensor::DType;
+use crate::train::bench::{self, BenchOptions};
+use crate::train::console::{Categories, category_bytes};
+use crate::train::optimizer::StatePlan;
+use crate::train::options::{ActivationOptions, Offload, OptimizerOptions};
+use crate::train::step_losses::rows_spec;
+use crate::train::{Options, zero};
 
 /// Device memory a run needs beyond its planned tensors: the CUDA context, cuBLASLt's
 /// workspace, the kernels' scratch and, with several GPUs, NCCL's buffers.
@@ -48,6 +48,44 @@ pub struct Request {
     pub allow_zero_2: bool,
 }
 
+impl Request {
+    /// What `--fit-memory` asks for a training run: `options` on `gpus` GPUs, its memory
+    /// flags to choose.
+    pub fn for_training(options: &Options, gpus: usize) -> Result<Request> {
+        Ok(Request {
+            config: options.model.config()?.0,
+            batch: options.batch_size,
+            seq: options.seq_len,
+            micro_steps: options.grad_accumulation,
+            model_dtype: options.model_dtype,
+            matmul: options.matmul,
+            optimizer: options.optimizer.clone(),
+            gpus,
+            lmhead_chunks: None,
+            ffn_chunks: None,
+            allow_zero_2: !options.grad_sum_after_backward,
+        })
+    }
+
+    /// What `--fit-memory` asks for the run `bench::run` makes: bf16 weights and the
+    /// benchmark's optimizer, on one GPU.
+    pub fn for_bench(config: ModelConfig, options: &BenchOptions) -> Request {
+        Request {
+            config,
+            batch: options.batch,
+            seq: options.seq,
+            micro_steps: 1,
+            model_dtype: DType::BF16,
+            matmul: options.matmul,
+            optimizer: bench::bf16_adamw_options(),
+            gpus: 1,
+            lmhead_chunks: None,
+            ffn_chunks: None,
+            allow_zero_2: true,
+        }
+    }
+}
+
 /// Bytes available on each GPU (after `DEVICE_RESERVE`) and in host memory (for all ranks).
 #[derive(Clone, Copy, Debug)]
 pub struct Budget {
@@ -58,19 +96,17 @@ pub struct Budget {
 /// What the plan chooses.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Choice {
-    pub recompute: Recompute,
-    pub offload_residual: bool,
-    pub offload_activations: bool,
+    pub activations: ActivationOptions,
+    /// The optimizer state in host memory.
     pub offload: Offload,
     pub zero_level: u8,
-    pub lmhead_chunks: usize,
-    pub ffn_chunks: usize,
 }
 
 impl Choice {
     /// The `smelt train` flags that make this choice.
     pub fn flags(&self) -> Vec<String> {
-        let r = self.recompute;
+        let a = self.activations;
+        let r = a.recompute;
         let o = self.offload;
         let mut flags: Vec<String> = [
             (r.block, "--recompute-block"),
@@ -79,8 +115,8 @@ impl Choice {
             (!r.block && r.norm, "--recompute-norm"),
             (!r.block && r.qkv, "--recompute-qkv"),
             (!r.block && r.att, "--recompute-att"),
-            (self.offload_residual, "--offload-residual"),
-            (self.offload_activations, "--offload-activations"),
+            (a.offload_residual, "--offload-residual"),
+            (a.offload_activations, "--offload-activations"),
             (o.opt_m, "--offload-opt-m"),
             (o.opt_v, "--offload-opt-v"),
             (o.master, "--offload-master"),
@@ -89,9 +125,9 @@ impl Choice {
         .filter(|f| f.0)
         .map(|f| f.1.to_string())
         .collect();
-        flags.push(format!("--lmhead-chunks {}", self.lmhead_chunks));
-        if self.ffn_chunks > 1 {
-            flags.push(format!("--ffn-chunks {}", self.ffn_chunks));
+        flags.push(format!("--lmhead-chunks {}", a.lmhead_chunks));
+        if a.ffn_chunks > 1 {
+            flags.push(format!("--ffn-chunks {}", a.ffn_chunks));
         }
         if self.zero_level > 0 {
             flags.push(format!("--zero-level {}", self.zero_level));
@@ -255,18 +291,20 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         for (offload_residual, offload_activations) in activation_offloads {
             for &lmhead_chunks in &chunks {
                 for &ffn_chunks in &ffn_chunks {
-                    let options = ModelOptions {
-                        batch: r.batch,
-                        seq: r.seq,
-                        dtype: r.model_dtype,
+                    let activations = ActivationOptions {
                         recompute,
                         offload_residual,
                         offload_activations,
                         lmhead_chunks,
                         ffn_chunks,
-                        matmul: r.matmul,
-                        gradients: Gradients::All,
                     };
+                    let options = activations.model_options(
+                        r.batch,
+                        r.seq,
+                        r.model_dtype,
+                        r.matmul,
+                        Gradients::All,
+                    );
                     let model = ModelPlan::new(&r.config, &options)?;
                     let losses = model.losses();
                     let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
@@ -276,9 +314,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
                     memory.retain(|c| c.0 != "gradients");
                     memory.push(("losses", vec![losses]));
                     let (device, host) = (bytes(&memory), bytes(&model.offloaded()));
-                    let chunks = (lmhead_chunks, ffn_chunks);
-                    let offloads = (offload_residual, offload_activations);
-                    models.push((recompute, offloads, chunks, device, host));
+                    models.push((activations, device, host));
                 }
             }
         }
@@ -332,18 +368,14 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         fp8: r.matmul.is_fp8(),
     };
     let mut out = Vec::with_capacity(models.len() * states.len());
-    for (recompute, offloads, (lmhead_chunks, ffn_chunks), model, model_host) in &models {
+    for (activations, model, model_host) in &models {
         // What crosses the bus each way for one block, on each rank.
         let block_bytes = total(model_host) / r.config.num_layers as u64;
         for (offload, zero_level, device, host, bus) in &states {
             let choice = Choice {
-                recompute: *recompute,
-                offload_residual: offloads.0,
-                offload_activations: offloads.1,
+                activations: *activations,
                 offload: *offload,
                 zero_level: *zero_level,
-                lmhead_chunks: *lmhead_chunks,
-                ffn_chunks: *ffn_chunks,
             };
             out.push(Candidate {
                 choice,
@@ -400,4 +432,20 @@ fn offload_choices(master: bool) -> Vec<Offload> {
         })
         .filter(|o| master || !o.master)
         .collect()
+}
+
+/// Host memory a plan may pin: the kernel's estimate of what new allocations can take
+/// without swapping, less a tenth for what is not planned (the data loader, the page cache
+/// the data files are read through, the process's own allocations), since pinned memory
+/// cannot be swapped out when those grow.
+pub fn available_host_memory() -> Result<u64> {
+    let path = "/proc/meminfo";
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {path} for the host memory"))?;
+    let kib = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .with_context(|| format!("{path} has no MemAvailable line"))?;
+    Ok(kib * 1024 / 10 * 9)
 }

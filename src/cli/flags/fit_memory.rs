@@ -4,11 +4,11 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use super::plan::{available_host_memory, gib_bytes};
+use super::gib_bytes;
 use crate::backend::datasheet::datasheet;
 use crate::backend::select::Device;
+use crate::plan::{self, Choice, Fit, Request, available_host_memory};
 use crate::train::console::gib;
-use crate::train::plan::{self, Choice, Fit, Request};
 
 #[derive(Args, Debug)]
 pub struct FitMemoryFlag {

@@ -4,7 +4,7 @@
 
 use clap::Args;
 
-use crate::train::optimizer::Offload;
+use crate::train::options::Offload;
 
 #[derive(Args, Debug)]
 pub struct OffloadFlags {

@@ -78,14 +78,14 @@ impl Workload<'_> {
         let base = passes
             * (rest / (STEP_SHARE * gpu.bf16_flops)
                 + attention / (ATTENTION_SHARE * gpu.bf16_flops));
-        let per_token = self.recompute_seconds_per_token(gpu, choice.recompute);
+        let per_token = self.recompute_seconds_per_token(gpu, choice.activations.recompute);
         let head_grad_bytes = (2 * c.vocab_size * c.hidden_size * self.element_bytes) as f64;
         let mlp_grad_bytes =
             (2 * 3 * c.intermediate_size * c.hidden_size * self.element_bytes * c.num_layers)
                 as f64;
         let chunks = self.micro_steps as f64
-            * ((choice.lmhead_chunks - 1) as f64 * head_grad_bytes
-                + (choice.ffn_chunks - 1) as f64 * mlp_grad_bytes)
+            * ((choice.activations.lmhead_chunks - 1) as f64 * head_grad_bytes
+                + (choice.activations.ffn_chunks - 1) as f64 * mlp_grad_bytes)
             / (BANDWIDTH_SHARE * gpu.memory_bandwidth);
         StepCost {
             base,
@@ -160,17 +160,20 @@ mod tests {
     use super::Workload;
     use crate::backend::datasheet::datasheet;
     use crate::model::{ModelConfig, Recompute, presets};
-    use crate::train::plan::Choice;
+    use crate::plan::Choice;
+    use crate::train::options::ActivationOptions;
 
     fn choice(recompute: Recompute, lmhead_chunks: usize) -> Choice {
         Choice {
-            recompute,
-            offload_residual: false,
-            offload_activations: false,
+            activations: ActivationOptions {
+                recompute,
+                offload_residual: false,
+                offload_activations: false,
+                lmhead_chunks,
+                ffn_chunks: 1,
+            },
             offload: Default::default(),
             zero_level: 0,
-            lmhead_chunks,
-            ffn_chunks: 1,
         }
     }
 
@@ -234,9 +237,10 @@ mod tests {
         // --offload-residual, each row with and without it in one call: 212.0 → 211.3 ms,
         // with --recompute-block 257.3 → 257.6, and at 128k 11,877 → 11,808 ms. Nothing
         // measurable: the copies hide behind the blocks.
-        let offloaded = |r: Recompute, chunks| Choice {
-            offload_residual: true,
-            ..choice(r, chunks)
+        let offloaded = |r: Recompute, chunks| {
+            let mut offloaded = choice(r, chunks);
+            offloaded.activations.offload_residual = true;
+            offloaded
         };
         for (w, r, chunks) in [
             (&w, Recompute::default(), 1),
@@ -292,10 +296,8 @@ mod tests {
             ),
             (w, ffn, 1, 32_768 * kept(&half_b, false), Some(86.0)),
         ] {
-            let choice = Choice {
-                offload_activations: true,
-                ..offloaded(r, chunks)
-            };
+            let mut choice = offloaded(r, chunks);
+            choice.activations.offload_activations = true;
             let cost = w.cost(h100, &choice, 0, block_bytes);
             match step_ms {
                 None => assert!(cost.activations < 0.01 * cost.total(), "{cost:?}"),

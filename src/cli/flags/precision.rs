@@ -4,12 +4,9 @@
 use anyhow::{Result, bail};
 use clap::Args;
 
+use super::dtype;
 use crate::model::MatmulPrecision;
 use crate::tensor::DType;
-
-pub(super) fn dtype(name: &str) -> Result<DType, String> {
-    DType::parse(name).ok_or_else(|| format!("unknown dtype `{name}`; use f32 or bf16"))
-}
 
 #[derive(Args, Debug)]
 pub struct PrecisionFlags {
