@@ -198,10 +198,8 @@ fn draw_error<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 /// One chart of `lines` against the step, the y range fitted to their values.
 fn panel(
-    area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
-    title: &str,
-    steps: std::ops::Range<u64>,
-    lines: &[Line],
+    area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, title: &str,
+    steps: std::ops::Range<u64>, lines: &[Line],
 ) -> Result<()> {
     let values = lines.iter().flat_map(|(_, m, _, _)| m.values().copied());
     let (lo, hi) = values

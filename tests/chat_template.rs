@@ -103,8 +103,7 @@ const FAMILIES: [Family; 2] = [
 
 /// The trained tokens of a token file, decoded run by run.
 fn trained_runs(
-    file: &smelt::data::tokfile::TokenFile,
-    tokenizer: &std::path::Path,
+    file: &smelt::data::tokfile::TokenFile, tokenizer: &std::path::Path,
 ) -> Vec<String> {
     let decoder = tokenizers::Tokenizer::from_file(tokenizer.join("tokenizer.json")).unwrap();
     let decode = |run: &[i32]| {

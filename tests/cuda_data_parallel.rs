@@ -134,9 +134,7 @@ fn nccl_reduces_to_one_rank_and_waits_before_reuse() {
 /// for that sum and then meets again. Runs detached, so that a hang fails the test instead
 /// of blocking it. The run's error, and how long it took.
 fn rank_1_leaves_a_sum_unjoined(
-    timeout: Duration,
-    connected: bool,
-    rank_1_then: fn() -> anyhow::Result<()>,
+    timeout: Duration, connected: bool, rank_1_then: fn() -> anyhow::Result<()>,
 ) -> (String, Duration) {
     let id = UniqueId::new().unwrap();
     let (report, reported) = std::sync::mpsc::channel();

@@ -122,11 +122,7 @@ impl Mlp<Cuda> {
 /// SwiGLU's output (and with `amax`, its abs-max) must be swiglu.cu's of the fused kernel's own
 /// gate/up, bit for bit.
 fn swiglu_of_its_gate_up(
-    test: &str,
-    gpu: &Cuda,
-    gate_up: &Tensor<Cuda>,
-    fused: &Outputs,
-    amax: bool,
+    test: &str, gpu: &Cuda, gate_up: &Tensor<Cuda>, fused: &Outputs, amax: bool,
 ) {
     let f = gate_up.cols() / 2;
     let again = tensor(

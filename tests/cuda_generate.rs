@@ -107,9 +107,7 @@ fn sampling_speed_at_qwen2_5_0_5b() {
 /// the prompt's length: the prompt's one pass, each token's pass alone (the host enqueues,
 /// the device runs), the logits read back, and the ops' device time.
 fn decode_step_costs(
-    gpu: &smelt::backend::cuda::Cuda,
-    config: &smelt::model::ModelConfig,
-    prompt: &[i32],
+    gpu: &smelt::backend::cuda::Cuda, config: &smelt::model::ModelConfig, prompt: &[i32],
 ) {
     let n = prompt.len();
     let mut model = Transformer::new(

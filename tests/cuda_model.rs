@@ -31,10 +31,7 @@ struct Bounds {
 /// Runs one step of `config` on both backends and checks each micro-batch's loss and every
 /// accumulated gradient.
 fn compare(
-    test: &str,
-    config: &ModelConfig,
-    gpu_opts: ModelOptions,
-    cpu_opts: ModelOptions,
+    test: &str, config: &ModelConfig, gpu_opts: ModelOptions, cpu_opts: ModelOptions,
     bounds: Bounds,
 ) {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());

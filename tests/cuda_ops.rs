@@ -35,11 +35,7 @@ fn amax<B: Backend>(b: &B) -> Tensor<B> {
 /// odd `skip`, a view aligned only to its element, as `narrow_rows` can make, which the
 /// kernels must detect and move element by element.
 fn shifted<B: Backend>(
-    b: &B,
-    shape: &[usize],
-    dtype: DType,
-    values: &[f32],
-    skip: usize,
+    b: &B, shape: &[usize], dtype: DType, values: &[f32], skip: usize,
 ) -> Tensor<B> {
     let padded: Vec<f32> = std::iter::repeat_n(0.0, skip)
         .chain(values.iter().copied())
@@ -108,13 +104,7 @@ fn embedding_forward_and_backward() {
     );
     #[allow(clippy::too_many_arguments)]
     fn run<B: Backend>(
-        b: &B,
-        dtype: DType,
-        acc: bool,
-        tokens: &[i32],
-        wte: &[f32],
-        dout: &[f32],
-        dwte0: &[f32],
+        b: &B, dtype: DType, acc: bool, tokens: &[i32], wte: &[f32], dout: &[f32], dwte0: &[f32],
         (v, c): (usize, usize),
     ) -> Outputs {
         let n = tokens.len();
@@ -182,16 +172,8 @@ fn rmsnorm_case(gpu: &impl Backend, cpu: &Cpu<f32>, n: usize, c: usize, skip: us
     );
     #[allow(clippy::too_many_arguments)]
     fn run<B: Backend>(
-        b: &B,
-        dtype: DType,
-        acc: bool,
-        (n, c, skip): (usize, usize, usize),
-        x: &[f32],
-        branch: &[f32],
-        w: &[f32],
-        dy: &[f32],
-        dx0: &[f32],
-        dw0: &[f32],
+        b: &B, dtype: DType, acc: bool, (n, c, skip): (usize, usize, usize), x: &[f32],
+        branch: &[f32], w: &[f32], dy: &[f32], dx0: &[f32], dw0: &[f32],
     ) -> Outputs {
         let t = |v: &[f32]| shifted(b, &[n, c], dtype, v, skip);
         let stat = || tensor(b, &[n], DType::F32, &vec![0.0; n]);
@@ -334,14 +316,8 @@ fn head_rmsnorm_forward_and_backward() {
         );
         #[allow(clippy::too_many_arguments)]
         fn run<B: Backend>(
-            b: &B,
-            dtype: DType,
-            acc: bool,
-            (rows, s, heads): (usize, AttnShape, usize),
-            x: &[f32],
-            dy: &[f32],
-            (qw, kw): (&[f32], &[f32]),
-            dw0: &[f32],
+            b: &B, dtype: DType, acc: bool, (rows, s, heads): (usize, AttnShape, usize), x: &[f32],
+            dy: &[f32], (qw, kw): (&[f32], &[f32]), dw0: &[f32],
         ) -> Outputs {
             let (w, d) = (s.qkv_width(), s.head_dim);
             let x = tensor(b, &[rows, w], dtype, x);
@@ -422,14 +398,8 @@ fn matmul_all_modes() {
         );
         #[allow(clippy::too_many_arguments)]
         fn run<B: Backend>(
-            b: &B,
-            dtype: DType,
-            (m, k, n, skip): (usize, usize, usize, usize),
-            x: &[f32],
-            w: &[f32],
-            dy: &[f32],
-            bias: &[f32],
-            acc0: &[f32],
+            b: &B, dtype: DType, (m, k, n, skip): (usize, usize, usize, usize), x: &[f32],
+            w: &[f32], dy: &[f32], bias: &[f32], acc0: &[f32],
         ) -> Outputs {
             let t = |shape: &[usize], v: &[f32]| tensor(b, shape, dtype, v);
             let x = t(&[m + skip, k], x).narrow_rows(skip, skip + m);
@@ -484,12 +454,7 @@ fn bias_backward() {
     for (n, c, skip) in [(8192, 1152, 0), (300, 904, 1), (257, 37, 0)] {
         let (dy, db0) = (normal(n * c, 1.0, 17), normal(c, 1.0, 18));
         fn run<B: Backend>(
-            b: &B,
-            dtype: DType,
-            acc: bool,
-            skip: usize,
-            dy: &[f32],
-            db0: &[f32],
+            b: &B, dtype: DType, acc: bool, skip: usize, dy: &[f32], db0: &[f32],
         ) -> Outputs {
             let c = db0.len();
             let n = dy.len() / c;
@@ -563,10 +528,7 @@ fn rope_forward_and_backward() {
         x[5 * s.qkv_width() + (s.q_heads + s.kv_heads) * s.head_dim + 3] = -40.0;
         let bias = normal(s.qkv_width(), 1.0, 23);
         fn run<B: Backend>(
-            b: &B,
-            dtype: DType,
-            (s, skip): (AttnShape, usize),
-            (x, bias): (&[f32], &[f32]),
+            b: &B, dtype: DType, (s, skip): (AttnShape, usize), (x, bias): (&[f32], &[f32]),
             table: &[f32],
         ) -> Outputs {
             let shape = [s.batch * s.seq, s.qkv_width()];
@@ -902,12 +864,7 @@ fn cross_entropy_case(gpu: &impl Backend, cpu: &Cpu<f32>, v: usize) {
     logits[9 * v..9 * v + masked].fill(f32::NEG_INFINITY);
     targets[9] = v as i32 - 1;
     fn run<B: Backend>(
-        b: &B,
-        dtype: DType,
-        v: usize,
-        logits: &[f32],
-        targets: &[i32],
-        grad: Option<f32>,
+        b: &B, dtype: DType, v: usize, logits: &[f32], targets: &[i32], grad: Option<f32>,
     ) -> Outputs {
         let rows = targets.len();
         let l = tensor(b, &[rows, v], dtype, logits);
@@ -1050,10 +1007,7 @@ fn adamw_matches_the_cpu_bit_for_bit() {
     /// `values` viewed `skip` elements into a fresh tensor that has a guard element after
     /// them too: (the view, the whole tensor).
     fn guarded<B: Backend>(
-        b: &B,
-        dtype: DType,
-        skip: usize,
-        values: &[f32],
+        b: &B, dtype: DType, skip: usize, values: &[f32],
     ) -> (Tensor<B>, Tensor<B>) {
         let guard = -1.5;
         let mut all = vec![guard; skip];
@@ -1211,12 +1165,8 @@ fn quantize_matches_the_cpu_bit_for_bit() {
         x[r * c / 2] = -5000.0;
         #[allow(clippy::too_many_arguments)]
         fn run<B: Backend>(
-            b: &B,
-            x_dtype: DType,
-            dtype: DType,
-            (rows, cols): (bool, bool),
-            (r, c): (usize, usize),
-            x: &[f32],
+            b: &B, x_dtype: DType, dtype: DType, (rows, cols): (bool, bool),
+            (r, c): (usize, usize), x: &[f32],
         ) -> Outputs {
             let xt = tensor(b, &[r, c], x_dtype, x);
             let zeros = tensor(b, &[r, c], x_dtype, &vec![0.0; r * c]);
@@ -1288,13 +1238,8 @@ fn quantize_fused_with_column_sums_matches_the_cpu() {
         let (x, db0) = (normal(r * c, 1.0, 52), normal(c, 1.0, 53));
         #[allow(clippy::too_many_arguments)]
         fn run<B: Backend>(
-            b: &B,
-            x_dtype: DType,
-            (rows, cols): (bool, bool),
-            accumulate: bool,
-            (r, c): (usize, usize),
-            x: &[f32],
-            db0: &[f32],
+            b: &B, x_dtype: DType, (rows, cols): (bool, bool), accumulate: bool,
+            (r, c): (usize, usize), x: &[f32], db0: &[f32],
         ) -> Outputs {
             let xt = tensor(b, &[r, c], x_dtype, x);
             let found = amax(b);
@@ -1384,14 +1329,8 @@ fn matmul_scaled_matches_the_cpu() {
         );
         #[allow(clippy::too_many_arguments)]
         fn run<B: Backend>(
-            b: &B,
-            (a_dtype, b_dtype): (DType, DType),
-            sum: Fp8Sum,
-            (m, n, k): (usize, usize, usize),
-            x: &[f32],
-            w: &[f32],
-            bias: &[f32],
-            acc0: &[f32],
+            b: &B, (a_dtype, b_dtype): (DType, DType), sum: Fp8Sum,
+            (m, n, k): (usize, usize, usize), x: &[f32], w: &[f32], bias: &[f32], acc0: &[f32],
         ) -> Outputs {
             // bf16 values quantized with their own abs-max, as the model does.
             let quantized = |values: &[f32], rows: usize, dtype: DType| {

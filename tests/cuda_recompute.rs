@@ -19,10 +19,7 @@ const STEPS: u64 = 5;
 
 /// Per-token losses of every step, and the final weights, at `batch` × `seq`.
 fn train_shape<B: Backend>(
-    gpu: &B,
-    config: &ModelConfig,
-    (batch, seq): (usize, usize),
-    o: impl FnOnce(&mut ModelOptions),
+    gpu: &B, config: &ModelConfig, (batch, seq): (usize, usize), o: impl FnOnce(&mut ModelOptions),
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
     let mut options = options(batch, seq, DType::BF16, Recompute::default(), 2);
     o(&mut options);
@@ -40,10 +37,7 @@ fn train_shape<B: Backend>(
 
 /// `train_shape` at 2 × 256 with `recompute` and `matmul`.
 fn train<B: Backend>(
-    gpu: &B,
-    config: &ModelConfig,
-    recompute: Recompute,
-    matmul: MatmulPrecision,
+    gpu: &B, config: &ModelConfig, recompute: Recompute, matmul: MatmulPrecision,
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
     train_shape(gpu, config, (2, 256), |o| {
         o.recompute = recompute;

@@ -10,10 +10,7 @@ use smelt::tensor::DType;
 const Z_LOSS: f32 = 1e-2;
 
 fn mean_loss(
-    cpu: &Cpu<f64>,
-    model: &mut Transformer<Cpu<f64>>,
-    tokens: &[i32],
-    targets: &[i32],
+    cpu: &Cpu<f64>, model: &mut Transformer<Cpu<f64>>, tokens: &[i32], targets: &[i32],
 ) -> f64 {
     model.forward_loss(cpu, tokens, targets, Z_LOSS).unwrap();
     model.loss_sum(cpu).unwrap() / trained_tokens(targets) as f64

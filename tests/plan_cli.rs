@@ -27,11 +27,7 @@ fn planned(config: &ModelConfig, micro_steps: usize, fp8: bool, choice: Choice) 
 
 /// `planned` on `gpus` GPUs: the figures of the GPU that needs the most.
 fn planned_on(
-    gpus: usize,
-    config: &ModelConfig,
-    micro_steps: usize,
-    fp8: bool,
-    choice: Choice,
+    gpus: usize, config: &ModelConfig, micro_steps: usize, fp8: bool, choice: Choice,
 ) -> Candidate {
     let request = Request {
         config: config.clone(),
@@ -112,10 +108,7 @@ fn train_steps(setup: &Setup, log: &std::path::Path, steps: &str, flags: &[&str]
 
 /// The command line of `train_steps`.
 fn train_args<'a>(
-    setup: &'a Setup,
-    log: &'a std::path::Path,
-    steps: &'a str,
-    flags: &[&'a str],
+    setup: &'a Setup, log: &'a std::path::Path, steps: &'a str, flags: &[&'a str],
 ) -> Vec<&'a str> {
     let mut args = vec![
         "train",
@@ -573,10 +566,7 @@ fn fit_memory_leaves_zero_2_out_when_the_sums_come_after_the_backward() {
 /// The least device memory any choice needs for the tiny model at `batch` × 16, with
 /// `optimizer`.
 fn least_device_bytes(
-    config: &ModelConfig,
-    optimizer: OptimizerOptions,
-    batch: usize,
-    micro_steps: usize,
+    config: &ModelConfig, optimizer: OptimizerOptions, batch: usize, micro_steps: usize,
 ) -> u64 {
     let request = Request {
         config: config.clone(),

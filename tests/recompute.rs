@@ -23,21 +23,15 @@ const FP8: MatmulPrecision = MatmulPrecision::Fp8 {
 
 /// Per-token losses and gradients after two accumulated micro-steps.
 fn run(
-    recompute: Recompute,
-    offloads: Offloads,
-    (dtype, matmul): Precision,
-    config: &ModelConfig,
+    recompute: Recompute, offloads: Offloads, (dtype, matmul): Precision, config: &ModelConfig,
 ) -> Outcome {
     run_chunked(recompute, offloads, (dtype, matmul), config, 1)
 }
 
 /// `run` with the MLP over the tokens in `ffn_chunks` chunks.
 fn run_chunked(
-    recompute: Recompute,
-    (offload_residual, offload_activations): Offloads,
-    (dtype, matmul): Precision,
-    config: &ModelConfig,
-    ffn_chunks: usize,
+    recompute: Recompute, (offload_residual, offload_activations): Offloads,
+    (dtype, matmul): Precision, config: &ModelConfig, ffn_chunks: usize,
 ) -> Outcome {
     let cpu = Cpu::<f32>::new();
     let (batch_size, seq) = (3, 7);

@@ -26,10 +26,7 @@ pub struct InProcess {
 impl InProcess {
     /// Replaces `tensors` by their sums over the ranks on every rank, or on `root` only.
     fn sum_into<B: Backend>(
-        &self,
-        b: &B,
-        tensors: &[&Tensor<B>],
-        root: Option<usize>,
+        &self, b: &B, tensors: &[&Tensor<B>], root: Option<usize>,
     ) -> Result<()> {
         let mut mine = Vec::with_capacity(tensors.iter().map(|t| t.numel()).sum());
         for t in tensors {

@@ -142,9 +142,7 @@ impl Nccl {
     /// since the last meeting then releases them with an error, where NCCL would wait for it
     /// for ever.
     fn grouped<T>(
-        &self,
-        what: &str,
-        items: &[T],
+        &self, what: &str, items: &[T],
         launch: impl Fn(&T, sys::ncclComm_t) -> Result<sys::ncclResult_t>,
     ) -> Result<()> {
         self.member.sum(&[])?;

@@ -29,10 +29,7 @@ pub trait RankMain: Sync {
 /// Runs `main` on `gpus` ranks of `device`'s kind, whose meetings give up on a stuck rank
 /// after `timeout`; rank 0's output, or the error of the rank that failed first.
 pub fn on_ranks<M: RankMain + Send + 'static>(
-    device: Device,
-    gpus: usize,
-    timeout: Duration,
-    main: M,
+    device: Device, gpus: usize, timeout: Duration, main: M,
 ) -> Result<M::Output>
 where
     M::Output: 'static,
@@ -75,8 +72,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// `timeout` after the group failed is stuck where nothing reaches it (a kernel that does
 /// not end, say); it is left behind, to end with the process, rather than hang the caller.
 pub fn run<T: Send + 'static>(
-    world: usize,
-    timeout: Duration,
+    world: usize, timeout: Duration,
     rank_main: impl Fn(Member) -> Result<T> + Send + Sync + 'static,
 ) -> Result<T> {
     let group = Group::new(world, timeout);

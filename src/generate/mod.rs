@@ -42,10 +42,7 @@ pub struct Generator<B: Backend> {
 impl<B: Backend> Generator<B> {
     /// A generator with weights of `dtype`, which `load` fills in.
     pub fn new(
-        b: &B,
-        config: ModelConfig,
-        dtype: DType,
-        load: impl FnOnce(&Transformer<B>) -> Result<()>,
+        b: &B, config: ModelConfig, dtype: DType, load: impl FnOnce(&Transformer<B>) -> Result<()>,
     ) -> Result<Self> {
         let max_context = config.max_position_embeddings.max(1);
         let model = Transformer::new(b, config, ModelOptions::forward_only(1, dtype))?;
@@ -58,10 +55,7 @@ impl<B: Backend> Generator<B> {
     /// newest half (the cache is refilled from those tokens), so that long outputs pay for
     /// the refill once every half context rather than at every token.
     pub fn generate(
-        &mut self,
-        b: &B,
-        prompt: &[i32],
-        o: &SampleOptions,
+        &mut self, b: &B, prompt: &[i32], o: &SampleOptions,
         mut emit: impl FnMut(i32) -> Result<()>,
     ) -> Result<Vec<i32>> {
         if prompt.is_empty() {
@@ -110,10 +104,7 @@ impl<B: Backend> Generator<B> {
     /// Runs `context` through the model in one pass, filling a new cache of `capacity`
     /// positions; returns the cache and the logits of the context's last position.
     fn prompt_pass(
-        &self,
-        b: &B,
-        context: &[i32],
-        capacity: usize,
+        &self, b: &B, context: &[i32], capacity: usize,
     ) -> Result<(KvCache<B>, Vec<f32>)> {
         let options = ModelOptions::forward_only(context.len(), self.model.options.dtype);
         let mut pass = Transformer::sharing_weights(b, &self.model, options)?;

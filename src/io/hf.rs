@@ -177,10 +177,7 @@ pub fn check_export_dir(out_dir: &Path, model_dir: Option<&Path>) -> Result<()> 
 /// Writes `config.json` and `model.safetensors` (tensors stored as `dtype`) into `out_dir`,
 /// each atomically. The caller has checked `out_dir` with `check_export_dir`.
 pub fn export<B: Backend>(
-    b: &B,
-    model: &Transformer<B>,
-    out_dir: &Path,
-    dtype: DType,
+    b: &B, model: &Transformer<B>, out_dir: &Path, dtype: DType,
 ) -> Result<()> {
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("{}: cannot create the output directory", out_dir.display()))?;

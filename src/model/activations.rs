@@ -56,12 +56,7 @@ impl Plans {
     /// again); offloaded (if kept per layer, and `offload`), two slots on the device and one
     /// per layer in host memory.
     fn stash(
-        &mut self,
-        name: &str,
-        shape: &[usize],
-        dtype: DType,
-        shared: bool,
-        offload: bool,
+        &mut self, name: &str, shape: &[usize], dtype: DType, shared: bool, offload: bool,
     ) -> StashPlan {
         let l = self.layers;
         let (device, host) = match (shared, offload) {
@@ -221,12 +216,8 @@ impl ActivationPlan {
     /// norms' (their projections normalize as they quantize, `linear::Input`), so theirs go
     /// unused.
     pub fn new(
-        s: &ActivationShape,
-        recompute: Recompute,
-        fp8: bool,
-        offload: ActivationOffload,
-        dtype: DType,
-        stat_dtype: DType,
+        s: &ActivationShape, recompute: Recompute, fp8: bool, offload: ActivationOffload,
+        dtype: DType, stat_dtype: DType,
     ) -> Self {
         let mut p = Plans {
             device: Plan { specs: vec![] },
@@ -301,9 +292,7 @@ impl ActivationPlan {
 
     /// The activations, from tensors allocated for `specs` and `offloaded` in their order.
     pub fn build<B: Backend>(
-        &self,
-        t: Vec<Tensor<B>>,
-        offloaded: Vec<Tensor<B>>,
+        &self, t: Vec<Tensor<B>>, offloaded: Vec<Tensor<B>>,
     ) -> Activations<B> {
         let stash = |p: &StashPlan| {
             Stash::new(

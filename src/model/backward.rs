@@ -37,11 +37,7 @@ impl<B: Backend> Transformer<B> {
     /// Forward and backward of one micro-batch. `tokens` and `targets` are `[B·T]`; the
     /// per-token losses stay on the device (see `loss_sum`).
     pub fn forward_backward(
-        &mut self,
-        b: &B,
-        tokens: &[i32],
-        targets: &[i32],
-        loss: LossOptions,
+        &mut self, b: &B, tokens: &[i32], targets: &[i32], loss: LossOptions,
     ) -> Result<()> {
         self.forward_hidden(b, tokens)?;
         self.backward(b, targets, loss, &mut |_| Ok(()))
@@ -50,11 +46,7 @@ impl<B: Backend> Transformer<B> {
     /// The second half of `forward_backward`, after `forward_hidden`: the LM head and its
     /// loss, then every block's backward, telling `events` of the parameter gradients.
     pub fn backward(
-        &mut self,
-        b: &B,
-        targets: &[i32],
-        loss: LossOptions,
-        events: &mut GradEvents<B>,
+        &mut self, b: &B, targets: &[i32], loss: LossOptions, events: &mut GradEvents<B>,
     ) -> Result<()> {
         ensure!(
             self.options.gradients != Gradients::Absent,

@@ -217,11 +217,7 @@ impl<B: Backend> Transformer<B> {
     }
 
     fn post_norm_of(
-        &self,
-        b: &B,
-        l: usize,
-        inp: &Tensor<B>,
-        residual: Option<ResidualAdd<'_, B>>,
+        &self, b: &B, l: usize, inp: &Tensor<B>, residual: Option<ResidualAdd<'_, B>>,
     ) -> Result<()> {
         let (a, w) = (&self.acts, self.layer_weights(l));
         let eps = self.config.rms_norm_eps as f32;

@@ -19,10 +19,7 @@ impl<B: Backend> Transformer<B> {
     /// blocks' work: a block's stashes are made ready before it runs, and start their way out
     /// once it is done.
     pub(crate) fn forward_blocks(
-        &mut self,
-        b: &B,
-        tokens: &[i32],
-        cache: Option<&KvCache<B>>,
+        &mut self, b: &B, tokens: &[i32], cache: Option<&KvCache<B>>,
     ) -> Result<()> {
         let _forward = Range::begin(b, format_args!("forward"));
         let (a, p) = (&self.acts, &self.params);

@@ -117,9 +117,7 @@ pub(crate) struct Fp8Plan {
 impl Fp8Plan {
     /// The specs of every buffer for `precision`; `None` when the matmuls are not FP8.
     pub fn new(
-        precision: MatmulPrecision,
-        shape: &Fp8Shape,
-        layout: &Params<ParamSpec>,
+        precision: MatmulPrecision, shape: &Fp8Shape, layout: &Params<ParamSpec>,
     ) -> Option<Self> {
         let MatmulPrecision::Fp8 { forward, gradient } = precision else {
             return None;
@@ -306,11 +304,7 @@ impl<B: Backend> Fp8State<B> {
     /// `out = x · wᵀ (+ bias)` with x and w in FP8; x is also stashed transposed for the
     /// backward.
     pub fn forward(
-        &self,
-        b: &B,
-        (l, lin): (usize, Linear),
-        out: &Tensor<B>,
-        x: Input<'_, B>,
+        &self, b: &B, (l, lin): (usize, Linear), out: &Tensor<B>, x: Input<'_, B>,
         bias: Option<&Tensor<B>>,
     ) -> Result<()> {
         self.with_operands(b, (l, lin), x, |x8, w8| {
@@ -322,12 +316,7 @@ impl<B: Backend> Fp8State<B> {
     /// its abs-max where the down projection's input quantization reads it; the backend may do
     /// both in one kernel.
     pub fn gate_up_swiglu(
-        &self,
-        b: &B,
-        l: usize,
-        gate_up: &Tensor<B>,
-        swiglu: &Tensor<B>,
-        x: Input<'_, B>,
+        &self, b: &B, l: usize, gate_up: &Tensor<B>, swiglu: &Tensor<B>, x: Input<'_, B>,
     ) -> Result<()> {
         let amax = self.input_amax(l, Linear::Down);
         self.with_operands(b, (l, Linear::GateUp), x, |x8, w8| {
@@ -338,10 +327,7 @@ impl<B: Backend> Fp8State<B> {
     /// Quantizes `x` (normalizing it first, if it is a norm's output), stashing it transposed
     /// for the backward, and runs `matmul` on it and the weight's FP8 copy.
     fn with_operands(
-        &self,
-        b: &B,
-        (l, lin): (usize, Linear),
-        x: Input<'_, B>,
+        &self, b: &B, (l, lin): (usize, Linear), x: Input<'_, B>,
         matmul: impl FnOnce(Operand<'_, B>, Operand<'_, B>) -> Result<()>,
     ) -> Result<()> {
         let LinearCopies { weight: w, input } = &self.linears[l][lin as usize];
@@ -367,13 +353,8 @@ impl<B: Backend> Fp8State<B> {
 
     /// `dx = dy · w`, `dw (+)= dyᵀ · x` and `db (+)= Σ dy`, as `with_gradient` runs them.
     pub fn backward(
-        &self,
-        b: &B,
-        (l, lin): (usize, Linear),
-        dx: &Tensor<B>,
-        grads: (&Tensor<B>, Option<&Tensor<B>>),
-        dy: &Tensor<B>,
-        accumulate: bool,
+        &self, b: &B, (l, lin): (usize, Linear), dx: &Tensor<B>,
+        grads: (&Tensor<B>, Option<&Tensor<B>>), dy: &Tensor<B>, accumulate: bool,
     ) -> Result<()> {
         self.with_gradient(b, (l, lin), grads, dy, accumulate, |dy8, w8| {
             b.matmul(dx, dy8, w8, None, Matmul::FORWARD)
@@ -385,13 +366,8 @@ impl<B: Backend> Fp8State<B> {
     /// backward quantizes it; the backend may do the second in one kernel, leaving `dh`
     /// (where it would put `dy · w`) untouched.
     pub fn down_swiglu_backward(
-        &self,
-        b: &B,
-        l: usize,
-        (gate_up, dh): (&Tensor<B>, &Tensor<B>),
-        dw: &Tensor<B>,
-        dy: &Tensor<B>,
-        accumulate: bool,
+        &self, b: &B, l: usize, (gate_up, dh): (&Tensor<B>, &Tensor<B>), dw: &Tensor<B>,
+        dy: &Tensor<B>, accumulate: bool,
     ) -> Result<()> {
         let amax = self.grad_amax(l, Linear::GateUp);
         self.with_gradient(
@@ -411,12 +387,8 @@ impl<B: Backend> Fp8State<B> {
     /// input gradient sums fast, as the forward does: its K is a model width. The weight
     /// gradient's K is every token of the batch, so it is promoted.
     fn with_gradient(
-        &self,
-        b: &B,
-        (l, lin): (usize, Linear),
-        (dw, db): (&Tensor<B>, Option<&Tensor<B>>),
-        dy: &Tensor<B>,
-        accumulate: bool,
+        &self, b: &B, (l, lin): (usize, Linear), (dw, db): (&Tensor<B>, Option<&Tensor<B>>),
+        dy: &Tensor<B>, accumulate: bool,
         input_gradient: impl FnOnce(Operand<'_, B>, Operand<'_, B>) -> Result<()>,
     ) -> Result<()> {
         let (n, outs) = (dy.matrix_rows(), dy.cols());

@@ -39,9 +39,7 @@ pub fn specs(layout: &Params<ParamSpec>, kept: Option<&[bool]>) -> Vec<TensorSpe
 /// The gradient tensors of `layout` from the allocation of `specs(layout, kept)`: the
 /// blocks not kept alias the slots.
 pub fn build<B: Backend>(
-    layout: &Params<ParamSpec>,
-    kept: Option<&[bool]>,
-    mut tensors: Vec<Tensor<B>>,
+    layout: &Params<ParamSpec>, kept: Option<&[bool]>, mut tensors: Vec<Tensor<B>>,
 ) -> Params<Tensor<B>> {
     let Some(kept) = kept else {
         return from_list(layout, tensors);
@@ -79,8 +77,7 @@ pub fn build<B: Backend>(
 }
 
 fn kept_blocks<'a, T>(
-    layout: &'a Params<T>,
-    kept: &'a [bool],
+    layout: &'a Params<T>, kept: &'a [bool],
 ) -> impl Iterator<Item = &'a LayerParams<T>> {
     (layout.layers.iter().zip(kept))
         .filter(|(_, k)| **k)

@@ -28,11 +28,7 @@ impl<B: Backend> Transformer<B> {
     /// Per-token losses of `lnf` against `targets`, left in `losses`; with `train` given, also
     /// the gradient of `lnf` into `dln` and the head's weight gradient.
     pub(crate) fn head(
-        &self,
-        b: &B,
-        targets: &[i32],
-        z_loss: f32,
-        train: Option<LossOptions>,
+        &self, b: &B, targets: &[i32], z_loss: f32, train: Option<LossOptions>,
     ) -> Result<()> {
         let (a, head) = (&self.acts, self.params.head());
         b.upload_i32(&a.targets, targets)?;
@@ -74,11 +70,7 @@ impl<B: Backend> Transformer<B> {
 
     /// Forward only: per-token losses stay on the device (see `loss_sum`).
     pub fn forward_loss(
-        &mut self,
-        b: &B,
-        tokens: &[i32],
-        targets: &[i32],
-        z_loss: f32,
+        &mut self, b: &B, tokens: &[i32], targets: &[i32], z_loss: f32,
     ) -> Result<()> {
         self.forward_hidden(b, tokens)?;
         self.head(b, targets, z_loss, None)

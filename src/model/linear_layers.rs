@@ -67,10 +67,7 @@ impl<B: Backend> LinearLayers<B> {
 
     /// `out = x · wᵀ (+ bias)` for layer `l`'s `lin`, of weights `w`.
     pub fn forward(
-        &self,
-        b: &B,
-        (l, lin, w): (usize, Linear, &LayerParams<Tensor<B>>),
-        out: &Tensor<B>,
+        &self, b: &B, (l, lin, w): (usize, Linear, &LayerParams<Tensor<B>>), out: &Tensor<B>,
         x: Input<'_, B>,
     ) -> Result<()> {
         let bias = lin.bias(w);
@@ -83,11 +80,8 @@ impl<B: Backend> LinearLayers<B> {
     /// The gate/up projection of `x` and SwiGLU of it into `swiglu`, reporting its abs-max
     /// where FP8 quantizes it next; the backend may do both in one kernel.
     pub fn gate_up_swiglu(
-        &self,
-        b: &B,
-        (l, w): (usize, &LayerParams<Tensor<B>>),
-        (gate_up, swiglu): (&Tensor<B>, &Tensor<B>),
-        x: Input<'_, B>,
+        &self, b: &B, (l, w): (usize, &LayerParams<Tensor<B>>),
+        (gate_up, swiglu): (&Tensor<B>, &Tensor<B>), x: Input<'_, B>,
     ) -> Result<()> {
         match &self.fp8 {
             Some(fp8) => fp8.gate_up_swiglu(b, l, gate_up, swiglu, x),
@@ -101,18 +95,14 @@ impl<B: Backend> LinearLayers<B> {
     /// forward's copy and the `x` given here is unused.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
-        &self,
-        b: &B,
+        &self, b: &B,
         (l, lin, w, g): (
             usize,
             Linear,
             &LayerParams<Tensor<B>>,
             &LayerParams<Tensor<B>>,
         ),
-        dx: &Tensor<B>,
-        dy: &Tensor<B>,
-        x: &Tensor<B>,
-        accumulate: bool,
+        dx: &Tensor<B>, dy: &Tensor<B>, x: &Tensor<B>, accumulate: bool,
     ) -> Result<()> {
         let (dw, db) = (lin.weight(g), lin.bias(g));
         match &self.fp8 {
@@ -134,11 +124,8 @@ impl<B: Backend> LinearLayers<B> {
     /// weight gradient reads first.
     #[allow(clippy::too_many_arguments)]
     pub fn down_swiglu_backward(
-        &self,
-        b: &B,
-        (l, w, g): (usize, &LayerParams<Tensor<B>>, &LayerParams<Tensor<B>>),
-        (gate_up, swiglu, dh): (&Tensor<B>, &Tensor<B>, &Tensor<B>),
-        dy: &Tensor<B>,
+        &self, b: &B, (l, w, g): (usize, &LayerParams<Tensor<B>>, &LayerParams<Tensor<B>>),
+        (gate_up, swiglu, dh): (&Tensor<B>, &Tensor<B>, &Tensor<B>), dy: &Tensor<B>,
         accumulate: bool,
     ) -> Result<()> {
         match &self.fp8 {

@@ -111,10 +111,7 @@ impl<B: Backend> Transformer<B> {
     /// Steps 6 and 7 for the tokens `rows`, into the first rows of the shared buffers: the
     /// chunk's gate/up and SwiGLU output.
     fn mlp_chunk_inner(
-        &self,
-        b: &B,
-        l: usize,
-        rows: &Range<usize>,
+        &self, b: &B, l: usize, rows: &Range<usize>,
     ) -> Result<(Tensor<B>, Tensor<B>)> {
         let (a, w) = (&self.acts, self.layer_weights(l));
         let len = rows.end - rows.start;

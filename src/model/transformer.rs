@@ -269,10 +269,7 @@ impl<B: Backend> Transformer<B> {
     }
 
     fn build(
-        backend: &B,
-        config: ModelConfig,
-        options: ModelOptions,
-        weights: Option<Params<Tensor<B>>>,
+        backend: &B, config: ModelConfig, options: ModelOptions, weights: Option<Params<Tensor<B>>>,
     ) -> Result<Self> {
         let plan = ModelPlan::new(&config, &options)?;
         let mut memory = plan.memory();

@@ -65,11 +65,7 @@ impl Workload<'_> {
     /// The cost of `choice`, with `offloaded_bytes` of optimizer state crossing the bus each
     /// way (the busiest rank's), and `block_bytes` of each block's activations.
     pub fn cost(
-        &self,
-        gpu: &Datasheet,
-        choice: &Choice,
-        offloaded_bytes: u64,
-        block_bytes: u64,
+        &self, gpu: &Datasheet, choice: &Choice, offloaded_bytes: u64, block_bytes: u64,
     ) -> StepCost {
         let c = self.config;
         let passes = (self.tokens * self.micro_steps) as f64;

@@ -336,8 +336,7 @@ fn python_json(value: &minijinja::Value, indent: Option<usize>) -> serde_json::R
         }
     }
     fn dumps<F: serde_json::ser::Formatter>(
-        value: &minijinja::Value,
-        formatter: F,
+        value: &minijinja::Value, formatter: F,
     ) -> serde_json::Result<Vec<u8>> {
         let mut out = Vec::new();
         let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);

@@ -24,10 +24,7 @@ const CONFIGS: [(&str, &str); 3] = [
 ];
 
 pub fn find(
-    tokenizer_file: &Path,
-    tokenizer: &Tokenizer,
-    flag: Option<u32>,
-    vocab_size: usize,
+    tokenizer_file: &Path, tokenizer: &Tokenizer, flag: Option<u32>, vocab_size: usize,
 ) -> Result<Eos> {
     let eos = |id: u32, source: String| -> Result<Eos> {
         if id as usize >= vocab_size {

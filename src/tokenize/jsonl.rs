@@ -96,9 +96,7 @@ pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
 
 /// The list (of `what`) in `field`, or what the line has instead.
 fn list_field<'a>(
-    object: &'a Map<String, Value>,
-    field: &str,
-    what: &str,
+    object: &'a Map<String, Value>, field: &str, what: &str,
 ) -> Result<&'a [Value], String> {
     match object.get(field) {
         Some(Value::Array(list)) => Ok(list),

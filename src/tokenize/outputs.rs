@@ -51,11 +51,7 @@ impl Outputs {
     /// Creates `dir` if needed and opens the first shard (and eval.bin), so that an unwritable
     /// directory fails before any work.
     pub fn create(
-        dir: &Path,
-        vocab_size: usize,
-        masked: bool,
-        shard_tokens: usize,
-        split: EvalSplit,
+        dir: &Path, vocab_size: usize, masked: bool, shard_tokens: usize, split: EvalSplit,
     ) -> Result<Outputs> {
         let name = dir.display();
         std::fs::create_dir_all(dir).with_context(|| format!("--out-dir {name}: cannot create"))?;

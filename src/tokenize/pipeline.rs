@@ -48,10 +48,7 @@ struct Batch {
 }
 
 pub fn run(
-    inputs: &[Input],
-    readers: &Readers,
-    encoder: &Encoder,
-    outputs: &mut Outputs,
+    inputs: &[Input], readers: &Readers, encoder: &Encoder, outputs: &mut Outputs,
     progress: &Progress,
 ) -> Result<Counts> {
     let batch_bytes = BATCH_BYTES_PER_THREAD * rayon::current_num_threads().max(4);
@@ -96,10 +93,7 @@ pub fn run(
 
 /// Reads every input in order, sending a batch whenever it holds `batch_bytes` of text.
 fn read_all(
-    inputs: &[Input],
-    readers: &Readers,
-    batch_bytes: usize,
-    tx: SyncSender<Batch>,
+    inputs: &[Input], readers: &Readers, batch_bytes: usize, tx: SyncSender<Batch>,
 ) -> Result<()> {
     let mut batch = Batch::default();
     let stopped = || anyhow!("stopped: writing the token files failed");

@@ -52,9 +52,7 @@ pub fn read(path: &Path, separator: Option<&str>, sink: &mut Sink) -> Result<()>
 /// with the piece's start and end (separator included) as byte offsets; reads `block` bytes at
 /// a time and holds at most one piece plus one block.
 fn split(
-    mut reader: impl Read,
-    sep: &[u8],
-    block: usize,
+    mut reader: impl Read, sep: &[u8], block: usize,
     mut emit: impl FnMut(Vec<u8>, u64, u64) -> Result<()>,
 ) -> Result<()> {
     assert!(!sep.is_empty(), "the separator is checked to be non-empty");

@@ -106,10 +106,7 @@ pub fn bf16_adamw_options() -> OptimizerOptions {
 /// Benchmarks `config` on `b`. `device_bytes` reads the device's own count of what is
 /// allocated, where it keeps one (it is called while everything is still allocated).
 pub fn run<B: Backend>(
-    b: &B,
-    config: ModelConfig,
-    o: &BenchOptions,
-    device_bytes: impl Fn(&B) -> Result<Option<u64>>,
+    b: &B, config: ModelConfig, o: &BenchOptions, device_bytes: impl Fn(&B) -> Result<Option<u64>>,
 ) -> Result<BenchReport> {
     if o.steps == 0 {
         bail!("--steps must be at least 1");

@@ -74,10 +74,7 @@ impl State {
     /// Refuses to continue from `saved` unless the model and fixed settings match. Returns
     /// the other options that changed (except those in `free`), to warn about.
     pub fn check_continues(
-        &self,
-        saved: &State,
-        path: &Path,
-        free: &[&str],
+        &self, saved: &State, path: &Path, free: &[&str],
     ) -> Result<Vec<String>> {
         let mut diffs = vec![];
         if saved.version != VERSION {
@@ -143,8 +140,7 @@ fn differences(saved: &Value, now: &Value) -> Vec<(String, String)> {
 
 /// Each tensor of `set` under its parameter name.
 fn named<'a, B: Backend>(
-    layout: &'a Params<ParamSpec>,
-    set: &'a Params<Tensor<B>>,
+    layout: &'a Params<ParamSpec>, set: &'a Params<Tensor<B>>,
 ) -> Named<'a, B> {
     layout
         .zip(set)
@@ -190,11 +186,7 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
 /// Writes a checkpoint of `state.step` into `dir` and points `latest` at it. Every rank
 /// calls it.
 pub fn save<B: Backend>(
-    b: &B,
-    comm: &dyn Comm<B>,
-    dir: &Path,
-    state: &State,
-    model: &Transformer<B>,
+    b: &B, comm: &dyn Comm<B>, dir: &Path, state: &State, model: &Transformer<B>,
     opt: &AdamWState<B>,
 ) -> Result<PathBuf> {
     let last = step_dir(dir, state.step);
@@ -277,10 +269,7 @@ pub fn read_state(checkpoint: &Path) -> Result<State> {
 
 /// Loads a checkpoint's weights and optimizer state into allocated tensors.
 pub fn load<B: Backend>(
-    b: &B,
-    checkpoint: &Path,
-    model: &Transformer<B>,
-    opt: &AdamWState<B>,
+    b: &B, checkpoint: &Path, model: &Transformer<B>, opt: &AdamWState<B>,
 ) -> Result<()> {
     for file in files(model, opt) {
         let path = checkpoint.join(format!("{}.safetensors", file.stem));

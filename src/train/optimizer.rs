@@ -66,10 +66,7 @@ pub struct StatePlan {
 
 impl StatePlan {
     pub fn new(
-        layout: &Params<ParamSpec>,
-        rank: usize,
-        world: usize,
-        options: &OptimizerOptions,
+        layout: &Params<ParamSpec>, rank: usize, world: usize, options: &OptimizerOptions,
     ) -> Self {
         let specs: Vec<&ParamSpec> = layout.iter().collect();
         let sharded = zero::owners_of(layout, world, options);
@@ -140,10 +137,7 @@ impl<B: Backend> AdamWState<B> {
     /// Allocates this rank's state for `model` and initialises it: zero moments, and the
     /// master copy (if any) equal to the current weights.
     pub fn new(
-        b: &B,
-        comm: &dyn Comm<B>,
-        model: &Transformer<B>,
-        options: OptimizerOptions,
+        b: &B, comm: &dyn Comm<B>, model: &Transformer<B>, options: OptimizerOptions,
     ) -> Result<Self> {
         let (rank, world) = (comm.rank(), comm.world());
         let plan = StatePlan::new(&model.layout, rank, world, &options);
@@ -218,13 +212,7 @@ impl<B: Backend> AdamWState<B> {
     /// run for the result to be bitwise the same. Sharded, this rank updates its share and
     /// `comm` brings every rank the others'.
     pub fn step(
-        &self,
-        b: &B,
-        comm: &dyn Comm<B>,
-        model: &Transformer<B>,
-        lr: f32,
-        step: u64,
-        seed: u64,
+        &self, b: &B, comm: &dyn Comm<B>, model: &Transformer<B>, lr: f32, step: u64, seed: u64,
     ) -> Result<()> {
         let _range = Range::begin(b, format_args!("optimizer"));
         let grads: Vec<&Tensor<B>> = model.grads().iter().collect();

@@ -198,11 +198,7 @@ impl ActivationOptions {
     /// tokens, its weights and activations in `dtype`, keeping the gradients `gradients`
     /// says.
     pub fn model_options(
-        &self,
-        batch: usize,
-        seq: usize,
-        dtype: DType,
-        matmul: MatmulPrecision,
+        &self, batch: usize, seq: usize, dtype: DType, matmul: MatmulPrecision,
         gradients: Gradients,
     ) -> ModelOptions {
         ModelOptions {

@@ -30,9 +30,7 @@ impl Owners {
 /// The owners of `layout`'s tensors over `world` ranks under `options.zero_level`; `None`
 /// where nothing is sharded (level 0, or one rank).
 pub fn owners_of(
-    layout: &Params<ParamSpec>,
-    world: usize,
-    options: &OptimizerOptions,
+    layout: &Params<ParamSpec>, world: usize, options: &OptimizerOptions,
 ) -> Option<Owners> {
     let numel = |p: &ParamSpec| p.tensor.numel();
     match options.zero_level {

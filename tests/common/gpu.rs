@@ -84,9 +84,7 @@ pub type Outputs = Vec<(&'static str, Vec<f32>)>;
 /// its tolerance. `tolerance` maps an output name to the bound, chosen by the caller.
 /// Returns the GPU's outputs for further checks.
 pub fn check_op(
-    test: &str,
-    gpu: impl Fn() -> Outputs,
-    cpu: impl Fn() -> Outputs,
+    test: &str, gpu: impl Fn() -> Outputs, cpu: impl Fn() -> Outputs,
     tolerance: impl Fn(&str) -> f64,
 ) -> Outputs {
     let (first, second, reference) = (gpu(), gpu(), cpu());
@@ -151,12 +149,7 @@ pub fn upload_weights<B: Backend>(b: &B, model: &Transformer<B>, weights: &[Vec<
 
 /// A small model config of `arch` (GQA when `kv_heads < heads`), for the GPU model tests.
 pub fn small_config(
-    arch: &str,
-    tied: bool,
-    hidden: usize,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
+    arch: &str, tied: bool, hidden: usize, heads: usize, kv_heads: usize, head_dim: usize,
 ) -> smelt::model::ModelConfig {
     let v = serde_json::json!({
         "architectures": [arch], "hidden_size": hidden, "intermediate_size": 2 * hidden,
@@ -197,10 +190,7 @@ pub fn small_configs() -> Vec<(&'static str, smelt::model::ModelConfig)> {
 /// `steps` optimizer steps of `model` on random batches seeded by the step (z-loss 1e-4,
 /// lr 1e-3, rounding seed 7): every step's per-token losses, in order.
 pub fn train_steps<B: Backend>(
-    b: &B,
-    model: &mut Transformer<B>,
-    optimizer: &AdamWState<B>,
-    steps: u64,
+    b: &B, model: &mut Transformer<B>, optimizer: &AdamWState<B>, steps: u64,
 ) -> Vec<f32> {
     let mut losses = vec![];
     for step in 1..=steps {
@@ -226,11 +216,7 @@ pub fn bf16_adamw<B: Backend>(b: &B, model: &Transformer<B>) -> AdamWState<B> {
 /// and (`Fused::Norm`) from the norm's input by a norm that stores nothing; with both
 /// norms' rstd and abs-max. The two ways must give the same bits.
 pub fn norm_quantizations<B: Backend>(
-    b: &B,
-    x_dtype: DType,
-    (r, c): (usize, usize),
-    x: &[f32],
-    w: &[f32],
+    b: &B, x_dtype: DType, (r, c): (usize, usize), x: &[f32], w: &[f32],
 ) -> Outputs {
     let (x, w) = (tensor(b, &[r, c], x_dtype, x), tensor(b, &[c], x_dtype, w));
     let zeros =

@@ -30,11 +30,7 @@ pub fn tiny_configs() -> Vec<(&'static str, ModelConfig)> {
 }
 
 pub fn options(
-    batch: usize,
-    seq: usize,
-    dtype: DType,
-    recompute: Recompute,
-    lmhead_chunks: usize,
+    batch: usize, seq: usize, dtype: DType, recompute: Recompute, lmhead_chunks: usize,
 ) -> ModelOptions {
     ModelOptions {
         batch,
@@ -106,10 +102,7 @@ pub fn max_abs(a: &[f64]) -> f64 {
 /// pass that fills a KV cache, then one token a pass by `model` (a model of one token a
 /// pass, `ModelOptions::forward_only(1, _)`).
 pub fn cached_logits<B: Backend>(
-    b: &B,
-    model: &mut Transformer<B>,
-    tokens: &[i32],
-    prompt: usize,
+    b: &B, model: &mut Transformer<B>, tokens: &[i32], prompt: usize,
 ) -> Vec<Vec<f32>> {
     let options = ModelOptions::forward_only(prompt, model.options.dtype);
     let mut prompt_pass = Transformer::sharing_weights(b, model, options).unwrap();

@@ -114,10 +114,7 @@ pub fn decode(ids: &[i32]) -> String {
 /// Writes `texts` as a Parquet file: an `id` column and an optional string column `column`
 /// (`None` entries are nulls), `rows_per_group` rows per row group.
 pub fn write_parquet(
-    path: &Path,
-    column: &str,
-    texts: &[Option<&str>],
-    rows_per_group: usize,
+    path: &Path, column: &str, texts: &[Option<&str>], rows_per_group: usize,
     compression: Compression,
 ) {
     let schema = parse_message_type(&format!(

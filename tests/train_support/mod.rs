@@ -125,9 +125,7 @@ pub fn copy_checkpoint(from: &Path, step: u64, to: &Path) {
 
 /// A copy of the tiny model's config in folder `name`, changed by `edit`.
 pub fn model_variant(
-    set: &Setup,
-    name: &str,
-    edit: impl FnOnce(&mut serde_json::Value),
+    set: &Setup, name: &str, edit: impl FnOnce(&mut serde_json::Value),
 ) -> PathBuf {
     let dir = set.root.join(name);
     std::fs::create_dir_all(&dir).unwrap();

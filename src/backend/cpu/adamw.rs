@@ -57,15 +57,8 @@ pub struct TensorHyper {
 /// so that the three errors are independent.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw<T: Scalar>(
-    param: &mut [T],
-    mut master: Option<&mut [T]>,
-    grad: &[T],
-    m: &mut [T],
-    v: &mut [T],
-    norm_sq: f64,
-    hp: &AdamW,
-    tensor_hp: &TensorHyper,
-    dtypes: &StateDtypes,
+    param: &mut [T], mut master: Option<&mut [T]>, grad: &[T], m: &mut [T], v: &mut [T],
+    norm_sq: f64, hp: &AdamW, tensor_hp: &TensorHyper, dtypes: &StateDtypes,
 ) {
     let scale = clip_scale(norm_sq, hp.grad_clip) as f32;
     let (b1, b2) = (hp.beta1, hp.beta2);
@@ -122,10 +115,7 @@ impl<T: Scalar> OptimizerOps for Cpu<T> {
     }
 
     fn adamw(
-        &self,
-        tensors: &[AdamWTensor<'_, Self>],
-        norm_sq: &Tensor<Self>,
-        hp: &AdamW,
+        &self, tensors: &[AdamWTensor<'_, Self>], norm_sq: &Tensor<Self>, hp: &AdamW,
     ) -> Result<()> {
         let norm_sq = self.floats(norm_sq)?[0].f64();
         for t in tensors {

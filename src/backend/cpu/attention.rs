@@ -47,11 +47,7 @@ fn scale<T: Scalar>(s: AttnShape) -> T {
 /// Query `t` of head `h` against keys and values `0..=t`: writes its output into `o_t` and
 /// returns its log-sum-exp. `scores` holds at least `t + 1` values.
 fn attend_row<T: Scalar>(
-    heads: &Heads<T>,
-    h: usize,
-    t: usize,
-    scores: &mut [T],
-    o_t: &mut [T],
+    heads: &Heads<T>, h: usize, t: usize, scores: &mut [T], o_t: &mut [T],
 ) -> T {
     let kvh = h / (heads.s.q_heads / heads.s.kv_heads);
     let q = heads.q(t, h);
@@ -121,12 +117,7 @@ pub fn attention_decode<T: Scalar>(out: &mut [T], qkv: &[T], s: AttnShape) {
 /// Writes `dqkv` from `dout`, using the saved `out` and `lse`:
 /// `dS = P ⊙ (dout·vᵀ − rowsum(dout ⊙ out))`, `dq = dS·k/√d`, `dk = dSᵀ·q/√d`, `dv = Pᵀ·dout`.
 pub fn attention_backward<T: Scalar>(
-    dqkv: &mut [T],
-    dout: &[T],
-    qkv: &[T],
-    out: &[T],
-    lse: &[T],
-    s: AttnShape,
+    dqkv: &mut [T], dout: &[T], qkv: &[T], out: &[T], lse: &[T], s: AttnShape,
 ) {
     let (d, group) = (s.head_dim, s.q_heads / s.kv_heads);
     let row_of = |b: usize, t: usize, h: usize| (b * s.seq + t) * s.q_heads * d + h * d;
@@ -180,11 +171,7 @@ pub fn attention_backward<T: Scalar>(
 
 impl<T: Scalar> AttentionOps for Cpu<T> {
     fn attention_forward(
-        &self,
-        out: &Tensor<Self>,
-        lse: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        shape: AttnShape,
+        &self, out: &Tensor<Self>, lse: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         {
@@ -197,23 +184,15 @@ impl<T: Scalar> AttentionOps for Cpu<T> {
     }
 
     fn attention_decode(
-        &self,
-        out: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        shape: AttnShape,
+        &self, out: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()> {
         let qkv = self.floats(qkv)?;
         self.update(out, |o| attention_decode(o, &qkv, shape))
     }
 
     fn attention_backward(
-        &self,
-        dqkv: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        out: &Tensor<Self>,
-        lse: &Tensor<Self>,
-        shape: AttnShape,
+        &self, dqkv: &Tensor<Self>, dout: &Tensor<Self>, qkv: &Tensor<Self>, out: &Tensor<Self>,
+        lse: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()> {
         let (dout, qkv, out, lse) = (
             self.floats(dout)?,

@@ -15,11 +15,7 @@ pub const IGNORE_INDEX: i32 = -100;
 /// replaced by `grad_scale · (softmax · (1 + 2 z lse) − onehot(target))`; ignored rows get
 /// loss 0 and gradient 0.
 pub fn cross_entropy<T: Scalar>(
-    logits: &mut [T],
-    losses: &mut [T],
-    targets: &[i32],
-    z_loss: f64,
-    grad_scale: Option<f64>,
+    logits: &mut [T], losses: &mut [T], targets: &[i32], z_loss: f64, grad_scale: Option<f64>,
 ) {
     let v = logits.len() / losses.len();
     logits
@@ -50,11 +46,7 @@ pub fn cross_entropy<T: Scalar>(
 
 impl<T: Scalar> ClassifierOps for Cpu<T> {
     fn cross_entropy(
-        &self,
-        logits: &Tensor<Self>,
-        losses: &Tensor<Self>,
-        targets: &Tensor<Self>,
-        z_loss: f32,
+        &self, logits: &Tensor<Self>, losses: &Tensor<Self>, targets: &Tensor<Self>, z_loss: f32,
         grad_scale: Option<f32>,
     ) -> Result<()> {
         let targets = self.ints(targets)?;

@@ -20,11 +20,7 @@ pub fn embedding_forward<T: Scalar>(out: &mut [T], tokens: &[i32], wte: &[T], c:
 
 /// dwte: `[V, C]`; rows are added in token order, so the result is deterministic.
 pub fn embedding_backward<T: Scalar>(
-    dwte: &mut [T],
-    tokens: &[i32],
-    dout: &[T],
-    c: usize,
-    accumulate: bool,
+    dwte: &mut [T], tokens: &[i32], dout: &[T], c: usize, accumulate: bool,
 ) {
     if !accumulate {
         dwte.fill(T::zero());
@@ -42,21 +38,14 @@ pub fn embedding_backward<T: Scalar>(
 
 impl<T: Scalar> EmbeddingOps for Cpu<T> {
     fn embedding_forward(
-        &self,
-        out: &Tensor<Self>,
-        tokens: &Tensor<Self>,
-        wte: &Tensor<Self>,
+        &self, out: &Tensor<Self>, tokens: &Tensor<Self>, wte: &Tensor<Self>,
     ) -> Result<()> {
         let (tokens, wte_v) = (self.ints(tokens)?, self.floats(wte)?);
         self.update(out, |o| embedding_forward(o, &tokens, &wte_v, wte.cols()))
     }
 
     fn embedding_backward(
-        &self,
-        dwte: &Tensor<Self>,
-        tokens: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        accumulate: bool,
+        &self, dwte: &Tensor<Self>, tokens: &Tensor<Self>, dout: &Tensor<Self>, accumulate: bool,
     ) -> Result<()> {
         let (tokens, dout) = (self.ints(tokens)?, self.floats(dout)?);
         self.update(dwte, |d| {

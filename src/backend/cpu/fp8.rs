@@ -28,12 +28,7 @@ pub fn scale(dtype: DType, amax: f32) -> f32 {
 
 /// `out = fp8(x · scale)`, transposing `[rows, cols]` to `[cols, rows]` when asked.
 pub fn quantize<T: Scalar>(
-    out: &mut [T],
-    x: &[T],
-    cols: usize,
-    dtype: DType,
-    scale: f32,
-    transpose: bool,
+    out: &mut [T], x: &[T], cols: usize, dtype: DType, scale: f32, transpose: bool,
 ) {
     let rows = x.len() / cols;
     for r in 0..rows {
@@ -55,13 +50,8 @@ impl<T: Scalar> QuantizeOps for Cpu<T> {
     }
 
     fn quantize(
-        &self,
-        rows: Option<&Tensor<Self>>,
-        cols: Option<&Tensor<Self>>,
-        descale: &Tensor<Self>,
-        x: &Tensor<Self>,
-        amax: &Tensor<Self>,
-        fused: Fused<'_, Self>,
+        &self, rows: Option<&Tensor<Self>>, cols: Option<&Tensor<Self>>, descale: &Tensor<Self>,
+        x: &Tensor<Self>, amax: &Tensor<Self>, fused: Fused<'_, Self>,
     ) -> Result<()> {
         let shape = [x.matrix_rows(), x.cols()];
         match fused {
@@ -91,12 +81,8 @@ impl<T: Scalar> QuantizeOps for Cpu<T> {
 impl<T: Scalar> Cpu<T> {
     /// `quantize` of the values `xs` of an `[r, c]` tensor.
     fn quantize_values(
-        &self,
-        (rows, cols): (Option<&Tensor<Self>>, Option<&Tensor<Self>>),
-        descale: &Tensor<Self>,
-        xs: &[T],
-        [r, c]: [usize; 2],
-        amax: &Tensor<Self>,
+        &self, (rows, cols): (Option<&Tensor<Self>>, Option<&Tensor<Self>>),
+        descale: &Tensor<Self>, xs: &[T], [r, c]: [usize; 2], amax: &Tensor<Self>,
     ) -> Result<()> {
         let outputs = [(rows, false, [r, c]), (cols, true, [c, r])];
         let outputs: Vec<_> = outputs

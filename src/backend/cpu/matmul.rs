@@ -19,13 +19,7 @@ fn op_view(rows: usize, cols: usize, transpose: bool) -> (usize, usize, isize, i
 /// stored `[b_rows, b_cols]`.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul<T: Scalar>(
-    out: &mut [T],
-    a: &[T],
-    a_cols: usize,
-    b: &[T],
-    b_cols: usize,
-    bias: Option<&[T]>,
-    spec: Matmul,
+    out: &mut [T], a: &[T], a_cols: usize, b: &[T], b_cols: usize, bias: Option<&[T]>, spec: Matmul,
 ) {
     let (m, k, rsa, csa) = op_view(a.len() / a_cols, a_cols, spec.trans_a);
     let (kb, n, rsb, csb) = op_view(b.len() / b_cols, b_cols, spec.trans_b);
@@ -75,12 +69,8 @@ pub fn bias_backward<T: Scalar>(dbias: &mut [T], dout: &[T], accumulate: bool) {
 
 impl<T: Scalar> MatmulOps for Cpu<T> {
     fn matmul<'a>(
-        &self,
-        out: &Tensor<Self>,
-        a: impl Into<Operand<'a, Self>>,
-        b: impl Into<Operand<'a, Self>>,
-        bias: Option<&Tensor<Self>>,
-        spec: Matmul,
+        &self, out: &Tensor<Self>, a: impl Into<Operand<'a, Self>>,
+        b: impl Into<Operand<'a, Self>>, bias: Option<&Tensor<Self>>, spec: Matmul,
     ) -> Result<()>
     where
         Self: 'a,
@@ -139,10 +129,7 @@ impl<T: Scalar> MatmulOps for Cpu<T> {
     }
 
     fn bias_backward(
-        &self,
-        dbias: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        accumulate: bool,
+        &self, dbias: &Tensor<Self>, dout: &Tensor<Self>, accumulate: bool,
     ) -> Result<()> {
         let dout = self.floats(dout)?;
         self.update(dbias, |d| bias_backward(d, &dout, accumulate))

@@ -35,12 +35,7 @@ pub fn normalize<T: Scalar>(out: &mut [T], inp: &[T], rstd: &[T], weight: &[T]) 
 ///
 /// With `g = dout ⊙ w`: `dx = rstd · g − x · rstd³ · (g·x) / C`.
 pub fn rmsnorm_backward<T: Scalar>(
-    dinp: &mut [T],
-    dweight: &mut [T],
-    dout: &[T],
-    inp: &[T],
-    weight: &[T],
-    rstd: &[T],
+    dinp: &mut [T], dweight: &mut [T], dout: &[T], inp: &[T], weight: &[T], rstd: &[T],
     accumulate: bool,
 ) {
     let c = weight.len();
@@ -73,11 +68,7 @@ pub fn rmsnorm_backward<T: Scalar>(
 /// queries' then the keys') normalized by its `rstd` and the weight of its kind (`q_weight`
 /// for the first `q_heads`, `k_weight` after); the value heads copied.
 fn head_norm_row<T: Scalar>(
-    out: &mut [T],
-    x: &[T],
-    rstd: &[T],
-    (q_weight, k_weight): (&[T], &[T]),
-    q_heads: usize,
+    out: &mut [T], x: &[T], rstd: &[T], (q_weight, k_weight): (&[T], &[T]), q_heads: usize,
 ) {
     let d = q_weight.len();
     let normed = rstd.len();
@@ -94,11 +85,7 @@ fn head_norm_row<T: Scalar>(
 /// The gradient of `head_norm_row` in place of one row's `dqkv` (value heads untouched), as
 /// `rmsnorm_backward`'s input gradient per head, written rather than added.
 fn head_norm_row_backward<T: Scalar>(
-    dqkv: &mut [T],
-    x: &[T],
-    rstd: &[T],
-    (q_weight, k_weight): (&[T], &[T]),
-    q_heads: usize,
+    dqkv: &mut [T], x: &[T], rstd: &[T], (q_weight, k_weight): (&[T], &[T]), q_heads: usize,
 ) {
     let d = q_weight.len();
     for (h, &r) in rstd.iter().enumerate() {
@@ -120,13 +107,8 @@ fn head_norm_row_backward<T: Scalar>(
 
 impl<T: Scalar> NormOps for Cpu<T> {
     fn rmsnorm_forward(
-        &self,
-        out: Option<&Tensor<Self>>,
-        rstd: &Tensor<Self>,
-        inp: &Tensor<Self>,
-        residual: Option<ResidualAdd<'_, Self>>,
-        weight: &Tensor<Self>,
-        eps: f32,
+        &self, out: Option<&Tensor<Self>>, rstd: &Tensor<Self>, inp: &Tensor<Self>,
+        residual: Option<ResidualAdd<'_, Self>>, weight: &Tensor<Self>, eps: f32,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         // The norm reads the rounded sum, as a kernel reading back its bf16 output would.
@@ -165,14 +147,8 @@ impl<T: Scalar> NormOps for Cpu<T> {
     }
 
     fn rmsnorm_backward(
-        &self,
-        dinp: &Tensor<Self>,
-        dweight: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        inp: &Tensor<Self>,
-        weight: &Tensor<Self>,
-        rstd: &Tensor<Self>,
-        accumulate: bool,
+        &self, dinp: &Tensor<Self>, dweight: &Tensor<Self>, dout: &Tensor<Self>,
+        inp: &Tensor<Self>, weight: &Tensor<Self>, rstd: &Tensor<Self>, accumulate: bool,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         let (dout, inp, weight, rstd) = (
@@ -190,13 +166,8 @@ impl<T: Scalar> NormOps for Cpu<T> {
     }
 
     fn head_rmsnorm_forward(
-        &self,
-        out: &Tensor<Self>,
-        rstd: &Tensor<Self>,
-        x: &Tensor<Self>,
-        (q_weight, k_weight): (&Tensor<Self>, &Tensor<Self>),
-        shape: AttnShape,
-        eps: f32,
+        &self, out: &Tensor<Self>, rstd: &Tensor<Self>, x: &Tensor<Self>,
+        (q_weight, k_weight): (&Tensor<Self>, &Tensor<Self>), shape: AttnShape, eps: f32,
     ) -> Result<()> {
         let (w, d, normed) = head_norm_shape(x, rstd, shape)?;
         let x_v = self.floats(x)?;
@@ -222,15 +193,9 @@ impl<T: Scalar> NormOps for Cpu<T> {
     }
 
     fn head_rmsnorm_backward(
-        &self,
-        dqkv: &Tensor<Self>,
-        (dq_weight, dk_weight): (&Tensor<Self>, &Tensor<Self>),
-        x: &Tensor<Self>,
-        (q_weight, k_weight): (&Tensor<Self>, &Tensor<Self>),
-        rstd: &Tensor<Self>,
-        shape: AttnShape,
-        accumulate: bool,
-        amax: Option<&Tensor<Self>>,
+        &self, dqkv: &Tensor<Self>, (dq_weight, dk_weight): (&Tensor<Self>, &Tensor<Self>),
+        x: &Tensor<Self>, (q_weight, k_weight): (&Tensor<Self>, &Tensor<Self>),
+        rstd: &Tensor<Self>, shape: AttnShape, accumulate: bool, amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         let (w, d, normed) = head_norm_shape(x, rstd, shape)?;
         let (x_v, rstd_v, q_w, k_w) = (
@@ -275,10 +240,7 @@ impl<T: Scalar> Cpu<T> {
     /// The output of the norm of `x` by `rstd` and `weight`, rounded to x's dtype as
     /// `rmsnorm_forward` stores it.
     pub(super) fn normalized(
-        &self,
-        x: &Tensor<Self>,
-        rstd: &Tensor<Self>,
-        weight: &Tensor<Self>,
+        &self, x: &Tensor<Self>, rstd: &Tensor<Self>, weight: &Tensor<Self>,
     ) -> Result<Vec<T>> {
         let (inp, rstd_v, weight_v) = (self.floats(x)?, self.floats(rstd)?, self.floats(weight)?);
         ensure!(
@@ -297,9 +259,7 @@ impl<T: Scalar> Cpu<T> {
 
 /// The QKV width, head size and normed heads of a head norm over `x` with `rstd`, checked.
 fn head_norm_shape<T: Scalar>(
-    x: &Tensor<Cpu<T>>,
-    rstd: &Tensor<Cpu<T>>,
-    shape: AttnShape,
+    x: &Tensor<Cpu<T>>, rstd: &Tensor<Cpu<T>>, shape: AttnShape,
 ) -> Result<(usize, usize, usize)> {
     let (w, d, normed) = (
         shape.qkv_width(),

@@ -34,22 +34,15 @@ pub fn rope_rotate<T: Scalar>(qkv: &mut [T], freqs: &[T], shape: AttnShape, inve
 
 impl<T: Scalar> RopeOps for Cpu<T> {
     fn rope_forward(
-        &self,
-        qkv: &Tensor<Self>,
-        freqs: &Tensor<Self>,
-        shape: AttnShape,
+        &self, qkv: &Tensor<Self>, freqs: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()> {
         let freqs = self.floats(freqs)?;
         self.update(qkv, |x| rope_rotate(x, &freqs, shape, false))
     }
 
     fn rope_backward(
-        &self,
-        dqkv: &Tensor<Self>,
-        freqs: &Tensor<Self>,
-        shape: AttnShape,
-        amax: Option<&Tensor<Self>>,
-        bias: Option<(&Tensor<Self>, bool)>,
+        &self, dqkv: &Tensor<Self>, freqs: &Tensor<Self>, shape: AttnShape,
+        amax: Option<&Tensor<Self>>, bias: Option<(&Tensor<Self>, bool)>,
     ) -> Result<()> {
         {
             let freqs = self.floats(freqs)?;

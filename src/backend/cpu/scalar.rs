@@ -21,20 +21,8 @@ pub trait Scalar:
     /// `c` must not overlap `a` or `b`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: Self,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        beta: Self,
-        c: *mut Self,
-        rsc: isize,
-        csc: isize,
+        m: usize, k: usize, n: usize, alpha: Self, a: *const Self, rsa: isize, csa: isize,
+        b: *const Self, rsb: isize, csb: isize, beta: Self, c: *mut Self, rsc: isize, csc: isize,
     );
 
     fn of(x: f64) -> Self {
@@ -53,20 +41,8 @@ macro_rules! scalar_with_gemm {
             const DTYPE: DType = $dtype;
 
             unsafe fn gemm(
-                m: usize,
-                k: usize,
-                n: usize,
-                alpha: $t,
-                a: *const $t,
-                rsa: isize,
-                csa: isize,
-                b: *const $t,
-                rsb: isize,
-                csb: isize,
-                beta: $t,
-                c: *mut $t,
-                rsc: isize,
-                csc: isize,
+                m: usize, k: usize, n: usize, alpha: $t, a: *const $t, rsa: isize, csa: isize,
+                b: *const $t, rsb: isize, csb: isize, beta: $t, c: *mut $t, rsc: isize, csc: isize,
             ) {
                 // SAFETY: forwarded contract.
                 unsafe { $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }

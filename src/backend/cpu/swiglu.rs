@@ -41,10 +41,7 @@ pub fn swiglu_backward<T: Scalar>(dgate_up: &mut [T], dout: &[T], gate_up: &[T],
 
 impl<T: Scalar> SwigluOps for Cpu<T> {
     fn swiglu_forward(
-        &self,
-        out: &Tensor<Self>,
-        gate_up: &Tensor<Self>,
-        amax: Option<&Tensor<Self>>,
+        &self, out: &Tensor<Self>, gate_up: &Tensor<Self>, amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         {
             let gu = self.floats(gate_up)?;
@@ -54,10 +51,7 @@ impl<T: Scalar> SwigluOps for Cpu<T> {
     }
 
     fn swiglu_backward(
-        &self,
-        dgate_up: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        gate_up: &Tensor<Self>,
+        &self, dgate_up: &Tensor<Self>, dout: &Tensor<Self>, gate_up: &Tensor<Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         {

@@ -123,10 +123,7 @@ impl OptimizerOps for Cuda {
     }
 
     fn adamw(
-        &self,
-        tensors: &[AdamWTensor<'_, Cuda>],
-        norm_sq: &Tensor<Cuda>,
-        hp: &AdamW,
+        &self, tensors: &[AdamWTensor<'_, Cuda>], norm_sq: &Tensor<Cuda>, hp: &AdamW,
     ) -> Result<()> {
         let _timing = self.time_op("adamw")?;
         ensure_dtype(norm_sq, DType::F32, "adamw (norm_sq)")?;

@@ -74,10 +74,7 @@ impl TensorCoreKernels {
     /// one 64-column slab of 64 tokens) that the kernels read their tiles through where `tma`
     /// (the forward has no dout).
     fn tile_maps(
-        &self,
-        s: &AttnShape,
-        qkv: &Tensor<Cuda>,
-        dout: Option<&Tensor<Cuda>>,
+        &self, s: &AttnShape, qkv: &Tensor<Cuda>, dout: Option<&Tensor<Cuda>>,
     ) -> Result<KArg> {
         let map = |t: &Tensor<Cuda>, heads: usize| {
             let cols = heads * s.head_dim;
@@ -180,11 +177,7 @@ fn check_qkv(s: &AttnShape, qkv: &Tensor<Cuda>) -> Result<()> {
 
 impl AttentionOps for Cuda {
     fn attention_forward(
-        &self,
-        out: &Tensor<Cuda>,
-        lse: &Tensor<Cuda>,
-        qkv: &Tensor<Cuda>,
-        s: AttnShape,
+        &self, out: &Tensor<Cuda>, lse: &Tensor<Cuda>, qkv: &Tensor<Cuda>, s: AttnShape,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("attention_forward")?;
@@ -296,13 +289,8 @@ impl AttentionOps for Cuda {
     /// the tensor cores dQ goes first and writes delta for dK/dV, elsewhere a pass of its own
     /// does.
     fn attention_backward(
-        &self,
-        dqkv: &Tensor<Cuda>,
-        dout: &Tensor<Cuda>,
-        qkv: &Tensor<Cuda>,
-        out: &Tensor<Cuda>,
-        lse: &Tensor<Cuda>,
-        s: AttnShape,
+        &self, dqkv: &Tensor<Cuda>, dout: &Tensor<Cuda>, qkv: &Tensor<Cuda>, out: &Tensor<Cuda>,
+        lse: &Tensor<Cuda>, s: AttnShape,
     ) -> Result<()> {
         let _timing = self.time_op("attention_backward")?;
         check(&s, qkv, lse)?;
@@ -484,9 +472,7 @@ impl Cuda {
     /// those the tensor-core kernels copy 16 bytes at a time from (qkv, dout) or move in pairs
     /// (out, dqkv): each must be bf16 and 16-byte aligned.
     fn tensor_cores(
-        &self,
-        tensors: &[&Tensor<Cuda>],
-        head_dim: usize,
+        &self, tensors: &[&Tensor<Cuda>], head_dim: usize,
     ) -> Option<&'static TensorCoreKernels> {
         let choice = self.attention.get();
         if choice == AttentionKernels::Simple

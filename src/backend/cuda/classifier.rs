@@ -19,11 +19,7 @@ fn cluster_fits(v: usize, size: usize) -> bool {
 
 impl ClassifierOps for Cuda {
     fn cross_entropy(
-        &self,
-        logits: &Tensor<Cuda>,
-        losses: &Tensor<Cuda>,
-        targets: &Tensor<Cuda>,
-        z_loss: f32,
+        &self, logits: &Tensor<Cuda>, losses: &Tensor<Cuda>, targets: &Tensor<Cuda>, z_loss: f32,
         grad_scale: Option<f32>,
     ) -> Result<()> {
         let _timing = self.time_op("cross_entropy")?;

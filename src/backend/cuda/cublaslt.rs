@@ -94,9 +94,7 @@ fn data_type(dtype: DType) -> Result<sys::cudaDataType> {
 /// # Safety
 /// `value` must be the attribute's C type.
 unsafe fn set_desc<T>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attr: sys::cublasLtMatmulDescAttributes_t,
-    value: &T,
+    desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmulDescAttributes_t, value: &T,
 ) -> Result<()> {
     // SAFETY: forwarded contract; the pointer and size describe `value`.
     unsafe {
@@ -113,8 +111,7 @@ unsafe fn set_desc<T>(
 /// # Safety
 /// `value` must be the preference's C type.
 unsafe fn set_pref<T>(
-    pref: sys::cublasLtMatmulPreference_t,
-    attr: sys::cublasLtMatmulPreferenceAttributes_t,
+    pref: sys::cublasLtMatmulPreference_t, attr: sys::cublasLtMatmulPreferenceAttributes_t,
     value: &T,
 ) -> Result<()> {
     // SAFETY: forwarded contract; the pointer and size describe `value`.
@@ -377,12 +374,7 @@ impl Blas {
 
     /// Enqueues candidate `algo` of `plan` writing into `out`.
     fn launch(
-        &self,
-        plan: &Plan,
-        algo: usize,
-        ptrs: &GemmPtrs,
-        out: u64,
-        accumulate: bool,
+        &self, plan: &Plan, algo: usize, ptrs: &GemmPtrs, out: u64, accumulate: bool,
     ) -> Result<(), result::CublasError> {
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
         // SAFETY: the plan's descriptors match the key it was made for, which the caller

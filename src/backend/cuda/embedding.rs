@@ -9,10 +9,7 @@ use crate::tensor::{DType, Tensor};
 
 impl EmbeddingOps for Cuda {
     fn embedding_forward(
-        &self,
-        out: &Tensor<Cuda>,
-        tokens: &Tensor<Cuda>,
-        wte: &Tensor<Cuda>,
+        &self, out: &Tensor<Cuda>, tokens: &Tensor<Cuda>, wte: &Tensor<Cuda>,
     ) -> Result<()> {
         let _timing = self.time_op("embedding_forward")?;
         ensure_dtype(tokens, DType::I32, "embedding_forward")?;
@@ -45,11 +42,7 @@ impl EmbeddingOps for Cuda {
     /// Sorts (token, position) keys, then one block per run of equal tokens adds that
     /// token's rows of `dout` in position order: the CPU's order, without float atomics.
     fn embedding_backward(
-        &self,
-        dwte: &Tensor<Cuda>,
-        tokens: &Tensor<Cuda>,
-        dout: &Tensor<Cuda>,
-        accumulate: bool,
+        &self, dwte: &Tensor<Cuda>, tokens: &Tensor<Cuda>, dout: &Tensor<Cuda>, accumulate: bool,
     ) -> Result<()> {
         let _timing = self.time_op("embedding_backward")?;
         ensure_dtype(tokens, DType::I32, "embedding_backward")?;

@@ -33,10 +33,7 @@ pub(super) fn descale_ptr(op: &'static str, operand: &Operand<'_, Cuda>) -> Resu
 /// The name a quantization's time is filed under: by shape and layouts, as matmuls are, since
 /// the transposed passes differ by shape; `extra` marks what else the pass does.
 pub(super) fn quantize_name(
-    rows: Option<&Tensor<Cuda>>,
-    cols: Option<&Tensor<Cuda>>,
-    x: &Tensor<Cuda>,
-    extra: &str,
+    rows: Option<&Tensor<Cuda>>, cols: Option<&Tensor<Cuda>>, x: &Tensor<Cuda>, extra: &str,
 ) -> String {
     let layouts = match (rows.is_some(), cols.is_some()) {
         (true, true) => "rows+cols",
@@ -124,13 +121,8 @@ impl QuantizeOps for Cuda {
     /// What `fused` asks is done from the transposing pass's read of x, which a norm's output
     /// needs.
     fn quantize(
-        &self,
-        rows: Option<&Tensor<Cuda>>,
-        cols: Option<&Tensor<Cuda>>,
-        descale: &Tensor<Cuda>,
-        x: &Tensor<Cuda>,
-        amax: &Tensor<Cuda>,
-        fused: Fused<'_, Cuda>,
+        &self, rows: Option<&Tensor<Cuda>>, cols: Option<&Tensor<Cuda>>, descale: &Tensor<Cuda>,
+        x: &Tensor<Cuda>, amax: &Tensor<Cuda>, fused: Fused<'_, Cuda>,
     ) -> Result<()> {
         let extra = match fused {
             Fused::Nothing => "",
@@ -145,13 +137,8 @@ impl QuantizeOps for Cuda {
 impl Cuda {
     /// `quantize`, untimed.
     fn quantize_pass(
-        &self,
-        rows: Option<&Tensor<Cuda>>,
-        cols: Option<&Tensor<Cuda>>,
-        descale: &Tensor<Cuda>,
-        x: &Tensor<Cuda>,
-        amax: &Tensor<Cuda>,
-        fused: Fused<'_, Cuda>,
+        &self, rows: Option<&Tensor<Cuda>>, cols: Option<&Tensor<Cuda>>, descale: &Tensor<Cuda>,
+        x: &Tensor<Cuda>, amax: &Tensor<Cuda>, fused: Fused<'_, Cuda>,
     ) -> Result<()> {
         match (cols, fused) {
             (None, Fused::ColumnSums { dbias, accumulate }) => {

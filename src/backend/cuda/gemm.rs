@@ -108,10 +108,7 @@ impl Cuda {
     /// Whether an FP8 MLP op fused by one kernel of ours runs on these operands: bf16 outputs,
     /// `a` in `a_dtype` (the forward's e4m3, or the gradient's format) and `b` e4m3.
     pub(super) fn fuses_fp8(
-        &self,
-        outputs: &[&Tensor<Cuda>],
-        (a, a_dtype): (&Tensor<Cuda>, DType),
-        b: &Tensor<Cuda>,
+        &self, outputs: &[&Tensor<Cuda>], (a, a_dtype): (&Tensor<Cuda>, DType), b: &Tensor<Cuda>,
     ) -> bool {
         self.own_gemm()
             && a_dtype.is_fp8()
@@ -134,10 +131,7 @@ impl Cuda {
     /// `out = (a · a.descale)(b · b.descale)ᵀ` by smelt's own kernel, a and b scaled e4m3,
     /// for measuring it against cuBLASLt.
     pub fn own_matmul_scaled(
-        &self,
-        out: &Tensor<Cuda>,
-        a: Operand<'_, Cuda>,
-        b: Operand<'_, Cuda>,
+        &self, out: &Tensor<Cuda>, a: Operand<'_, Cuda>, b: Operand<'_, Cuda>,
     ) -> Result<()> {
         ensure!(
             self.compute_capability.0 == 9
@@ -153,12 +147,8 @@ impl Cuda {
     /// `out = (x · x.descale)(w · w.descale)ᵀ` (x and w scaled e4m3), and with `swiglu` also
     /// `swiglu = SwiGLU(out)`, its abs-max into `amax` where given.
     pub(super) fn gemm_scaled(
-        &self,
-        out: &Tensor<Cuda>,
-        swiglu: Option<&Tensor<Cuda>>,
-        x: Operand<'_, Cuda>,
-        w: Operand<'_, Cuda>,
-        amax: Option<&Tensor<Cuda>>,
+        &self, out: &Tensor<Cuda>, swiglu: Option<&Tensor<Cuda>>, x: Operand<'_, Cuda>,
+        w: Operand<'_, Cuda>, amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let scales = Fp8Scales {
             a: descale_ptr("gemm", &x)?,
@@ -170,10 +160,7 @@ impl Cuda {
 
     /// `out = a · bᵀ` (bf16), and with `swiglu` also `swiglu = SwiGLU(out)`.
     pub(super) fn gemm(
-        &self,
-        out: &Tensor<Cuda>,
-        swiglu: Option<&Tensor<Cuda>>,
-        a: &Tensor<Cuda>,
+        &self, out: &Tensor<Cuda>, swiglu: Option<&Tensor<Cuda>>, a: &Tensor<Cuda>,
         b: &Tensor<Cuda>,
     ) -> Result<()> {
         self.gemm_tn(out, swiglu, a, b, None)
@@ -181,12 +168,8 @@ impl Cuda {
 
     /// `gemm`, in bf16, or FP8 with `scales`.
     fn gemm_tn(
-        &self,
-        out: &Tensor<Cuda>,
-        swiglu: Option<&Tensor<Cuda>>,
-        a: &Tensor<Cuda>,
-        b: &Tensor<Cuda>,
-        scales: Option<Fp8Scales>,
+        &self, out: &Tensor<Cuda>, swiglu: Option<&Tensor<Cuda>>, a: &Tensor<Cuda>,
+        b: &Tensor<Cuda>, scales: Option<Fp8Scales>,
     ) -> Result<()> {
         let (m, k, n) = (a.matrix_rows(), a.cols(), b.matrix_rows());
         ensure!(
@@ -234,10 +217,7 @@ impl Cuda {
     /// The caller has checked that the kernel runs on these operands (`fuses`), as for
     /// `gemm` and the FP8 ops.
     pub(super) fn fused_swiglu_backward(
-        &self,
-        gate_up: &Tensor<Cuda>,
-        dy: &Tensor<Cuda>,
-        w: &Tensor<Cuda>,
+        &self, gate_up: &Tensor<Cuda>, dy: &Tensor<Cuda>, w: &Tensor<Cuda>,
     ) -> Result<()> {
         let (k, f) = (dy.cols(), w.cols());
         ensure!(
@@ -264,10 +244,7 @@ impl Cuda {
     /// the tensor cores' own accumulator (`Fp8Sum::Fast`); gate/up's gradient's abs-max into
     /// `amax` where given, as `swiglu_backward` reports it.
     pub(super) fn fused_swiglu_backward_scaled(
-        &self,
-        gate_up: &Tensor<Cuda>,
-        dy: Operand<'_, Cuda>,
-        w: Operand<'_, Cuda>,
+        &self, gate_up: &Tensor<Cuda>, dy: Operand<'_, Cuda>, w: Operand<'_, Cuda>,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let (k, f) = (dy.data.cols(), w.data.matrix_rows());
@@ -294,12 +271,8 @@ impl Cuda {
     /// # Safety
     /// `w_map` must describe a live weight of `f` by dy's columns, in the layout `kind` reads.
     unsafe fn launch_dswiglu(
-        &self,
-        gate_up: &Tensor<Cuda>,
-        dy: &Tensor<Cuda>,
-        (w_map, f): (TensorMap, usize),
-        kind: GemmKind,
-        scales: Option<Fp8Scales>,
+        &self, gate_up: &Tensor<Cuda>, dy: &Tensor<Cuda>, (w_map, f): (TensorMap, usize),
+        kind: GemmKind, scales: Option<Fp8Scales>,
     ) -> Result<()> {
         let (m, k) = (dy.matrix_rows(), dy.cols());
         ensure!(
@@ -325,11 +298,7 @@ impl Cuda {
     /// # Safety
     /// The maps must describe live tensors of the shapes the kernel reads and writes.
     unsafe fn launch_gemm(
-        &self,
-        maps: TensorMaps4,
-        kind: GemmKind,
-        (m, span, k): (usize, usize, usize),
-        n: usize,
+        &self, maps: TensorMaps4, kind: GemmKind, (m, span, k): (usize, usize, usize), n: usize,
         scales: Option<Fp8Scales>,
     ) -> Result<()> {
         ensure!(

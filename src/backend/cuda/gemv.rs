@@ -17,11 +17,7 @@ impl Cuda {
     /// `out [1, N] = x [1, K] · wᵀ (+ bias)`, w `[N, K]`, of one dtype: `matmul_impl`, the one
     /// caller, has checked the shapes and dtypes.
     pub(super) fn gemv(
-        &self,
-        out: &Tensor<Cuda>,
-        x: &Tensor<Cuda>,
-        w: &Tensor<Cuda>,
-        bias: Option<&Tensor<Cuda>>,
+        &self, out: &Tensor<Cuda>, x: &Tensor<Cuda>, w: &Tensor<Cuda>, bias: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let (n, k) = (out.numel(), x.numel());
         let vec = vec16(&[x, w], k);
@@ -47,11 +43,7 @@ impl Cuda {
 
     /// `gate_up [1, 2F] = x [1, K] · wᵀ`, w `[2F, K]`, and `out [1, F]` its SwiGLU.
     pub(super) fn gemv_swiglu(
-        &self,
-        gate_up: &Tensor<Cuda>,
-        out: &Tensor<Cuda>,
-        x: &Tensor<Cuda>,
-        w: &Tensor<Cuda>,
+        &self, gate_up: &Tensor<Cuda>, out: &Tensor<Cuda>, x: &Tensor<Cuda>, w: &Tensor<Cuda>,
     ) -> Result<()> {
         ensure_same_dtype("gemv_swiglu", &[gate_up, out, x, w])?;
         let (f, k) = (out.numel(), x.numel());

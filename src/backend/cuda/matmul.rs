@@ -23,12 +23,8 @@ pub(super) fn op_dims(t: &Tensor<Cuda>, trans: bool) -> (usize, usize) {
 
 impl MatmulOps for Cuda {
     fn matmul<'a>(
-        &self,
-        out: &Tensor<Cuda>,
-        a: impl Into<Operand<'a, Cuda>>,
-        b: impl Into<Operand<'a, Cuda>>,
-        bias: Option<&Tensor<Cuda>>,
-        spec: Matmul,
+        &self, out: &Tensor<Cuda>, a: impl Into<Operand<'a, Cuda>>,
+        b: impl Into<Operand<'a, Cuda>>, bias: Option<&Tensor<Cuda>>, spec: Matmul,
     ) -> Result<()>
     where
         Self: 'a,
@@ -63,10 +59,7 @@ impl MatmulOps for Cuda {
     }
 
     fn bias_backward(
-        &self,
-        dbias: &Tensor<Cuda>,
-        dout: &Tensor<Cuda>,
-        accumulate: bool,
+        &self, dbias: &Tensor<Cuda>, dout: &Tensor<Cuda>, accumulate: bool,
     ) -> Result<()> {
         let _timing = self.time_op("bias_backward")?;
         self.column_sum(dbias, dout, accumulate)
@@ -76,11 +69,7 @@ impl MatmulOps for Cuda {
 impl Cuda {
     /// A plain product through cuBLASLt, or a forward product of one row by `gemv`.
     fn matmul_plain(
-        &self,
-        out: &Tensor<Cuda>,
-        a: &Tensor<Cuda>,
-        b: &Tensor<Cuda>,
-        bias: Option<&Tensor<Cuda>>,
+        &self, out: &Tensor<Cuda>, a: &Tensor<Cuda>, b: &Tensor<Cuda>, bias: Option<&Tensor<Cuda>>,
         spec: Matmul,
     ) -> Result<()> {
         ensure_same_dtype("matmul", &[out, a, b])?;
@@ -126,13 +115,8 @@ impl Cuda {
     /// `out (+)= (a · a.descale) · (b · b.descale)ᵀ (+ bias)` through cuBLASLt.
     #[allow(clippy::too_many_arguments)]
     fn matmul_scaled(
-        &self,
-        out: &Tensor<Cuda>,
-        a: Operand<'_, Cuda>,
-        b: Operand<'_, Cuda>,
-        bias: Option<&Tensor<Cuda>>,
-        sum: Fp8Sum,
-        accumulate: bool,
+        &self, out: &Tensor<Cuda>, a: Operand<'_, Cuda>, b: Operand<'_, Cuda>,
+        bias: Option<&Tensor<Cuda>>, sum: Fp8Sum, accumulate: bool,
     ) -> Result<()> {
         let (major, minor) = self.compute_capability;
         ensure!(

@@ -72,9 +72,7 @@ impl AlgoChooser {
     /// the fastest by `time` (each candidate's milliseconds, infinite for one that failed;
     /// `None` when it could not time), then cached.
     pub fn choose(
-        &self,
-        key: &GemmKey,
-        candidates: &[cublasLtMatmulAlgo_t],
+        &self, key: &GemmKey, candidates: &[cublasLtMatmulAlgo_t],
         time: impl FnOnce() -> Option<Vec<f32>>,
     ) -> usize {
         let Some(tuning) = &self.tuning else {

@@ -26,9 +26,7 @@ impl MemoryOps for Cuda {
     }
 
     fn allocate_offloaded(
-        &self,
-        category: &str,
-        specs: &[TensorSpec],
+        &self, category: &str, specs: &[TensorSpec],
     ) -> Result<Vec<Tensor<Self>>> {
         self.allocate_in(category, specs, Place::PinnedHost)
     }

@@ -227,10 +227,7 @@ impl Cuda {
 
     /// One arena in `place` for `category`, carved into a view per spec.
     fn allocate_in(
-        &self,
-        category: &str,
-        specs: &[TensorSpec],
-        place: Place,
+        &self, category: &str, specs: &[TensorSpec], place: Place,
     ) -> Result<Vec<Tensor<Self>>> {
         for spec in specs {
             if !matches!(
@@ -259,12 +256,7 @@ impl Cuda {
     /// `args` must match the kernel's parameters, with every pointer valid for the accesses
     /// the kernel makes with the sizes passed.
     unsafe fn launch(
-        &self,
-        kernel: Kernel,
-        targs: &[Arg],
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[KArg],
+        &self, kernel: Kernel, targs: &[Arg], grid: (u32, u32, u32), block: u32, args: &[KArg],
     ) -> Result<()> {
         // SAFETY: forwarded contract.
         unsafe { self.launch_with_smem(kernel, targs, grid, block, 0, args) }
@@ -275,12 +267,7 @@ impl Cuda {
     /// # Safety
     /// As `launch`, and `smem` must be what the kernel expects.
     unsafe fn launch_with_smem(
-        &self,
-        kernel: Kernel,
-        targs: &[Arg],
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
+        &self, kernel: Kernel, targs: &[Arg], grid: (u32, u32, u32), block: u32, smem: u32,
         args: &[KArg],
     ) -> Result<()> {
         let inst = kernel.instance(targs)?;

@@ -149,10 +149,7 @@ fn options(source: &Source, arch: &str, include: &[PathBuf]) -> Vec<String> {
 /// Compiles `names` (template instantiations such as `fill<bf16>`) from `source` for `arch`,
 /// reusing the disk cache when it holds this exact program.
 pub fn compile_cached(
-    source: &Source,
-    names: &[String],
-    arch: &str,
-    include: &[PathBuf],
+    source: &Source, names: &[String], arch: &str, include: &[PathBuf],
 ) -> Result<Compiled> {
     let (major, minor) = version()?;
     let opts = options(source, arch, include).join(" ");
@@ -195,10 +192,7 @@ fn write_cache(dir: &Path, key: &str, compiled: &Compiled) -> Result<()> {
 
 /// Compiles without the cache. Errors carry NVRTC's log and the options used.
 pub fn compile(
-    source: &Source,
-    names: &[String],
-    arch: &str,
-    include: &[PathBuf],
+    source: &Source, names: &[String], arch: &str, include: &[PathBuf],
 ) -> Result<Compiled> {
     ensure_available()?;
     let opts = options(source, arch, include);

@@ -36,9 +36,7 @@ impl OpTimer {
     /// Starts timing an op whose work is enqueued on `stream` until the returned value is
     /// dropped; `name` is built only while timing is on.
     pub fn begin<'a>(
-        &'a self,
-        stream: &'a Arc<CudaStream>,
-        name: impl FnOnce() -> String,
+        &'a self, stream: &'a Arc<CudaStream>, name: impl FnOnce() -> String,
     ) -> Result<OpTiming<'a>> {
         let started = match self.on.get() {
             true => Some((name(), record(stream)?)),

@@ -28,13 +28,8 @@ const MAX_SMEM: usize = 99 * 1024;
 impl NormOps for Cuda {
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_forward(
-        &self,
-        out: Option<&Tensor<Cuda>>,
-        rstd: &Tensor<Cuda>,
-        inp: &Tensor<Cuda>,
-        residual: Option<ResidualAdd<'_, Cuda>>,
-        weight: &Tensor<Cuda>,
-        eps: f32,
+        &self, out: Option<&Tensor<Cuda>>, rstd: &Tensor<Cuda>, inp: &Tensor<Cuda>,
+        residual: Option<ResidualAdd<'_, Cuda>>, weight: &Tensor<Cuda>, eps: f32,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op(match residual {
@@ -99,14 +94,8 @@ impl NormOps for Cuda {
 
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_backward(
-        &self,
-        dinp: &Tensor<Cuda>,
-        dweight: &Tensor<Cuda>,
-        dout: &Tensor<Cuda>,
-        inp: &Tensor<Cuda>,
-        weight: &Tensor<Cuda>,
-        rstd: &Tensor<Cuda>,
-        accumulate: bool,
+        &self, dinp: &Tensor<Cuda>, dweight: &Tensor<Cuda>, dout: &Tensor<Cuda>,
+        inp: &Tensor<Cuda>, weight: &Tensor<Cuda>, rstd: &Tensor<Cuda>, accumulate: bool,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("rmsnorm_backward")?;
@@ -183,13 +172,8 @@ impl NormOps for Cuda {
     }
 
     fn head_rmsnorm_forward(
-        &self,
-        out: &Tensor<Cuda>,
-        rstd: &Tensor<Cuda>,
-        x: &Tensor<Cuda>,
-        (q_weight, k_weight): (&Tensor<Cuda>, &Tensor<Cuda>),
-        shape: AttnShape,
-        eps: f32,
+        &self, out: &Tensor<Cuda>, rstd: &Tensor<Cuda>, x: &Tensor<Cuda>,
+        (q_weight, k_weight): (&Tensor<Cuda>, &Tensor<Cuda>), shape: AttnShape, eps: f32,
     ) -> Result<()> {
         let _timing = self.time_op("head_rmsnorm_forward")?;
         let rows = check_head_norm(
@@ -226,15 +210,9 @@ impl NormOps for Cuda {
     }
 
     fn head_rmsnorm_backward(
-        &self,
-        dqkv: &Tensor<Cuda>,
-        (dq_weight, dk_weight): (&Tensor<Cuda>, &Tensor<Cuda>),
-        x: &Tensor<Cuda>,
-        weights: (&Tensor<Cuda>, &Tensor<Cuda>),
-        rstd: &Tensor<Cuda>,
-        shape: AttnShape,
-        accumulate: bool,
-        amax: Option<&Tensor<Cuda>>,
+        &self, dqkv: &Tensor<Cuda>, (dq_weight, dk_weight): (&Tensor<Cuda>, &Tensor<Cuda>),
+        x: &Tensor<Cuda>, weights: (&Tensor<Cuda>, &Tensor<Cuda>), rstd: &Tensor<Cuda>,
+        shape: AttnShape, accumulate: bool, amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("head_rmsnorm_backward")?;
         let amax = amax_ptr("head_rmsnorm_backward", amax)?;
@@ -288,10 +266,7 @@ impl NormOps for Cuda {
 impl Cuda {
     /// `out[c] (+)= Σ_n dy[n, c]`: partials per chunk of rows, then a fixed-order sum.
     pub(super) fn column_sum(
-        &self,
-        out: &Tensor<Cuda>,
-        dy: &Tensor<Cuda>,
-        accumulate: bool,
+        &self, out: &Tensor<Cuda>, dy: &Tensor<Cuda>, accumulate: bool,
     ) -> Result<()> {
         self.column_sum_rotating(out, dy, accumulate, None)
     }
@@ -300,11 +275,7 @@ impl Cuda {
     /// sums then of the rotated values (colsum.cu's ROPE): the caller has checked that it
     /// fits (`RopeStrips`).
     pub(super) fn column_sum_rotating(
-        &self,
-        out: &Tensor<Cuda>,
-        dy: &Tensor<Cuda>,
-        accumulate: bool,
-        rope: Option<RopeStrips>,
+        &self, out: &Tensor<Cuda>, dy: &Tensor<Cuda>, accumulate: bool, rope: Option<RopeStrips>,
     ) -> Result<()> {
         ensure_same_dtype("column sum", &[out, dy])?;
         let c = out.numel();
@@ -375,11 +346,7 @@ impl Cuda {
 
     /// `out[c] (+)= Σ_k partials[k, c]` over `chunks` rows of f32 partials.
     pub(super) fn colsum_finish(
-        &self,
-        out: &Tensor<Cuda>,
-        partials: u64,
-        chunks: usize,
-        accumulate: bool,
+        &self, out: &Tensor<Cuda>, partials: u64, chunks: usize, accumulate: bool,
     ) -> Result<()> {
         let c = out.numel();
         // SAFETY: block j reads columns [32j, 32j + 32) of partials [chunks, c] and updates
@@ -405,12 +372,8 @@ impl Cuda {
 /// The rows of a head norm's `x` (and its `out` or gradient `y`), with `rstd` and the weights,
 /// checked against `shape`.
 fn check_head_norm(
-    op: &'static str,
-    y: &Tensor<Cuda>,
-    x: &Tensor<Cuda>,
-    (q_weight, k_weight): (&Tensor<Cuda>, &Tensor<Cuda>),
-    rstd: &Tensor<Cuda>,
-    shape: AttnShape,
+    op: &'static str, y: &Tensor<Cuda>, x: &Tensor<Cuda>,
+    (q_weight, k_weight): (&Tensor<Cuda>, &Tensor<Cuda>), rstd: &Tensor<Cuda>, shape: AttnShape,
 ) -> Result<usize> {
     ensure_dtype(rstd, DType::F32, op)?;
     ensure_same_dtype(op, &[y, x, q_weight, k_weight])?;

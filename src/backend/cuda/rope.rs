@@ -12,10 +12,7 @@ const REPORTING_BLOCKS: usize = 1024;
 
 impl RopeOps for Cuda {
     fn rope_forward(
-        &self,
-        qkv: &Tensor<Cuda>,
-        freqs: &Tensor<Cuda>,
-        shape: AttnShape,
+        &self, qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape,
     ) -> Result<()> {
         let _timing = self.time_op("rope_forward")?;
         self.rope(qkv, freqs, shape, false, None)
@@ -24,12 +21,8 @@ impl RopeOps for Cuda {
     /// With a bias, in one pass where the heads fit `colsum_partial`'s strips (which report no
     /// abs-max), else the two passes.
     fn rope_backward(
-        &self,
-        dqkv: &Tensor<Cuda>,
-        freqs: &Tensor<Cuda>,
-        shape: AttnShape,
-        amax: Option<&Tensor<Cuda>>,
-        bias: Option<(&Tensor<Cuda>, bool)>,
+        &self, dqkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape,
+        amax: Option<&Tensor<Cuda>>, bias: Option<(&Tensor<Cuda>, bool)>,
     ) -> Result<()> {
         let Some((dbias, accumulate)) = bias else {
             let _timing = self.time_op("rope_backward")?;
@@ -54,11 +47,7 @@ impl Cuda {
     /// RoPE's rotation of `qkv` in place, or with `inverse` its gradient's, reporting the
     /// abs-max of all of qkv as stored into `amax` where given.
     fn rope(
-        &self,
-        qkv: &Tensor<Cuda>,
-        freqs: &Tensor<Cuda>,
-        shape: AttnShape,
-        inverse: bool,
+        &self, qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape, inverse: bool,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let amax = amax_ptr("rope", amax)?;

@@ -11,10 +11,7 @@ use crate::tensor::{DType, Tensor};
 
 impl SwigluOps for Cuda {
     fn swiglu_forward(
-        &self,
-        out: &Tensor<Cuda>,
-        gate_up: &Tensor<Cuda>,
-        amax: Option<&Tensor<Cuda>>,
+        &self, out: &Tensor<Cuda>, gate_up: &Tensor<Cuda>, amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("swiglu_forward")?;
         let amax = amax_ptr("swiglu_forward", amax)?;
@@ -47,10 +44,7 @@ impl SwigluOps for Cuda {
     }
 
     fn swiglu_backward(
-        &self,
-        dgate_up: &Tensor<Cuda>,
-        dout: &Tensor<Cuda>,
-        gate_up: &Tensor<Cuda>,
+        &self, dgate_up: &Tensor<Cuda>, dout: &Tensor<Cuda>, gate_up: &Tensor<Cuda>,
         amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("swiglu_backward")?;
@@ -94,12 +88,8 @@ impl SwigluOps for Cuda {
     /// (generation's token pass), our matmul with SwiGLU in its epilogue (Hopper); else
     /// cuBLASLt and `swiglu_forward`.
     fn gate_up_swiglu<'a>(
-        &self,
-        gate_up: &Tensor<Cuda>,
-        out: &Tensor<Cuda>,
-        x: impl Into<Operand<'a, Cuda>>,
-        w: impl Into<Operand<'a, Cuda>>,
-        amax: Option<&Tensor<Cuda>>,
+        &self, gate_up: &Tensor<Cuda>, out: &Tensor<Cuda>, x: impl Into<Operand<'a, Cuda>>,
+        w: impl Into<Operand<'a, Cuda>>, amax: Option<&Tensor<Cuda>>,
     ) -> Result<()>
     where
         Self: 'a,
@@ -125,12 +115,8 @@ impl SwigluOps for Cuda {
     /// One kernel of ours (Hopper) where it runs on the operands, which never stores `dh`;
     /// else cuBLASLt and `swiglu_backward`.
     fn swiglu_backward_through_down<'a>(
-        &self,
-        gate_up: &Tensor<Cuda>,
-        dh: &Tensor<Cuda>,
-        dy: impl Into<Operand<'a, Cuda>>,
-        w: impl Into<Operand<'a, Cuda>>,
-        amax: Option<&Tensor<Cuda>>,
+        &self, gate_up: &Tensor<Cuda>, dh: &Tensor<Cuda>, dy: impl Into<Operand<'a, Cuda>>,
+        w: impl Into<Operand<'a, Cuda>>, amax: Option<&Tensor<Cuda>>,
     ) -> Result<()>
     where
         Self: 'a,

@@ -25,11 +25,7 @@ impl TensorMap {
     /// rows: a box row is 128 bytes (the 128-byte swizzle) or 64 (the 64-byte one). Boxes
     /// reaching past the tensor's edges read zeros there, and stores drop what lies past them.
     pub fn swizzled<const RANK: usize>(
-        address: u64,
-        dtype: DType,
-        dims: [u64; RANK],
-        strides: &[u64],
-        boxes: [u32; RANK],
+        address: u64, dtype: DType, dims: [u64; RANK], strides: &[u64], boxes: [u32; RANK],
     ) -> Result<Self> {
         assert_eq!(strides.len() + 1, RANK, "one stride per outer dimension");
         let element = match dtype {

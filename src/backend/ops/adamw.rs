@@ -67,9 +67,6 @@ pub trait OptimizerOps: MemoryOps {
     /// One AdamW step on every tensor of `tensors`. `norm_sq` is the global gradient `Σ g²`
     /// from `sum_squares`, read on the device for clipping.
     fn adamw(
-        &self,
-        tensors: &[AdamWTensor<'_, Self>],
-        norm_sq: &Tensor<Self>,
-        hp: &AdamW,
+        &self, tensors: &[AdamWTensor<'_, Self>], norm_sq: &Tensor<Self>, hp: &AdamW,
     ) -> Result<()>;
 }

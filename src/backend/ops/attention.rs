@@ -28,11 +28,7 @@ pub trait AttentionOps: MemoryOps {
     /// qkv: `[B·T, qkv_width]`; out: `[B·T, q_heads·head_dim]`; lse: `[B, q_heads, T]` f32,
     /// the log-sum-exp of each score row, kept for the backward.
     fn attention_forward(
-        &self,
-        out: &Tensor<Self>,
-        lse: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        shape: AttnShape,
+        &self, out: &Tensor<Self>, lse: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// Generation's attention over a KV cache: the query of the last of `shape.seq`
@@ -40,19 +36,11 @@ pub trait AttentionOps: MemoryOps {
     /// `attention_forward`'s output. qkv: `[T, qkv_width]` (one sequence); out:
     /// `[1, q_heads·head_dim]`.
     fn attention_decode(
-        &self,
-        out: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        shape: AttnShape,
+        &self, out: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()>;
     /// Writes `dqkv` (all three parts) from `dout`.
     fn attention_backward(
-        &self,
-        dqkv: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        qkv: &Tensor<Self>,
-        out: &Tensor<Self>,
-        lse: &Tensor<Self>,
-        shape: AttnShape,
+        &self, dqkv: &Tensor<Self>, dout: &Tensor<Self>, qkv: &Tensor<Self>, out: &Tensor<Self>,
+        lse: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()>;
 }

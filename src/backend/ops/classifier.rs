@@ -10,11 +10,7 @@ pub trait ClassifierOps: MemoryOps {
     /// ignored), with z-loss `z · lse²`. Writes `losses[N]` (f32). With `grad_scale` given,
     /// replaces the logits in place by `grad_scale · ∂loss/∂logits`.
     fn cross_entropy(
-        &self,
-        logits: &Tensor<Self>,
-        losses: &Tensor<Self>,
-        targets: &Tensor<Self>,
-        z_loss: f32,
+        &self, logits: &Tensor<Self>, losses: &Tensor<Self>, targets: &Tensor<Self>, z_loss: f32,
         grad_scale: Option<f32>,
     ) -> Result<()>;
 }

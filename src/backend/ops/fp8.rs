@@ -56,12 +56,7 @@ pub trait QuantizeOps: MemoryOps {
     /// matmuls need); asking for both costs one pass over x. At least one must be given, of
     /// one fp8 dtype.
     fn quantize(
-        &self,
-        rows: Option<&Tensor<Self>>,
-        cols: Option<&Tensor<Self>>,
-        descale: &Tensor<Self>,
-        x: &Tensor<Self>,
-        amax: &Tensor<Self>,
-        fused: Fused<'_, Self>,
+        &self, rows: Option<&Tensor<Self>>, cols: Option<&Tensor<Self>>, descale: &Tensor<Self>,
+        x: &Tensor<Self>, amax: &Tensor<Self>, fused: Fused<'_, Self>,
     ) -> Result<()>;
 }

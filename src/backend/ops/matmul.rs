@@ -96,20 +96,13 @@ pub trait MatmulOps: MemoryOps {
     /// `out[M, N] (+)= op(a)[M, K] · op(b)[K, N] (+ bias[N])`, the operands' descales applied
     /// where they are scaled.
     fn matmul<'a>(
-        &self,
-        out: &Tensor<Self>,
-        a: impl Into<Operand<'a, Self>>,
-        b: impl Into<Operand<'a, Self>>,
-        bias: Option<&Tensor<Self>>,
-        spec: Matmul,
+        &self, out: &Tensor<Self>, a: impl Into<Operand<'a, Self>>,
+        b: impl Into<Operand<'a, Self>>, bias: Option<&Tensor<Self>>, spec: Matmul,
     ) -> Result<()>
     where
         Self: 'a;
     /// `dbias[N] (+)= Σ_m dout[m, N]`.
     fn bias_backward(
-        &self,
-        dbias: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        accumulate: bool,
+        &self, dbias: &Tensor<Self>, dout: &Tensor<Self>, accumulate: bool,
     ) -> Result<()>;
 }

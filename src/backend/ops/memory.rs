@@ -17,9 +17,7 @@ pub trait MemoryOps: Sized {
     /// moving those bytes over PCIe. Every op takes such tensors like any other. On a backend
     /// whose memory is the host's, the same as `allocate`.
     fn allocate_offloaded(
-        &self,
-        category: &str,
-        specs: &[TensorSpec],
+        &self, category: &str, specs: &[TensorSpec],
     ) -> Result<Vec<Tensor<Self>>> {
         self.allocate(category, specs)
     }

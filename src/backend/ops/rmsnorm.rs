@@ -22,13 +22,8 @@ pub trait NormOps: MemoryOps {
     /// for a consumer that normalizes as it reads (`Fused::Norm` of `quantize`).
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_forward(
-        &self,
-        out: Option<&Tensor<Self>>,
-        rstd: &Tensor<Self>,
-        inp: &Tensor<Self>,
-        residual: Option<ResidualAdd<'_, Self>>,
-        weight: &Tensor<Self>,
-        eps: f32,
+        &self, out: Option<&Tensor<Self>>, rstd: &Tensor<Self>, inp: &Tensor<Self>,
+        residual: Option<ResidualAdd<'_, Self>>, weight: &Tensor<Self>, eps: f32,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// `dinp += ∂out/∂inp · dout` (the residual stream, always added into) and
@@ -37,14 +32,8 @@ pub trait NormOps: MemoryOps {
     /// output gradient of the linear below, whose FP8 copy scales by it.
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm_backward(
-        &self,
-        dinp: &Tensor<Self>,
-        dweight: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        inp: &Tensor<Self>,
-        weight: &Tensor<Self>,
-        rstd: &Tensor<Self>,
-        accumulate: bool,
+        &self, dinp: &Tensor<Self>, dweight: &Tensor<Self>, dout: &Tensor<Self>,
+        inp: &Tensor<Self>, weight: &Tensor<Self>, rstd: &Tensor<Self>, accumulate: bool,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
 
@@ -53,13 +42,8 @@ pub trait NormOps: MemoryOps {
     /// `weights.1` for the keys (`[head_dim]` each), into `out` (the same shape), the value
     /// heads copied. rstd: `[N, q_heads + kv_heads]` f32.
     fn head_rmsnorm_forward(
-        &self,
-        out: &Tensor<Self>,
-        rstd: &Tensor<Self>,
-        x: &Tensor<Self>,
-        weights: (&Tensor<Self>, &Tensor<Self>),
-        shape: AttnShape,
-        eps: f32,
+        &self, out: &Tensor<Self>, rstd: &Tensor<Self>, x: &Tensor<Self>,
+        weights: (&Tensor<Self>, &Tensor<Self>), shape: AttnShape, eps: f32,
     ) -> Result<()>;
     /// Its gradient, in place: the query and key heads of `dqkv` (the gradient of `out`)
     /// become the gradient of `x`, and the value heads stay; `dweights (+)= Σ dout ⊙ x · rstd`
@@ -67,14 +51,8 @@ pub trait NormOps: MemoryOps {
     /// stored: the QKV projection's output gradient, whose FP8 copy scales by it.
     #[allow(clippy::too_many_arguments)]
     fn head_rmsnorm_backward(
-        &self,
-        dqkv: &Tensor<Self>,
-        dweights: (&Tensor<Self>, &Tensor<Self>),
-        x: &Tensor<Self>,
-        weights: (&Tensor<Self>, &Tensor<Self>),
-        rstd: &Tensor<Self>,
-        shape: AttnShape,
-        accumulate: bool,
-        amax: Option<&Tensor<Self>>,
+        &self, dqkv: &Tensor<Self>, dweights: (&Tensor<Self>, &Tensor<Self>), x: &Tensor<Self>,
+        weights: (&Tensor<Self>, &Tensor<Self>), rstd: &Tensor<Self>, shape: AttnShape,
+        accumulate: bool, amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
 }

@@ -10,10 +10,7 @@ pub trait RopeOps: MemoryOps {
     /// Rotates the query and key heads of `qkv` `[B·T, qkv_width]` in place, HF rotate-half
     /// style. `freqs` is `[T, head_dim/2, 2]` f32 of (cos, sin) per position and pair.
     fn rope_forward(
-        &self,
-        qkv: &Tensor<Self>,
-        freqs: &Tensor<Self>,
-        shape: AttnShape,
+        &self, qkv: &Tensor<Self>, freqs: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()>;
     /// The inverse rotation, applied in place to the gradient. With `amax`, also
     /// `amax[0] = max(amax[0], max |dqkv|)` over all of dqkv as stored, value heads included:
@@ -22,11 +19,7 @@ pub trait RopeOps: MemoryOps {
     /// gradient, `dbias (+)= Σ_m dqkv[m]` as `bias_backward` gives it, in the same pass where
     /// the backend can.
     fn rope_backward(
-        &self,
-        dqkv: &Tensor<Self>,
-        freqs: &Tensor<Self>,
-        shape: AttnShape,
-        amax: Option<&Tensor<Self>>,
-        bias: Option<(&Tensor<Self>, bool)>,
+        &self, dqkv: &Tensor<Self>, freqs: &Tensor<Self>, shape: AttnShape,
+        amax: Option<&Tensor<Self>>, bias: Option<(&Tensor<Self>, bool)>,
     ) -> Result<()>;
 }

@@ -9,19 +9,13 @@ use crate::tensor::Tensor;
 pub trait SwigluOps: MatmulOps {
     /// `out = silu(gate) ⊙ up` where `gate_up` is `[N, 2F]`: gate columns first, then up.
     fn swiglu_forward(
-        &self,
-        out: &Tensor<Self>,
-        gate_up: &Tensor<Self>,
-        amax: Option<&Tensor<Self>>,
+        &self, out: &Tensor<Self>, gate_up: &Tensor<Self>, amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// `dgate_up` may be `gate_up` itself (in place). `amax`, where given, receives
     /// `dgate_up`'s abs-max: the gate/up projection's output gradient, which FP8 quantizes
     /// next.
     fn swiglu_backward(
-        &self,
-        dgate_up: &Tensor<Self>,
-        dout: &Tensor<Self>,
-        gate_up: &Tensor<Self>,
+        &self, dgate_up: &Tensor<Self>, dout: &Tensor<Self>, gate_up: &Tensor<Self>,
         amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// The MLP's gate/up projection and SwiGLU: `gate_up = x · wᵀ` (`[N, 2F]`, `w` being
@@ -29,12 +23,8 @@ pub trait SwigluOps: MatmulOps {
     /// `swiglu_forward` compute them, `amax` receiving out's abs-max. A backend with a kernel
     /// doing both at once overrides it.
     fn gate_up_swiglu<'a>(
-        &self,
-        gate_up: &Tensor<Self>,
-        out: &Tensor<Self>,
-        x: impl Into<Operand<'a, Self>>,
-        w: impl Into<Operand<'a, Self>>,
-        amax: Option<&Tensor<Self>>,
+        &self, gate_up: &Tensor<Self>, out: &Tensor<Self>, x: impl Into<Operand<'a, Self>>,
+        w: impl Into<Operand<'a, Self>>, amax: Option<&Tensor<Self>>,
     ) -> Result<()>
     where
         Self: 'a,
@@ -48,12 +38,8 @@ pub trait SwigluOps: MatmulOps {
     /// compute them, `amax` receiving its abs-max. A backend with a kernel doing both at once
     /// overrides it.
     fn swiglu_backward_through_down<'a>(
-        &self,
-        gate_up: &Tensor<Self>,
-        dh: &Tensor<Self>,
-        dy: impl Into<Operand<'a, Self>>,
-        w: impl Into<Operand<'a, Self>>,
-        amax: Option<&Tensor<Self>>,
+        &self, gate_up: &Tensor<Self>, dh: &Tensor<Self>, dy: impl Into<Operand<'a, Self>>,
+        w: impl Into<Operand<'a, Self>>, amax: Option<&Tensor<Self>>,
     ) -> Result<()>
     where
         Self: 'a,
@@ -75,11 +61,7 @@ pub fn input_gradient_spec<B: MatmulOps>(w: &Operand<'_, B>) -> Matmul {
 /// `SwigluOps::gate_up_swiglu` as two ops, for a backend without the fused kernel (or
 /// operands it does not take).
 pub fn unfused_gate_up_swiglu<'a, B: SwigluOps + 'a>(
-    b: &B,
-    gate_up: &Tensor<B>,
-    out: &Tensor<B>,
-    x: Operand<'a, B>,
-    w: Operand<'a, B>,
+    b: &B, gate_up: &Tensor<B>, out: &Tensor<B>, x: Operand<'a, B>, w: Operand<'a, B>,
     amax: Option<&Tensor<B>>,
 ) -> Result<()> {
     b.matmul(gate_up, x, w, None, Matmul::FORWARD)?;
@@ -88,11 +70,7 @@ pub fn unfused_gate_up_swiglu<'a, B: SwigluOps + 'a>(
 
 /// `SwigluOps::swiglu_backward_through_down` as two ops, likewise.
 pub fn unfused_swiglu_backward_through_down<'a, B: SwigluOps + 'a>(
-    b: &B,
-    gate_up: &Tensor<B>,
-    dh: &Tensor<B>,
-    dy: Operand<'a, B>,
-    w: Operand<'a, B>,
+    b: &B, gate_up: &Tensor<B>, dh: &Tensor<B>, dy: Operand<'a, B>, w: Operand<'a, B>,
     amax: Option<&Tensor<B>>,
 ) -> Result<()> {
     b.matmul(dh, dy, w, None, input_gradient_spec(&w))?;

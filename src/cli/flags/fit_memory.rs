@@ -56,10 +56,7 @@ impl FitMemoryFlag {
     /// reserve for what smelt does not plan; on the CPU, the figure is the host memory the
     /// run's tensors may take.
     pub fn choose(
-        &self,
-        device: &Device,
-        smaller: SmallerBatch,
-        request: impl FnOnce() -> Result<Request>,
+        &self, device: &Device, smaller: SmallerBatch, request: impl FnOnce() -> Result<Request>,
     ) -> Result<Option<Choice>> {
         let Some(asked) = self.fit_memory else {
             return Ok(None);

@@ -540,10 +540,7 @@ impl Kernels {
     /// How many clusters of `inst` (its cluster shape compiled in, `cluster` blocks of `block`
     /// threads and `smem` bytes of dynamic shared memory each) the whole GPU runs at once.
     pub fn resident_clusters(
-        &self,
-        stream: &CudaStream,
-        inst: &Instance,
-        (cluster, block, smem): (u32, u32, u32),
+        &self, stream: &CudaStream, inst: &Instance, (cluster, block, smem): (u32, u32, u32),
     ) -> Result<u32> {
         let f = self.function_with_smem(inst, smem)?;
         let cfg = LaunchConfig {
@@ -582,12 +579,7 @@ impl Kernels {
     /// must be valid for what the kernel accesses with these sizes, and `smem` must be what
     /// the kernel expects.
     pub unsafe fn launch(
-        &self,
-        stream: &CudaStream,
-        inst: &Instance,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
+        &self, stream: &CudaStream, inst: &Instance, grid: (u32, u32, u32), block: u32, smem: u32,
         args: &[KArg],
     ) -> Result<()> {
         let f = self.function_with_smem(inst, smem)?;
