@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The performance table of issue 6 in one device call (run on the GPU machine from the repo
-# root, with .gpu carried; see prepare.sh): `smelt bench` for each row, the PyTorch baseline
-# with torch.compile once per model in the same call (the fp8 rows reuse their model's
-# figure), and one closing table with the ratio and the target; below it, for each row short
-# of its target, the op families that take most of its step (`smelt bench --op-times`).
+# The performance table of docs/performance.md in one device call (run on the GPU machine
+# from the repo root, with .gpu carried; see prepare.sh): `smelt bench` for each row, the
+# PyTorch baseline with torch.compile once per model in the same call (the fp8 rows reuse
+# their model's figure), and one closing table with the ratio and the target; below it, for
+# each row short of its target, the op families that take most of its step (`smelt bench
+# --op-times`).
 #
 # Environment: OUT (logs, default .gpu/logs); SKIP_TORCH=1 skips the baseline; BENCH_ROWS
 # replaces the rows ("model dtype batch target [smelt bench flags...]" separated by ';', dtype
@@ -19,10 +20,10 @@ DEVICE=${DEVICE:-cuda}
 SEQ=${SEQ:-1024}
 mkdir -p "$OUT"
 
-# model, dtype, smelt batch, target tok/s (DESIGN.md section 9)
+# model, dtype, smelt batch, target tok/s (the targets of docs/performance.md)
 IFS=';' read -r -a rows <<< "${BENCH_ROWS:-qwen2.5-0.5b bf16 32 172000;qwen2.5-1.5b bf16 16 66000;qwen2.5-3b bf16 8 35000;qwen2.5-0.5b fp8 32 190000;qwen2.5-1.5b fp8 16 85000}"
-# The baseline's batch: 8 for the larger models, the largest PyTorch fits at 1.5B (as in the
-# issue's table).
+# The baseline's batch: 8 for the larger models, the largest PyTorch fits at 1.5B (PyTorch
+# runs out of memory at 16).
 torch_batch() {
     [ -n "${TORCH_BATCH:-}" ] && { echo "$TORCH_BATCH"; return; }
     case $1 in

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 7's convergence check (run on the GPU machine from the repo root, .gpu carried, with
-# .gpu/data holding Shakespeare tokenized by the Qwen2.5 tokenizer as for e2e.sh): qwen2-100m
-# (~104M non-embedding parameters) from scratch for 1,000 steps in bf16 and in FP8
-# (e4m3 forward, e5m2 gradients), same seed and data; then both curves on one plot and the
-# final full eval losses compared (FP8 must be within 1% of bf16).
+# FP8's convergence check, docs/fp8.md (run on the GPU machine from the repo root, .gpu
+# carried, with .gpu/data holding Shakespeare tokenized by the Qwen2.5 tokenizer as for
+# e2e.sh): qwen2-100m (~104M non-embedding parameters) from scratch for 1,000 steps in bf16
+# and in FP8 (e4m3 forward, e5m2 gradients), same seed and data; then both curves on one
+# plot and the final full eval losses compared (FP8 must be within 1% of bf16).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/logs}

@@ -6,10 +6,10 @@ measured in the same call, to hold each target against:
   runs them, e4m3 or e5m2 both K-major, the LM head in bf16), with SwiGLU's passes taken as
   free (smelt fuses them into the matmuls);
 - attention at smelt's own time in that row's step (`--op-times`; faster than PyTorch's flash
-  and cuDNN kernels at these shapes, docs/performance.md);
+  and cuDNN kernels at these shapes, docs/performance.md, "What bounds it");
 - AdamW's 14 bytes a parameter (bf16 weights, gradients and moments) at the measured copy
   rate: with gradient clipping it cannot start before the backward's last gradient, and it
-  does not overlap matmuls (docs/performance.md, the optimizer-overlap row).
+  does not overlap matmuls (scripts/gpu/torch_update_overlap.py measures why).
 
 That sum is the hard floor. The soft floor adds the passes the step makes over its other
 tensors, each at the copy rate and none of them fused further: the loss over the logits

@@ -17,8 +17,8 @@
 // splits the group: see `attention_dkdv_sum`) and the query tiles at or after the diagonal,
 // each warp owning 16 keys. Both recompute the scores. Only
 // the diagonal tile and the one at the sequence's end apply the causal mask; the others, all
-// but one or two of a block's tiles, skip its index arithmetic (with `exp2_fast`, that took
-// a third off the backward's time at D = 64).
+// but one or two of a block's tiles, skip its index arithmetic (together with `exp2_fast`,
+// this cuts the backward's time at D = 64 by a third).
 //
 // Shared memory is dynamic (it exceeds the 48 KB static limit at D = 128): the launcher passes
 // `tiles * 64 * (D + padding) * 2` bytes — 3 tiles for the forward, 6 for dq, and 6 tiles
@@ -26,18 +26,19 @@
 // raises the kernel's limit to match. Tiles arrive by cp.async, which copies global to shared
 // memory without holding a warp: the backward kernels double-buffer the tiles they stream and
 // issue the next tile's copies before working on the current one, so the copies overlap a
-// whole iteration. (With plain loads and stores, a fifth of the warps' time went to stores
-// waiting on their loads.) On Hopper (the Wgmma policy) one thread issues each tile as TMA
-// copies instead, completing on an mbarrier: cp.async took every thread 8 (D = 64) or 16
-// (D = 128) instructions a tile, and issuing them was the largest stall of dK/dV. With TMA
-// the forward runs 13-28% faster and the backward 18-20%, on the same bits.
+// whole iteration. (With plain loads and stores, a fifth of the warps' time would go to
+// stores waiting on their loads.) On Hopper (the Wgmma policy) one thread issues each tile as
+// TMA copies instead, completing on an mbarrier: cp.async costs every thread 8 (D = 64) or 16
+// (D = 128) instructions a tile, and issuing them is the largest stall of dK/dV. With TMA
+// the forward runs 13-28% faster and the backward 18-20% on an H100 at the benchmark's
+// shapes, on the same bits.
 //
 // The products come from one of two policies with the same interface: `SyncMma` (mma.sync
 // with ldmatrix from padded rows, sm_80 and later) and `Wgmma` (Hopper's warpgroup MMA, which
 // reads its shared operands directly from 128-byte-swizzled tiles; sm_90a, D a multiple of
 // 64). Each kernel body is written once over the policy; the `_mma` and `_wgmma` kernels are
-// its two instantiations. On an H100 the two gave the same bits: the 100-step e2e run and
-// the two 1,000-step convergence runs repeated their mma.sync losses exactly.
+// its two instantiations, and they give the same bits (tests/cuda_attention.rs checks it at
+// the models' shapes).
 //
 // Tensor-core fragments follow PTX's mma.m16n8k16 layouts: in a 16x8 f32 accumulator, lane l
 // holds rows l/4 and l/4 + 8, columns 2(l%4) and 2(l%4) + 1; an accumulator pair over 16
@@ -75,9 +76,9 @@ __device__ __forceinline__ void copy_async4(void* dst, const void* src, bool val
 // shared memory at the element offsets `Layout::offset(row, chunk)` of its 16-byte chunks,
 // zero-filling the rest so padded rows contribute nothing. Each thread keeps one chunk column
 // and steps down the rows STEP at a time, moving its two addresses by constants: this runs
-// while the tensor cores work, and the per-chunk index arithmetic it replaces (a division,
-// the swizzle, 64-bit address products) held half of dK/dV's warp samples at D = 128. The
-// loops stay rolled: unrolled, the compiler keeps every round's addresses in registers.
+// while the tensor cores work, where per-chunk index arithmetic (a division, the swizzle,
+// 64-bit address products) would hold half of dK/dV's warp samples at D = 128. The loops
+// stay rolled: unrolled, the compiler keeps every round's addresses in registers.
 template <int D, class Layout>
 __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int valid, size_t stride) {
     constexpr int CHUNKS = D / 8, STEP = THREADS / CHUNKS;  // D = 80 and 96 leave a few threads idle
@@ -313,8 +314,9 @@ struct SyncMma {
 // 128-byte swizzle: a tile is D/64 slabs of 64 columns (8 KB each, 1 KB aligned), each row of
 // a slab one 128-byte line whose 16-byte chunks are permuted by XOR with the row's index mod
 // 8. The same tile then serves as a K-major operand (its columns contracted: scores) and as an
-// MN-major one (its rows contracted: accumulate). Unswizzled "core matrix" tiles gave the
-// same results 8-25% slower than mma.sync; swizzled, wgmma is 13-21% faster than it.
+// MN-major one (its rows contracted: accumulate). The swizzle is what makes wgmma pay: on an
+// H100, with unswizzled "core matrix" tiles it runs 8-25% slower than mma.sync, swizzled
+// 13-21% faster.
 struct Wgmma {
     static constexpr bool TMA = true;  // the streamed tiles arrive by TMA
     template <int D> __host__ __device__ static constexpr int tile_elems() { return TILE * D; }
@@ -826,7 +828,8 @@ __device__ __forceinline__ void row_deltas(float delta[2], const bf16* __restric
 
 // dQ for 64 queries of one q head: each warp owns 16 queries and loops over the key tiles up
 // to the diagonal, recomputing P and dS. It runs before dK/dV and computes the rows' delta
-// (`row_deltas`), which it writes for dK/dV: a pass of its own read dout and out once more.
+// (`row_deltas`), which it writes for dK/dV, so that no pass of its own reads dout and out
+// once more.
 template <int D, class M>
 __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                             const bf16* __restrict__ qkv, const float* __restrict__ lse,
@@ -950,8 +953,9 @@ ATTENTION_KERNELS(wgmma, Wgmma)
 
 // dK and dV when the launcher split each kv head's group of q heads over `splits` dK/dV
 // blocks per key tile: at 3B's shape the grid is about one wave of blocks whose work spans
-// 16 : 1 (the first key tile is seen by every query tile), so the kernel lasted as long as its
-// heaviest blocks, twice the average; at small batches the grid leaves most SMs idle. Each
+// 16 : 1 (the first key tile is seen by every query tile), so unsplit the kernel lasts as
+// long as its heaviest blocks, twice the average; at small batches the grid leaves most SMs
+// idle. Each
 // share is [2][rows][Hkv][D] f32 (dK already scaled, then dV), shares one after another; this
 // adds them in share order and writes bf16 into dqkv's k and v columns. One thread per 4
 // columns.

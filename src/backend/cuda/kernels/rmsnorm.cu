@@ -119,10 +119,10 @@ __device__ __forceinline__ int acc_len(int C) {
 //
 // With HELD > 0 (the host's choice where C ≤ 32·W·HELD) a lane holds its share of the row's
 // dout and x in registers from one round of loads, all issued together, so the second pass
-// reads only dinp's old values, which it adds to (loading them with the first round instead
-// made the 0.5B and 1.5B steps' RMSNorm backward ~4% slower: the first round waits on a
-// third more bytes, and the warp holds them through the reduction). HELD = 0 streams the
-// row twice in rounds of BACKWARD_UNROLL. Each lane visits its columns in
+// reads only dinp's old values, which it adds to (loading them with the first round would
+// make the 0.5B and 1.5B steps' RMSNorm backward ~4% slower on an H100: the first round would
+// wait on a third more bytes, and the warp hold them through the reduction). HELD = 0
+// streams the row twice in rounds of BACKWARD_UNROLL. Each lane visits its columns in
 // the same order either way, so the two give the same bits. A block has at most
 // BACKWARD_MAX_THREADS threads (the host's block size): fewer where shared memory holds the
 // sums of fewer warps.
