@@ -1,4 +1,4 @@
-//! Tokenizer throughput on English text (issue 4, point 5): the 38 Shakespeare plays of
+//! Tokenizer throughput on English text: the 38 Shakespeare plays of
 //! `.ci/fetch-assets`, through the Qwen2.5 tokenizer.
 //!
 //!     cargo run --release --example tokenize_throughput

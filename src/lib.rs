@@ -1,4 +1,4 @@
-//! smelt: training and fine-tuning for Llama- and Qwen2-family language models.
+//! smelt: training and fine-tuning for Llama-, Mistral- and Qwen-family (Qwen2, Qwen3) language models.
 //!
 //! Layers, from the bottom: `tensor` and `backend` (the fused operations, with a CPU
 //! reference); `model` (the transformer written once over any backend); `comm` (how the

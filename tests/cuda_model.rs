@@ -106,7 +106,7 @@ fn training_step_matches_the_cpu() {
     }
 }
 
-/// The check: the GPU's FP8 step against the CPU's emulated FP8 step (bf16 storage,
+/// The GPU's FP8 step against the CPU's emulated FP8 step (bf16 storage,
 /// the same scales and roundings), loss within 2e-2 and gradient cosines at least 0.98.
 /// They differ where a bf16 value rounds differently on the two sides and then lands in
 /// another FP8 bucket, and in the order of the matmuls' sums.

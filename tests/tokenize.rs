@@ -1,6 +1,6 @@
 //! `smelt tokenize` on real assets: the Qwen2.5 tokenizer and Shakespeare's plays
-//! (`.ci/fetch-assets` downloads them). Issue 4, points 1-3, the chat loss masks and the
-//! eval split; the bad inputs (point 4) are in tokenize_errors.rs.
+//! (`.ci/fetch-assets` downloads them): exact ids, shards and the eval split, every input
+//! format, and the chat loss masks; the bad inputs are in tokenize_errors.rs.
 
 mod tokenizing;
 
@@ -16,7 +16,7 @@ fn options(inputs: Vec<String>, out: &Path) -> Options {
     Options::new(qwen(), inputs, out.to_path_buf())
 }
 
-/// Point 1: "Hello world" is [9707, 1879], and every written document decodes back to its text.
+/// "Hello world" is [9707, 1879], and every written document decodes back to its text.
 #[test]
 fn qwen_encodes_hello_world_and_documents_decode_back_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -51,7 +51,7 @@ fn qwen_encodes_hello_world_and_documents_decode_back_exactly() {
     assert_eq!(decoded, TRICKY);
 }
 
-/// Point 2: the plays, tokenized into several shards and an eval file, read back through
+/// The plays, tokenized into several shards and an eval file, read back through
 /// the trainer's reader; the count is the tokenizer's own plus one EOS per play, and each
 /// play decodes back to its text.
 #[test]
@@ -120,7 +120,7 @@ fn shakespeare_reads_back_with_one_eos_per_document() {
     );
 }
 
-/// Point 3: the same documents as .txt files, one .txt with separators, JSONL, and Parquet
+/// The same documents as .txt files, one .txt with separators, JSONL, and Parquet
 /// (two codecs, several row groups) give byte-identical token files; so do 1 and all threads.
 #[test]
 fn text_jsonl_and_parquet_give_the_same_tokens() {

@@ -1,4 +1,4 @@
-//! `smelt tokenize` on bad input (issue 4, point 4): the command fails with one line naming
+//! `smelt tokenize` on bad input: the command fails with one line naming
 //! the file or flag and the fix, and leaves nothing under the final file names.
 
 mod tokenizing;

@@ -1,5 +1,5 @@
-//! Issue point 4: token files. Files are built here byte by byte from the format
-//! description (DESIGN.md section 6), independently of `TokenWriter`, then read through
+//! Token files. Files are built here byte by byte from the format description
+//! (docs/data.md), independently of `TokenWriter`, then read through
 //! the loader: v1 and v2 headers, masks applied at the target's position, and a shuffle
 //! that is reproducible from its seed.
 

@@ -1,4 +1,4 @@
-//! Issue points 1 and 6: the demo configuration, shortened, trains and its loss falls; and
+//! The demo configuration, shortened, trains and its loss falls; and
 //! `smelt plot` draws a valid PNG from the log that run wrote.
 
 mod train_support;

@@ -1,4 +1,4 @@
-//! Issue point 5: bad input gets one clear error naming the file (or flag) and the fix, and
+//! Bad input gets one clear error naming the file (or flag) and the fix, and
 //! leaves every file as it was.
 
 mod train_support;

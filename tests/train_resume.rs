@@ -1,4 +1,4 @@
-//! Issue points 2 and 3: resuming is exact, and a process killed while writing a checkpoint
+//! Resuming is exact, and a process killed while writing a checkpoint
 //! leaves the previous one intact for `--continue`.
 //!
 //! The runs use bf16 weights with an f32 master copy, bf16 Adam moments (so stochastic

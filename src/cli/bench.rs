@@ -16,9 +16,9 @@ use crate::train::console::gib;
 use crate::train::options::{ActivationOptions, Offload};
 
 /// The LM head's default chunk: the whole batch, as `smelt train` runs it, up to 10 GB of
-/// logits for a 152k vocabulary. In chunks of 4096 tokens its matmuls took 2.5 ms more of a
-/// 0.5B batch-32 step (about 0.5% of the step's time: docs/performance.md), and in 8 chunks
-/// at batch 1 the weight gradient, re-read and rewritten once a chunk, took 10% of the step.
+/// logits for a 152k vocabulary. Smaller chunks cost time: each re-reads and rewrites the
+/// head's weight gradient, 10% of a batch-1 step in 8 chunks, and makes smaller matmuls, 2.5
+/// ms of a 0.5B batch-32 step in chunks of 4096 tokens (about 0.5%; H100).
 const LMHEAD_CHUNK_TOKENS: usize = 32_768;
 
 #[derive(Args, Debug)]

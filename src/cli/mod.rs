@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "smelt",
     version,
-    about = "Train and fine-tune Llama- and Qwen2-family language models"
+    about = "Train and fine-tune Llama-, Mistral- and Qwen-family language models"
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -106,8 +106,7 @@ impl Nccl {
     /// Joins rank `member.rank`'s communicator; returns once every rank has joined.
     pub fn new(cuda: &Cuda, id: UniqueId, member: Member) -> Result<Nccl> {
         // Lower numbers are higher priorities: a sum's blocks start as soon as an SM frees up,
-        // instead of queueing behind the rest of the backward's. (Over NVLink the default
-        // priority measured the same.)
+        // instead of queueing behind the rest of the backward's.
         let (_, highest) = stream::get_priority_range()?;
         let sums = cuda.ctx.new_stream_with_priority(highest)?;
         // A rank whose GPU failed to open never joins, and NCCL would wait for it for ever.

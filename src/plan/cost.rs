@@ -173,10 +173,10 @@ mod tests {
         }
     }
 
-    /// `smelt bench` on an H100 (docs/performance.md), bf16 with bf16 moments: (model, batch,
-    /// seq, median step in ms = tokens / tok/s). The 1k rows are the current table's, where
-    /// attention is under 5% of the work; the 32k row (`smelt bench --batch-size 1 --seq-len
-    /// 32768`, "Long sequences" there) is two thirds attention.
+    /// `smelt bench` on an H100 SXM, bf16 with bf16 moments: (model, batch, seq, median step
+    /// in ms = tokens / tok/s), the reference the estimate is held to. At seq 1k attention is
+    /// under 5% of the work; the 32k row (`smelt bench --batch-size 1 --seq-len 32768`) is two
+    /// thirds attention.
     const MEASURED_STEPS: [(&str, usize, usize, f64); 4] = [
         ("qwen2.5-0.5b", 32, 1024, 207.3),
         ("qwen2.5-1.5b", 16, 1024, 288.4),
@@ -217,22 +217,24 @@ mod tests {
             block: true,
             ..Recompute::default()
         };
-        // --recompute-block: 142,996 → 119,272 tok/s in one call, +45.5 ms a step.
+        // --recompute-block adds 45.5 ms a step (smelt bench, 143.0k tok/s without it and
+        // 119.3k with it).
         let extra = w.cost(h100, &choice(block, 1), 0, 0).recompute * 1e3;
         assert!(within(extra, 45.5, 0.2), "block recompute: {extra} ms");
         // The same at one sequence of 128k tokens, with 32 LM-head chunks: 14,058 tok/s.
         let long = workload(&half_b, 1, 131_072).cost(h100, &choice(block, 32), 0, 0);
         assert!(within(long.total(), 9.32, 0.15), "128k: {long:?}");
-        // bf16 m and v offloaded (1.98 GB): the optimizer phase went 3.5 → 47.7 ms.
+        // bf16 m and v offloaded (1.98 GB): the optimizer phase takes 47.7 ms, 3.5 ms on the
+        // device.
         let moments = 2 * 2 * half_b.num_parameters() as u64;
         let extra = w
             .cost(h100, &choice(Recompute::default(), 1), moments, 0)
             .bus
             * 1e3;
         assert!(within(extra, 44.2, 0.15), "offloaded moments: {extra} ms");
-        // --offload-residual, each row with and without it in one call: 212.0 → 211.3 ms,
-        // with --recompute-block 257.3 → 257.6, and at 128k 11,877 → 11,808 ms. Nothing
-        // measurable: the copies hide behind the blocks.
+        // --offload-residual costs nothing measurable: the copies hide behind the blocks
+        // (without and with it, 212.0 and 211.3 ms a step; with --recompute-block 257.3 and
+        // 257.6; at 128k 11,877 and 11,808 ms).
         let offloaded = |r: Recompute, chunks| {
             let mut offloaded = choice(r, chunks);
             offloaded.activations.offload_residual = true;
@@ -247,13 +249,13 @@ mod tests {
             let cost = w.cost(h100, &offloaded(r, chunks), 0, inputs);
             assert!(cost.activations < 0.01 * cost.total(), "{cost:?}");
         }
-        // --offload-activations too, each pair in one call, the same losses. Where a block's
-        // work outlasts its copies, nothing measurable: at 128k with --recompute-ffn
-        // --recompute-norm (1.23 GB a block), 14,007 → 14,028 tok/s; 3B at batch 8 × 1024 with
-        // the same recompute (102 MB a block), 14,940 → 14,860. Where it does not, 0.5B at
-        // batch 32 × 1024 with --recompute-ffn (312 MB a block against a 2.2 ms block forward):
-        // 138,661 → 101,729 tok/s, +86 ms a step (the copies out, 2.2 ms of forward beside
-        // each, cost +78 ms of it).
+        // --offload-activations too (the same losses either way). Where a block's work
+        // outlasts its copies it costs nothing measurable: at 128k with --recompute-ffn
+        // --recompute-norm (1.23 GB a block), 14,007 and 14,028 tok/s without and with it; 3B
+        // at batch 8 × 1024 with the same recompute (102 MB a block), 14,940 and 14,860. Where
+        // it does not, 0.5B at batch 32 × 1024 with --recompute-ffn (312 MB a block against a
+        // 2.2 ms block forward): 138,661 and 101,729 tok/s, 86 ms a step, 78 ms of it the
+        // copies out.
         let norms_ffn = Recompute {
             ffn: true,
             norm: true,

@@ -119,8 +119,8 @@ fn delta_lanes(head_dim: usize, dtype: DType, vec: bool) -> usize {
 ///   one query head per share where nothing does. Shares may differ by a head. Their traffic
 ///   is small at such sizes.
 /// - Otherwise, where the heaviest blocks outweigh the average (at 3B's shape on an H100,
-///   twice the average), an even group is halved. More shares multiply the shares' traffic:
-///   seven at 0.5B's shape with batch 16 made its backward 7% slower.
+///   twice the average), an even group is halved, and no more: shares multiply their traffic
+///   (seven at 0.5B's shape with batch 16 cost its backward 7% on an H100).
 fn dkdv_splits(s: &AttnShape, slots: usize) -> usize {
     let group = s.q_heads / s.kv_heads;
     let tiles = s.seq.div_ceil(ATTENTION_TC_TILE);

@@ -1,7 +1,7 @@
 //! Which of cuBLASLt's candidate algorithms each matmul shape runs.
 //!
 //! The heuristic's first guess is up to 20% slower than its best candidate on some of the
-//! models' shapes (docs/performance.md), so a shape seen for the first time has its
+//! models' shapes (docs/gpu.md), so a shape seen for the first time has its
 //! candidates timed once and keeps the fastest. Candidates may sum in different orders, so
 //! the choice is cached on disk, per GPU model and cuBLASLt version: a run and its
 //! continuation in another process then compute bitwise the same.
