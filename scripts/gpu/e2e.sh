@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# End to end on the GPU (run from the repo root with .gpu carried; see prepare.sh): Qwen2.5-0.5B's
-# architecture from scratch on Shakespeare tokenized with the Qwen2.5 tokenizer (.gpu/data),
-# 100 steps with periodic evals and checkpoints at 50 and 100, exported as a HF directory.
+# End to end on the GPU (run from the repo root with .gpu carried; see prepare.sh): a model's
+# architecture (MODEL, a built-in name with Qwen's vocabulary; default qwen2.5-0.5b) from
+# scratch on Shakespeare tokenized with the Qwen2.5 tokenizer (.gpu/data), 100 steps with
+# periodic evals and checkpoints at 50 and 100, exported as a HF directory.
 # Then `--continue` from the step-50 checkpoint must reproduce steps 51..100 exactly, with
 # the optimizer state on the GPU and with it and the residual stream offloaded to host
 # memory, and transformers, loading the export, must compute smelt's final eval loss within
@@ -9,29 +10,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/logs}
-mkdir -p "$OUT/e2e"
+MODEL=${MODEL:-qwen2.5-0.5b}
+logs="$OUT/e2e-$MODEL"
+mkdir -p "$logs"
 work=$(mktemp -d)
 run() {
-    ./.gpu/smelt train --model qwen2.5-0.5b --from-scratch --device cuda \
+    ./.gpu/smelt train --model "$MODEL" --from-scratch --device cuda \
         --train-file '.gpu/data/train-*.bin' --eval-file .gpu/data/eval.bin \
         --batch-size 16 --seq-len 1024 --steps 100 --lr 6e-4 --warmup 10 \
         --eval-every-n-steps 25 --eval-num-steps 2 --ckpt-interval 50 \
         --checkpoint-dir "$work/ckpt" "$@"
 }
 
-echo "=== e2e: 100 steps from scratch"
-run --log-file "$OUT/e2e/full.jsonl" --out-dir "$work/model"
+echo "=== e2e: $MODEL, 100 steps from scratch"
+run --log-file "$logs/full.jsonl" --out-dir "$work/model"
 
 echo "=== e2e: --continue from step 50"
 printf step-00000050 > "$work/ckpt/latest"
-run --continue --log-file "$OUT/e2e/continued.jsonl" --out-dir "$work/model-continued"
+run --continue --log-file "$logs/continued.jsonl" --out-dir "$work/model-continued"
 
 echo "=== e2e: --continue from step 50, optimizer state and residual stream in host memory"
 printf step-00000050 > "$work/ckpt/latest"
 run --continue --offload-master --offload-opt-m --offload-opt-v --offload-residual \
-    --log-file "$OUT/e2e/offloaded.jsonl" --out-dir "$work/model-offloaded"
+    --log-file "$logs/offloaded.jsonl" --out-dir "$work/model-offloaded"
 
-python3 - "$OUT"/e2e/{full,continued,offloaded}.jsonl <<'EOF'
+python3 - "$logs"/{full,continued,offloaded}.jsonl <<'EOF'
 import json, sys
 def losses(path):
     return {e["step"]: e["loss"] for e in map(json.loads, open(path)) if e.get("event") == "step"}
@@ -46,4 +49,4 @@ sys.exit(0 if result["continued_identical"] and result["offloaded_identical"] el
 EOF
 
 echo "=== e2e: transformers on the export"
-python3 scripts/gpu/check_export.py "$work/model" '.gpu/data/eval.bin' 1024 "$OUT/e2e/full.jsonl"
+python3 scripts/gpu/check_export.py "$work/model" '.gpu/data/eval.bin' 1024 "$logs/full.jsonl"
