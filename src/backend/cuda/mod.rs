@@ -1,13 +1,15 @@
-//! The CUDA backend: one device, one compute stream, NVRTC-compiled kernels (one `.cu` file
-//! per op family under `kernels/`, mirroring `cpu/`), cuBLASLt matmuls, and memory planned as
-//! one allocation per category.
+//! The CUDA backend: one device, one compute stream, NVRTC-compiled kernels, cuBLASLt
+//! matmuls, and memory planned as one allocation per category (`arena.rs`). Each op family is
+//! implemented in the file of its name, beside its kernels (`kernels/<family>.cu`, listed in
+//! the one kernel table of `kernels/mod.rs`), mirroring `cpu/`; this file holds the device
+//! and what every family's launches share.
 //!
 //! Every op enqueues work on the stream and returns. What waits for the device (see the
 //! trait's header): `download`, `synchronize`, `take_op_times` (op timing), and two one-time
 //! events inside ops: the scratch buffer growing during the first step (freeing the old one
 //! synchronizes), and the first matmul of a new shape timing cuBLASLt's candidate algorithms
 //! (`matmul_algos`), which waits for the timings and allocates, then frees, an output buffer
-//! of its own outside `Memory`. Nothing else in an op allocates.
+//! of its own outside the arenas. Nothing else in an op allocates.
 //!
 //! cudarc loads libcuda, libnvrtc and libcublasLt at run time, so building needs no CUDA;
 //! `Cuda::new` checks that they can be loaded before touching them and says what to install.
