@@ -7,7 +7,7 @@
 use anyhow::{Result, ensure};
 
 use super::rounding::{hash_u32, round_slice, stochastic_round_bf16};
-use super::{Cpu, Scalar};
+use super::{Cpu, Scalar, sum_f64};
 use crate::backend::{AdamW, AdamWTensor, OptimizerOps};
 use crate::tensor::{DType, Tensor};
 
@@ -102,7 +102,7 @@ impl<T: Scalar> OptimizerOps for Cpu<T> {
         let mut each = Vec::with_capacity(xs.len());
         for x in xs {
             each.push(match x {
-                Some(x) => self.floats(x)?.iter().map(|&v| v * v).sum::<T>(),
+                Some(x) => sum_f64(self.floats(x)?.iter().map(|&v| v * v)),
                 None => T::zero(),
             });
         }
@@ -110,7 +110,7 @@ impl<T: Scalar> OptimizerOps for Cpu<T> {
     }
 
     fn sum(&self, out: &Tensor<Self>, x: &Tensor<Self>) -> Result<()> {
-        let total = self.floats(x)?.iter().copied().sum::<T>();
+        let total = sum_f64(self.floats(x)?.iter().copied());
         self.update(out, |o| o[0] = total)
     }
 
@@ -152,5 +152,37 @@ impl<T: Scalar> OptimizerOps for Cpu<T> {
             self.report_abs_max(t.amax, t.param)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemoryOps;
+    use crate::rng::fill_normal;
+    use crate::tensor::TensorSpec;
+
+    /// A gradient's sum of squares over millions of elements stays within f32 rounding of
+    /// the f64 sum: the reference's global norm, which clipping reads, must not lose the
+    /// small squares a sequential f32 sum drops once the total has grown.
+    #[test]
+    fn sums_of_squares_of_millions_of_elements_are_exact_to_f32_rounding() {
+        let n = 4 << 20;
+        let mut values = vec![0f32; n];
+        fill_normal(&mut values, 1.0, 2, 0);
+        let exact: f64 = values.iter().map(|&x| (x as f64).powi(2)).sum();
+        let b = Cpu::<f32>::new();
+        let spec = |name, n| TensorSpec::new(name, &[n], DType::F32);
+        let t = b
+            .allocate("test", &[spec("x", n), spec("sums", 1)])
+            .unwrap();
+        b.upload(&t[0], &values).unwrap();
+        b.sum_squares(&t[1], &[Some(&t[0])]).unwrap();
+        let got = b.download(&t[1]).unwrap()[0] as f64;
+        let err = (got - exact).abs();
+        assert!(
+            err <= 1e-6 * exact,
+            "sum of squares {got} against {exact}: {err:e}"
+        );
     }
 }

@@ -8,12 +8,12 @@ use rayon::prelude::*;
 
 use anyhow::Result;
 
-use super::{Cpu, Scalar, rounding};
+use super::{Cpu, Scalar, rounding, sum_f64};
 use crate::backend::{AttentionOps, AttnShape};
 use crate::tensor::Tensor;
 
 fn dot<T: Scalar>(a: &[T], b: &[T]) -> T {
-    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+    sum_f64(a.iter().zip(b).map(|(&x, &y)| x * y))
 }
 
 /// Where one head's vectors live in `qkv`.
@@ -56,7 +56,7 @@ fn attend_row<T: Scalar>(
         *score = dot(q, heads.k(j, kvh)) * scale(heads.s);
     }
     let max = scores.iter().fold(T::neg_infinity(), |m, &x| m.max(x));
-    let lse = max + scores.iter().map(|&x| (x - max).exp()).sum::<T>().ln();
+    let lse = max + sum_f64(scores.iter().map(|&x| (x - max).exp())).ln();
     for (j, &score) in scores.iter().enumerate() {
         let p = (score - lse).exp();
         for (o, &v) in o_t.iter_mut().zip(heads.v(j, kvh)) {

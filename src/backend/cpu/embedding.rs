@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use anyhow::Result;
 
-use super::{Cpu, Scalar};
+use super::{Cpu, Scalar, add_column_sums};
 use crate::backend::EmbeddingOps;
 use crate::tensor::Tensor;
 
@@ -25,14 +25,15 @@ pub fn embedding_backward<T: Scalar>(
     if !accumulate {
         dwte.fill(T::zero());
     }
-    for (n, &tok) in tokens.iter().enumerate() {
-        let t = tok as usize;
-        for (d, &g) in dwte[t * c..(t + 1) * c]
-            .iter_mut()
-            .zip(&dout[n * c..(n + 1) * c])
-        {
-            *d += g;
-        }
+    // Each token's positions in order, its rows of dout summed in f64.
+    let mut positions: Vec<usize> = (0..tokens.len()).collect();
+    positions.sort_by_key(|&n| tokens[n]);
+    for same in positions.chunk_by(|&a, &b| tokens[a] == tokens[b]) {
+        let t = tokens[same[0]] as usize;
+        let rows = same
+            .iter()
+            .map(|&n| dout[n * c..(n + 1) * c].iter().copied());
+        add_column_sums(&mut dwte[t * c..(t + 1) * c], rows);
     }
 }
 

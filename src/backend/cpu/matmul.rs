@@ -2,7 +2,7 @@
 
 use anyhow::{Result, bail, ensure};
 
-use super::{Cpu, Scalar};
+use super::{Cpu, Scalar, add_column_sums};
 use crate::backend::{Matmul, MatmulOps, Operand};
 use crate::tensor::Tensor;
 
@@ -55,16 +55,15 @@ pub fn matmul<T: Scalar>(
     }
 }
 
-/// `dbias[N] (+)= Σ_m dout[m, N]`.
+/// `dbias[N] (+)= Σ_m dout[m, N]`, each sum accumulated in f64.
 pub fn bias_backward<T: Scalar>(dbias: &mut [T], dout: &[T], accumulate: bool) {
     if !accumulate {
         dbias.fill(T::zero());
     }
-    for row in dout.chunks(dbias.len()) {
-        for (d, &g) in dbias.iter_mut().zip(row) {
-            *d += g;
-        }
-    }
+    add_column_sums(
+        dbias,
+        dout.chunks(dbias.len()).map(|row| row.iter().copied()),
+    );
 }
 
 impl<T: Scalar> MatmulOps for Cpu<T> {

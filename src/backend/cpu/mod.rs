@@ -25,6 +25,7 @@ use anyhow::{Result, anyhow, ensure};
 
 pub use classifier::IGNORE_INDEX;
 pub use scalar::Scalar;
+use scalar::{add_column_sums, sum_f64};
 
 use super::Backend;
 use crate::tensor::Tensor;

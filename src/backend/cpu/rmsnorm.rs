@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use anyhow::{Result, ensure};
 
-use super::{Cpu, Scalar, rounding};
+use super::{Cpu, Scalar, add_column_sums, rounding, sum_f64};
 use crate::backend::{AttnShape, NormOps, ResidualAdd};
 use crate::tensor::Tensor;
 
@@ -13,7 +13,7 @@ pub fn rstd<T: Scalar>(rstd: &mut [T], inp: &[T], c: usize, eps: f64) {
     rstd.par_iter_mut()
         .zip(inp.par_chunks(c))
         .for_each(|(r, x)| {
-            let mean_sq = x.iter().map(|&v| v * v).sum::<T>() / T::of(c as f64);
+            let mean_sq = sum_f64(x.iter().map(|&v| v * v)) / T::of(c as f64);
             *r = (mean_sq + T::of(eps)).sqrt().recip();
         });
 }
@@ -43,12 +43,12 @@ pub fn rmsnorm_backward<T: Scalar>(
         .zip(dout.par_chunks(c))
         .zip(inp.par_chunks(c).zip(rstd.par_iter()))
         .for_each(|((dx, dy), (x, &r))| {
-            let dot = dy
-                .iter()
-                .zip(weight)
-                .zip(x)
-                .map(|((&dy, &w), &x)| dy * w * x)
-                .sum::<T>();
+            let dot = sum_f64(
+                dy.iter()
+                    .zip(weight)
+                    .zip(x)
+                    .map(|((&dy, &w), &x)| dy * w * x),
+            );
             let k = r * r * r * dot / T::of(c as f64);
             for (((dx, &dy), &w), &x) in dx.iter_mut().zip(dy).zip(weight).zip(x) {
                 *dx += r * dy * w - x * k;
@@ -57,11 +57,11 @@ pub fn rmsnorm_backward<T: Scalar>(
     if !accumulate {
         dweight.fill(T::zero());
     }
-    for ((dy, x), &r) in dout.chunks(c).zip(inp.chunks(c)).zip(rstd) {
-        for ((dw, &dy), &x) in dweight.iter_mut().zip(dy).zip(x) {
-            *dw += dy * x * r;
-        }
-    }
+    let rows = dout.chunks(c).zip(inp.chunks(c)).zip(rstd);
+    add_column_sums(
+        dweight,
+        rows.map(|((dy, x), &r)| dy.iter().zip(x).map(move |(&dy, &x)| dy * x * r)),
+    );
 }
 
 /// Qwen3's QK-norm of one fused QKV row: each of its `normed` first heads (`[D]` each, the
@@ -92,12 +92,7 @@ fn head_norm_row_backward<T: Scalar>(
         let w = if h < q_heads { q_weight } else { k_weight };
         let head = h * d..(h + 1) * d;
         let (dy, x) = (&mut dqkv[head.clone()], &x[head]);
-        let dot = dy
-            .iter()
-            .zip(w)
-            .zip(x)
-            .map(|((&dy, &w), &x)| dy * w * x)
-            .sum::<T>();
+        let dot = sum_f64(dy.iter().zip(w).zip(x).map(|((&dy, &w), &x)| dy * w * x));
         let k = r * r * r * dot / T::of(d as f64);
         for ((dy, &w), &x) in dy.iter_mut().zip(w).zip(x) {
             *dy = r * *dy * w - x * k;
@@ -212,15 +207,22 @@ impl<T: Scalar> NormOps for Cpu<T> {
                 dq.fill(T::zero());
                 dk.fill(T::zero());
             }
-            for ((dy, x), r) in dy.chunks(w).zip(x_v.chunks(w)).zip(rstd_v.chunks(normed)) {
-                for (h, &r) in r.iter().enumerate() {
-                    let dw: &mut [T] = if h < shape.q_heads { &mut dq } else { &mut dk };
-                    let head = h * d..(h + 1) * d;
-                    for ((dw, &dy), &x) in dw.iter_mut().zip(&dy[head.clone()]).zip(&x[head]) {
-                        *dw += dy * x * r;
-                    }
-                }
-            }
+            // Every head's `dout ⊙ x · rstd`, in row then head order, those of the query
+            // heads (`true`) or the key heads.
+            let products = |queries: bool| {
+                let rows = dy.chunks(w).zip(x_v.chunks(w)).zip(rstd_v.chunks(normed));
+                rows.flat_map(move |((dy, x), r)| {
+                    let heads = r.iter().enumerate();
+                    heads
+                        .filter(move |&(h, _)| (h < shape.q_heads) == queries)
+                        .map(move |(h, &r)| {
+                            let head = h * d..(h + 1) * d;
+                            (dy[head.clone()].iter().zip(&x[head])).map(move |(&dy, &x)| dy * x * r)
+                        })
+                })
+            };
+            add_column_sums(&mut dq, products(true));
+            add_column_sums(&mut dk, products(false));
             rounding::round_slice(dq_weight.dtype, &mut dq);
             rounding::round_slice(dk_weight.dtype, &mut dk);
         }

@@ -51,5 +51,29 @@ macro_rules! scalar_with_gemm {
     };
 }
 
+/// The sum of `xs`, accumulated in f64 and rounded once to `T`. The reference sums every long
+/// axis so (a vocabulary, a tensor's elements, the tokens of a batch): a sequential f32 sum
+/// loses the small terms once the total has grown, and would leave the CPU further from the
+/// exact result than the GPU it checks.
+pub fn sum_f64<T: Scalar>(xs: impl Iterator<Item = T>) -> T {
+    T::of(xs.map(T::f64).sum())
+}
+
+/// Adds each column's sum over `rows` (each yielding `out.len()` values) into `out`, each sum
+/// accumulated in f64 and rounded once: `sum_f64` for the columns of a matrix.
+pub fn add_column_sums<T: Scalar, R: IntoIterator<Item = T>>(
+    out: &mut [T], rows: impl Iterator<Item = R>,
+) {
+    let mut sums = vec![0f64; out.len()];
+    for row in rows {
+        for (s, x) in sums.iter_mut().zip(row) {
+            *s += x.f64();
+        }
+    }
+    for (o, s) in out.iter_mut().zip(sums) {
+        *o = T::of(o.f64() + s);
+    }
+}
+
 scalar_with_gemm!(f32, DType::F32, matrixmultiply::sgemm);
 scalar_with_gemm!(f64, DType::F64, matrixmultiply::dgemm);
