@@ -308,16 +308,16 @@ impl TrainArgs {
                  {model_dtype} is updated in place); leave it out"
             );
         }
+        let batch_size = self.batch_size.unwrap_or(d.batch_size);
+        let seq_len = self.seq_len.unwrap_or(d.seq_len);
+        let eval_num_steps = self.eval_num_steps.unwrap_or(d.eval_num_steps);
         let positive = [
-            ("--batch-size", self.batch_size.unwrap_or(d.batch_size)),
-            ("--seq-len", self.seq_len.unwrap_or(d.seq_len)),
+            ("--batch-size", batch_size),
+            ("--seq-len", seq_len),
             ("--grad-accumulation", self.grad_accumulation),
             ("--lmhead-chunks", self.lmhead_chunks),
             ("--ffn-chunks", self.ffn_chunks),
-            (
-                "--eval-num-steps",
-                self.eval_num_steps.unwrap_or(d.eval_num_steps),
-            ),
+            ("--eval-num-steps", eval_num_steps),
         ];
         if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
             bail!("{flag} must be at least 1");
@@ -378,8 +378,8 @@ impl TrainArgs {
             model,
             train_file,
             eval_file,
-            batch_size: positive[0].1,
-            seq_len: positive[1].1,
+            batch_size,
+            seq_len,
             grad_accumulation: self.grad_accumulation,
             steps: self.steps.or(d.steps),
             lr,
@@ -420,7 +420,7 @@ impl TrainArgs {
             out_dir: self.out_dir.clone().or_else(|| demo_path("model")),
             log_file: self.log_file.clone().or_else(|| demo_path("log.jsonl")),
             eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
-            eval_num_steps: positive[4].1,
+            eval_num_steps,
             debug_log_abs_max: self.debug_log_abs_max,
             grad_sum_after_backward: self.grad_sum_after_backward,
         })
