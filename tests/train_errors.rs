@@ -318,8 +318,18 @@ fn flags_that_are_not_implemented_or_incomplete() {
 #[test]
 fn flags_out_of_range() {
     let c = Case::new();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--lr", "0"], "--lr 0: must be positive"),
+        (&["--lr", "inf"], "--lr inf: must be a finite number"),
+        // Finite in f64, but infinite in the f32 the optimizer computes in.
+        (&["--lr", "1e39"], "--lr 1e39: beyond f32's range"),
+        (&["--weight-decay", "inf"], "--weight-decay inf: must be a finite number"),
+        (&["--grad-clip", "inf"], "--grad-clip inf: must be a finite number"),
+        (&["--z-loss", "inf"], "--z-loss inf: must be a finite number"),
+        (
+            &["--final-lr-fraction", "NaN"],
+            "--final-lr-fraction NaN: must be a finite number",
+        ),
         (
             &["--final-lr-fraction", "2"],
             "--final-lr-fraction 2: must be between 0 and 1",
@@ -334,7 +344,7 @@ fn flags_out_of_range() {
         ),
         (
             &["--adam-eps", "NaN"],
-            "--adam-eps NaN: must not be negative",
+            "--adam-eps NaN: must be a finite number",
         ),
         (
             &["--eval-num-steps", "0"],

@@ -9,6 +9,7 @@ use clap::Args;
 
 use super::flags::{
     FitMemoryFlag, OffloadFlags, Precision, PrecisionFlags, RecomputeFlags, SmallerBatch,
+    check_floats,
 };
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -270,28 +271,6 @@ impl TrainArgs {
                 "--model, --from-scratch and --eval-file need --train-file (without data arguments, smelt train runs its built-in demo)"
             );
         }
-        let (model, train_file, eval_file) = match (&self.train_file, &self.model) {
-            (None, _) => {
-                let (train, eval) = demo::write_data(&self.demo_dir.join("data"))?;
-                let path = |p: PathBuf| p.to_string_lossy().into_owned();
-                (
-                    ModelSource::Config {
-                        name: "the demo".into(),
-                        config: demo::config(),
-                    },
-                    path(train),
-                    Some(path(eval)),
-                )
-            }
-            (Some(_), None) => bail!(
-                "--train-file needs --model DIR, a HF model directory (add --from-scratch to train its config from random weights)"
-            ),
-            (Some(train), Some(model)) => (
-                ModelSource::new(model, self.from_scratch)?,
-                train.clone(),
-                self.eval_file.clone(),
-            ),
-        };
         let Precision {
             model_dtype,
             matmul,
@@ -324,8 +303,7 @@ impl TrainArgs {
         }
         let final_lr_fraction = self.final_lr_fraction.unwrap_or(d.final_lr_fraction);
         let lr = self.lr.unwrap_or(d.lr);
-        // Each comparison is false for NaN, so NaN is refused too.
-        let in_range = [
+        check_floats(&[
             ("--lr", lr, lr > 0.0, "must be positive"),
             (
                 "--final-lr-fraction",
@@ -369,10 +347,30 @@ impl TrainArgs {
                 self.z_loss >= 0.0,
                 "must not be negative",
             ),
-        ];
-        if let Some((flag, value, _, rule)) = in_range.iter().find(|c| !c.2) {
-            bail!("{flag} {value}: {rule}");
-        }
+        ])?;
+        // The flags are checked; only now does the demo write its data.
+        let (model, train_file, eval_file) = match (&self.train_file, &self.model) {
+            (None, _) => {
+                let (train, eval) = demo::write_data(&self.demo_dir.join("data"))?;
+                let path = |p: PathBuf| p.to_string_lossy().into_owned();
+                (
+                    ModelSource::Config {
+                        name: "the demo".into(),
+                        config: demo::config(),
+                    },
+                    path(train),
+                    Some(path(eval)),
+                )
+            }
+            (Some(_), None) => bail!(
+                "--train-file needs --model DIR, a HF model directory (add --from-scratch to train its config from random weights)"
+            ),
+            (Some(train), Some(model)) => (
+                ModelSource::new(model, self.from_scratch)?,
+                train.clone(),
+                self.eval_file.clone(),
+            ),
+        };
         let demo_path = |name: &str| demo.then(|| self.demo_dir.join(name));
         Ok(Options {
             model,
