@@ -318,14 +318,36 @@ fn flags_that_are_not_implemented_or_incomplete() {
 #[test]
 fn flags_out_of_range() {
     let c = Case::new();
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["--lr", "0"], "--lr 0: must be positive"),
+        // A negative number is a value, not a flag, with or without `=`.
+        (&["--lr", "-1"], "--lr -1: must be positive"),
+        (&["--lr=-1"], "--lr -1: must be positive"),
+        (
+            &["--weight-decay", "-0.1"],
+            "--weight-decay -0.1: must not be negative",
+        ),
+        // clap reads `-inf` as a value only after `=`.
+        (&["--beta-2=-inf"], "--beta-2 -inf: must be a finite number"),
+        (
+            &["--fit-memory", "-2"],
+            "--fit-memory -2: give a positive number of GiB",
+        ),
         (&["--lr", "inf"], "--lr inf: must be a finite number"),
         // Finite in f64, but infinite in the f32 the optimizer computes in.
         (&["--lr", "1e39"], "--lr 1e39: beyond f32's range"),
-        (&["--weight-decay", "inf"], "--weight-decay inf: must be a finite number"),
-        (&["--grad-clip", "inf"], "--grad-clip inf: must be a finite number"),
-        (&["--z-loss", "inf"], "--z-loss inf: must be a finite number"),
+        (
+            &["--weight-decay", "inf"],
+            "--weight-decay inf: must be a finite number",
+        ),
+        (
+            &["--grad-clip", "inf"],
+            "--grad-clip inf: must be a finite number",
+        ),
+        (
+            &["--z-loss", "inf"],
+            "--z-loss inf: must be a finite number",
+        ),
         (
             &["--final-lr-fraction", "NaN"],
             "--final-lr-fraction NaN: must be a finite number",

@@ -11,6 +11,7 @@ use crate::model::{ModelOptions, Transformer};
 use crate::tensor::DType;
 
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct ExportArgs {
     /// HF model directory to read (config.json + model.safetensors or a sharded index).
     #[arg(long)]

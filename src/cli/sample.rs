@@ -19,6 +19,7 @@ use crate::train::checkpoint;
 
 #[derive(Args, Debug)]
 #[command(
+    allow_negative_numbers = true,
     about = "Generate text from a model directory or a checkpoint",
     after_help = "A text --prompt is encoded with the model's tokenizer.json. A model without one \
 whose vocabulary is 256 (the demo's) reads bytes as tokens. Otherwise give --tokens. With --chat, \

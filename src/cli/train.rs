@@ -39,6 +39,7 @@ const DEFAULTS: Defaults = Defaults {
 
 #[derive(Args, Debug)]
 #[command(
+    allow_negative_numbers = true,
     about = "Train or fine-tune a model; with no data arguments, run the built-in demo",
     after_help = "With no --train-file, smelt trains a small byte-level Llama on the text built \
 into the binary (its README and sources), writes a log and a model under --demo-dir, and ends \
