@@ -138,6 +138,31 @@ fn a_top_p_outside_0_to_1_is_refused() {
 }
 
 #[test]
+fn a_negative_or_non_finite_temperature_is_refused() {
+    let cases = [
+        ("-1", "must be 0 (greedy) or positive"),
+        ("-0.5", "must be 0 (greedy) or positive"),
+        ("NaN", "must be a finite number"),
+        ("inf", "must be a finite number"),
+    ];
+    for (t, rule) in cases {
+        let err = smelt_err(&[
+            "sample",
+            "--model",
+            "m",
+            "--prompt",
+            "fn",
+            "--temperature",
+            t,
+        ]);
+        assert!(
+            err.starts_with(&format!("error: --temperature {t}: {rule}")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn a_directory_that_is_no_checkpoint_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let err = smelt_err(&["sample", "--checkpoint", s(dir.path()), "--prompt", "fn"]);

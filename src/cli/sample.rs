@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Map, Value, json};
 
-use super::flags::dtype;
+use super::flags::{check_floats, dtype};
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::generate::{Codec, Generator, SampleOptions, Sampling, TextStream};
@@ -59,7 +59,7 @@ pub struct SampleArgs {
     max_new_tokens: usize,
     /// Softmax temperature; 0 always takes the most likely token (greedy).
     #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
+    temperature: f64,
     /// Draw only from the k most likely tokens; 0 keeps them all.
     #[arg(long, default_value_t = 0)]
     top_k: usize,
@@ -82,6 +82,12 @@ pub struct SampleArgs {
 impl SampleArgs {
     pub fn run(self) -> Result<()> {
         // Checked before a model is loaded; NaN fails too.
+        check_floats(&[(
+            "--temperature",
+            self.temperature,
+            self.temperature >= 0.0,
+            "must be 0 (greedy) or positive",
+        )])?;
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!(
                 "--top-p {}: give a probability in (0, 1]; 1 keeps every token",
@@ -163,7 +169,7 @@ impl SampleArgs {
         let options = SampleOptions {
             max_new_tokens: self.max_new_tokens,
             sampling: Sampling {
-                temperature: self.temperature,
+                temperature: self.temperature as f32,
                 top_k: self.top_k,
                 top_p: self.top_p,
             },
