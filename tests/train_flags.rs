@@ -58,3 +58,32 @@ fn eval_num_steps_sets_the_batches_of_each_periodic_eval() {
     // One eval, at step 1, over 3 batches of 2 sequences of 16 targets.
     assert_eq!(periodic, [3 * 2 * 16]);
 }
+
+#[test]
+fn a_warmup_longer_than_the_run_ends_at_its_last_step() {
+    let set = setup();
+    let events = train(&set, &["--steps", "2", "--warmup", "5"]);
+    let warnings: Vec<&String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Warning { message } => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("--warmup 5 is longer than the run's 2 steps")),
+        "{warnings:?}"
+    );
+    // As torchtitan does, the warmup is shortened to the run: the rate reaches --lr at the
+    // last step.
+    let lrs: Vec<f64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Step { lr, .. } => Some(*lr),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(lrs, [0.5e-2, 1e-2]);
+}

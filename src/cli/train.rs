@@ -90,7 +90,8 @@ pub struct TrainArgs {
     /// Peak learning rate [default: 3e-4; demo 3e-3].
     #[arg(long, help_heading = "Batch and schedule")]
     lr: Option<f64>,
-    /// Steps of linear warmup from 0 to --lr [default: 0; demo 20].
+    /// Steps of linear warmup from 0 to --lr; one longer than the run is shortened to it,
+    /// with a warning [default: 0; demo 20].
     #[arg(long, help_heading = "Batch and schedule")]
     warmup: Option<u64>,
     /// Shape of the decay after warmup.
