@@ -199,7 +199,9 @@ pub struct TrainArgs {
     #[arg(long = "continue", help_heading = "Output")]
     resume: bool,
     /// Write the trained model here as a HF directory (config.json + model.safetensors +
-    /// the tokenizer files of --model) [demo: --demo-dir/model].
+    /// the tokenizer files of --model): a new or empty directory, checked before training,
+    /// unless the run continues one (--continue), whose model it replaces [demo:
+    /// --demo-dir/model, whose earlier model the demo replaces].
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     out_dir: Option<PathBuf>,
     /// Append the run's events (options, steps, evals, checkpoints) to this JSON Lines
@@ -350,6 +352,12 @@ impl TrainArgs {
                 "must not be negative",
             ),
         ])?;
+        // Now, not at the end of the run: a model already there is not this run's to
+        // replace. A continued run's is (the run it continues may have written it), and so
+        // is the demo's, under --demo-dir.
+        if let Some(out) = self.out_dir.as_ref().filter(|_| !self.resume) {
+            hf::check_new_export_dir(out, self.model.as_deref())?;
+        }
         // The flags are checked; only now does the demo write its data.
         let (model, train_file, eval_file) = match (&self.train_file, &self.model) {
             (None, _) => {
