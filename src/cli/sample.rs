@@ -176,6 +176,17 @@ impl SampleArgs {
             seed: self.seed,
             stop: config.eos_token_ids.iter().map(|&t| t as i32).collect(),
         };
+        let dropped = generator.prompt_dropped(prompt.len(), self.max_new_tokens);
+        if dropped > 0 {
+            let context = generator.max_context();
+            eprintln!(
+                "[sample] the prompt's {} tokens are more than the model's context of {context} \
+                 (max_position_embeddings): its first {dropped} are dropped, and the model reads \
+                 its newest {}, half the context, leaving the rest for new tokens",
+                prompt.len(),
+                prompt.len() - dropped
+            );
+        }
         let decode = |tokens: &[i32]| codec.decode(tokens, self.chat);
         let out = std::io::stdout().lock();
         let mut text = match self.chat {
