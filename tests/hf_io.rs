@@ -91,6 +91,28 @@ fn export_then_import_is_bitwise() {
 }
 
 #[test]
+fn export_keeps_pad_token_id() {
+    let cpu = Cpu::<f32>::new();
+    let dir = copy_of("llama_tied");
+    let config_path = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    assert!(text.contains(r#""pad_token_id": null"#));
+    std::fs::write(
+        &config_path,
+        text.replace(r#""pad_token_id": null"#, r#""pad_token_id": 3"#),
+    )
+    .unwrap();
+    let model = model_for(&cpu, hf::read_config(dir.path()).unwrap(), DType::F32);
+    hf::import(&cpu, &model, dir.path()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    hf::export(&cpu, &model, out.path(), DType::F32).unwrap();
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("config.json")).unwrap()).unwrap();
+    assert_eq!(written["pad_token_id"], 3);
+    assert_eq!(hf::read_config(out.path()).unwrap(), model.config);
+}
+
+#[test]
 fn reads_sharded_checkpoints() {
     let cpu = Cpu::<f32>::new();
     let single = fixture("qwen2_untied");

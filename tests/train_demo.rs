@@ -78,6 +78,19 @@ fn shortened_demo_trains_and_its_log_plots() {
             .count();
         assert!(drawn > 2000, "panel ({px}, {py}) has {drawn} drawn pixels");
     }
+
+    // Run again, the demo replaces its own model; its warmup of 20 steps is shortened to a
+    // 1-step run, with a warning.
+    let model = std::fs::read(demo.join("model/model.safetensors")).unwrap();
+    let again = smelt_ok(&["train", "--demo-dir", s(&demo), "--steps", "1"]);
+    assert!(
+        again.contains("warning: --warmup 20 is longer than the run's 1 steps"),
+        "{again}"
+    );
+    assert_ne!(
+        std::fs::read(demo.join("model/model.safetensors")).unwrap(),
+        model
+    );
 }
 
 #[test]

@@ -39,7 +39,8 @@ impl Case {
         let root = tmp.path().to_path_buf();
         let model = tiny_model_dir(&root);
         let good = corpus_file(&root.join("good.bin"), 2000, false);
-        // Output of an earlier run, which a refused run must leave alone.
+        // An earlier run's model, which a refused run must leave alone (and which a new run
+        // may not replace: `--out-dir` is new by default).
         std::fs::create_dir_all(root.join("out")).unwrap();
         std::fs::write(root.join("out/model.safetensors"), "earlier model").unwrap();
         let earlier = r#"{"time":1.0,"event":"option","name":"lr","value":0.1}"#;
@@ -73,7 +74,7 @@ impl Case {
             ("--batch-size", "2".to_string()),
             ("--seq-len", "16".to_string()),
             ("--steps", "2".to_string()),
-            ("--out-dir", self.path("out")),
+            ("--out-dir", self.path("model")),
             ("--log-file", self.path("log.jsonl")),
             ("--checkpoint-dir", self.path("ckpt")),
         ];
@@ -192,7 +193,8 @@ fn unwritable_or_sharded_out_dir() {
         "out: holds a sharded model (model.safetensors.index.json)",
         "choose another --out-dir or remove the old shards",
     ];
-    c.check(&c.args(s(&c.good), &[]), &sharded);
+    let out = c.path("out");
+    c.check(&c.args(s(&c.good), &["--out-dir", &out]), &sharded);
     let export = |out: &str| -> Vec<String> {
         ["export", "--model", s(&c.model), "--out-dir", out]
             .iter()
@@ -212,13 +214,60 @@ fn unwritable_or_sharded_out_dir() {
 }
 
 #[test]
+fn an_out_dir_holding_files_is_refused_before_any_work() {
+    // `out` holds an earlier model's weights, which a new model would replace, leaving
+    // whatever else the earlier one had (its tokenizer) beside the new weights.
+    let c = Case::new();
+    let holds = [
+        "out: already holds files (model.safetensors)",
+        "choose a new directory or delete them",
+    ];
+    let out = c.path("out");
+    c.check(&c.args(s(&c.good), &["--out-dir", &out]), &holds);
+    let export = |out: &str| -> Vec<String> {
+        ["export", "--model", s(&c.model), "--out-dir", out]
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+    };
+    c.check(&export(&c.path("out")), &holds);
+    // Only an earlier model's tokenizer: the new weights would be read with it.
+    std::fs::create_dir_all(c.root.join("other")).unwrap();
+    std::fs::write(c.root.join("other/tokenizer.json"), "{}").unwrap();
+    c.check(
+        &export(&c.path("other")),
+        &["other: already holds files (tokenizer.json)"],
+    );
+    // Refused before the demo writes its data.
+    let demo = c.path("demo");
+    c.check(
+        &[
+            "train".into(),
+            "--demo-dir".into(),
+            demo,
+            "--out-dir".into(),
+            c.path("out"),
+        ],
+        &holds,
+    );
+    // An empty directory is fine.
+    std::fs::create_dir_all(c.root.join("empty")).unwrap();
+    let args = c.args(s(&c.good), &["--steps", "1", "--out-dir", &c.path("empty")]);
+    smelt_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(c.root.join("empty/model.safetensors").is_file());
+}
+
+#[test]
 fn continue_refuses_an_incompatible_or_missing_checkpoint() {
     let c = Case::new();
     c.check(
         &c.args(s(&c.good), &["--continue"]),
         &["--continue: no checkpoint in", "run without --continue"],
     );
-    let ok: Vec<String> = c.args(s(&c.good), &["--ckpt-interval", "1"]);
+    // The run whose checkpoints the others try to continue, with a model directory of its
+    // own, so that the default one stays new for the fresh run below.
+    let fresh = c.path("fresh-out");
+    let ok: Vec<String> = c.args(s(&c.good), &["--ckpt-interval", "1", "--out-dir", &fresh]);
     smelt_ok(&ok.iter().map(String::as_str).collect::<Vec<_>>());
 
     c.check(
@@ -318,8 +367,40 @@ fn flags_that_are_not_implemented_or_incomplete() {
 #[test]
 fn flags_out_of_range() {
     let c = Case::new();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["--lr", "0"], "--lr 0: must be positive"),
+        // A negative number is a value, not a flag, with or without `=`.
+        (&["--lr", "-1"], "--lr -1: must be positive"),
+        (&["--lr=-1"], "--lr -1: must be positive"),
+        (&["--lr", "inf"], "--lr inf: must be a finite number"),
+        // Finite in f64, but infinite in the f32 the optimizer computes in.
+        (&["--lr", "1e39"], "--lr 1e39: beyond f32's range"),
+        (
+            &["--weight-decay", "-0.1"],
+            "--weight-decay -0.1: must not be negative",
+        ),
+        (
+            &["--weight-decay", "inf"],
+            "--weight-decay inf: must be a finite number",
+        ),
+        (
+            &["--grad-clip", "inf"],
+            "--grad-clip inf: must be a finite number",
+        ),
+        // clap reads `-inf` as a value only after `=`.
+        (&["--beta-2=-inf"], "--beta-2 -inf: must be a finite number"),
+        (
+            &["--z-loss", "inf"],
+            "--z-loss inf: must be a finite number",
+        ),
+        (
+            &["--final-lr-fraction", "NaN"],
+            "--final-lr-fraction NaN: must be a finite number",
+        ),
+        (
+            &["--fit-memory", "-2"],
+            "--fit-memory -2: give a positive number of GiB",
+        ),
         (
             &["--final-lr-fraction", "2"],
             "--final-lr-fraction 2: must be between 0 and 1",
@@ -334,7 +415,7 @@ fn flags_out_of_range() {
         ),
         (
             &["--adam-eps", "NaN"],
-            "--adam-eps NaN: must not be negative",
+            "--adam-eps NaN: must be a finite number",
         ),
         (
             &["--eval-num-steps", "0"],

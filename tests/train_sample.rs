@@ -114,6 +114,31 @@ fn samples_from_model_dir_and_checkpoint_alike() {
         assert_eq!(sample(&[&args[..], &narrow].concat()), from_dir);
     }
 
+    // A prompt longer than the model's context of 64: its start is dropped, and stderr says
+    // how much and why. Of 100 tokens the newest 32, half the context, are kept (the rest
+    // is room for new tokens), as for a context that outgrows the model while sampling.
+    let long: Vec<String> = (0..100).map(|i| (97 + i % 26).to_string()).collect();
+    let long = long.join(",");
+    let output = smelt(&[
+        "sample",
+        "--model",
+        s(&out),
+        "--tokens",
+        &long,
+        "--max-new-tokens",
+        "4",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the prompt's 100 tokens are more than the model's context of 64")
+            && stderr.contains("its first 68 are dropped"),
+        "{stderr}"
+    );
+    // A prompt that fits gets no such line.
+    let output = smelt(&["sample", "--model", s(&out), "--tokens", "102,110"]);
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("dropped"));
+
     // With a tokenizer.json next to the model, a text prompt goes through it; the run
     // copies the file into its output.
     std::fs::write(model.join("tokenizer.json"), word_tokenizer()).unwrap();
@@ -132,6 +157,31 @@ fn a_top_p_outside_0_to_1_is_refused() {
         let err = smelt_err(&["sample", "--model", "m", "--prompt", "fn", "--top-p", p]);
         assert!(
             err.contains(&format!("--top-p {p}")) && err.contains("a probability in (0, 1]"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_negative_or_non_finite_temperature_is_refused() {
+    let cases = [
+        ("-1", "must be 0 (greedy) or positive"),
+        ("-0.5", "must be 0 (greedy) or positive"),
+        ("NaN", "must be a finite number"),
+        ("inf", "must be a finite number"),
+    ];
+    for (t, rule) in cases {
+        let err = smelt_err(&[
+            "sample",
+            "--model",
+            "m",
+            "--prompt",
+            "fn",
+            "--temperature",
+            t,
+        ]);
+        assert!(
+            err.starts_with(&format!("error: --temperature {t}: {rule}")),
             "{err}"
         );
     }

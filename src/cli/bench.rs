@@ -23,6 +23,7 @@ const LMHEAD_CHUNK_TOKENS: usize = 32_768;
 
 #[derive(Args, Debug)]
 #[command(
+    allow_negative_numbers = true,
     about = "Measure training throughput: tok/s, MFU, peak memory and the time of each phase",
     after_help = "Trains --model from random weights on random tokens, in bf16 with bf16 Adam \
 states. After --warmup steps, the median of --steps steps (each ending with one wait for the \

@@ -11,11 +11,13 @@ use crate::model::{ModelOptions, Transformer};
 use crate::tensor::DType;
 
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct ExportArgs {
     /// HF model directory to read (config.json + model.safetensors or a sharded index).
     #[arg(long)]
     model: PathBuf,
-    /// Directory to write config.json, model.safetensors and any tokenizer files into.
+    /// Directory to write config.json, model.safetensors and any tokenizer files into: a new
+    /// or empty one.
     #[arg(long)]
     out_dir: PathBuf,
     /// Storage dtype of the written tensors: f32, bf16 or f16.
@@ -30,7 +32,7 @@ impl ExportArgs {
         else {
             bail!("--dtype {}: choose f32, bf16 or f16", self.dtype);
         };
-        hf::check_export_dir(&self.out_dir, Some(&self.model))?;
+        hf::check_new_export_dir(&self.out_dir, Some(&self.model))?;
         let config = hf::read_config(&self.model)?;
         let cpu = Cpu::<f32>::new();
         // The smallest activation shape: export only touches the weights.

@@ -1,6 +1,9 @@
 //! The `smelt` command line: one subcommand per file, each with its arguments and `run`,
 //! which turns them into the options of the module that does the work. `flags` holds the
 //! flag groups several subcommands share.
+//!
+//! Every subcommand reads a negative number as a value (`--lr -1`, as `--lr=-1`), never as a
+//! flag, so that its own check can name the flag and what it must be.
 
 mod bench;
 mod export;

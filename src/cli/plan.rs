@@ -19,6 +19,7 @@ use crate::train::options::OptimizerOptions;
 
 #[derive(Args, Debug)]
 #[command(
+    allow_negative_numbers = true,
     about = "Plan a training run's memory: the recompute, offload and LM-head flags that fit it, fastest first",
     after_help = "Takes the model, batch and precision flags of `smelt train` and lists the \
 choices of --recompute-*, --offload-*, --lmhead-chunks (and, with --gpus, --zero-level) worth \

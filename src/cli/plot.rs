@@ -10,6 +10,7 @@ use crate::plot::{label, read_series, render, write_png};
 
 #[derive(Args, Debug)]
 #[command(
+    allow_negative_numbers = true,
     about = "Plot training logs as a PNG: loss and eval loss, lr, grad norm, tok/s; several logs are overlaid"
 )]
 pub struct PlotArgs {

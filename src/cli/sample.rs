@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Map, Value, json};
 
-use super::flags::dtype;
+use super::flags::{check_floats, dtype};
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::generate::{Codec, Generator, SampleOptions, Sampling, TextStream};
@@ -19,6 +19,7 @@ use crate::train::checkpoint;
 
 #[derive(Args, Debug)]
 #[command(
+    allow_negative_numbers = true,
     about = "Generate text from a model directory or a checkpoint",
     after_help = "A text --prompt is encoded with the model's tokenizer.json. A model without one \
 whose vocabulary is 256 (the demo's) reads bytes as tokens. Otherwise give --tokens. With --chat, \
@@ -58,7 +59,7 @@ pub struct SampleArgs {
     max_new_tokens: usize,
     /// Softmax temperature; 0 always takes the most likely token (greedy).
     #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
+    temperature: f64,
     /// Draw only from the k most likely tokens; 0 keeps them all.
     #[arg(long, default_value_t = 0)]
     top_k: usize,
@@ -81,6 +82,12 @@ pub struct SampleArgs {
 impl SampleArgs {
     pub fn run(self) -> Result<()> {
         // Checked before a model is loaded; NaN fails too.
+        check_floats(&[(
+            "--temperature",
+            self.temperature,
+            self.temperature >= 0.0,
+            "must be 0 (greedy) or positive",
+        )])?;
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!(
                 "--top-p {}: give a probability in (0, 1]; 1 keeps every token",
@@ -162,13 +169,24 @@ impl SampleArgs {
         let options = SampleOptions {
             max_new_tokens: self.max_new_tokens,
             sampling: Sampling {
-                temperature: self.temperature,
+                temperature: self.temperature as f32,
                 top_k: self.top_k,
                 top_p: self.top_p,
             },
             seed: self.seed,
             stop: config.eos_token_ids.iter().map(|&t| t as i32).collect(),
         };
+        let dropped = generator.prompt_dropped(prompt.len(), self.max_new_tokens);
+        if dropped > 0 {
+            let context = generator.max_context();
+            eprintln!(
+                "[sample] the prompt's {} tokens are more than the model's context of {context} \
+                 (max_position_embeddings): its first {dropped} are dropped, and the model reads \
+                 its newest {}, half the context, leaving the rest for new tokens",
+                prompt.len(),
+                prompt.len() - dropped
+            );
+        }
         let decode = |tokens: &[i32]| codec.decode(tokens, self.chat);
         let out = std::io::stdout().lock();
         let mut text = match self.chat {

@@ -11,6 +11,7 @@ use crate::tokenize::chat_template::{Turns, parse_kwargs};
 use crate::tokenize::{DEFAULT_SHARD_TOKENS, EvalSplit, Options, tokenize};
 
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 pub struct TokenizeArgs {
     /// Input files (globs): .txt/.md (one document per file, or split with --separator),
     /// .jsonl (the document in --text-field) and .parquet (in --text-column)

@@ -9,6 +9,7 @@ use clap::Args;
 
 use super::flags::{
     FitMemoryFlag, OffloadFlags, Precision, PrecisionFlags, RecomputeFlags, SmallerBatch,
+    check_floats,
 };
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -38,6 +39,7 @@ const DEFAULTS: Defaults = Defaults {
 
 #[derive(Args, Debug)]
 #[command(
+    allow_negative_numbers = true,
     about = "Train or fine-tune a model; with no data arguments, run the built-in demo",
     after_help = "With no --train-file, smelt trains a small byte-level Llama on the text built \
 into the binary (its README and sources), writes a log and a model under --demo-dir, and ends \
@@ -88,7 +90,8 @@ pub struct TrainArgs {
     /// Peak learning rate [default: 3e-4; demo 3e-3].
     #[arg(long, help_heading = "Batch and schedule")]
     lr: Option<f64>,
-    /// Steps of linear warmup from 0 to --lr [default: 0; demo 20].
+    /// Steps of linear warmup from 0 to --lr; one longer than the run is shortened to it,
+    /// with a warning [default: 0; demo 20].
     #[arg(long, help_heading = "Batch and schedule")]
     warmup: Option<u64>,
     /// Shape of the decay after warmup.
@@ -196,7 +199,9 @@ pub struct TrainArgs {
     #[arg(long = "continue", help_heading = "Output")]
     resume: bool,
     /// Write the trained model here as a HF directory (config.json + model.safetensors +
-    /// the tokenizer files of --model) [demo: --demo-dir/model].
+    /// the tokenizer files of --model): a new or empty directory, checked before training,
+    /// unless the run continues one (--continue), whose model it replaces [demo:
+    /// --demo-dir/model, whose earlier model the demo replaces].
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     out_dir: Option<PathBuf>,
     /// Append the run's events (options, steps, evals, checkpoints) to this JSON Lines
@@ -270,28 +275,6 @@ impl TrainArgs {
                 "--model, --from-scratch and --eval-file need --train-file (without data arguments, smelt train runs its built-in demo)"
             );
         }
-        let (model, train_file, eval_file) = match (&self.train_file, &self.model) {
-            (None, _) => {
-                let (train, eval) = demo::write_data(&self.demo_dir.join("data"))?;
-                let path = |p: PathBuf| p.to_string_lossy().into_owned();
-                (
-                    ModelSource::Config {
-                        name: "the demo".into(),
-                        config: demo::config(),
-                    },
-                    path(train),
-                    Some(path(eval)),
-                )
-            }
-            (Some(_), None) => bail!(
-                "--train-file needs --model DIR, a HF model directory (add --from-scratch to train its config from random weights)"
-            ),
-            (Some(train), Some(model)) => (
-                ModelSource::new(model, self.from_scratch)?,
-                train.clone(),
-                self.eval_file.clone(),
-            ),
-        };
         let Precision {
             model_dtype,
             matmul,
@@ -308,24 +291,23 @@ impl TrainArgs {
                  {model_dtype} is updated in place); leave it out"
             );
         }
+        let batch_size = self.batch_size.unwrap_or(d.batch_size);
+        let seq_len = self.seq_len.unwrap_or(d.seq_len);
+        let eval_num_steps = self.eval_num_steps.unwrap_or(d.eval_num_steps);
         let positive = [
-            ("--batch-size", self.batch_size.unwrap_or(d.batch_size)),
-            ("--seq-len", self.seq_len.unwrap_or(d.seq_len)),
+            ("--batch-size", batch_size),
+            ("--seq-len", seq_len),
             ("--grad-accumulation", self.grad_accumulation),
             ("--lmhead-chunks", self.lmhead_chunks),
             ("--ffn-chunks", self.ffn_chunks),
-            (
-                "--eval-num-steps",
-                self.eval_num_steps.unwrap_or(d.eval_num_steps),
-            ),
+            ("--eval-num-steps", eval_num_steps),
         ];
         if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
             bail!("{flag} must be at least 1");
         }
         let final_lr_fraction = self.final_lr_fraction.unwrap_or(d.final_lr_fraction);
         let lr = self.lr.unwrap_or(d.lr);
-        // Each comparison is false for NaN, so NaN is refused too.
-        let in_range = [
+        check_floats(&[
             ("--lr", lr, lr > 0.0, "must be positive"),
             (
                 "--final-lr-fraction",
@@ -369,17 +351,43 @@ impl TrainArgs {
                 self.z_loss >= 0.0,
                 "must not be negative",
             ),
-        ];
-        if let Some((flag, value, _, rule)) = in_range.iter().find(|c| !c.2) {
-            bail!("{flag} {value}: {rule}");
+        ])?;
+        // Now, not at the end of the run: a model already there is not this run's to
+        // replace. A continued run's is (the run it continues may have written it), and so
+        // is the demo's, under --demo-dir.
+        if let Some(out) = self.out_dir.as_ref().filter(|_| !self.resume) {
+            hf::check_new_export_dir(out, self.model.as_deref())?;
         }
+        // The flags are checked; only now does the demo write its data.
+        let (model, train_file, eval_file) = match (&self.train_file, &self.model) {
+            (None, _) => {
+                let (train, eval) = demo::write_data(&self.demo_dir.join("data"))?;
+                let path = |p: PathBuf| p.to_string_lossy().into_owned();
+                (
+                    ModelSource::Config {
+                        name: "the demo".into(),
+                        config: demo::config(),
+                    },
+                    path(train),
+                    Some(path(eval)),
+                )
+            }
+            (Some(_), None) => bail!(
+                "--train-file needs --model DIR, a HF model directory (add --from-scratch to train its config from random weights)"
+            ),
+            (Some(train), Some(model)) => (
+                ModelSource::new(model, self.from_scratch)?,
+                train.clone(),
+                self.eval_file.clone(),
+            ),
+        };
         let demo_path = |name: &str| demo.then(|| self.demo_dir.join(name));
         Ok(Options {
             model,
             train_file,
             eval_file,
-            batch_size: positive[0].1,
-            seq_len: positive[1].1,
+            batch_size,
+            seq_len,
             grad_accumulation: self.grad_accumulation,
             steps: self.steps.or(d.steps),
             lr,
@@ -420,7 +428,7 @@ impl TrainArgs {
             out_dir: self.out_dir.clone().or_else(|| demo_path("model")),
             log_file: self.log_file.clone().or_else(|| demo_path("log.jsonl")),
             eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
-            eval_num_steps: positive[4].1,
+            eval_num_steps,
             debug_log_abs_max: self.debug_log_abs_max,
             grad_sum_after_backward: self.grad_sum_after_backward,
         })

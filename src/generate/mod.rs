@@ -50,10 +50,32 @@ impl<B: Backend> Generator<B> {
         Ok(Generator { model, max_context })
     }
 
+    /// The longest context the model accepts: its `max_position_embeddings`.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// How many of the first tokens of a prompt of `prompt_len` `generate` leaves out: none
+    /// if it fits the model's context, else all but the newest half context, as when the
+    /// context outgrows the model while sampling.
+    pub fn prompt_dropped(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        let capacity = self.capacity(prompt_len, max_new_tokens);
+        match max_new_tokens > 0 && prompt_len > capacity {
+            true => prompt_len - capacity.div_ceil(2),
+            false => 0,
+        }
+    }
+
+    /// The cache's positions: the whole context if it fits the model.
+    fn capacity(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        (prompt_len + max_new_tokens).min(self.max_context)
+    }
+
     /// Continues `prompt`, calling `emit` with each new token; returns the new tokens. Once
     /// the context outgrows the model's `max_position_embeddings`, it restarts from its
     /// newest half (the cache is refilled from those tokens), so that long outputs pay for
-    /// the refill once every half context rather than at every token.
+    /// the refill once every half context rather than at every token. A prompt longer than
+    /// that context starts so (`prompt_dropped`).
     pub fn generate(
         &mut self, b: &B, prompt: &[i32], o: &SampleOptions,
         mut emit: impl FnMut(i32) -> Result<()>,
@@ -65,7 +87,7 @@ impl<B: Backend> Generator<B> {
         if let Some(t) = prompt.iter().find(|&&t| t < 0 || t as usize >= vocab) {
             bail!("prompt token {t} is outside the model's vocabulary of {vocab}");
         }
-        let capacity = (prompt.len() + o.max_new_tokens).min(self.max_context);
+        let capacity = self.capacity(prompt.len(), o.max_new_tokens);
         let mut rng = Rng::new(o.seed);
         let mut tokens = prompt.to_vec();
         // The context is tokens[start..], all of it in the cache but the newest token.

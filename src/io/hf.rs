@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use super::atomic::write_bytes_atomically;
-use super::same_path;
 use super::tensors::{MappedFile, decode, encode, write_file};
+use super::{refuse_earlier_outputs, same_path};
 use crate::backend::Backend;
 use crate::model::{ModelConfig, Transformer};
 use crate::tensor::DType;
@@ -172,6 +172,15 @@ pub fn check_export_dir(out_dir: &Path, model_dir: Option<&Path>) -> Result<()> 
         );
     }
     Ok(())
+}
+
+/// `check_export_dir`, and refuses an `--out-dir` that holds any file: a model written there
+/// would overwrite an earlier one, and leave those of its files that the new one lacks (its
+/// tokenizer's, say) beside the new weights. (The demo replaces its own model, and checks
+/// only `check_export_dir`.)
+pub fn check_new_export_dir(out_dir: &Path, model_dir: Option<&Path>) -> Result<()> {
+    check_export_dir(out_dir, model_dir)?;
+    refuse_earlier_outputs(out_dir, "--out-dir", "files", |_| true)
 }
 
 /// Writes `config.json` and `model.safetensors` (tensors stored as `dtype`) into `out_dir`,

@@ -6,6 +6,8 @@ pub mod tensors;
 
 use std::path::Path;
 
+use anyhow::{Context, Result, bail};
+
 /// Whether two paths name one existing file or directory (a path that does not exist yet
 /// names nothing that could be overwritten).
 pub fn same_path(a: &Path, b: &Path) -> bool {
@@ -13,4 +15,35 @@ pub fn same_path(a: &Path, b: &Path) -> bool {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     }
+}
+
+/// Refuses to write into `dir`, given as `flag`, while it holds files of an earlier run that
+/// `earlier` picks out by name (`what` says what they are): new outputs would overwrite some
+/// and be mixed with the rest. Names them and the fix; checked before any work. A path that
+/// is not a directory (yet) holds nothing; creating it is the writer's to check.
+pub fn refuse_earlier_outputs(
+    dir: &Path, flag: &str, what: &str, earlier: impl Fn(&str) -> bool,
+) -> Result<()> {
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let name = dir.display();
+    let listing = std::fs::read_dir(dir).with_context(|| format!("{flag} {name}: cannot list"))?;
+    let mut found = vec![];
+    for entry in listing {
+        let file = entry?.file_name().to_string_lossy().into_owned();
+        if earlier(&file) {
+            found.push(file);
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    found.sort();
+    let more = if found.len() > 3 { ", ..." } else { "" };
+    found.truncate(3);
+    bail!(
+        "{flag} {name}: already holds {what} ({}{more}); choose a new directory or delete them",
+        found.join(", ")
+    )
 }

@@ -73,6 +73,9 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Not read by smelt, but kept so that an export says what the model pads with (any
+    /// integer, as transformers takes it: some configs give -1).
+    pub pad_token_id: Option<i64>,
 }
 
 /// Reads fields of one JSON object, naming the file and field in every error.
@@ -280,6 +283,16 @@ impl ModelConfig {
             max_position_embeddings,
             bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
             eos_token_ids: f.token_ids("eos_token_id")?,
+            pad_token_id: (f.get("pad_token_id"))
+                .map(|v| {
+                    v.as_i64().with_context(|| {
+                        format!(
+                            "{}: field `pad_token_id` must be an integer, found {v}",
+                            f.source
+                        )
+                    })
+                })
+                .transpose()?,
         })
     }
 
@@ -431,6 +444,9 @@ impl ModelConfig {
                 obj.insert("eos_token_id".into(), json!(many));
             }
         }
+        if let Some(pad) = self.pad_token_id {
+            obj.insert("pad_token_id".into(), json!(pad));
+        }
         v
     }
 
@@ -533,7 +549,7 @@ mod tests {
         let v = json!({
             "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 24,
-            "vocab_size": 100, "eos_token_id": [1, 2], "bos_token_id": 0,
+            "vocab_size": 100, "eos_token_id": [1, 2], "bos_token_id": 0, "pad_token_id": -1,
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
         });
@@ -544,6 +560,7 @@ mod tests {
         );
         assert!(!c.qkv_bias && !c.tie_word_embeddings);
         assert_eq!(c.rope_scaling.as_ref().unwrap().factor, 8.0);
+        assert_eq!(c.pad_token_id, Some(-1));
         // Round trip through the exported form.
         assert_eq!(ModelConfig::from_json(&c.to_hf_json(), "x").unwrap(), c);
     }

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 
 use super::encoder::Encoded;
 use crate::data::tokfile::{SealedTokenFile, TokenWriter};
+use crate::io::refuse_earlier_outputs;
 
 /// How much goes to eval.bin.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -55,16 +56,9 @@ impl Outputs {
     ) -> Result<Outputs> {
         let name = dir.display();
         std::fs::create_dir_all(dir).with_context(|| format!("--out-dir {name}: cannot create"))?;
-        let listing =
-            std::fs::read_dir(dir).with_context(|| format!("--out-dir {name}: cannot list"))?;
-        for entry in listing {
-            let file = entry?.file_name().to_string_lossy().into_owned();
-            if file == "eval.bin" || (file.starts_with("train-") && file.ends_with(".bin")) {
-                bail!(
-                    "--out-dir {name}: already holds token files ({file}); choose a new directory or delete them"
-                );
-            }
-        }
+        refuse_earlier_outputs(dir, "--out-dir", "token files", |file| {
+            file == "eval.bin" || (file.starts_with("train-") && file.ends_with(".bin"))
+        })?;
         let mut outputs = Outputs {
             dir: dir.to_path_buf(),
             vocab_size,

@@ -73,7 +73,9 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         options: serde_json::to_value(o)?,
         schedule: Schedule {
             lr: o.lr,
-            warmup: o.warmup,
+            // As torchtitan does, a warmup longer than the run is shortened to it (warned of
+            // below), so that the rate reaches --lr at the last step.
+            warmup: o.warmup.min(steps),
             steps,
             final_fraction: o.final_lr_fraction,
             decay: o.lr_schedule,
@@ -126,6 +128,13 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         },
     };
     run.announce()?;
+    if o.warmup > steps {
+        run.warn(format!(
+            "--warmup {} is longer than the run's {steps} steps: the rate warms up over those \
+             {steps} instead and reaches --lr at the last one",
+            o.warmup
+        ))?;
+    }
     if o.out_dir.is_none() && o.ckpt_interval == 0 {
         run.warn(
             "neither --out-dir nor --ckpt-interval is set, so the trained weights will not be saved"

@@ -25,6 +25,27 @@ pub fn dtype(name: &str) -> Result<DType, String> {
     DType::parse(name).ok_or_else(|| format!("unknown dtype `{name}`; use f32 or bf16"))
 }
 
+/// A float flag: its name, its value, whether the value meets the flag's rule, and the rule.
+pub type FloatFlag<'a> = (&'a str, f64, bool, &'a str);
+
+/// Refuses the first flag whose value is not a finite number in f32 (what the device
+/// computes in: an infinite rate or a NaN ε would make every weight NaN), or breaks its rule,
+/// naming the flag and what it must be.
+pub fn check_floats(flags: &[FloatFlag]) -> Result<()> {
+    for &(flag, value, meets_rule, rule) in flags {
+        if !value.is_finite() {
+            bail!("{flag} {value}: must be a finite number");
+        }
+        if !(value as f32).is_finite() {
+            bail!("{flag} {value:e}: beyond f32's range (±3.4e38), in which it is used");
+        }
+        if !meets_rule {
+            bail!("{flag} {value}: {rule}");
+        }
+    }
+    Ok(())
+}
+
 /// A flag's figure in GiB, as bytes.
 pub fn gib_bytes(gib: f64, flag: &str) -> Result<u64> {
     if !(gib > 0.0 && gib.is_finite()) {

@@ -1,0 +1,89 @@
+//! Each `smelt train` flag reaches the run as given, and a flag that the run cannot follow
+//! as given is named with what the run does instead.
+
+mod train_support;
+
+use smelt::train::log::Event;
+use train_support::*;
+
+/// `smelt train` on the tiny model and its corpus, in `set.root`, with `extra` flags.
+fn train(set: &Setup, extra: &[&str]) -> Vec<Event> {
+    let log = set.root.join("log.jsonl");
+    let mut args = vec!["train", "--model", s(&set.model), "--from-scratch"];
+    args.extend(["--train-file", s(&set.data), "--log-file", s(&log)]);
+    args.extend(["--batch-size", "2", "--seq-len", "16", "--lr", "1e-2"]);
+    args.extend(extra);
+    smelt_ok(&args);
+    events(&log)
+}
+
+#[test]
+fn eval_num_steps_sets_the_batches_of_each_periodic_eval() {
+    let set = setup();
+    // Unmasked, so that each eval batch trains all its targets.
+    let eval = corpus_file(&set.root.join("eval.bin"), 2000, false);
+    // --ffn-chunks sits beside --eval-num-steps in the list of flags that must be positive.
+    let events = train(
+        &set,
+        &[
+            "--eval-file",
+            s(&eval),
+            "--steps",
+            "2",
+            "--eval-every-n-steps",
+            "1",
+            "--eval-num-steps",
+            "3",
+            "--ffn-chunks",
+            "2",
+            "--recompute-ffn",
+        ],
+    );
+    let option = events.iter().find_map(|e| match e {
+        Event::Option { name, value } if name == "eval_num_steps" => Some(value.clone()),
+        _ => None,
+    });
+    assert_eq!(option, Some(serde_json::json!(3)));
+    let periodic: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Eval {
+                tokens,
+                full: false,
+                ..
+            } => Some(*tokens),
+            _ => None,
+        })
+        .collect();
+    // One eval, at step 1, over 3 batches of 2 sequences of 16 targets.
+    assert_eq!(periodic, [3 * 2 * 16]);
+}
+
+#[test]
+fn a_warmup_longer_than_the_run_ends_at_its_last_step() {
+    let set = setup();
+    let events = train(&set, &["--steps", "2", "--warmup", "5"]);
+    let warnings: Vec<&String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Warning { message } => Some(message),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("--warmup 5 is longer than the run's 2 steps")),
+        "{warnings:?}"
+    );
+    // As torchtitan does, the warmup is shortened to the run: the rate reaches --lr at the
+    // last step.
+    let lrs: Vec<f64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Step { lr, .. } => Some(*lr),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(lrs, [0.5e-2, 1e-2]);
+}
