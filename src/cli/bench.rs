@@ -33,8 +33,9 @@ steps time every op on the GPU with CUDA events, by name (a matmul by its M×N×
 list them by device time: each op, then each family (a name's first word)."
 )]
 pub struct BenchArgs {
-    /// A built-in architecture (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2-100m,
-    /// llama-3.2-1b, llama-3-8b) or a HF model directory, of which only config.json is read.
+    /// A built-in architecture (qwen2.5-0.5b, -1.5b, -3b, qwen2-100m, qwen3-0.6b, -1.7b, -4b,
+    /// -8b, llama-3.2-1b, llama-3-8b) or a HF model directory, of which only config.json is
+    /// read.
     #[arg(long, value_name = "NAME|DIR")]
     model: String,
     /// Sequences per step.

@@ -31,7 +31,8 @@ workspaces and the kernels' scratch. The step time is an estimate from the GPU's
 )]
 pub struct PlanArgs {
     /// A HF model directory (only config.json is read) or a built-in architecture
-    /// (qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2-100m, llama-3.2-1b, llama-3-8b).
+    /// (qwen2.5-0.5b, -1.5b, -3b, qwen2-100m, qwen3-0.6b, -1.7b, -4b, -8b, llama-3.2-1b,
+    /// llama-3-8b).
     #[arg(long, value_name = "DIR|NAME")]
     model: String,
     /// Sequences per micro-batch, on each GPU.

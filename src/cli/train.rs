@@ -51,7 +51,8 @@ pub struct TrainArgs {
     /// HF model directory to fine-tune (config.json + model.safetensors); with
     /// --from-scratch, only its config.json is read. Its tokenizer files are copied to
     /// --out-dir. With --from-scratch it may instead name a built-in architecture:
-    /// qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2-100m, llama-3.2-1b or llama-3-8b.
+    /// qwen2.5-0.5b, -1.5b, -3b, qwen2-100m, qwen3-0.6b, -1.7b, -4b, -8b, llama-3.2-1b or
+    /// llama-3-8b.
     #[arg(long, value_name = "DIR|NAME", help_heading = "Model and data")]
     model: Option<PathBuf>,
     /// Start from random weights (seeded by --seed) instead of --model's weights.
