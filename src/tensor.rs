@@ -89,12 +89,31 @@ impl TensorSpec {
         }
     }
 
+    /// Elements, or `None` where the shape's product overflows `usize` (an absurd shape,
+    /// which an allocation refuses rather than wrapping round to a small size).
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    pub fn checked_bytes(&self) -> Option<usize> {
+        self.checked_numel()?.checked_mul(self.dtype.size_bytes())
+    }
+
+    /// Elements; panics where the shape's product overflows (a backend's `allocate` refuses
+    /// such a spec first, through `checked_numel`).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.checked_numel().unwrap_or_else(|| self.overflow())
     }
 
     pub fn bytes(&self) -> usize {
-        self.numel() * self.dtype.size_bytes()
+        self.checked_bytes().unwrap_or_else(|| self.overflow())
+    }
+
+    fn overflow(&self) -> ! {
+        panic!(
+            "tensor `{}` of shape {:?}: its size overflows 64 bits",
+            self.name, self.shape
+        )
     }
 }
 

@@ -308,6 +308,10 @@ impl TrainArgs {
         }
         let final_lr_fraction = self.final_lr_fraction.unwrap_or(d.final_lr_fraction);
         let lr = self.lr.unwrap_or(d.lr);
+        let decay_rule = format!(
+            "must be at least 0, and with --lr {lr} below {:.3e} (each step scales the weights by 1 - lr · decay)",
+            1.0 / lr
+        );
         check_floats(&[
             ("--lr", lr, lr > 0.0, "must be positive"),
             (
@@ -319,26 +323,26 @@ impl TrainArgs {
             (
                 "--beta-1",
                 self.beta_1,
-                (0.0..1.0).contains(&self.beta_1),
-                "must be at least 0 and below 1",
+                self.beta_1 >= 0.0 && (self.beta_1 as f32) < 1.0,
+                "must be at least 0 and below 1 in f32 (the bias correction divides by 1 - beta^t)",
             ),
             (
                 "--beta-2",
                 self.beta_2,
-                (0.0..1.0).contains(&self.beta_2),
-                "must be at least 0 and below 1",
+                self.beta_2 >= 0.0 && (self.beta_2 as f32) < 1.0,
+                "must be at least 0 and below 1 in f32 (the bias correction divides by 1 - beta^t)",
             ),
             (
                 "--adam-eps",
                 self.adam_eps,
-                self.adam_eps >= 0.0,
-                "must not be negative",
+                self.adam_eps > 0.0,
+                "must be positive (with 0, a weight whose gradient has always been 0 divides 0 by 0)",
             ),
             (
                 "--weight-decay",
                 self.weight_decay,
-                self.weight_decay >= 0.0,
-                "must not be negative",
+                self.weight_decay >= 0.0 && lr * self.weight_decay < 1.0,
+                &decay_rule,
             ),
             (
                 "--grad-clip",
@@ -349,8 +353,8 @@ impl TrainArgs {
             (
                 "--z-loss",
                 self.z_loss,
-                self.z_loss >= 0.0,
-                "must not be negative",
+                (0.0..1.0).contains(&self.z_loss),
+                "must be at least 0 and below 1 (a coefficient on log(Z)²; 1e-4 is usual)",
             ),
         ])?;
         // Now, not at the end of the run: a model already there is not this run's to

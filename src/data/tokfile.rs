@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use memmap2::Mmap;
 
-use crate::io::atomic::{sync_dir, temporary_name};
+use crate::io::atomic::{is_disk_full_io, sync_dir, temporary_name};
 
 pub const MAGIC: &[u8; 8] = b"BIN.TOK\n";
 pub const HEADER_BYTES: usize = 1024;
@@ -63,13 +63,19 @@ impl Header {
             |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
         let (version, width, tokens, vocab, masks) = (int(2), int(3), int(4), int(5), int(6));
         if version != 1 && version != 2 {
-            bail!("{name}: BIN.TOK version {version} is not supported (1 or 2)");
+            bail!(
+                "{name}: BIN.TOK version {version} is not supported (1 or 2); recreate it with `smelt tokenize`"
+            );
         }
         if width != BYTES_PER_TOKEN {
-            bail!("{name}: {width} bytes per token; smelt reads 4-byte tokens only");
+            bail!(
+                "{name}: {width} bytes per token; smelt reads 4-byte tokens only: recreate it with `smelt tokenize`"
+            );
         }
         if tokens < 0 || vocab < 0 {
-            bail!("{name}: the header is corrupt (token count {tokens}, vocabulary {vocab})");
+            bail!(
+                "{name}: the header is corrupt (token count {tokens}, vocabulary {vocab}); recreate it with `smelt tokenize`"
+            );
         }
         Ok(Header {
             version,
@@ -109,9 +115,13 @@ impl TokenFile {
         let map = unsafe { Mmap::map(&file) }
             .with_context(|| format!("{name}: cannot map token file"))?;
         let header = Header::parse(&map, path)?;
-        if map.len() < header.file_bytes() {
+        if map.len() != header.file_bytes() {
+            let what = match map.len() < header.file_bytes() {
+                true => "truncated",
+                false => "longer than its header says (corrupt, or appended to)",
+            };
             bail!(
-                "{name}: truncated: the header promises {} tokens ({} bytes) but the file has {} bytes",
+                "{name}: {what}: the header promises {} tokens ({} bytes) but the file has {} bytes; recreate it with `smelt tokenize`",
                 header.tokens,
                 header.file_bytes(),
                 map.len()
@@ -220,9 +230,11 @@ impl TokenWriter {
                 self.pending.path.display()
             );
         }
-        for t in tokens {
-            self.out.write_all(&t.to_le_bytes())?;
-        }
+        let out = &mut self.out;
+        let written: std::io::Result<()> = tokens
+            .iter()
+            .try_for_each(|t| out.write_all(&t.to_le_bytes()));
+        written.map_err(|e| write_error(&self.pending.path, e))?;
         match (&mut self.mask, mask) {
             (Some(bits), Some(flags)) => {
                 assert_eq!(flags.len(), tokens.len(), "one mask flag per token");
@@ -256,8 +268,9 @@ impl TokenWriter {
     /// sealed first and committed together appear only once all of them are complete.
     pub fn seal(mut self) -> Result<SealedTokenFile> {
         let name = self.pending.tmp.display().to_string();
+        let fail = |e| write_error(&self.pending.path, e);
         if let Some(bits) = &self.mask {
-            self.out.write_all(bits)?;
+            self.out.write_all(bits).map_err(fail)?;
         }
         let header = Header {
             version: 2,
@@ -265,14 +278,12 @@ impl TokenWriter {
             vocab_size: self.vocab_size,
             has_mask: self.mask.is_some(),
         };
-        let mut file = self
-            .out
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .with_context(|| format!("{name}: cannot write"))?;
+        let mut file =
+            (self.out.into_inner()).map_err(|e| write_error(&self.pending.path, e.into_error()))?;
         use std::io::{Seek, SeekFrom};
-        file.seek(SeekFrom::Start(0))?;
-        file.write_all(&header.to_bytes())?;
+        (file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(&header.to_bytes()))
+            .map_err(|e| write_error(&self.pending.path, e))?;
         file.sync_all()
             .with_context(|| format!("{name}: cannot sync to disk"))?;
         Ok(SealedTokenFile {
@@ -280,6 +291,15 @@ impl TokenWriter {
             tokens: self.tokens,
         })
     }
+}
+
+/// A write to the token file `path` failed: what happened, and for a full disk, what to do.
+fn write_error(path: &Path, e: std::io::Error) -> anyhow::Error {
+    let fix = match is_disk_full_io(&e) {
+        true => "; free space on its disk, or choose another --out-dir",
+        false => "",
+    };
+    anyhow::anyhow!("{}: cannot write the token file: {e}{fix}", path.display())
 }
 
 /// A complete token file under its temporary name, waiting for `commit`; dropped, it is

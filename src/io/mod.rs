@@ -20,7 +20,9 @@ pub fn same_path(a: &Path, b: &Path) -> bool {
 /// Refuses to write into `dir`, given as `flag`, while it holds files of an earlier run that
 /// `earlier` picks out by name (`what` says what they are): new outputs would overwrite some
 /// and be mixed with the rest. Names them and the fix; checked before any work. A path that
-/// is not a directory (yet) holds nothing; creating it is the writer's to check.
+/// is not a directory (yet) holds nothing; creating it is the writer's to check. A writer's
+/// temporary file (`atomic::temporary_name`), left by a run killed before its rename, holds
+/// nothing that was written whole: the rerun writes it anew.
 pub fn refuse_earlier_outputs(
     dir: &Path, flag: &str, what: &str, earlier: impl Fn(&str) -> bool,
 ) -> Result<()> {
@@ -32,7 +34,7 @@ pub fn refuse_earlier_outputs(
     let mut found = vec![];
     for entry in listing {
         let file = entry?.file_name().to_string_lossy().into_owned();
-        if earlier(&file) {
+        if earlier(&file) && !atomic::is_temporary(&file) {
             found.push(file);
         }
     }

@@ -2,12 +2,15 @@
 //! export, and exact save/load of named tensors for checkpoints.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use half::{bf16, f16};
 use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::tensor::{Metadata, TensorInfo, TensorView};
+use safetensors::{Dtype, SafeTensors};
 
 use super::atomic::write_atomically;
 use crate::backend::Backend;
@@ -36,8 +39,21 @@ impl MappedFile {
     }
 }
 
-/// Decodes a stored tensor's values to f32 (f32, bf16 and f16 are read).
+/// Decodes a stored tensor's values to f32 (f32, bf16 and f16 are read). A value that is
+/// not finite, which no weight or optimizer state should hold, is refused: the file is
+/// corrupt, or was saved from a run that diverged.
 pub fn decode(view: &TensorView, file: &Path, name: &str) -> Result<Vec<f32>> {
+    let values = decode_values(view, file, name)?;
+    if let Err(found) = check_finite(name, &values) {
+        bail!(
+            "{}: {found}: the file is corrupt, or was saved from a run that diverged; write or download it again",
+            file.display()
+        );
+    }
+    Ok(values)
+}
+
+fn decode_values(view: &TensorView, file: &Path, name: &str) -> Result<Vec<f32>> {
     let data = view.data();
     let words = |n: usize| data.chunks_exact(n);
     Ok(match view.dtype() {
@@ -84,71 +100,144 @@ pub fn encode(values: &[f32], dtype: DType) -> Result<(Dtype, Vec<u8>)> {
     })
 }
 
-/// Writes `(name, dtype, shape, bytes)` entries atomically, with the metadata transformers expects.
+/// Writes `(name, dtype, shape, bytes)` entries atomically, with the metadata transformers
+/// expects, in `safetensors::serialize`'s layout (tensors by descending alignment, then by
+/// name, after a JSON header padded with spaces to 8 bytes), streamed into a file made as
+/// every other output is (`write_atomically`).
 pub fn write_file(path: &Path, entries: &[(String, Dtype, Vec<usize>, Vec<u8>)]) -> Result<()> {
-    let views = entries
+    let mut order: Vec<&(String, Dtype, Vec<usize>, Vec<u8>)> = entries.iter().collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut offset = 0;
+    let infos = order
         .iter()
         .map(|(name, dtype, shape, bytes)| {
-            Ok((
-                name.as_str(),
-                TensorView::new(*dtype, shape.clone(), bytes)?,
-            ))
+            let info = TensorInfo {
+                dtype: *dtype,
+                shape: shape.clone(),
+                data_offsets: (offset, offset + bytes.len()),
+            };
+            offset += bytes.len();
+            (name.clone(), info)
         })
-        .collect::<Result<Vec<_>>>()?;
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+        .collect();
+    let format = HashMap::from([("format".to_string(), "pt".to_string())]);
+    // Checks that each tensor's bytes are its shape's.
+    let metadata = Metadata::new(Some(format), infos)
+        .with_context(|| format!("{}: inconsistent tensors to write", path.display()))?;
+    let mut header = serde_json::to_vec(&metadata)?;
+    header.resize(header.len().next_multiple_of(8), b' ');
     write_atomically(path, |tmp| {
-        Ok(safetensors::serialize_to_file(views, Some(metadata), tmp)?)
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(tmp)?);
+        out.write_all(&(header.len() as u64).to_le_bytes())?;
+        out.write_all(&header)?;
+        for (_, _, _, bytes) in order {
+            out.write_all(bytes)?;
+        }
+        out.into_inner().map_err(|e| e.into_error())?;
+        Ok(())
     })
 }
 
 /// Tensors with the names they are saved under.
 pub type Named<'a, B> = Vec<(String, &'a Tensor<B>)>;
 
-/// Saves tensors exactly, each at its own dtype.
+/// A value that is not finite, found in tensor `tensor` (saving or loading it).
+#[derive(Debug, thiserror::Error)]
+#[error("tensor `{tensor}` holds {value} (element {index})")]
+pub struct NonFinite {
+    pub tensor: String,
+    pub index: usize,
+    pub value: f32,
+}
+
+/// `Err(NonFinite)` at the first value of `values` that is NaN or infinite.
+pub fn check_finite(name: &str, values: &[f32]) -> Result<(), NonFinite> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(index) => Err(NonFinite {
+            tensor: name.to_string(),
+            index,
+            value: values[index],
+        }),
+    }
+}
+
+/// Saves tensors exactly, each at its own dtype. Refuses (`NonFinite`) a tensor holding NaN
+/// or infinity, which no training state should, before anything is written.
 pub fn save<B: Backend>(b: &B, path: &Path, tensors: &[(String, &Tensor<B>)]) -> Result<()> {
     let entries = tensors
         .iter()
         .map(|(name, t)| {
-            let (dtype, bytes) = encode(&b.download(t)?, t.dtype)?;
+            let values = b.download(t)?;
+            check_finite(name, &values)?;
+            let (dtype, bytes) = encode(&values, t.dtype)?;
             Ok((name.clone(), dtype, t.shape.clone(), bytes))
         })
         .collect::<Result<Vec<_>>>()?;
     write_file(path, &entries)
 }
 
-/// Loads tensors saved by `save` into tensors of the same names, shapes and dtypes.
+/// The stored tensor `name` of `st`, checked to have `t`'s shape and dtype.
+fn stored<'a, B: Backend>(
+    st: &SafeTensors<'a>, path: &Path, name: &str, t: &Tensor<B>,
+) -> Result<TensorView<'a>> {
+    let view = st
+        .tensor(name)
+        .map_err(|_| anyhow::anyhow!("{}: tensor `{name}` is missing", path.display()))?;
+    if view.shape() != t.shape.as_slice() {
+        bail!(
+            "{}: tensor `{name}` has shape {:?}, expected {:?}",
+            path.display(),
+            view.shape(),
+            t.shape
+        );
+    }
+    let stored = match view.dtype() {
+        Dtype::F32 => DType::F32,
+        Dtype::BF16 => DType::BF16,
+        Dtype::F16 => DType::F16,
+        other => bail!(
+            "{}: tensor `{name}` has unsupported dtype {other:?}",
+            path.display()
+        ),
+    };
+    if stored != t.dtype {
+        bail!(
+            "{}: tensor `{name}` is {stored}, expected {}",
+            path.display(),
+            t.dtype
+        );
+    }
+    Ok(view)
+}
+
+/// Loads tensors saved by `save` into tensors of the same names, shapes and dtypes; a value
+/// that is not finite is refused (`decode`).
 pub fn load<B: Backend>(b: &B, path: &Path, tensors: &[(String, &Tensor<B>)]) -> Result<()> {
     let file = MappedFile::open(path)?;
     let st = file.tensors(path)?;
     for (name, t) in tensors {
-        let view = st
-            .tensor(name)
-            .map_err(|_| anyhow::anyhow!("{}: tensor `{name}` is missing", path.display()))?;
-        if view.shape() != t.shape.as_slice() {
-            bail!(
-                "{}: tensor `{name}` has shape {:?}, expected {:?}",
-                path.display(),
-                view.shape(),
-                t.shape
-            );
-        }
-        let stored = match view.dtype() {
-            Dtype::F32 => DType::F32,
-            Dtype::BF16 => DType::BF16,
-            Dtype::F16 => DType::F16,
-            other => bail!(
-                "{}: tensor `{name}` has unsupported dtype {other:?}",
-                path.display()
-            ),
-        };
-        if stored != t.dtype {
-            bail!(
-                "{}: tensor `{name}` is {stored}, expected {}",
-                path.display(),
-                t.dtype
-            );
-        }
+        let view = stored(&st, path, name, t)?;
         b.upload(t, &decode(&view, path, name)?)?;
+    }
+    Ok(())
+}
+
+/// Checks, without reading the values, that the file `save` wrote at `path` is whole (as long
+/// as its header says) and holds exactly `tensors`, each with its shape and dtype.
+pub fn verify<B: Backend>(path: &Path, tensors: &[(String, &Tensor<B>)]) -> Result<()> {
+    let file = MappedFile::open(path)?;
+    let st = file.tensors(path)?;
+    if st.len() != tensors.len() {
+        bail!(
+            "{}: holds {} tensors, not the {} written",
+            path.display(),
+            st.len(),
+            tensors.len()
+        );
+    }
+    for (name, t) in tensors {
+        stored(&st, path, name, t)?;
     }
     Ok(())
 }
@@ -199,6 +288,60 @@ mod tests {
             .to_string();
         assert!(
             err.contains("t.safetensors: tensor `a` has shape [3, 2], expected [2, 3]"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn write_file_writes_what_safetensors_serializes() {
+        let entries = vec![
+            (
+                "b".to_string(),
+                Dtype::BF16,
+                vec![3],
+                vec![1, 2, 3, 4, 5, 6],
+            ),
+            ("a".to_string(), Dtype::BF16, vec![1], vec![7, 8]),
+            ("c".to_string(), Dtype::F32, vec![2], (0..8).collect()),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        write_file(&path, &entries).unwrap();
+        let views = entries
+            .iter()
+            .map(|(n, d, s, b)| (n.as_str(), TensorView::new(*d, s.clone(), b).unwrap()));
+        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+        let expected = safetensors::serialize(views, Some(metadata)).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), expected);
+        // Bytes that are not the shape's are refused, and nothing is written.
+        let wrong = [("x".to_string(), Dtype::F32, vec![2], vec![0; 4])];
+        let other = dir.path().join("wrong.safetensors");
+        assert!(write_file(&other, &wrong).is_err());
+        assert!(!other.exists());
+    }
+
+    #[test]
+    fn non_finite_values_are_neither_saved_nor_loaded() {
+        let cpu = Cpu::<f32>::new();
+        let spec = [TensorSpec::new("w", &[4], DType::F32)];
+        let t = cpu.allocate("test", &spec).unwrap();
+        cpu.upload(&t[0], &[1.0, 2.0, f32::INFINITY, 0.0]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        let named = [("w".to_string(), &t[0])];
+        let err = save(&cpu, &path, &named).unwrap_err();
+        assert_eq!(err.to_string(), "tensor `w` holds inf (element 2)");
+        assert!(err.downcast_ref::<NonFinite>().is_some());
+        assert!(!path.exists());
+        // A file holding NaN, written by other means, is refused on loading.
+        let nan: Vec<u8> = [1.0f32, f32::NAN, 0.0, 0.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        write_file(&path, &[("w".to_string(), Dtype::F32, vec![4], nan)]).unwrap();
+        let err = format!("{:#}", load(&cpu, &path, &named).unwrap_err());
+        assert!(
+            err.contains("t.safetensors: tensor `w` holds NaN (element 1): the file is corrupt"),
             "{err}"
         );
     }

@@ -3,9 +3,13 @@
 //! continue bit for bit: step, schedule, data-loader position, RNG, and what must not change
 //! (model config hash, dtypes, batch shape, data files, world size).
 //!
-//! A checkpoint is written under a temporary name, synced, and renamed into place; only then
-//! is the `latest` pointer replaced, itself by a synced rename. A process killed at any
-//! point leaves `latest` naming a complete checkpoint.
+//! A checkpoint is written under a temporary name, synced, verified and renamed into place;
+//! only then is the `latest` pointer replaced, itself by a synced rename. A process killed at
+//! any point leaves `latest` naming a complete checkpoint. Verified means: every tensor was
+//! finite when it was written (the writer reads each one to the host anyway, so the check
+//! costs a pass over memory already read), every file reads back whole with the tensors it
+//! should hold, and `state.json` reads back as the state written. A checkpoint that fails
+//! (a non-finite update, a full disk) leaves no temporary folder, and `latest` where it was.
 //!
 //! With several ranks, rank 0 writes what every rank holds alike (the weights, and the
 //! optimizer state unless it is sharded), each rank writes its own share of a sharded
@@ -15,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -26,7 +30,7 @@ use crate::backend::Backend;
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::atomic::{sync_dir, temporary_name, write_bytes_atomically};
-use crate::io::tensors::{self, Named};
+use crate::io::tensors::{self, Named, NonFinite};
 use crate::model::Transformer;
 use crate::model::params::{ParamSpec, Params};
 use crate::rng::Rng;
@@ -183,53 +187,114 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step-{step:08}"))
 }
 
+/// The weights of `model` under their parameter names.
+pub fn weights<B: Backend>(model: &Transformer<B>) -> Named<'_, B> {
+    named(&model.layout, &model.params)
+}
+
 /// Writes a checkpoint of `state.step` into `dir` and points `latest` at it. Every rank
-/// calls it.
+/// calls it. On failure nothing of the checkpoint is left, and the error says what failed:
+/// a tensor that is not finite (the step's update diverged) or a write (a full disk).
 pub fn save<B: Backend>(
     b: &B, comm: &dyn Comm<B>, dir: &Path, state: &State, model: &Transformer<B>,
     opt: &AdamWState<B>,
 ) -> Result<PathBuf> {
     let last = step_dir(dir, state.step);
     let tmp = temporary_name(&last);
+    let Err(e) = write(b, comm, dir, state, model, opt, &tmp, &last) else {
+        return Ok(last);
+    };
+    if comm.rank() == 0 {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    let latest = match std::fs::read_to_string(dir.join(LATEST)) {
+        Ok(name) => format!("`{LATEST}` still names {}", name.trim()),
+        Err(_) => "there is no earlier checkpoint".into(),
+    };
+    Err(
+        match e.chain().find_map(|c| c.downcast_ref::<NonFinite>()) {
+            Some(_) => diverged(state.step, &format!("{e:#}"), &latest),
+            None => e.context(format!(
+                "checkpoint {} not written ({latest})",
+                last.display()
+            )),
+        },
+    )
+}
+
+/// The error for a run whose update of `step` left the training state not finite (`found`
+/// says where), which stops without saving it (`kept` says what is on disk instead).
+pub fn diverged(step: u64, found: &str, kept: &str) -> anyhow::Error {
+    anyhow!(
+        "step {step}: after its update the training state is not finite ({found}), so it is \
+         not saved ({kept}); lower --lr (or lengthen --warmup) and run again"
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write<B: Backend>(
+    b: &B, comm: &dyn Comm<B>, dir: &Path, state: &State, model: &Transformer<B>,
+    opt: &AdamWState<B>, tmp: &Path, last: &Path,
+) -> Result<()> {
     let io = |what: &str, p: &Path| format!("writing checkpoint: {what} {}", p.display());
     let root = comm.rank() == 0;
     if root {
         if tmp.exists() {
             // Left by a run killed while writing; it was never complete.
-            std::fs::remove_dir_all(&tmp).with_context(|| io("removing", &tmp))?;
+            std::fs::remove_dir_all(tmp).with_context(|| io("removing", tmp))?;
         }
-        std::fs::create_dir_all(&tmp).with_context(|| io("creating", &tmp))?;
+        std::fs::create_dir_all(tmp).with_context(|| io("creating", tmp))?;
     }
     // The ranks meet once the folder exists, and again once each has written its files.
     comm.sum(&[])?;
     let delay = std::env::var(DELAY_ENV).ok().and_then(|v| v.parse().ok());
-    for file in files(model, opt).iter().filter(|f| root || !f.shared) {
-        let path = tmp.join(format!("{}.safetensors", file.stem));
-        tensors::save(b, &path, &file.tensors)?;
+    let mine: Vec<File<B>> = files(model, opt)
+        .into_iter()
+        .filter(|f| root || !f.shared)
+        .collect();
+    for file in &mine {
+        let name = format!("{}.safetensors", file.stem);
+        let path = tmp.join(&name);
+        tensors::save(b, &path, &file.tensors).map_err(|e| match e.is::<NonFinite>() {
+            true => e.context(name.clone()),
+            false => e,
+        })?;
         if let Some(ms) = delay {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
     }
+    for file in &mine {
+        tensors::verify(
+            &tmp.join(format!("{}.safetensors", file.stem)),
+            &file.tensors,
+        )?;
+    }
     comm.sum(&[])?;
     if !root {
-        return Ok(last);
+        return Ok(());
     }
-    write_bytes_atomically(&tmp.join(STATE), &serde_json::to_vec_pretty(state)?)?;
+    let state_path = tmp.join(STATE);
+    write_bytes_atomically(&state_path, &serde_json::to_vec_pretty(state)?)?;
+    let read_back = serde_json::to_value(read_state(tmp)?)?;
+    ensure!(
+        read_back == serde_json::to_value(state)?,
+        "{}: reads back other than it was written",
+        state_path.display()
+    );
     if last.exists() {
         // A checkpoint past `latest` from a run that died before it could point at it.
-        if read_latest(dir)?.as_deref() == Some(last.as_path()) {
+        if read_latest(dir)?.as_deref() == Some(last) {
             bail!(
                 "{}: refusing to replace the latest checkpoint",
                 last.display()
             );
         }
-        std::fs::remove_dir_all(&last).with_context(|| io("removing", &last))?;
+        std::fs::remove_dir_all(last).with_context(|| io("removing", last))?;
     }
-    std::fs::rename(&tmp, &last).with_context(|| io("renaming into place", &last))?;
-    sync_dir(&last)?;
+    std::fs::rename(tmp, last).with_context(|| io("renaming into place", last))?;
+    sync_dir(last)?;
     let name = last.file_name().expect("step dirs have names");
-    write_bytes_atomically(&dir.join(LATEST), name.as_encoded_bytes())?;
-    Ok(last)
+    write_bytes_atomically(&dir.join(LATEST), name.as_encoded_bytes())
 }
 
 /// Whether `dir` is a complete checkpoint: its state is written last.
@@ -256,15 +321,38 @@ pub fn read_latest(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(path))
 }
 
+/// Reads a checkpoint's `state.json`, and checks that it is consistent: its hash is that of
+/// its model config and fixed settings, and a `step-N` folder's state is of step N.
 pub fn read_state(checkpoint: &Path) -> Result<State> {
     let path = checkpoint.join(STATE);
     let text = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
-    serde_json::from_slice(&text).with_context(|| {
+    let state: State = serde_json::from_slice(&text).with_context(|| {
         format!(
-            "{}: not a smelt checkpoint state (written by another version?)",
+            "{}: not a smelt checkpoint state (truncated, corrupt, or written by another version); point `{LATEST}` at an earlier step-N directory",
             path.display()
         )
-    })
+    })?;
+    let folder = checkpoint
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    let step = folder
+        .as_deref()
+        .and_then(|n| n.strip_prefix("step-"))
+        .and_then(|n| n.parse::<u64>().ok());
+    if State::hash(&state.model_config, &state.fixed) != state.config_hash {
+        bail!(
+            "{}: its config_hash does not match its model_config and fixed settings (edited by hand?); point `{LATEST}` at an earlier step-N directory",
+            path.display()
+        );
+    }
+    if let Some(step) = step.filter(|&s| s != state.step) {
+        bail!(
+            "{}: is the state of step {}, not of step {step}, whose folder it is in (copied from another checkpoint?); point `{LATEST}` at an earlier step-N directory",
+            path.display(),
+            state.step
+        );
+    }
+    Ok(state)
 }
 
 /// Loads a checkpoint's weights and optimizer state into allocated tensors.
@@ -273,7 +361,13 @@ pub fn load<B: Backend>(
 ) -> Result<()> {
     for file in files(model, opt) {
         let path = checkpoint.join(format!("{}.safetensors", file.stem));
-        tensors::load(b, &path, &file.tensors)?;
+        tensors::load(b, &path, &file.tensors).with_context(|| {
+            format!(
+                "--continue: checkpoint {} is damaged; to continue from an earlier one, write its step-N name into {}",
+                checkpoint.display(),
+                checkpoint.with_file_name(LATEST).display()
+            )
+        })?;
     }
     model.weights_changed();
     Ok(())
@@ -282,7 +376,12 @@ pub fn load<B: Backend>(
 /// Loads only the weights, for sampling.
 pub fn load_weights<B: Backend>(b: &B, checkpoint: &Path, model: &Transformer<B>) -> Result<()> {
     let path = checkpoint.join(format!("{WEIGHTS}.safetensors"));
-    tensors::load(b, &path, &named(&model.layout, &model.params))?;
+    tensors::load(b, &path, &named(&model.layout, &model.params)).with_context(|| {
+        format!(
+            "checkpoint {} is damaged; sample another step-N directory",
+            checkpoint.display()
+        )
+    })?;
     model.weights_changed();
     Ok(())
 }

@@ -1,13 +1,15 @@
 //! The training log: JSON Lines, one event per line, appended and flushed as it happens, so
 //! that a crash loses at most the line being written and reading it back is linear (llm.q
-//! rewrites a whole JSON array on every event).
+//! rewrites a whole JSON array on every event). A run that fails ends its log with the error.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
+
+use crate::io::atomic::is_disk_full_io;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -62,6 +64,10 @@ pub enum Event {
         loaded: bool,
     },
     Warning {
+        message: String,
+    },
+    /// The error that ended the run: the last event of a run that failed.
+    Error {
         message: String,
     },
 }
@@ -149,9 +155,14 @@ impl Log {
             .map_or(0.0, |d| d.as_secs_f64());
         let mut line = serde_json::to_string(&Line { time, event })?;
         line.push('\n');
-        file.write_all(line.as_bytes())
-            .and_then(|()| file.flush())
-            .with_context(|| format!("writing the log {}", path.display()))
+        let written = file.write_all(line.as_bytes()).and_then(|()| file.flush());
+        written.map_err(|e| match is_disk_full_io(&e) {
+            true => anyhow!(
+                "writing the log {}: {e}; free space on its disk, or choose another --log-file",
+                path.display()
+            ),
+            false => anyhow!("writing the log {}: {e}", path.display()),
+        })
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
 use super::checkpoint::{self, State, VERSION};
@@ -34,7 +34,7 @@ use super::zero;
 use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
-use crate::io::hf;
+use crate::io::{hf, tensors};
 use crate::model::{GradEvent, Gradients, LossOptions, Params, Transformer};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
@@ -79,7 +79,8 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
             steps,
             final_fraction: o.final_lr_fraction,
             decay: o.lr_schedule,
-            cooldown: o.cooldown,
+            // Likewise a cooldown longer than what follows the warmup starts where it ends.
+            cooldown: o.cooldown.min(steps - o.warmup.min(steps)),
         },
         loader: LoaderState::default(),
         rng: Rng::derived(o.seed, 1),
@@ -87,6 +88,9 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         model_dir: model_dir.clone(),
     };
     let resume = check_checkpoint_dir(o, &state)?;
+    if o.out_dir.is_some() {
+        check_tokenizer(model_dir.as_deref(), config.vocab_size)?;
+    }
     let log_file = o.log_file.as_deref().filter(|_| root);
     if let Some(path) = log_file {
         log::check_appendable(path)?;
@@ -104,6 +108,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     if root {
         check_out_dir(o)?;
     }
+    let step_losses = StepLosses::new(b, &model, o.grad_accumulation)?;
     let mut run = Run {
         b,
         comm,
@@ -114,7 +119,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         } else {
             Console::silent()
         },
-        step_losses: StepLosses::new(b, &model, o.grad_accumulation)?,
+        step_losses,
         model,
         opt: None,
         loader,
@@ -127,43 +132,17 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
             final_eval: None,
         },
     };
-    run.announce()?;
-    if o.warmup > steps {
-        run.warn(format!(
-            "--warmup {} is longer than the run's {steps} steps: the rate warms up over those \
-             {steps} instead and reaches --lr at the last one",
-            o.warmup
-        ))?;
-    }
-    if o.out_dir.is_none() && o.ckpt_interval == 0 {
-        run.warn(
-            "neither --out-dir nor --ckpt-interval is set, so the trained weights will not be saved"
-                .into(),
-        )?;
-    }
-    if resume.is_none() {
-        match &o.model {
-            ModelSource::Dir {
-                path,
-                from_scratch: false,
-            } => hf::import(b, &run.model, path)?,
-            _ => run.model.init_weights(b, o.seed)?,
+    // From here on the log is open, and a run that fails ends it with the error (unless
+    // writing the log is what failed).
+    match run.run(resume, model_dir.as_deref()) {
+        Ok(()) => Ok(run.summary),
+        Err(e) => {
+            let _ = run.log.write(Event::Error {
+                message: format!("{e:#}"),
+            });
+            Err(e)
         }
-        // Every rank made the same weights; taking rank 0's makes that a certainty.
-        let params: Vec<_> = run.model.params.iter().map(|t| (t, 0)).collect();
-        comm.broadcast(b, &params)?;
-        run.model.weights_changed();
     }
-    run.opt = Some(AdamWState::new(b, comm, &run.model, o.optimizer.clone())?);
-    run.announce_memory()?;
-    if let Some((path, saved, warnings)) = resume {
-        run.resume(&path, saved, warnings)?;
-    }
-
-    // 3) The loop, then the full eval, the last checkpoint and the export.
-    run.train_loop()?;
-    run.finish(model_dir.as_deref())?;
-    Ok(run.summary)
 }
 
 /// What must not change for a run to continue from a checkpoint, by flag.
@@ -222,6 +201,32 @@ fn check_checkpoint_dir(o: &Options, now: &State) -> Result<Option<(PathBuf, Sta
     }
 }
 
+/// The tokenizer.json that `--out-dir` gets a copy of must serve the trained model: one that
+/// does not load, or whose vocabulary is larger than the model's, is refused before anything
+/// is written, rather than copied beside the weights for sampling to fail on.
+fn check_tokenizer(model_dir: Option<&Path>, vocab_size: usize) -> Result<()> {
+    let Some(path) = model_dir
+        .map(|d| d.join("tokenizer.json"))
+        .filter(|p| p.exists())
+    else {
+        return Ok(());
+    };
+    let tokenizer = tokenizers::Tokenizer::from_file(&path).map_err(|e| {
+        anyhow!(
+            "{}: not a usable tokenizer.json ({e}); --out-dir would get a copy of it: restore the model's own",
+            path.display()
+        )
+    })?;
+    let tokens = tokenizer.get_vocab_size(true);
+    if tokens > vocab_size {
+        bail!(
+            "{}: has {tokens} tokens, more than the model's vocab_size {vocab_size}, so it belongs to another model; --out-dir would get a copy of it: restore the model's own",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// Creates `--out-dir` and checks that the trained model can be written there, so that a
 /// run does not find out only at its end.
 fn check_out_dir(o: &Options) -> Result<()> {
@@ -267,6 +272,57 @@ struct Run<'a, B: Backend> {
 }
 
 impl<B: Backend> Run<'_, B> {
+    /// The run once its log is open: the options, device and memory announced, the weights
+    /// made or read, then the loop, the full eval, the last checkpoint and the export.
+    fn run(
+        &mut self, resume: Option<(PathBuf, State, Vec<String>)>, model_dir: Option<&Path>,
+    ) -> Result<()> {
+        let (b, comm, o) = (self.b, self.comm, self.o);
+        self.announce()?;
+        let steps = self.state.schedule.steps;
+        if o.warmup > steps {
+            self.warn(format!(
+                "--warmup {} is longer than the run's {steps} steps: the rate warms up over those \
+                 {steps} instead and reaches --lr at the last one",
+                o.warmup
+            ))?;
+        }
+        let cooldown = self.state.schedule.cooldown;
+        if o.cooldown > cooldown {
+            self.warn(format!(
+                "--cooldown {} is longer than the {cooldown} steps after the warmup: the rate \
+                 cools down over those {cooldown} instead",
+                o.cooldown
+            ))?;
+        }
+        if o.out_dir.is_none() && o.ckpt_interval == 0 {
+            self.warn(
+                "neither --out-dir nor --ckpt-interval is set, so the trained weights will not be saved"
+                    .into(),
+            )?;
+        }
+        if resume.is_none() {
+            match &o.model {
+                ModelSource::Dir {
+                    path,
+                    from_scratch: false,
+                } => hf::import(b, &self.model, path)?,
+                _ => self.model.init_weights(b, o.seed)?,
+            }
+            // Every rank made the same weights; taking rank 0's makes that a certainty.
+            let params: Vec<_> = self.model.params.iter().map(|t| (t, 0)).collect();
+            comm.broadcast(b, &params)?;
+            self.model.weights_changed();
+        }
+        self.opt = Some(AdamWState::new(b, comm, &self.model, o.optimizer.clone())?);
+        self.announce_memory()?;
+        if let Some((path, saved, warnings)) = resume {
+            self.resume(&path, saved, warnings)?;
+        }
+        self.train_loop()?;
+        self.finish(model_dir)
+    }
+
     fn opt(&self) -> &AdamWState<B> {
         self.opt
             .as_ref()
@@ -390,7 +446,8 @@ impl<B: Backend> Run<'_, B> {
 
     fn resume(&mut self, path: &Path, saved: State, warnings: Vec<String>) -> Result<()> {
         checkpoint::load(self.b, path, &self.model, self.opt())?;
-        self.loader.restore(saved.loader)?;
+        (self.loader.restore(saved.loader))
+            .with_context(|| format!("--continue from {}", path.display()))?;
         self.state.step = saved.step;
         self.state.loader = saved.loader;
         self.state.rng = saved.rng;
@@ -619,6 +676,23 @@ impl<B: Backend> Run<'_, B> {
         })
     }
 
+    /// Checks the weights before they are exported: an update that made them non-finite is
+    /// found by the next step's loss or by a checkpoint, but the last step may have neither.
+    fn check_weights_finite(&self) -> Result<()> {
+        for (name, t) in checkpoint::weights(&self.model) {
+            let values = self.b.download(t)?;
+            if let Err(found) = tensors::check_finite(&name, &values) {
+                let (step, found) = (self.state.step, found.to_string());
+                return Err(checkpoint::diverged(
+                    step,
+                    &found,
+                    "the model is not exported",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// After the last step: a checkpoint if the interval did not just write one, the full
     /// eval, and the exported model.
     fn finish(&mut self, model_dir: Option<&Path>) -> Result<()> {
@@ -628,6 +702,10 @@ impl<B: Backend> Run<'_, B> {
         }
         self.summary.final_eval = self.evaluate(None)?;
         if let Some(out) = o.out_dir.as_ref().filter(|_| self.comm.rank() == 0) {
+            // A checkpoint of this step has checked the weights already.
+            if self.saved_step != Some(step) {
+                self.check_weights_finite()?;
+            }
             hf::export(self.b, &self.model, out, o.model_dtype)?;
             if let Some(dir) = model_dir {
                 hf::copy_tokenizer_files(dir, out)?;
