@@ -3,28 +3,10 @@
 
 mod train_support;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use smelt::data::tokfile::TokenWriter;
 use train_support::*;
-
-/// Every file under `dir` with its contents.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                out.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
-}
 
 struct Case {
     _tmp: tempfile::TempDir,
@@ -377,7 +359,7 @@ fn flags_out_of_range() {
         (&["--lr", "1e39"], "--lr 1e39: beyond f32's range"),
         (
             &["--weight-decay", "-0.1"],
-            "--weight-decay -0.1: must not be negative",
+            "--weight-decay -0.1: must be at least 0",
         ),
         (
             &["--weight-decay", "inf"],

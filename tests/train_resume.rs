@@ -14,79 +14,10 @@ use smelt::train::checkpoint;
 use smelt::train::log::Event;
 use train_support::*;
 
-/// The command line of a 6-step run in `dir` (checkpoints every 2 steps).
-fn args(dir: &Path, model: &Path, data: &Path) -> Vec<String> {
-    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    [
-        "train",
-        "--model",
-        s(model),
-        "--from-scratch",
-        "--train-file",
-        s(data),
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--grad-accumulation",
-        "2",
-        "--steps",
-        "6",
-        "--warmup",
-        "2",
-        "--lr",
-        "1e-2",
-        "--model-dtype",
-        "bf16",
-        "--opt-m-dtype",
-        "bf16",
-        "--opt-v-dtype",
-        "bf16",
-        "--z-loss",
-        "1e-4",
-        "--ckpt-interval",
-        "2",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .chain([
-        "--checkpoint-dir".into(),
-        p("ckpt"),
-        "--out-dir".into(),
-        p("out"),
-        "--log-file".into(),
-        p("log.jsonl"),
-    ])
-    .collect()
-}
-
-fn run(args: &[String], extra: &[&str]) {
-    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
-    all.extend(extra);
-    smelt_ok(&all);
-}
-
-/// The bytes of every file in a checkpoint, by name.
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    names.sort();
-    names
-        .into_iter()
-        .filter(|p| p.file_name().unwrap() != "state.json")
-        .map(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            (name, std::fs::read(p).unwrap())
-        })
-        .collect()
-}
-
 /// The uninterrupted 6-step run of `args` with `extra` flags, in `name`.
 fn uninterrupted(s: &Setup, name: &str, extra: &[&str]) -> PathBuf {
     let dir = s.root.join(name);
-    run(&args(&dir, &s.model, &s.data), extra);
+    run_with(&resume_args(&dir, &s.model, &s.data), extra);
     dir
 }
 
@@ -97,38 +28,8 @@ fn resumed_at_step_2(s: &Setup, full: &Path, name: &str, extra: &[&str]) -> Path
     copy_checkpoint(&full.join("ckpt"), 2, &resumed.join("ckpt"));
     let mut flags = extra.to_vec();
     flags.push("--continue");
-    run(&args(&resumed, &s.model, &s.data), &flags);
+    run_with(&resume_args(&resumed, &s.model, &s.data), &flags);
     resumed
-}
-
-fn assert_same_run(full: &Path, resumed: &Path, from_step: u64) {
-    let (a, b) = (
-        steps(&full.join("log.jsonl")),
-        steps(&resumed.join("log.jsonl")),
-    );
-    // By step; a step the killed run did before it died is replaced by its replay.
-    let after = |v: &[(u64, f64, String)]| {
-        v.iter()
-            .filter(|x| x.0 > from_step)
-            .map(|(step, loss, data)| (*step, (loss.to_bits(), data.clone())))
-            .collect::<std::collections::BTreeMap<_, _>>()
-            .into_iter()
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(after(&a).len(), (6 - from_step) as usize);
-    // Bitwise: the same losses (as f64 bits) and the same input tokens, step by step.
-    assert_eq!(after(&a), after(&b));
-    assert_eq!(
-        std::fs::read(full.join("out/model.safetensors")).unwrap(),
-        std::fs::read(resumed.join("out/model.safetensors")).unwrap(),
-        "final weights differ"
-    );
-    let last = |d: &Path| checkpoint::step_dir(&d.join("ckpt"), 6);
-    assert_eq!(
-        files(&last(full)),
-        files(&last(resumed)),
-        "final optimizer state differs"
-    );
 }
 
 #[test]
@@ -139,11 +40,11 @@ fn resume_is_bitwise_exact() {
     assert_same_run(&full, &resumed, 2);
 
     // Continuing at the end does no more steps and changes nothing.
-    let before = files(&checkpoint::step_dir(&resumed.join("ckpt"), 6));
-    run(&args(&resumed, &s.model, &s.data), &["--continue"]);
+    let before = checkpoint_files(&checkpoint::step_dir(&resumed.join("ckpt"), 6));
+    run_with(&resume_args(&resumed, &s.model, &s.data), &["--continue"]);
     assert_eq!(
         before,
-        files(&checkpoint::step_dir(&resumed.join("ckpt"), 6))
+        checkpoint_files(&checkpoint::step_dir(&resumed.join("ckpt"), 6))
     );
     assert_eq!(steps(&resumed.join("log.jsonl")).len(), 4);
 }
@@ -192,7 +93,7 @@ fn killed_while_writing_a_checkpoint_continues_from_the_previous_one() {
 
     let killed = s.root.join("killed");
     let mut child = std::process::Command::new(SMELT)
-        .args(args(&killed, &s.model, &s.data))
+        .args(resume_args(&killed, &s.model, &s.data))
         // Pause 400 ms after each tensor file of a checkpoint (see checkpoint::DELAY_ENV).
         .env(checkpoint::DELAY_ENV, "400")
         .stdout(std::process::Stdio::null())
@@ -219,7 +120,7 @@ fn killed_while_writing_a_checkpoint_continues_from_the_previous_one() {
     assert!(!checkpoint::step_dir(&ckpt, 4).exists());
     assert_eq!(checkpoint::read_state(&latest).unwrap().step, 2);
 
-    run(&args(&killed, &s.model, &s.data), &["--continue"]);
+    run_with(&resume_args(&killed, &s.model, &s.data), &["--continue"]);
     let loaded: Vec<u64> = events(&killed.join("log.jsonl"))
         .into_iter()
         .filter_map(|e| match e {

@@ -1,9 +1,11 @@
 //! Helpers for the trainer's end-to-end tests: a tiny model directory, token files, running
-//! the `smelt` binary, and reading its log.
+//! the `smelt` binary (also killed, or with a full disk), reading its log, and comparing runs.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use smelt::data::tokfile::TokenWriter;
@@ -12,6 +14,17 @@ use smelt::train::demo::CORPUS;
 use smelt::train::log::{self, Event};
 
 pub const SMELT: &str = env!("CARGO_BIN_EXE_smelt");
+
+/// A learning rate at the top of f32's range, with bf16 weights: the first update takes every
+/// weight with a gradient to about 3.4e38, finite in the f32 master copy but past bf16's
+/// largest value (3.39e38), so the bf16 weights are infinite (the rate held at every step,
+/// and no weight decay, which such a rate refuses). The step's loss and gradient norm are
+/// finite: they come before the update.
+#[rustfmt::skip]
+pub const DIVERGING: [&str; 10] = [
+    "--lr", "3.4e38", "--lr-schedule", "constant", "--model-dtype", "bf16",
+    "--weight-decay", "0", "--warmup", "0",
+];
 
 /// A tiny byte-level Llama's `config.json` in `dir`.
 pub fn tiny_model_dir(dir: &Path) -> PathBuf {
@@ -134,4 +147,333 @@ pub fn model_variant(
     edit(&mut config);
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     dir
+}
+
+/// The `String` arguments as `&str`s.
+pub fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// `smelt train` on the set-up's tiny model and corpus, writing into `dir` (`ckpt/`,
+/// `out/`, `log.jsonl`): 4 steps of 2 × 16 tokens. A flag of `extra` replaces the default
+/// of the same name; the others are appended.
+pub fn run_args(set: &Setup, dir: &Path, extra: &[&str]) -> Vec<String> {
+    let p = |name: &str| s(&dir.join(name)).to_string();
+    let defaults = [
+        ("--model", s(&set.model).to_string()),
+        ("--train-file", s(&set.data).to_string()),
+        ("--batch-size", "2".into()),
+        ("--seq-len", "16".into()),
+        ("--steps", "4".into()),
+        ("--lr", "1e-2".into()),
+        ("--warmup", "1".into()),
+        ("--checkpoint-dir", p("ckpt")),
+        ("--out-dir", p("out")),
+        ("--log-file", p("log.jsonl")),
+    ];
+    let given = |flag: &str| {
+        extra
+            .iter()
+            .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    let mut args = vec!["train".to_string(), "--from-scratch".to_string()];
+    for (flag, value) in defaults {
+        if !given(flag) {
+            args.extend([flag.to_string(), value]);
+        }
+    }
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// Every file under `dir` with its contents.
+pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The names under `dir` (recursively, relative to it) that are hidden: temporary files and
+/// folders a write left behind.
+pub fn hidden_files(dir: &Path) -> Vec<String> {
+    let mut found = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                found.push(path.strip_prefix(dir).unwrap().display().to_string());
+            }
+            if path.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// The stderr of a run that must have failed with exactly one `error:` line, whose message
+/// (with any lines it continues on) holds each of `want`; and no panic or abort (exit 1, or
+/// 2 for a command line the parser refused).
+pub fn assert_refused(out: &Output, want: &[&str]) -> String {
+    if let Some(problem) = refusal_problem(out, want) {
+        panic!("{problem}");
+    }
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// What is wrong with `out` as `assert_refused` sees it, if anything.
+pub fn refusal_problem(out: &Output, want: &[&str]) -> Option<String> {
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !matches!(out.status.code(), Some(1 | 2)) {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        return Some(format!(
+            "expected a clean failure (exit 1 or 2), got {}: {err}\n{stdout}",
+            out.status
+        ));
+    }
+    let errors = err.lines().filter(|l| l.starts_with("error:")).count();
+    if errors != 1 {
+        return Some(format!("expected one error line: {err}"));
+    }
+    let message = &err[err.find("error:").expect("counted above")..];
+    let missing: Vec<&&str> = want.iter().filter(|w| !message.contains(**w)).collect();
+    (!missing.is_empty()).then(|| format!("expected {missing:?} in: {err}"))
+}
+
+/// Gives `cmd`'s process files of at most `bytes` (RLIMIT_FSIZE), which needs no root: a
+/// write past that fails with EFBIG ("File too large"), as one to a full disk fails with
+/// ENOSPC. SIGXFSZ, which would kill the process instead, is ignored.
+pub fn limit_file_size(cmd: &mut Command, bytes: u64) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only async-signal-safe calls are made (signal and
+    // setrlimit), on values owned by the closure.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            match libc::setrlimit(libc::RLIMIT_FSIZE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        })
+    }
+}
+
+/// Starts `cmd`, polls until `ready()` holds, then kills it with SIGKILL and waits for it.
+/// Fails the test if the process ends by itself first, or `ready` takes over a minute.
+pub fn kill_when(cmd: &mut Command, ready: impl Fn() -> bool) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !ready() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{cmd:?} ended before it was killed"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{cmd:?}: never ready"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+}
+
+/// Runs `f` on every item, on as many threads as the machine has cores (the cases are
+/// independent processes), and then fails with every case's failure, if any failed.
+pub fn in_parallel<T: Send + std::fmt::Debug>(items: Vec<T>, f: impl Fn(&T) + Sync) {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let queue = std::sync::Mutex::new(items.into_iter());
+    let failures = std::sync::Mutex::new(vec![]);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let next = queue.lock().unwrap().next();
+                    let Some(item) = next else { break };
+                    let caught =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&item)));
+                    if let Err(panic) = caught {
+                        let message = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("{item:?}: {message}"));
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+/// The command line of a 6-step run in `dir` (checkpoints every 2 steps, into `ckpt/`; the
+/// model into `out/`, the log into `log.jsonl`), with bf16 weights and an f32 master copy,
+/// bf16 Adam moments (stochastic rounding), gradient accumulation and z-loss: every piece of
+/// state a bitwise resume must save.
+pub fn resume_args(dir: &Path, model: &Path, data: &Path) -> Vec<String> {
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    [
+        "train",
+        "--model",
+        s(model),
+        "--from-scratch",
+        "--train-file",
+        s(data),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--grad-accumulation",
+        "2",
+        "--steps",
+        "6",
+        "--warmup",
+        "2",
+        "--lr",
+        "1e-2",
+        "--model-dtype",
+        "bf16",
+        "--opt-m-dtype",
+        "bf16",
+        "--opt-v-dtype",
+        "bf16",
+        "--z-loss",
+        "1e-4",
+        "--ckpt-interval",
+        "2",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .chain([
+        "--checkpoint-dir".into(),
+        p("ckpt"),
+        "--out-dir".into(),
+        p("out"),
+        "--log-file".into(),
+        p("log.jsonl"),
+    ])
+    .collect()
+}
+
+/// Runs `smelt` with `args` and `extra`, which must succeed.
+pub fn run_with(args: &[String], extra: &[&str]) {
+    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+    all.extend(extra);
+    smelt_ok(&all);
+}
+
+/// The bytes of every file in a checkpoint, by name.
+pub fn checkpoint_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .filter(|p| p.file_name().unwrap() != "state.json")
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(p).unwrap())
+        })
+        .collect()
+}
+
+/// Asserts that `resumed` (a run folder of `resume_args`) did after step `from_step` what
+/// the uninterrupted `full` did: the same losses and data, step by step, bit for bit, and the
+/// same final weights and optimizer state.
+pub fn assert_same_run(full: &Path, resumed: &Path, from_step: u64) {
+    let (a, b) = (
+        steps(&full.join("log.jsonl")),
+        steps(&resumed.join("log.jsonl")),
+    );
+    // By step; a step the killed run did before it died is replaced by its replay.
+    let after = |v: &[(u64, f64, String)]| {
+        v.iter()
+            .filter(|x| x.0 > from_step)
+            .map(|(step, loss, data)| (*step, (loss.to_bits(), data.clone())))
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(after(&a).len(), (6 - from_step) as usize);
+    // Bitwise: the same losses (as f64 bits) and the same input tokens, step by step.
+    assert_eq!(after(&a), after(&b));
+    assert_eq!(
+        std::fs::read(full.join("out/model.safetensors")).unwrap(),
+        std::fs::read(resumed.join("out/model.safetensors")).unwrap(),
+        "final weights differ"
+    );
+    let last = |d: &Path| checkpoint::step_dir(&d.join("ckpt"), 6);
+    assert_eq!(
+        checkpoint_files(&last(full)),
+        checkpoint_files(&last(resumed)),
+        "final optimizer state differs"
+    );
+}
+
+/// A word-level tokenizer.json of `n` tokens: `<eos>`, `[UNK]`, then `w0`, `w1`, ... (fast to
+/// load and to run, unlike a real one).
+pub fn word_level_tokenizer(n: usize) -> serde_json::Value {
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<eos>".into(), 0.into());
+    vocab.insert("[UNK]".into(), 1.into());
+    for i in 2..n {
+        vocab.insert(format!("w{}", i - 2), i.into());
+    }
+    json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    })
+}
+
+/// `words` pseudo-random words of that tokenizer (`w0` to `w199`), a document (line) of
+/// every 100.
+pub fn word_text(words: usize) -> String {
+    let mut x = 1u64;
+    let mut text = String::with_capacity(5 * words);
+    for i in 0..words {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.push_str(&format!("w{} ", (x >> 33) % 200));
+        if i % 100 == 99 {
+            text.push('\n');
+        }
+    }
+    text
 }
