@@ -10,7 +10,7 @@ use common::gpu::*;
 use half::bf16;
 use smelt::backend::cuda::{Cuda, device};
 use smelt::backend::prelude::*;
-use smelt::comm::nccl::{Nccl, UniqueId};
+use smelt::comm::nccl::Nccl;
 use smelt::comm::{Comm, ranks};
 use smelt::tensor::{DType, TensorSpec};
 use std::time::{Duration, Instant};
@@ -36,12 +36,11 @@ fn nccl_sums_and_broadcasts_like_the_host() {
         gpus >= 2,
         "this test needs two GPUs, the driver reports {gpus}"
     );
-    let id = UniqueId::new().unwrap();
     let dtypes = [DType::BF16, DType::F32];
     let result = ranks::run(2, LONG, move |member| {
         let rank = member.rank;
         let b = Cuda::new(rank)?;
-        let comm = Nccl::new(&b, id, member)?;
+        let comm = Nccl::new(&b, member)?;
         assert_eq!((comm.rank(), comm.world()), (rank, 2));
         let summed: Vec<_> = (0..2)
             .map(|i| tensor(&b, &[N], dtypes[i], &values(rank, i as u64, dtypes[i])))
@@ -100,11 +99,10 @@ fn nccl_sums_and_broadcasts_like_the_host() {
 #[ignore = "needs two CUDA GPUs"]
 fn nccl_reduces_to_one_rank_and_waits_before_reuse() {
     const M: usize = 64 << 20;
-    let id = UniqueId::new().unwrap();
     let result = ranks::run(2, LONG, move |member| {
         let rank = member.rank;
         let b = Cuda::new(rank)?;
-        let comm = Nccl::new(&b, id, member)?;
+        let comm = Nccl::new(&b, member)?;
         let t = b.allocate("reduced", &[TensorSpec::new("t", &[M], DType::F32)])?;
         let t = &t[0];
         b.fill(t, 1.0 + rank as f32)?;
@@ -136,7 +134,6 @@ fn nccl_reduces_to_one_rank_and_waits_before_reuse() {
 fn rank_1_leaves_a_sum_unjoined(
     timeout: Duration, connected: bool, rank_1_then: fn() -> anyhow::Result<()>,
 ) -> (String, Duration) {
-    let id = UniqueId::new().unwrap();
     let (report, reported) = std::sync::mpsc::channel();
     let start = Instant::now();
     std::thread::spawn(move || {
@@ -144,7 +141,7 @@ fn rank_1_leaves_a_sum_unjoined(
             let rank = member.rank;
             let b = Cuda::new(rank)?;
             let t = tensor(&b, &[N], DType::F32, &values(rank, 0, DType::F32));
-            let comm = Nccl::new(&b, id, member)?;
+            let comm = Nccl::new(&b, member)?;
             if connected {
                 comm.start_all_reduce_sum(&b, &[&t])?;
                 comm.join_all_reduce_sums(&b)?;

@@ -2,7 +2,7 @@
 //! present and the CPU otherwise. A GPU that is present but fails to start is an error, never
 //! a silent fall back to the CPU.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 
 use super::Backend;
 use super::cpu::Cpu;
@@ -36,18 +36,36 @@ impl Device {
     }
 }
 
-/// Opens the backend `choice` asks for (GPU 0 for CUDA).
-pub fn select(choice: DeviceChoice) -> Result<Device> {
+/// Opens the backend `choice` asks for: GPU `gpu` for CUDA (0, or the one a launcher gave
+/// this process as its `LOCAL_RANK`), or the one GPU where the driver shows only one.
+pub fn select(choice: DeviceChoice, gpu: usize) -> Result<Device> {
+    let open = |count: usize| -> Result<Cuda> {
+        // A launcher that gives each process one GPU of its own (`srun --gpus-per-task=1`
+        // sets CUDA_VISIBLE_DEVICES so) leaves it that one, whatever its local rank.
+        let gpu = if count == 1 { 0 } else { gpu };
+        ensure!(
+            gpu < count,
+            "GPU {gpu}: the driver reports {count} GPU(s) on this machine; check nvidia-smi and \
+             CUDA_VISIBLE_DEVICES (under a launcher, LOCAL_RANK picks the GPU: start at most \
+             {count} processes per machine)"
+        );
+        Cuda::new(gpu)
+    };
     match choice {
         DeviceChoice::Cpu => Ok(Device::Cpu(Cpu::new())),
-        DeviceChoice::Cuda => Ok(Device::Cuda(Cuda::new(0)?)),
+        DeviceChoice::Cuda => Ok(Device::Cuda(match device::gpu_count()? {
+            // No driver or no GPU: Cuda::new says which.
+            0 => Cuda::new(gpu)?,
+            n => open(n)?,
+        })),
         DeviceChoice::Auto => {
-            if device::gpu_count()? == 0 {
+            let count = device::gpu_count()?;
+            if count == 0 {
                 return Ok(Device::Cpu(Cpu::new()));
             }
             // A bad setting is the user's to fix, not a sign that the GPU is unusable.
             AttentionKernels::from_env()?;
-            let gpu = Cuda::new(0).context(
+            let gpu = open(count).context(
                 "a GPU is present but could not be used (pass --device cpu to run on the CPU)",
             )?;
             Ok(Device::Cuda(gpu))
@@ -61,7 +79,10 @@ mod tests {
 
     #[test]
     fn asking_for_the_cpu_gives_the_cpu() {
-        assert!(matches!(select(DeviceChoice::Cpu).unwrap(), Device::Cpu(_)));
+        assert!(matches!(
+            select(DeviceChoice::Cpu, 0).unwrap(),
+            Device::Cpu(_)
+        ));
     }
 
     #[test]
@@ -70,10 +91,10 @@ mod tests {
             return; // this machine has a GPU; the GPU tests cover it
         }
         assert!(matches!(
-            select(DeviceChoice::Auto).unwrap(),
+            select(DeviceChoice::Auto, 0).unwrap(),
             Device::Cpu(_)
         ));
-        let err = select(DeviceChoice::Cuda).err().expect("no GPU here");
+        let err = select(DeviceChoice::Cuda, 0).err().expect("no GPU here");
         let msg = format!("{err:#}");
         assert!(
             msg.contains("libcuda") || msg.contains("no CUDA GPU"),

@@ -8,6 +8,7 @@ use serde_json::json;
 use super::flags::{FitMemoryFlag, OffloadFlags, RecomputeFlags, SmallerBatch};
 use crate::backend::op_times::{OpTime, by_family};
 use crate::backend::select::{Device, DeviceChoice, select};
+use crate::comm::ranks::Ranks;
 use crate::model::{MatmulPrecision, Recompute};
 use crate::plan::Request;
 use crate::train::ModelSource;
@@ -88,7 +89,16 @@ impl BenchArgs {
             bail!("--batch-size and --seq-len must be at least 1");
         }
         let matmul = MatmulPrecision::parse(&self.matmul_dtype, self.gradient_dtype.as_deref())?;
-        let device = select(self.device)?;
+        // Under a launcher, the GPU its LOCAL_RANK names.
+        let ranks = Ranks::new(1)?;
+        if ranks.world() > 1 {
+            bail!(
+                "smelt bench times one GPU, and this process is one of {} ranks: launch it alone \
+                 (torchrun --nproc-per-node 1), or time several GPUs with `smelt train --gpus N`",
+                ranks.world()
+            );
+        }
+        let device = select(self.device, ranks.device_index())?;
         let recompute = self.recompute.recompute();
         let offload = self.offload.offload(false);
         let chosen_by_hand = recompute != Recompute::default()

@@ -144,7 +144,7 @@ impl PlanArgs {
                 )
             })
         };
-        let present = match select(self.device)? {
+        let present = match select(self.device, 0)? {
             Device::Cuda(b) => Some((b.name().to_string(), b.memory_report()?.free as u64)),
             Device::Cpu(_) => None,
         };

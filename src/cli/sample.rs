@@ -100,7 +100,7 @@ impl SampleArgs {
         {
             bail!("--model-dtype {d}: choose f32 or bf16");
         }
-        match select(self.device)? {
+        match select(self.device, 0)? {
             Device::Cpu(b) => self.sample(&b, DType::F32),
             Device::Cuda(b) => self.sample(&b, DType::BF16),
         }

@@ -14,7 +14,7 @@ use super::flags::{
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::comm::Comm;
-use crate::comm::ranks::{RankMain, on_ranks};
+use crate::comm::ranks::{RankMain, Ranks, on_ranks};
 use crate::generate::{Generator, SampleOptions, Sampling};
 use crate::io::hf;
 use crate::model::{MatmulPrecision, Recompute};
@@ -154,9 +154,11 @@ pub struct TrainArgs {
     /// Where to run: the GPU when the driver reports one, else the CPU.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto, help_heading = "Devices")]
     device: DeviceChoice,
-    /// GPUs to train on, data parallel: each takes --batch-size sequences of every step, and
-    /// NCCL sums the gradients. With --device cpu, this many CPU ranks in one process,
-    /// exchanging through host memory (how the multi-GPU logic is tested without GPUs).
+    /// GPUs to train on, data parallel, a thread each: each takes --batch-size sequences of
+    /// every step, and NCCL sums the gradients. With --device cpu, this many CPU ranks in one
+    /// process, exchanging through host memory (how the multi-GPU logic is tested without
+    /// GPUs). Leave it out under a launcher (torchrun, srun, mpirun), which starts one
+    /// process per GPU; each reads its rank from the launcher's variables.
     #[arg(long, default_value_t = 1, help_heading = "Devices")]
     gpus: usize,
     /// ZeRO sharding over the --gpus: 1 shares the optimizer state (Adam's moments and the
@@ -166,9 +168,10 @@ pub struct TrainArgs {
     /// The same results (level 2 with --grad-accumulation: sums in another order).
     #[arg(long, default_value_t = 0, help_heading = "Devices")]
     zero_level: u8,
-    /// With --gpus, how long a rank waits for the others to meet it, and how long the GPUs
-    /// may all wait on their devices, before the run stops as stuck (a rank, kernel or
-    /// collective that does not end) with an error naming what it waited for.
+    /// With several ranks, how long a rank waits for the others to meet it (and for rank 0's
+    /// store, at the start), and how long the GPUs may all wait on their devices, before the
+    /// run stops as stuck (a rank, kernel or collective that does not end) with an error
+    /// naming what it waited for.
     #[arg(
         long,
         value_name = "SECONDS",
@@ -228,7 +231,8 @@ impl TrainArgs {
         if self.comm_timeout == 0 {
             bail!("--comm-timeout 0: give the seconds a rank may wait for the others, 1 or more");
         }
-        let device = select(self.device)?;
+        let ranks = Ranks::new(self.gpus)?;
+        let device = select(self.device, ranks.device_index())?;
         let chosen_by_hand = [
             self.recompute.recompute() != Recompute::default(),
             self.offload.offload(self.offload_master) != Offload::default(),
@@ -244,7 +248,7 @@ impl TrainArgs {
         if let Some(choice) =
             self.fit_memory
                 .choose(&device, SmallerBatch::WithAccumulation, || {
-                    Request::for_training(&options, self.gpus)
+                    Request::for_training(&options, ranks.world())
                 })?
         {
             options.activations = choice.activations;
@@ -258,9 +262,12 @@ impl TrainArgs {
                  one of them out"
             );
         }
-        let demo = self.train_file.is_none();
+        let demo_data = self
+            .train_file
+            .is_none()
+            .then(|| self.demo_dir.join("data"));
         let timeout = Duration::from_secs(self.comm_timeout);
-        on_ranks(device, self.gpus, timeout, TrainRank { options, demo })
+        on_ranks(device, ranks, timeout, TrainRank { options, demo_data })
     }
 
     /// Resolves the command line into the run's options.
@@ -363,10 +370,9 @@ impl TrainArgs {
         if let Some(out) = self.out_dir.as_ref().filter(|_| !self.resume) {
             hf::check_new_export_dir(out, self.model.as_deref())?;
         }
-        // The flags are checked; only now does the demo write its data.
         let (model, train_file, eval_file) = match (&self.train_file, &self.model) {
             (None, _) => {
-                let (train, eval) = demo::write_data(&self.demo_dir.join("data"))?;
+                let (train, eval) = demo::data_paths(&self.demo_dir.join("data"));
                 let path = |p: PathBuf| p.to_string_lossy().into_owned();
                 (
                     ModelSource::Config {
@@ -463,15 +469,24 @@ impl TrainArgs {
 /// Trains on one rank; after the demo, rank 0 reports its loss and shows a sample.
 struct TrainRank {
     options: Options,
-    demo: bool,
+    /// The demo's data folder, when this is the demo.
+    demo_data: Option<PathBuf>,
 }
 
 impl RankMain for TrainRank {
     type Output = ();
 
     fn run<B: Backend>(&self, b: &B, comm: &dyn Comm<B>) -> Result<()> {
+        if let Some(dir) = &self.demo_data {
+            // The flags are checked; only now does the demo write its data, once, for every
+            // rank to read after it.
+            if comm.rank() == 0 {
+                demo::write_data(dir)?;
+            }
+            comm.sum(&[])?;
+        }
         let summary = crate::train::train(b, comm, &self.options)?;
-        if self.demo && comm.rank() == 0 {
+        if self.demo_data.is_some() && comm.rank() == 0 {
             demo_report(b, &summary, &self.options)?;
         }
         Ok(())

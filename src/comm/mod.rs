@@ -1,16 +1,21 @@
-//! Collectives between the ranks of a data-parallel run: one rank per device, each a thread
-//! of this process with its own backend and its own replica of the model.
+//! Collectives between the ranks of a data-parallel run: one rank per device, each with its
+//! own backend and its own replica of the model. The ranks are threads of this process
+//! (`--gpus N`) or processes started by a launcher (torchrun, Slurm, mpirun), possibly on
+//! several machines (`launch`).
 //!
 //! `Comm` is what the trainer asks of them. Three implementations: `Solo` (one rank, nothing
-//! to exchange), `InProcess` (any backend: tensors pass through host memory, so that the
-//! multi-rank logic runs and is tested on the CPU) and, on GPUs, `nccl::Nccl`. Host values
-//! (losses, token counts) always meet in a `Group`, since every rank is a thread of this
-//! process. `ranks` starts the ranks and runs a command's body on each.
+//! to exchange), `Host` (any backend: tensors pass through host memory and the group, so that
+//! the multi-rank logic runs and is tested on the CPU) and, on GPUs, `nccl::Nccl`. Host values
+//! (losses, token counts) always meet in the ranks' `Group`, which is shared memory between
+//! threads and rank 0's TCP store between processes. `ranks` starts the ranks and runs a
+//! command's body on each.
 
 pub mod group;
-pub mod in_process;
+pub mod host;
+pub mod launch;
 pub mod nccl;
 pub mod ranks;
+mod torch_store;
 
 use std::sync::Arc;
 
@@ -20,7 +25,7 @@ use self::group::Group;
 use crate::backend::Backend;
 use crate::tensor::Tensor;
 
-pub use self::in_process::InProcess;
+pub use self::host::Host;
 
 pub trait Comm<B: Backend> {
     fn rank(&self) -> usize;
@@ -77,7 +82,7 @@ impl<B: Backend> Comm<B> for Solo {
 /// One rank's place in its group: what every multi-rank `Comm` shares for host values.
 pub struct Member {
     pub rank: usize,
-    pub group: Arc<Group>,
+    pub group: Arc<dyn Group>,
 }
 
 impl Member {

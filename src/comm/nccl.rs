@@ -56,7 +56,7 @@ const WATCH_PERIOD: Duration = Duration::from_millis(100);
 
 /// Aborts `comm` once any rank of `group` has failed, or the ranks have stalled, unless
 /// `stop` is set first.
-fn watch(group: Arc<Group>, comm: Arc<Mutex<Option<Handle>>>, stop: Arc<AtomicBool>) {
+fn watch(group: Arc<dyn Group>, comm: Arc<Mutex<Option<Handle>>>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
         if group.fails_within(WATCH_PERIOD) {
             abort(&comm);
@@ -82,43 +82,49 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What every rank's communicator is created from: made once, before the ranks start.
-#[derive(Clone, Copy)]
-pub struct UniqueId(sys::ncclUniqueId);
-
-impl UniqueId {
-    /// Fails, saying what to install, where libnccl cannot be loaded.
-    pub fn new() -> Result<UniqueId> {
-        // SAFETY: only tries to dlopen the library under its usual names.
-        if !unsafe { sys::is_culib_present() } {
-            bail!(
-                "--gpus: cannot load libnccl.so.2 (NCCL), which multi-GPU runs need: install \
-                 NCCL (`pip install nvidia-nccl-cu13` and its lib directory on \
-                 LD_LIBRARY_PATH), or run on one GPU"
-            );
-        }
-        let id = result::get_uniqueid().map_err(|e| anyhow::anyhow!("NCCL: {e:?}"))?;
-        Ok(UniqueId(id))
+/// What every rank's communicator is created from: made by rank 0 and taken to the others
+/// by the group, each byte as a value.
+fn shared_id(member: &Member) -> Result<sys::ncclUniqueId> {
+    // SAFETY: only tries to dlopen the library under its usual names.
+    if !unsafe { sys::is_culib_present() } {
+        bail!(
+            "--gpus: cannot load libnccl.so.2 (NCCL), which multi-GPU runs need: install \
+             NCCL (`pip install nvidia-nccl-cu13` and its lib directory on \
+             LD_LIBRARY_PATH), or run on one GPU"
+        );
     }
+    let mine = match member.rank {
+        0 => {
+            let id = result::get_uniqueid().map_err(|e| anyhow::anyhow!("NCCL: {e:?}"))?;
+            id.internal.iter().map(|&b| b as u8 as f64).collect()
+        }
+        _ => vec![],
+    };
+    // A rank whose GPU failed to open never comes, and NCCL would wait for it for ever; this
+    // meeting fails or times out instead.
+    let all = member.group.exchange(member.rank, mine)?;
+    let mut id = sys::ncclUniqueId { internal: [0; 128] };
+    ensure!(all[0].len() == id.internal.len(), "NCCL: rank 0 sent no id");
+    for (byte, &value) in id.internal.iter_mut().zip(&all[0]) {
+        *byte = value as u8 as std::ffi::c_char;
+    }
+    Ok(id)
 }
 
 impl Nccl {
     /// Joins rank `member.rank`'s communicator; returns once every rank has joined.
-    pub fn new(cuda: &Cuda, id: UniqueId, member: Member) -> Result<Nccl> {
+    pub fn new(cuda: &Cuda, member: Member) -> Result<Nccl> {
         // Lower numbers are higher priorities: a sum's blocks start as soon as an SM frees up,
         // instead of queueing behind the rest of the backward's.
         let (_, highest) = stream::get_priority_range()?;
         let sums = cuda.ctx.new_stream_with_priority(highest)?;
-        // A rank whose GPU failed to open never joins, and NCCL would wait for it for ever.
-        member.sum(&[])?;
+        let id = shared_id(&member)?;
         cuda.ctx.bind_to_thread()?;
         let mut comm = std::ptr::null_mut();
         // SAFETY: `comm` receives the communicator; the id is the one every rank was given.
-        unsafe {
-            result::comm_init_rank(&mut comm, member.world() as i32, id.0, member.rank as i32)
-        }
-        .map_err(|e| anyhow::anyhow!("{e:?}"))
-        .with_context(|| format!("NCCL: creating rank {}'s communicator", member.rank))?;
+        unsafe { result::comm_init_rank(&mut comm, member.world() as i32, id, member.rank as i32) }
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+            .with_context(|| format!("NCCL: creating rank {}'s communicator", member.rank))?;
         let comm = Arc::new(Mutex::new(Some(Handle(comm))));
         let stop_watching = Arc::new(AtomicBool::new(false));
         let watcher = {

@@ -53,22 +53,26 @@ pub const SAMPLE_PROMPT: &str = "fn main() {\n    let ";
 pub const SAMPLE_TOKENS: usize = 160;
 pub const SAMPLE_TEMPERATURE: f32 = 0.7;
 
-/// Writes the corpus as token files in `dir`: `train.bin`, and its last twentieth as
-/// `eval.bin`. Returns their paths.
-pub fn write_data(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+/// The token files `write_data` writes in `dir`: train, then eval.
+pub fn data_paths(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join("train.bin"), dir.join("eval.bin"))
+}
+
+/// Writes the corpus as token files in `dir` (`data_paths`): the train file, and its last
+/// twentieth as the eval file.
+pub fn write_data(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("{}: cannot create the demo's data folder", dir.display()))?;
     let bytes: Vec<i32> = CORPUS.bytes().map(i32::from).collect();
     let split = bytes.len() - bytes.len() / 20;
-    let write = |name: &str, tokens: &[i32]| -> Result<PathBuf> {
-        let mut w = TokenWriter::create(&dir.join(name), Some(VOCAB), false)?;
+    let write = |path: PathBuf, tokens: &[i32]| -> Result<()> {
+        let mut w = TokenWriter::create(&path, Some(VOCAB), false)?;
         w.write(tokens, None)?;
-        w.finish()
+        w.finish().map(drop)
     };
-    Ok((
-        write("train.bin", &bytes[..split])?,
-        write("eval.bin", &bytes[split..])?,
-    ))
+    let (train, eval) = data_paths(dir);
+    write(train, &bytes[..split])?;
+    write(eval, &bytes[split..])
 }
 
 /// Bytes as text, for showing a sample.

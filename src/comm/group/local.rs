@@ -1,13 +1,9 @@
-//! Where the ranks of one process meet on the host: each hands in a list of values and gets
-//! back every rank's list, in rank order. The ranks are threads of one process, so this needs
-//! no network and serves every device kind, NCCL's included (for losses, token counts and
-//! the in-process collectives' tensors).
+//! The meeting place of ranks in one process: a mutex and a condition variable. It serves
+//! the threads of `--gpus N`, and inside rank 0's `Store` the processes of a launched run.
 //!
-//! A rank that fails marks the group failed; every rank waiting here, or arriving later,
-//! then gets an error instead of waiting for ever on a rank that will not come. A rank that
-//! is stuck rather than failed (in a kernel or a device wait that does not end, or in host
-//! code) is caught by the timeout: a rank that waits here longer than that for the others
-//! fails, naming them, and when no rank waits here and none has met for that long, the
+//! A rank that is stuck rather than failed (in a kernel or a device wait that does not end,
+//! or in host code) is caught by the timeout: a rank that waits here longer than that for the
+//! others fails, naming them, and when no rank waits here and none has met for that long, the
 //! group counts as stalled (`fails_within`, which NCCL's watchers poll).
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -15,27 +11,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
-/// The error the other ranks get once one has failed. `ranks::run` reports the failed
-/// rank's own error instead, so this text is seen only if that one is lost.
-pub const PEER_FAILED: &str = "another rank of this run failed";
+use super::{Failure, Group, PEER_FAILED};
 
-pub struct Group {
+pub struct Local {
     world: usize,
     /// How long a rank waits at a meeting for the others, and how long the ranks may go
     /// without meeting while none waits at one, before the run counts as stuck.
     timeout: Duration,
     state: Mutex<Round>,
     changed: Condvar,
-}
-
-/// How a group failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// This rank failed first, with an error of its own.
-    Rank(usize),
-    /// No rank failed, but none met or waited at a meeting for the timeout: each was held
-    /// where no meeting reaches, on its device.
-    Stalled,
 }
 
 /// The exchange in progress, and the last one completed.
@@ -56,9 +40,9 @@ struct Round {
     failed: Option<Failure>,
 }
 
-impl Group {
-    pub fn new(world: usize, timeout: Duration) -> Arc<Group> {
-        Arc::new(Group {
+impl Local {
+    pub fn new(world: usize, timeout: Duration) -> Arc<Local> {
+        Arc::new(Local {
             world,
             timeout,
             state: Mutex::new(Round {
@@ -73,14 +57,21 @@ impl Group {
         })
     }
 
-    pub fn world(&self) -> usize {
+    fn lock(&self) -> MutexGuard<'_, Round> {
+        // A rank that panicked while holding the lock left the state consistent: every
+        // update above is a single assignment.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Group for Local {
+    fn world(&self) -> usize {
         self.world
     }
 
-    /// Hands in `values` as rank `rank` and waits for every rank's, which it returns in rank
-    /// order. Fails if a rank has failed, or if the others have not all come within the
-    /// timeout.
-    pub fn exchange(&self, rank: usize, values: Vec<f64>) -> Result<Arc<Vec<Vec<f64>>>> {
+    fn exchange(&self, rank: usize, values: Vec<f64>) -> Result<Arc<Vec<Vec<f64>>>> {
         let mut round = self.lock();
         if round.failed.is_some() {
             bail!(PEER_FAILED);
@@ -123,9 +114,8 @@ impl Group {
         )
     }
 
-    /// Whether the group has failed, or fails within `wait` (returning as soon as it does);
-    /// past the wait, a group that has stalled (see `Failure::Stalled`) is marked so here.
-    pub fn fails_within(&self, wait: Duration) -> bool {
+    /// Past the wait, a group that has stalled (see `Failure::Stalled`) is marked so here.
+    fn fails_within(&self, wait: Duration) -> bool {
         let round = self.lock();
         let (mut round, _) = self
             .changed
@@ -141,29 +131,19 @@ impl Group {
         round.failed.is_some()
     }
 
-    /// Records that a rank has ended (its work done, or failed).
-    pub fn end(&self) {
+    fn end(&self, _rank: usize) {
         self.lock().one_ended = true;
     }
 
-    /// Marks the group failed by `rank` (unless it failed before) and wakes every waiting
-    /// rank.
-    pub fn fail(&self, rank: usize) {
-        self.lock().failed.get_or_insert(Failure::Rank(rank));
+    fn fail(&self, rank: usize, message: String) {
+        self.lock()
+            .failed
+            .get_or_insert(Failure::Rank { rank, message });
         self.changed.notify_all();
     }
 
-    /// How the group failed, if it has: the cause, where the ranks' errors are consequences.
-    pub fn failure(&self) -> Option<Failure> {
-        self.lock().failed
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Round> {
-        // A rank that panicked while holding the lock left the state consistent: every
-        // update above is a single assignment.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn failure(&self) -> Option<Failure> {
+        self.lock().failed.clone()
     }
 }
 
@@ -176,7 +156,7 @@ mod tests {
 
     #[test]
     fn every_rank_gets_every_list_in_rank_order_round_after_round() {
-        let group = Group::new(3, LONG);
+        let group = Local::new(3, LONG);
         std::thread::scope(|s| {
             for rank in 0..3 {
                 let group = &group;
@@ -196,28 +176,34 @@ mod tests {
 
     #[test]
     fn a_failed_rank_releases_the_waiting_ones() {
-        let group = Group::new(2, LONG);
+        let group = Local::new(2, LONG);
         std::thread::scope(|s| {
             let waiting = s.spawn(|| group.exchange(0, vec![1.0]));
             std::thread::sleep(Duration::from_millis(20));
-            group.fail(1);
+            group.fail(1, "out of memory".into());
             let err = waiting.join().unwrap().unwrap_err();
             assert_eq!(err.to_string(), PEER_FAILED);
         });
         assert!(group.exchange(1, vec![]).is_err());
-        group.fail(0);
-        assert_eq!(group.failure(), Some(Failure::Rank(1)));
+        group.fail(0, "later".into());
+        assert_eq!(
+            group.failure(),
+            Some(Failure::Rank {
+                rank: 1,
+                message: "out of memory".into()
+            })
+        );
     }
 
     #[test]
     fn a_watcher_learns_of_a_failure_as_it_happens() {
-        let group = Group::new(2, LONG);
+        let group = Local::new(2, LONG);
         assert!(!group.fails_within(Duration::from_millis(1)));
         std::thread::scope(|s| {
             let watching = s.spawn(|| group.fails_within(Duration::from_secs(60)));
             std::thread::sleep(Duration::from_millis(20));
             let start = Instant::now();
-            group.fail(0);
+            group.fail(0, "later".into());
             assert!(watching.join().unwrap());
             assert!(start.elapsed() < Duration::from_secs(10));
         });
@@ -226,7 +212,7 @@ mod tests {
     #[test]
     fn a_rank_waiting_past_the_timeout_names_the_ranks_that_did_not_come() {
         let timeout = Duration::from_millis(200);
-        let group = Group::new(3, timeout);
+        let group = Local::new(3, timeout);
         std::thread::scope(|s| {
             let waiting = s.spawn(|| group.exchange(1, vec![]));
             let start = Instant::now();
@@ -244,18 +230,18 @@ mod tests {
 
     #[test]
     fn ranks_that_neither_meet_nor_wait_for_the_timeout_have_stalled() {
-        let group = Group::new(2, Duration::from_millis(100));
+        let group = Local::new(2, Duration::from_millis(100));
         assert!(!group.fails_within(Duration::ZERO));
         std::thread::sleep(Duration::from_millis(150));
         assert!(group.fails_within(Duration::ZERO));
         assert_eq!(group.failure(), Some(Failure::Stalled));
         // A rank that fails afterwards is not taken for the cause.
-        group.fail(1);
+        group.fail(1, "out of memory".into());
         assert_eq!(group.failure(), Some(Failure::Stalled));
 
         // Once a rank has ended, the others meet no more, and working alone is no stall.
-        let group = Group::new(2, Duration::from_millis(100));
-        group.end();
+        let group = Local::new(2, Duration::from_millis(100));
+        group.end(0);
         std::thread::sleep(Duration::from_millis(150));
         assert!(!group.fails_within(Duration::ZERO));
     }

@@ -1,7 +1,8 @@
 //! Collectives on any backend through host memory: each rank downloads its tensors, the
-//! values meet in the `Group`, and each rank uploads the result. Slow (every value crosses
-//! the bus twice and waits for every rank), and meant for what it makes possible: running
-//! and testing the multi-rank trainer on the CPU, and checking NCCL's results on GPUs.
+//! values meet in the ranks' `Group` (in this process, or over TCP through rank 0's store),
+//! and each rank uploads the result. Slow (every value crosses the bus twice and waits for
+//! every rank), and meant for what it makes possible: running and testing the multi-rank
+//! trainer, threads and processes alike, on the CPU, and checking NCCL's results on GPUs.
 //!
 //! Values travel as f64 and are summed in rank order, then rounded once to the tensor's
 //! dtype on upload. For two ranks and dtypes up to f32 that is exactly what NCCL computes:
@@ -19,11 +20,11 @@ fn upload<B: Backend>(b: &B, t: &Tensor<B>, values: &[f64]) -> Result<()> {
     b.upload(t, &values)
 }
 
-pub struct InProcess {
+pub struct Host {
     pub member: Member,
 }
 
-impl InProcess {
+impl Host {
     /// Replaces `tensors` by their sums over the ranks on every rank, or on `root` only.
     fn sum_into<B: Backend>(
         &self, b: &B, tensors: &[&Tensor<B>], root: Option<usize>,
@@ -45,7 +46,7 @@ impl InProcess {
     }
 }
 
-impl<B: Backend> Comm<B> for InProcess {
+impl<B: Backend> Comm<B> for Host {
     fn rank(&self) -> usize {
         self.member.rank
     }
