@@ -36,7 +36,11 @@ use crate::model::params::{ParamSpec, Params};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
-pub const VERSION: u32 = 1;
+/// Version 1 counted each rank's own sequences in the data position; version 2 counts all
+/// ranks' sequences together. On one rank the two agree, so version 1's checkpoints of one
+/// rank continue as they are, and those of several are converted
+/// (`LoaderState::from_per_rank`).
+pub const VERSION: u32 = 2;
 /// The pointer file naming the newest complete checkpoint.
 pub const LATEST: &str = "latest";
 const STATE: &str = "state.json";
@@ -81,9 +85,9 @@ impl State {
         &self, saved: &State, path: &Path, free: &[&str],
     ) -> Result<Vec<String>> {
         let mut diffs = vec![];
-        if saved.version != VERSION {
+        if !(1..=VERSION).contains(&saved.version) {
             diffs.push(format!(
-                "checkpoint format version {} (this build reads {VERSION})",
+                "checkpoint format version {} (this build reads 1 to {VERSION})",
                 saved.version
             ));
         }

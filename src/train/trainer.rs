@@ -59,9 +59,10 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         .transpose()?;
     let fixed = fixed_settings(o, &data, comm.world());
     let loader = Loader::new(data, o.seed, comm.rank(), comm.world())?;
-    let steps = o.steps.unwrap_or_else(|| {
-        (loader.per_epoch() / (o.batch_size * o.grad_accumulation)).max(1) as u64
-    });
+    let global_batch = comm.world() * o.batch_size * o.grad_accumulation;
+    let steps = o
+        .steps
+        .unwrap_or_else(|| (loader.per_epoch() / global_batch).max(1) as u64);
     let model_json = config.to_hf_json();
     let state = State {
         version: VERSION,
@@ -446,10 +447,25 @@ impl<B: Backend> Run<'_, B> {
 
     fn resume(&mut self, path: &Path, saved: State, warnings: Vec<String>) -> Result<()> {
         checkpoint::load(self.b, path, &self.model, self.opt())?;
-        (self.loader.restore(saved.loader))
+        let sequences = self.loader.per_epoch();
+        let position = match saved.version {
+            1 => saved.loader.from_per_rank(saved.world_size, sequences),
+            _ => saved.loader,
+        };
+        (self.loader.restore(position))
             .with_context(|| format!("--continue from {}", path.display()))?;
+        if saved.version == 1 && !LoaderState::is_exact_from_per_rank(saved.world_size, sequences) {
+            self.warn(format!(
+                "{} was written by an earlier smelt on {} ranks, which left out the last {} of \
+                 the {sequences} sequences of each epoch: this run trains what that one would \
+                 have until the end of the epoch it is in, and from then on every sequence",
+                path.display(),
+                saved.world_size,
+                sequences % saved.world_size,
+            ))?;
+        }
         self.state.step = saved.step;
-        self.state.loader = saved.loader;
+        self.state.loader = position;
         self.state.rng = saved.rng;
         self.state.tokens_seen = saved.tokens_seen;
         self.saved_step = Some(saved.step);
