@@ -77,8 +77,9 @@ fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
     out
 }
 
-/// Rank r of W takes every W-th sequence of the shuffled epoch, so 2 ranks of batch 2 train
-/// on the same 4 sequences per step as 1 rank of batch 4. The results differ only in the
+/// Rank r of W takes every W-th sequence of the training stream, so 2 ranks of batch 2 train
+/// on the same 4 sequences per step as 1 rank of batch 4 (the log's data hashes, which cover
+/// every rank's sequences in stream order, are equal). The results differ only in the
 /// order of f32 sums (each rank's matmuls sum over its own tokens, then the ranks' sums are
 /// added): the losses agree to ~1e-6, and so do the weights after 6 AdamW steps.
 #[test]
@@ -94,11 +95,12 @@ fn two_ranks_train_like_one_rank_with_both_batches() {
     let (a, b) = (steps(&one.join("log.jsonl")), steps(&two.join("log.jsonl")));
     assert_eq!(a.len(), 6);
     assert_eq!(b.len(), 6);
-    for ((step, la, _), (_, lb, _)) in a.iter().zip(&b) {
+    for ((step, la, da), (_, lb, db)) in a.iter().zip(&b) {
         assert!(
             (la - lb).abs() <= 1e-5 * la.abs(),
             "step {step}: loss {la} on one rank, {lb} on two"
         );
+        assert_eq!(da, db, "step {step}: the data differ");
     }
     let tokens = |dir: &Path| {
         events(&dir.join("log.jsonl"))

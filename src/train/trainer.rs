@@ -510,9 +510,8 @@ impl<B: Backend> Run<'_, B> {
         for batch in batches.iter_mut() {
             self.loader.next_batch(batch);
         }
-        let mine = batches.iter().map(Batch::trained).sum::<usize>();
+        let (trained, data) = self.meet_for_step(batches)?;
         let comm = self.comm;
-        let trained = comm.sum(&[mine as f64])?[0] as usize;
         // The last micro-batch's backward hands each block's gradients to be summed over the
         // ranks as soon as it has finished them, and goes on with the blocks below. Not in
         // the first step this process runs, where cuBLASLt's algorithms for each new shape
@@ -610,11 +609,6 @@ impl<B: Backend> Run<'_, B> {
             tokens_per_second,
             mfu: metrics::mfu(self.flops_per_token, tokens_per_second, b.peak_flops()),
         };
-        // Rank 0's share of the step's data.
-        let data: Vec<u8> = batches
-            .iter()
-            .flat_map(|batch| batch.tokens.iter().flat_map(|t| t.to_le_bytes()))
-            .collect();
         self.log.write(Event::Step {
             step: report.step,
             loss,
@@ -624,11 +618,35 @@ impl<B: Backend> Run<'_, B> {
             seconds,
             tokens_per_second,
             mfu: report.mfu,
-            data: format!("{:016x}", fnv1a(&data)),
+            data: format!("{data:016x}"),
         })?;
         self.console.step(&report);
         self.summary.losses.push(loss);
         Ok(())
+    }
+
+    /// The ranks meet once before the step's micro-batches, for the trained targets over all
+    /// of them (which scale every gradient) and a hash of the step's sequences in stream
+    /// order, the same whatever the world size. Each rank fills the slots of its own
+    /// sequences' hashes and leaves the others' at 0, so that the sum over the ranks gathers
+    /// them, exactly: each half of a hash is an integer below 2^32.
+    fn meet_for_step(&self, batches: &[Batch]) -> Result<(usize, u64)> {
+        let seq = self.o.seq_len;
+        let sequences: Vec<&[i32]> = batches.iter().flat_map(|b| b.tokens.chunks(seq)).collect();
+        let mut values = vec![0.0; 1 + 2 * self.comm.world() * sequences.len()];
+        values[0] = batches.iter().map(Batch::trained).sum::<usize>() as f64;
+        for (j, tokens) in sequences.iter().enumerate() {
+            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let hash = fnv1a(&bytes);
+            let at = 1 + 2 * self.loader.place_in_step(j);
+            values[at] = (hash >> 32) as f64;
+            values[at + 1] = (hash & 0xffff_ffff) as f64;
+        }
+        let summed = self.comm.sum(&values)?;
+        let hashes: Vec<u8> = (summed[1..].chunks_exact(2))
+            .flat_map(|h| (((h[0] as u64) << 32) | h[1] as u64).to_le_bytes())
+            .collect();
+        Ok((summed[0] as usize, fnv1a(&hashes)))
     }
 
     /// Logs the FP8 statistics of this step, before the optimizer replaces the weights'.
