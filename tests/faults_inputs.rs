@@ -940,7 +940,21 @@ fn damaged_checkpoint_states() {
             Checkpoints,
             edit(|s| s["world_size"] = json!(2)),
             &[Continue],
-            &["world size: checkpoint 2, this run 1", incompatible[0]],
+            &[
+                "global batch: checkpoint 2 ranks × --batch-size 2 × --grad-accumulation 1 = 4 \
+                 sequences, this run 1 × 2 × 1 = 2",
+                incompatible[0],
+            ],
+        ),
+        case(
+            "state without its batch size",
+            Checkpoints,
+            edit(|s| drop(s["options"].as_object_mut().unwrap().remove("batch_size"))),
+            &[Continue],
+            &[
+                "step-00000004/state.json: `options.batch_size` is not a positive integer",
+                earlier,
+            ],
         ),
         case(
             "latest names nothing",

@@ -57,7 +57,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     let eval = (o.eval_file.as_deref())
         .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
         .transpose()?;
-    let fixed = fixed_settings(o, &data, comm.world());
+    let fixed = fixed_settings(o, &data);
     let loader = Loader::new(data, o.seed, comm.rank(), comm.world())?;
     let global_batch = comm.world() * o.batch_size * o.grad_accumulation;
     let steps = o
@@ -146,8 +146,10 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     }
 }
 
-/// What must not change for a run to continue from a checkpoint, by flag.
-fn fixed_settings(o: &Options, data: &DataSet, world: usize) -> BTreeMap<String, Value> {
+/// What must not change for a run to continue from a checkpoint, by flag. The global batch
+/// must not either, but the batch size, the accumulation and the world size that make it up
+/// may (`State::check_continues`); so may the ZeRO level, whose shards are read whole.
+fn fixed_settings(o: &Options, data: &DataSet) -> BTreeMap<String, Value> {
     let files: Vec<Value> = data
         .files()
         .iter()
@@ -162,16 +164,11 @@ fn fixed_settings(o: &Options, data: &DataSet, world: usize) -> BTreeMap<String,
         ("--master-dtype", json!(opt.master_dtype)),
         ("--opt-m-dtype", json!(opt.opt_m_dtype)),
         ("--opt-v-dtype", json!(opt.opt_v_dtype)),
-        ("--batch-size", json!(o.batch_size)),
         ("--seq-len", json!(o.seq_len)),
-        ("--grad-accumulation", json!(o.grad_accumulation)),
         ("--seed", json!(o.seed)),
         ("--train-file (name, tokens)", Value::Array(files)),
     ]
     .into_iter()
-    // Listed only where it shards (and so changes the checkpoint's files), which keeps the
-    // checkpoints of runs from before the flag existed continuable.
-    .chain((opt.zero_level > 0 && world > 1).then(|| ("--zero-level", json!(opt.zero_level))))
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
@@ -446,7 +443,7 @@ impl<B: Backend> Run<'_, B> {
     }
 
     fn resume(&mut self, path: &Path, saved: State, warnings: Vec<String>) -> Result<()> {
-        checkpoint::load(self.b, path, &self.model, self.opt())?;
+        checkpoint::load(self.b, path, &saved, &self.model, self.opt())?;
         let sequences = self.loader.per_epoch();
         let position = match saved.version {
             1 => saved.loader.from_per_rank(saved.world_size, sequences),
