@@ -284,3 +284,43 @@ fn version_1_checkpoints_continue() {
         assert_continues_exactly(&full, &resumed);
     }
 }
+
+/// `smelt export --checkpoint` writes the model of a checkpoint, sharded or not, named by its
+/// folder or by its --checkpoint-dir, as the run's own --out-dir got it at that step: the
+/// same weights byte for byte, the same config, and the tokenizer of the model the run
+/// started from.
+#[test]
+fn export_writes_a_checkpoints_model_as_the_run_did() {
+    let set = setup();
+    let model = model_variant(&set, "with-tokenizer", |_| {});
+    let tokenizer = word_level_tokenizer(256).to_string();
+    std::fs::write(model.join("tokenizer.json"), tokenizer).unwrap();
+    for (name, flags, extra) in [
+        ("one", shape(&set, 1, 2, 4), &[][..]),
+        ("zero-1", shape(&set, 2, 2, 2), &["--zero-level", "1"][..]),
+    ] {
+        let run = train(
+            &set,
+            name,
+            &flags,
+            &[extra, &["--model", s(&model)]].concat(),
+        );
+        let files = |dir: &Path| -> BTreeMap<PathBuf, Vec<u8>> {
+            let all = snapshot(dir).into_iter();
+            all.map(|(p, bytes)| (p.strip_prefix(dir).unwrap().to_path_buf(), bytes))
+                .collect()
+        };
+        let own = files(&run.join("out"));
+        assert!(own.contains_key(Path::new("tokenizer.json")));
+        let ckpt = run.join("ckpt");
+        for (i, source) in [checkpoint::step_dir(&ckpt, 6), ckpt].iter().enumerate() {
+            let out = set.root.join(format!("{name}-export-{i}"));
+            smelt_ok(&["export", "--checkpoint", s(source), "--out-dir", s(&out)]);
+            assert!(
+                files(&out) == own,
+                "{name}: {} exports otherwise",
+                source.display()
+            );
+        }
+    }
+}

@@ -37,10 +37,10 @@ use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::atomic::{sync_dir, temporary_name, write_bytes_atomically};
 use crate::io::tensors::{self, Named, NonFinite, TensorFiles};
-use crate::model::Transformer;
 use crate::model::params::{ParamSpec, Params};
+use crate::model::{ModelConfig, Transformer};
 use crate::rng::Rng;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// Version 1 counted each rank's own sequences in the data position, and held the batch size,
 /// the accumulation, the world size and the ZeRO level fixed; version 2 counts all ranks'
@@ -454,6 +454,41 @@ pub fn read_latest(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(path))
 }
 
+/// A checkpoint read for its model alone (`smelt sample`, `smelt export`).
+pub struct SavedModel {
+    /// The step-N directory.
+    pub path: PathBuf,
+    pub state: State,
+    pub config: ModelConfig,
+    /// The dtype the run kept its weights in, and `model.safetensors` stores them in.
+    pub dtype: DType,
+}
+
+impl SavedModel {
+    /// The checkpoint that `--checkpoint DIR` names: `DIR` itself, a step-N directory, or the
+    /// one that `latest` names in a --checkpoint-dir.
+    pub fn open(dir: &Path) -> Result<SavedModel> {
+        let path = read_latest(dir)?.unwrap_or_else(|| dir.to_path_buf());
+        if !is_complete(&path) {
+            bail!(
+                "--checkpoint {}: neither a step-N checkpoint directory (with {STATE}) nor a --checkpoint-dir with a `{LATEST}` file; pass one of those",
+                path.display()
+            );
+        }
+        let state = read_state(&path)?;
+        let source = path.join(STATE).display().to_string();
+        let config = ModelConfig::from_json(&state.model_config, &source)?;
+        let dtype = serde_json::from_value(state.options["model_dtype"].clone())
+            .with_context(|| format!("{source}: no valid `options.model_dtype`"))?;
+        Ok(SavedModel {
+            path,
+            state,
+            config,
+            dtype,
+        })
+    }
+}
+
 /// Reads a checkpoint's `state.json`, and checks that it is consistent: its hash is that of
 /// its model config and fixed settings, and a `step-N` folder's state is of step N.
 pub fn read_state(checkpoint: &Path) -> Result<State> {
@@ -519,12 +554,12 @@ pub fn load<B: Backend>(
     Ok(())
 }
 
-/// Loads only the weights, for sampling.
+/// Loads only the weights, for sampling and export.
 pub fn load_weights<B: Backend>(b: &B, checkpoint: &Path, model: &Transformer<B>) -> Result<()> {
     let path = checkpoint.join(file_name(WEIGHTS));
     tensors::load(b, &path, &weights(model)).with_context(|| {
         format!(
-            "checkpoint {} is damaged; sample another step-N directory",
+            "checkpoint {} is damaged; use another step-N directory",
             checkpoint.display()
         )
     })?;
