@@ -166,6 +166,34 @@ fn assert_continues_exactly(full: &Path, resumed: &Path) {
     );
 }
 
+/// Two ranks read the stream that one rank reads, across the end of an epoch whose 31
+/// sequences do not divide over them: steps of 4 sequences train the same ones on 1 rank of
+/// batch 4 and on 2 of batch 2 (none left out at the epoch's end), and without --steps both
+/// run one epoch, 31 / 4 = 7 steps.
+#[test]
+fn two_ranks_read_one_ranks_stream_across_epochs() {
+    let set = setup();
+    let short = corpus_file(&set.root.join("short.bin"), 500, true);
+    let run = |name: &str, ranks: &str, batch: &str, steps: &[&str]| {
+        let mut flags = vec!["--device", "cpu", "--gpus", ranks, "--batch-size", batch];
+        flags.extend(["--train-file", s(&short), "--ckpt-interval", "0"]);
+        let dir = set.root.join(name);
+        let mut args = run_args(&set, &dir, &flags);
+        // run_args gives --steps 4; these runs set it, or leave it to the epoch.
+        let at = args.iter().position(|a| a == "--steps").unwrap();
+        args.drain(at..at + 2);
+        args.extend(steps.iter().map(|a| a.to_string()));
+        smelt_ok(&strs(&args));
+        data(&dir).0
+    };
+    let one = run("one", "1", "4", &["--steps", "10"]);
+    assert_eq!(one.len(), 10);
+    assert_eq!(one, run("two", "2", "2", &["--steps", "10"]));
+    let epoch = run("one-epoch", "1", "4", &[]);
+    assert_eq!(epoch.len(), 7);
+    assert_eq!(epoch, run("two-epoch", "2", "2", &[]));
+}
+
 /// A two-rank ZeRO-1 run continues on one rank, unsharded (each tensor's state read from the
 /// share that holds it), with the global batch of 8 kept by twice the accumulation; the same
 /// --grad-accumulation would halve it, and is refused with the sum.
