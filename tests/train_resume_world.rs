@@ -228,6 +228,40 @@ fn zero_1_on_two_ranks_continues_on_one() {
     );
 }
 
+/// A ZeRO-1 checkpoint with a share missing, or with a share in the place of another (so that
+/// its tensors are in two files and the other's in none), is refused, naming the files.
+#[test]
+fn a_sharded_checkpoint_with_a_share_missing_or_doubled_is_refused() {
+    let set = setup();
+    let full = train(&set, "full", &shape(&set, 2, 2, 2), &["--zero-level", "1"]);
+    let damaged = |name: &str, damage: fn(&Path)| -> String {
+        let dir = set.root.join(name);
+        copy_checkpoint(&full.join("ckpt"), 4, &dir.join("ckpt"));
+        damage(&checkpoint::step_dir(&dir.join("ckpt"), 4));
+        let flags = [shape(&set, 1, 2, 4), vec!["--continue".into()]].concat();
+        let out = smelt(&strs(&run_args(&set, &dir, &strs(&flags))));
+        assert_refused(&out, &["step-00000004 is damaged"])
+    };
+    let err = damaged("missing", |c| {
+        std::fs::remove_file(c.join("adam_v.rank1.safetensors")).unwrap()
+    });
+    assert!(
+        err.contains("adam_v.rank1.safetensors: cannot open"),
+        "{err}"
+    );
+    let err = damaged("doubled", |c| {
+        let (from, to) = (
+            c.join("master.rank0.safetensors"),
+            c.join("master.rank1.safetensors"),
+        );
+        std::fs::copy(from, to).unwrap();
+    });
+    assert!(
+        err.contains("is in both") && err.contains("master.rank0.safetensors and"),
+        "{err}"
+    );
+}
+
 /// A one-rank run continues on two ranks: unsharded, under ZeRO-2 (each rank reading its
 /// blocks' state from the one file), and under ZeRO-1 with the global batch of 8 made up as
 /// 2 × 4 × 1 instead.
