@@ -1,7 +1,8 @@
 //! Checkpoints: one directory per step holding the tensors (safetensors, at each tensor's
 //! dtype, so they round-trip exactly) and `state.json` with everything else needed to
 //! continue bit for bit: step, schedule, data-loader position, RNG, and what must not change
-//! (model config hash, dtypes, batch shape, data files, world size).
+//! (model config hash, dtypes, sequence length, data files, and the global batch, with the
+//! world size and the per-rank batch that made it up).
 //!
 //! A checkpoint is written under a temporary name, synced, verified and renamed into place;
 //! only then is the `latest` pointer replaced, itself by a synced rename. A process killed at
@@ -64,6 +65,8 @@ pub struct State {
     pub version: u32,
     /// Optimizer steps completed.
     pub step: u64,
+    /// The ranks of the run that wrote it: with the options' batch size and accumulation, its
+    /// global batch; with the options' ZeRO level, which files hold the optimizer state.
     pub world_size: usize,
     /// A hash of `model_config` and `fixed`.
     pub config_hash: String,
