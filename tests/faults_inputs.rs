@@ -32,6 +32,8 @@ enum Cmd {
     Continue,
     /// `smelt sample --checkpoint input`.
     SampleCheckpoint,
+    /// `smelt export --checkpoint input`.
+    ExportCheckpoint,
 }
 
 /// Where a case's input comes from.
@@ -184,10 +186,16 @@ fn args(src: &Sources, dir: &Path, input: &Path, cmd: Cmd) -> Vec<String> {
             flags.extend(["--out-dir", &out]);
             return run_args(&src.set, dir, &flags);
         }
-        Cmd::Export => vec!["export", "--model", &input, "--out-dir", &out]
-            .into_iter()
-            .map(String::from)
-            .collect(),
+        Cmd::Export | Cmd::ExportCheckpoint => {
+            let flag = match cmd {
+                Cmd::Export => "--model",
+                _ => "--checkpoint",
+            };
+            ["export", flag, &input, "--out-dir", &out]
+                .into_iter()
+                .map(String::from)
+                .collect()
+        }
         Cmd::Sample | Cmd::SampleCheckpoint => {
             let flag = match cmd {
                 Cmd::Sample => "--model",
@@ -730,14 +738,14 @@ fn damaged_token_files() {
 fn damaged_checkpoint_tensors() {
     use Cmd::*;
     use Source::Checkpoints;
-    let both = [Continue, SampleCheckpoint];
+    let readers = [Continue, SampleCheckpoint, ExportCheckpoint];
     let damaged = "step-00000004 is damaged";
     run_cases(vec![
         case(
             "checkpoint weights empty",
             Checkpoints,
             move |c| write(last(c, "model.safetensors"), ""),
-            &both,
+            &readers,
             &[
                 "step-00000004/model.safetensors",
                 "truncated or corrupt",
@@ -748,7 +756,7 @@ fn damaged_checkpoint_tensors() {
             "checkpoint weights cut",
             Checkpoints,
             move |c| truncate(&last(c, "model.safetensors"), |n| n / 2),
-            &both,
+            &readers,
             &[
                 "step-00000004/model.safetensors",
                 "truncated or corrupt",
@@ -759,7 +767,7 @@ fn damaged_checkpoint_tensors() {
             "checkpoint weights holding NaN",
             Checkpoints,
             move |c| nan_data(&last(c, "model.safetensors")),
-            &both,
+            &readers,
             &[
                 "step-00000004/model.safetensors: tensor `embed` holds NaN",
                 damaged,
@@ -773,7 +781,7 @@ fn damaged_checkpoint_tensors() {
                     t["shape"] = json!([1, 256, 32])
                 })
             },
-            &both,
+            &readers,
             &[
                 "model.safetensors: tensor `embed` has shape [1, 256, 32], expected [256, 32]",
                 damaged,
@@ -783,7 +791,7 @@ fn damaged_checkpoint_tensors() {
             "checkpoint weights without a tensor",
             Checkpoints,
             move |c| drop_tensor(&last(c, "model.safetensors"), "embed"),
-            &both,
+            &readers,
             &["model.safetensors: tensor `embed` is missing", damaged],
         ),
         case(
@@ -825,7 +833,7 @@ fn damaged_checkpoint_tensors() {
 fn damaged_checkpoint_states() {
     use Cmd::*;
     use Source::Checkpoints;
-    let both = [Continue, SampleCheckpoint];
+    let readers = [Continue, SampleCheckpoint, ExportCheckpoint];
     let edit = move |edit: fn(&mut Value)| move |c: &Path| edit_json(&last(c, "state.json"), edit);
     let earlier = "point `latest` at an earlier step-N directory";
     let unreadable = [
@@ -841,35 +849,35 @@ fn damaged_checkpoint_states() {
             "state empty",
             Checkpoints,
             move |c| write(last(c, "state.json"), ""),
-            &both,
+            &readers,
             &unreadable,
         ),
         case(
             "state cut",
             Checkpoints,
             move |c| truncate(&last(c, "state.json"), |n| n / 2),
-            &both,
+            &readers,
             &unreadable,
         ),
         case(
             "state binary",
             Checkpoints,
             move |c| write(last(c, "state.json"), [0u8; 40]),
-            &both,
+            &readers,
             &unreadable,
         ),
         case(
             "state without its RNG",
             Checkpoints,
             edit(|s| drop(s.as_object_mut().unwrap().remove("rng"))),
-            &both,
+            &readers,
             &["missing field `rng`", earlier],
         ),
         case(
             "state missing",
             Checkpoints,
             move |c| std::fs::remove_file(last(c, "state.json")).unwrap(),
-            &both,
+            &readers,
             &[
                 "latest: names",
                 "step-00000004, which is not a complete checkpoint",
@@ -880,7 +888,7 @@ fn damaged_checkpoint_states() {
             "state of another step",
             Checkpoints,
             edit(|s| s["step"] = json!(2)),
-            &both,
+            &readers,
             &[
                 "step-00000004/state.json: is the state of step 2, not of step 4",
                 earlier,
@@ -890,7 +898,7 @@ fn damaged_checkpoint_states() {
             "state hash edited",
             Checkpoints,
             edit(|s| s["config_hash"] = json!("0123456789abcdef")),
-            &both,
+            &readers,
             &[
                 "step-00000004/state.json: its config_hash does not match",
                 earlier,
@@ -900,7 +908,7 @@ fn damaged_checkpoint_states() {
             "state fixed settings edited",
             Checkpoints,
             edit(|s| s["fixed"]["--batch-size"] = json!(4)),
-            &both,
+            &readers,
             &[
                 "step-00000004/state.json: its config_hash does not match",
                 earlier,
@@ -910,7 +918,7 @@ fn damaged_checkpoint_states() {
             "state model config edited",
             Checkpoints,
             edit(|s| s["model_config"]["hidden_size"] = json!(48)),
-            &both,
+            &readers,
             &[
                 "step-00000004/state.json: its config_hash does not match",
                 earlier,
@@ -940,13 +948,27 @@ fn damaged_checkpoint_states() {
             Checkpoints,
             edit(|s| s["world_size"] = json!(2)),
             &[Continue],
-            &["world size: checkpoint 2, this run 1", incompatible[0]],
+            &[
+                "global batch: checkpoint 2 ranks × --batch-size 2 × --grad-accumulation 1 = 4 \
+                 sequences, this run 1 × 2 × 1 = 2",
+                incompatible[0],
+            ],
+        ),
+        case(
+            "state without its batch size",
+            Checkpoints,
+            edit(|s| drop(s["options"].as_object_mut().unwrap().remove("batch_size"))),
+            &[Continue],
+            &[
+                "step-00000004/state.json: `options.batch_size` is not a positive integer",
+                earlier,
+            ],
         ),
         case(
             "latest names nothing",
             Checkpoints,
             |c| write(c.join("latest"), "step-00000099"),
-            &both,
+            &readers,
             &[
                 "latest: names",
                 "step-00000099, which is not a complete checkpoint",
@@ -957,14 +979,14 @@ fn damaged_checkpoint_states() {
             "latest empty",
             Checkpoints,
             |c| write(c.join("latest"), ""),
-            &both,
+            &readers,
             &["latest: names", "which is not a complete checkpoint"],
         ),
         case(
             "latest outside the folder",
             Checkpoints,
             |c| write(c.join("latest"), "../../.."),
-            &both,
+            &readers,
             &["latest: names", "which is not a complete checkpoint"],
         ),
     ]);

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use smelt::backend::cpu::IGNORE_INDEX;
 use smelt::data::tokfile::{Header, TokenFile, TokenWriter};
-use smelt::train::loader::{Batch, DataSet, EvalSet, Loader};
+use smelt::train::loader::{Batch, DataSet, EvalSet, Loader, LoaderState};
 
 /// A BIN.TOK file as the format describes it: 256 little-endian int32 of header (magic
 /// `BIN.TOK\n`, version, bytes per token, count, vocabulary, has-mask), the tokens as int32,
@@ -214,22 +214,91 @@ fn shuffle_is_two_level_and_reproducible_from_the_seed() {
     assert!(err.contains("differ from the checkpoint's"), "{err}");
 }
 
+/// The one-rank order of `epochs` epochs: the training stream.
+fn stream(pattern: &str, seed: u64, epochs: usize) -> Vec<(i32, i32)> {
+    take(&mut loader(pattern, seed, 0, 1), epochs * TOTAL)
+}
+
+/// Rank r of W takes stream positions r, r+W, ..., epoch after epoch, leaving none out: 40
+/// sequences do not divide over 3 ranks, so a round runs from one epoch into the next.
 #[test]
-fn ranks_take_every_wth_sequence() {
+fn ranks_take_every_wth_position_of_one_stream() {
     let dir = tempfile::tempdir().unwrap();
     let pattern = four_files(dir.path());
-    let order = take(&mut loader(&pattern, 3, 0, 1), TOTAL);
-    // 40 sequences over 3 ranks: 13 each, the last one left out.
-    for rank in 0..3 {
-        let mut r = loader(&pattern, 3, rank, 3);
-        assert_eq!(r.per_epoch(), 13);
-        let expected: Vec<_> = order
-            .iter()
-            .copied()
-            .skip(rank)
-            .step_by(3)
-            .take(13)
-            .collect();
-        assert_eq!(take(&mut r, 13), expected, "rank {rank}");
+    let order = stream(&pattern, 3, 3);
+    for world in [2, 3] {
+        for rank in 0..world {
+            let mut r = loader(&pattern, 3, rank, world);
+            assert_eq!(r.per_epoch(), TOTAL);
+            let expected: Vec<_> = order.iter().copied().skip(rank).step_by(world).collect();
+            let n = expected.len().min(100 / world);
+            assert_eq!(take(&mut r, n), expected[..n], "rank {rank} of {world}");
+        }
     }
+}
+
+/// The position is global, so it continues on another number of ranks: after 13 rounds of 3
+/// ranks (39 sequences), 2 ranks take on from position 39, into the second epoch.
+#[test]
+fn a_position_continues_on_another_number_of_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = four_files(dir.path());
+    let order = stream(&pattern, 3, 2);
+    let mut three: Vec<Loader> = (0..3).map(|r| loader(&pattern, 3, r, 3)).collect();
+    for r in &mut three {
+        take(r, 13);
+    }
+    let saved = three[0].state();
+    assert_eq!(
+        saved,
+        LoaderState {
+            epoch: 0,
+            taken: 39
+        }
+    );
+    assert!(three.iter().all(|r| r.state() == saved));
+    for rank in 0..2 {
+        let mut r = loader(&pattern, 3, rank, 2);
+        r.restore(saved).unwrap();
+        let expected: Vec<_> = order[39..].iter().copied().skip(rank).step_by(2).collect();
+        assert_eq!(take(&mut r, 10), expected[..10], "rank {rank}");
+    }
+}
+
+/// Checkpoints of format version 1 saved each rank's own count, and their ranks took the
+/// epoch's positions r, r+W, ... up to its last whole round (39 of 40 on 3 ranks). Converted,
+/// the position continues as those ranks would have: mid-epoch, and from the end of an epoch
+/// (13 rounds), where they went on with the next epoch.
+#[test]
+fn a_per_rank_position_of_version_1_continues_where_its_ranks_would_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = four_files(dir.path());
+    let order = stream(&pattern, 3, 2);
+    let old_rank = |rank: usize| -> Vec<(i32, i32)> {
+        let epoch = |e: usize| {
+            order[e * TOTAL..][..39]
+                .iter()
+                .copied()
+                .skip(rank)
+                .step_by(3)
+        };
+        epoch(0).chain(epoch(1)).collect()
+    };
+    for taken in [5, 13] {
+        let saved = LoaderState { epoch: 0, taken }.from_per_rank(3, TOTAL);
+        for rank in 0..3 {
+            let mut r = loader(&pattern, 3, rank, 3);
+            r.restore(saved).unwrap();
+            let expected = &old_rank(rank)[taken as usize..][..5];
+            assert_eq!(take(&mut r, 5), expected, "rank {rank} after {taken}");
+        }
+    }
+    assert!(!LoaderState::is_exact_from_per_rank(3, TOTAL));
+    assert!(LoaderState::is_exact_from_per_rank(2, TOTAL));
+    // One rank counted the stream: nothing changes.
+    let one = LoaderState {
+        epoch: 1,
+        taken: 40,
+    };
+    assert_eq!(one.from_per_rank(1, TOTAL), one);
 }

@@ -257,7 +257,9 @@ fn continue_refuses_an_incompatible_or_missing_checkpoint() {
         &[
             "--continue: checkpoint",
             "step-00000002 was written by an incompatible run",
-            "--batch-size: checkpoint 2, this run 4",
+            "global batch: checkpoint 1 rank × --batch-size 2 × --grad-accumulation 1 = 2 \
+             sequences, this run 1 × 4 × 1 = 4; keep ranks × --batch-size × \
+             --grad-accumulation at 2, e.g. --batch-size 2",
             "rerun with the checkpoint's settings",
         ],
     );

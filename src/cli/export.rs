@@ -1,50 +1,94 @@
-//! `smelt export`: reads a model and writes it as a HF directory that transformers loads.
+//! `smelt export`: reads a model (a HF directory, or the weights of a training checkpoint) and
+//! writes it as a HF directory that transformers loads.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
-use clap::Args;
+use clap::{ArgGroup, Args};
 
 use crate::backend::cpu::Cpu;
 use crate::io::hf;
-use crate::model::{ModelOptions, Transformer};
+use crate::model::{ModelConfig, ModelOptions, Transformer};
 use crate::tensor::DType;
+use crate::train::checkpoint::{self, SavedModel};
 
 #[derive(Args)]
-#[command(allow_negative_numbers = true)]
+#[command(
+    allow_negative_numbers = true,
+    group(ArgGroup::new("source").required(true).args(["model", "checkpoint"]))
+)]
 pub struct ExportArgs {
     /// HF model directory to read (config.json + model.safetensors or a sharded index).
-    #[arg(long)]
-    model: PathBuf,
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// A training checkpoint to read: a step-N directory, or a --checkpoint-dir (its latest
+    /// checkpoint), of any number of ranks and ZeRO level. The config comes from its state,
+    /// the tokenizer files from the model directory the run started from, if it still has
+    /// them.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Option<PathBuf>,
     /// Directory to write config.json, model.safetensors and any tokenizer files into: a new
     /// or empty one.
     #[arg(long)]
     out_dir: PathBuf,
-    /// Storage dtype of the written tensors: f32, bf16 or f16.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    /// Storage dtype of the written tensors: f32, bf16 or f16 [default: f32 for --model; for
+    /// --checkpoint, the dtype the run trained in, as its own --out-dir got].
+    #[arg(long)]
+    dtype: Option<String>,
 }
 
 impl ExportArgs {
     pub fn run(self) -> Result<()> {
-        let Some(dtype) = DType::parse(&self.dtype)
-            .filter(|d| matches!(d, DType::F32 | DType::BF16 | DType::F16))
-        else {
-            bail!("--dtype {}: choose f32, bf16 or f16", self.dtype);
+        let dtype = match &self.dtype {
+            None => None,
+            Some(name) => match DType::parse(name) {
+                Some(d @ (DType::F32 | DType::BF16 | DType::F16)) => Some(d),
+                _ => bail!("--dtype {name}: choose f32, bf16 or f16"),
+            },
         };
-        hf::check_new_export_dir(&self.out_dir, Some(&self.model))?;
-        let config = hf::read_config(&self.model)?;
+        hf::check_new_export_dir(&self.out_dir, self.model.as_deref())?;
         let cpu = Cpu::<f32>::new();
-        // The smallest activation shape: export only touches the weights.
-        let model = Transformer::new(&cpu, config, ModelOptions::forward_only(1, DType::F32))?;
-        hf::import(&cpu, &model, &self.model)?;
+        let (model, tokenizer_dir, dtype) = match (&self.model, &self.checkpoint) {
+            (Some(dir), _) => {
+                let model = new_model(&cpu, hf::read_config(dir)?, DType::F32)?;
+                hf::import(&cpu, &model, dir)?;
+                (model, Some(dir.clone()), dtype.unwrap_or(DType::F32))
+            }
+            (None, Some(dir)) => {
+                let saved = SavedModel::open(dir)?;
+                // Held at the dtype it was trained in, so that it is read back exactly.
+                let model = new_model(&cpu, saved.config, saved.dtype)?;
+                checkpoint::load_weights(&cpu, &saved.path, &model)?;
+                let tokenizer_dir = saved.state.model_dir.filter(|d| has_tokenizer(d));
+                (model, tokenizer_dir, dtype.unwrap_or(saved.dtype))
+            }
+            (None, None) => unreachable!("clap requires --model or --checkpoint"),
+        };
         hf::export(&cpu, &model, &self.out_dir, dtype)?;
-        hf::copy_tokenizer_files(&self.model, &self.out_dir)?;
+        if let Some(dir) = &tokenizer_dir {
+            hf::copy_tokenizer_files(dir, &self.out_dir)?;
+        }
+        let note = match (&tokenizer_dir, &self.checkpoint) {
+            (None, Some(_)) => {
+                "; no tokenizer files: the run's model directory has none, or is gone"
+            }
+            _ => "",
+        };
         println!(
-            "wrote {} ({} parameters, {dtype})",
+            "wrote {} ({} parameters, {dtype}{note})",
             self.out_dir.display(),
-            model.config.num_parameters()
+            model.config.num_parameters(),
         );
         Ok(())
     }
+}
+
+/// A model to hold weights in `dtype`, with the smallest activations: export only touches
+/// the weights.
+fn new_model(cpu: &Cpu, config: ModelConfig, dtype: DType) -> Result<Transformer<Cpu>> {
+    Transformer::new(cpu, config, ModelOptions::forward_only(1, dtype))
+}
+
+fn has_tokenizer(dir: &Path) -> bool {
+    hf::TOKENIZER_FILES.iter().any(|f| dir.join(f).is_file())
 }

@@ -31,7 +31,8 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Bench(bench::BenchArgs),
-    /// Write a model as a HF directory (config.json + model.safetensors).
+    /// Write a model, or the weights of a training checkpoint, as a HF directory (config.json
+    /// + model.safetensors).
     Export(export::ExportArgs),
     Train(Box<train::TrainArgs>),
     Plan(plan::PlanArgs),

@@ -12,7 +12,6 @@ use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::generate::{Codec, Generator, SampleOptions, Sampling, TextStream};
 use crate::io::hf;
-use crate::model::ModelConfig;
 use crate::tensor::DType;
 use crate::tokenize::chat_template::{ChatTemplate, Conversation, parse_kwargs};
 use crate::train::checkpoint;
@@ -115,28 +114,13 @@ impl SampleArgs {
                 let g = Generator::new(b, config.clone(), dtype, |m| hf::import(b, m, dir))?;
                 (config, Some(dir.clone()), g)
             }
-            (None, Some(path)) => {
-                let path = match checkpoint::read_latest(path)? {
-                    Some(latest) => latest,
-                    None => path.clone(),
-                };
-                if !checkpoint::is_complete(&path) {
-                    bail!(
-                        "--checkpoint {}: neither a step-N checkpoint directory (with state.json) nor a --checkpoint-dir with a `{}` file; pass one of those",
-                        path.display(),
-                        checkpoint::LATEST
-                    );
-                }
-                let state = checkpoint::read_state(&path)?;
-                let source = format!("{}/state.json", path.display());
-                let config = ModelConfig::from_json(&state.model_config, &source)?;
+            (None, Some(dir)) => {
+                let saved = checkpoint::SavedModel::open(dir)?;
                 // The weights are read back exactly, at the dtype they were trained in.
-                let dtype = serde_json::from_value(state.options["model_dtype"].clone())
-                    .with_context(|| format!("{source}: no valid `options.model_dtype`"))?;
-                let g = Generator::new(b, config.clone(), dtype, |m| {
-                    checkpoint::load_weights(b, &path, m)
+                let g = Generator::new(b, saved.config.clone(), saved.dtype, |m| {
+                    checkpoint::load_weights(b, &saved.path, m)
                 })?;
-                (config, state.model_dir, g)
+                (saved.config, saved.state.model_dir, g)
             }
             (None, None) => unreachable!("clap requires --model or --checkpoint"),
         };

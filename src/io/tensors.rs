@@ -1,12 +1,12 @@
 //! Safetensors files of backend tensors: the dtype conversions shared by model import and
 //! export, and exact save/load of named tensors for checkpoints.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::tensor::{Metadata, TensorInfo, TensorView};
@@ -214,13 +214,79 @@ fn stored<'a, B: Backend>(
 /// Loads tensors saved by `save` into tensors of the same names, shapes and dtypes; a value
 /// that is not finite is refused (`decode`).
 pub fn load<B: Backend>(b: &B, path: &Path, tensors: &[(String, &Tensor<B>)]) -> Result<()> {
-    let file = MappedFile::open(path)?;
-    let st = file.tensors(path)?;
-    for (name, t) in tensors {
-        let view = stored(&st, path, name, t)?;
-        b.upload(t, &decode(&view, path, name)?)?;
+    TensorFiles::open(&[path.to_path_buf()])?.load(b, tensors)
+}
+
+/// Named tensors saved by `save` across several files, each tensor in one of them: a
+/// checkpoint's optimizer state, of which each rank of a sharded run wrote its own share.
+pub struct TensorFiles {
+    files: Vec<(PathBuf, MappedFile)>,
+    /// The index in `files` of the file holding each tensor.
+    holder: BTreeMap<String, usize>,
+}
+
+impl TensorFiles {
+    /// Opens `paths` and reads which tensors each holds; a tensor held by two of them is
+    /// refused, naming both.
+    pub fn open(paths: &[PathBuf]) -> Result<TensorFiles> {
+        let mut files = Vec::with_capacity(paths.len());
+        let mut holder = BTreeMap::new();
+        for (i, path) in paths.iter().enumerate() {
+            let file = MappedFile::open(path)?;
+            for name in file.tensors(path)?.names() {
+                if let Some(j) = holder.insert(name.to_string(), i) {
+                    bail!(
+                        "tensor `{name}` is in both {} and {}",
+                        paths[j].display(),
+                        path.display()
+                    );
+                }
+            }
+            files.push((path.clone(), file));
+        }
+        Ok(TensorFiles { files, holder })
     }
-    Ok(())
+
+    /// Refuses unless the files hold exactly the tensors `names`: each of them (once, as
+    /// `open` checked), and no other.
+    pub fn check_names(&self, names: &[&str]) -> Result<()> {
+        if let Some(name) = names.iter().find(|n| !self.holder.contains_key(**n)) {
+            return Err(self.missing(name));
+        }
+        let wanted: BTreeSet<&str> = names.iter().copied().collect();
+        match (self.holder.iter()).find(|(name, _)| !wanted.contains(name.as_str())) {
+            Some((name, &i)) => bail!(
+                "{}: holds tensor `{name}`, which is not expected there",
+                self.files[i].0.display()
+            ),
+            None => Ok(()),
+        }
+    }
+
+    fn missing(&self, name: &str) -> anyhow::Error {
+        match self.files.as_slice() {
+            [(path, _)] => anyhow!("{}: tensor `{name}` is missing", path.display()),
+            files => {
+                let paths: Vec<String> = files.iter().map(|f| f.0.display().to_string()).collect();
+                anyhow!("tensor `{name}` is in none of {}", paths.join(", "))
+            }
+        }
+    }
+
+    /// Loads each of `tensors` from the file holding it, which must give it the same shape
+    /// and dtype; a value that is not finite is refused (`decode`).
+    pub fn load<B: Backend>(&self, b: &B, tensors: &[(String, &Tensor<B>)]) -> Result<()> {
+        let parsed = (self.files.iter())
+            .map(|(path, file)| file.tensors(path))
+            .collect::<Result<Vec<_>>>()?;
+        for (name, t) in tensors {
+            let &i = self.holder.get(name).ok_or_else(|| self.missing(name))?;
+            let path = &self.files[i].0;
+            let view = stored(&parsed[i], path, name, t)?;
+            b.upload(t, &decode(&view, path, name)?)?;
+        }
+        Ok(())
+    }
 }
 
 /// Checks, without reading the values, that the file `save` wrote at `path` is whole (as long
@@ -290,6 +356,62 @@ mod tests {
             err.contains("t.safetensors: tensor `a` has shape [3, 2], expected [2, 3]"),
             "{err}"
         );
+    }
+
+    /// A set split over files loads from whichever holds each tensor, and a tensor in two
+    /// files, in none, or not asked for is refused with the file named.
+    #[test]
+    fn tensor_files_find_each_tensor_in_the_file_holding_it() {
+        let cpu = Cpu::<f32>::new();
+        let specs = [
+            TensorSpec::new("a", &[2], DType::F32),
+            TensorSpec::new("b", &[3], DType::BF16),
+        ];
+        let saved = cpu.allocate("test", &specs).unwrap();
+        cpu.upload(&saved[0], &[1.5, -2.0]).unwrap();
+        cpu.upload(&saved[1], &[0.25, 4.0, -8.0]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let one = |i: usize| vec![(specs[i].name.clone(), &saved[i])];
+        save(&cpu, &path("0.safetensors"), &one(0)).unwrap();
+        save(&cpu, &path("1.safetensors"), &one(1)).unwrap();
+        save(&cpu, &path("again.safetensors"), &one(1)).unwrap();
+
+        let files = TensorFiles::open(&[path("1.safetensors"), path("0.safetensors")]).unwrap();
+        files.check_names(&["a", "b"]).unwrap();
+        let loaded = cpu.allocate("test", &specs).unwrap();
+        let named: Vec<(String, &Tensor<Cpu>)> = (specs.iter().zip(&loaded))
+            .map(|(s, t)| (s.name.clone(), t))
+            .collect();
+        files.load(&cpu, &named).unwrap();
+        for (a, b) in saved.iter().zip(&loaded) {
+            assert_eq!(cpu.download(a).unwrap(), cpu.download(b).unwrap());
+        }
+
+        let err = |r: Result<()>| format!("{:#}", r.unwrap_err());
+        let twice = [
+            path("0.safetensors"),
+            path("1.safetensors"),
+            path("again.safetensors"),
+        ];
+        let e = err(TensorFiles::open(&twice).map(drop));
+        assert!(
+            e.contains("tensor `b` is in both") && e.contains("again.safetensors"),
+            "{e}"
+        );
+        let e = err(files.check_names(&["a", "b", "c"]));
+        assert!(
+            e.contains("tensor `c` is in none of") && e.contains("0.safetensors"),
+            "{e}"
+        );
+        let e = err(files.check_names(&["a"]));
+        assert!(
+            e.contains("1.safetensors: holds tensor `b`, which is not expected there"),
+            "{e}"
+        );
+        let single = TensorFiles::open(&[path("0.safetensors")]).unwrap();
+        let e = err(single.check_names(&["a", "b"]));
+        assert!(e.contains("0.safetensors: tensor `b` is missing"), "{e}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Checkpoints: one directory per step holding the tensors (safetensors, at each tensor's
 //! dtype, so they round-trip exactly) and `state.json` with everything else needed to
 //! continue bit for bit: step, schedule, data-loader position, RNG, and what must not change
-//! (model config hash, dtypes, batch shape, data files, world size).
+//! (model config hash, dtypes, sequence length, data files, and the global batch, with the
+//! world size and the per-rank batch that made it up).
 //!
 //! A checkpoint is written under a temporary name, synced, verified and renamed into place;
 //! only then is the `latest` pointer replaced, itself by a synced rename. A process killed at
@@ -13,8 +14,13 @@
 //!
 //! With several ranks, rank 0 writes what every rank holds alike (the weights, and the
 //! optimizer state unless it is sharded), each rank writes its own share of a sharded
-//! optimizer state (`adam_m.rank1.safetensors`, ...), and rank 0 completes the checkpoint
-//! once every rank has written.
+//! optimizer state (`adam_m.rank1.safetensors`, ...), whole tensors under their names, and
+//! rank 0 completes the checkpoint once every rank has written.
+//!
+//! A checkpoint continues on any number of ranks, sharded or not, as long as the global
+//! batch (ranks × batch × accumulation) is the same: the data position counts the sequences
+//! of all ranks together (`loader`), and each rank finds each optimizer tensor it now keeps
+//! in whichever file of its category holds it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,17 +32,25 @@ use serde_json::Value;
 use super::loader::LoaderState;
 use super::optimizer::AdamWState;
 use super::schedule::Schedule;
+use super::zero;
 use crate::backend::Backend;
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::atomic::{sync_dir, temporary_name, write_bytes_atomically};
-use crate::io::tensors::{self, Named, NonFinite};
-use crate::model::Transformer;
+use crate::io::tensors::{self, Named, NonFinite, TensorFiles};
 use crate::model::params::{ParamSpec, Params};
+use crate::model::{ModelConfig, Transformer};
 use crate::rng::Rng;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
-pub const VERSION: u32 = 1;
+/// Version 1 counted each rank's own sequences in the data position, and held the batch size,
+/// the accumulation, the world size and the ZeRO level fixed; version 2 counts all ranks'
+/// sequences and holds their global batch fixed. On one rank the two agree, so version 1's
+/// checkpoints of one rank continue as they are, and those of several are converted
+/// (`LoaderState::from_per_rank`).
+pub const VERSION: u32 = 2;
+/// What version 1 held fixed that version 2 does not (see `VERSION`).
+const FIXED_IN_VERSION_1: [&str; 3] = ["--batch-size", "--grad-accumulation", "--zero-level"];
 /// The pointer file naming the newest complete checkpoint.
 pub const LATEST: &str = "latest";
 const STATE: &str = "state.json";
@@ -51,6 +65,8 @@ pub struct State {
     pub version: u32,
     /// Optimizer steps completed.
     pub step: u64,
+    /// The ranks of the run that wrote it: with the options' batch size and accumulation, its
+    /// global batch; with the options' ZeRO level, which files hold the optimizer state.
     pub world_size: usize,
     /// A hash of `model_config` and `fixed`.
     pub config_hash: String,
@@ -75,33 +91,63 @@ impl State {
         format!("{:016x}", fnv1a(text.as_bytes()))
     }
 
-    /// Refuses to continue from `saved` unless the model and fixed settings match. Returns
-    /// the other options that changed (except those in `free`), to warn about.
+    /// The global batch of the run this state is of.
+    pub fn global_batch(&self) -> Result<GlobalBatch> {
+        let option = |key: &str| {
+            (self.options[key].as_u64())
+                .filter(|&v| v > 0)
+                .map(|v| v as usize)
+                .with_context(|| {
+                    format!(
+                        "`options.{key}` is not a positive integer (edited by hand?); point `{LATEST}` at an earlier step-N directory"
+                    )
+                })
+        };
+        Ok(GlobalBatch {
+            ranks: self.world_size,
+            batch_size: option("batch_size")?,
+            grad_accumulation: option("grad_accumulation")?,
+        })
+    }
+
+    /// Refuses to continue from `saved` unless the model, the fixed settings and the global
+    /// batch match. Returns what else changed, to warn about: the world size, and the
+    /// options other than those in `free`.
     pub fn check_continues(
         &self, saved: &State, path: &Path, free: &[&str],
     ) -> Result<Vec<String>> {
         let mut diffs = vec![];
-        if saved.version != VERSION {
+        if !(1..=VERSION).contains(&saved.version) {
             diffs.push(format!(
-                "checkpoint format version {} (this build reads {VERSION})",
+                "checkpoint format version {} (this build reads 1 to {VERSION})",
                 saved.version
             ));
         }
-        if saved.world_size != self.world_size {
-            diffs.push(format!(
-                "world size: checkpoint {}, this run {}",
-                saved.world_size, self.world_size
-            ));
+        let config = differences(&saved.model_config, &self.model_config);
+        diffs.extend(
+            config
+                .into_iter()
+                .map(|(k, d)| format!("model config `{k}`: {d}")),
+        );
+        let mut saved_fixed = saved.fixed.clone();
+        if saved.version == 1 {
+            saved_fixed.retain(|k, _| !FIXED_IN_VERSION_1.contains(&k.as_str()));
         }
-        if saved.config_hash != self.config_hash {
-            let config = differences(&saved.model_config, &self.model_config);
-            diffs.extend(
-                config
-                    .into_iter()
-                    .map(|(k, d)| format!("model config `{k}`: {d}")),
-            );
-            let fixed = differences(&to_object(&saved.fixed), &to_object(&self.fixed));
-            diffs.extend(fixed.into_iter().map(|(k, d)| format!("{k}: {d}")));
+        let fixed = differences(&to_object(&saved_fixed), &to_object(&self.fixed));
+        diffs.extend(fixed.into_iter().map(|(k, d)| format!("{k}: {d}")));
+        let state = || path.join(STATE).display().to_string();
+        let (was, now) = (
+            saved.global_batch().with_context(state)?,
+            self.global_batch()?,
+        );
+        if was.sequences() != now.sequences() {
+            diffs.push(format!(
+                "global batch: checkpoint {was}, this run {}; keep ranks × --batch-size × \
+                 --grad-accumulation at {}{}",
+                now.short(),
+                was.sequences(),
+                now.suggestion(was.sequences())
+            ));
         }
         if !diffs.is_empty() {
             bail!(
@@ -110,11 +156,95 @@ impl State {
                 diffs.join("\n  ")
             );
         }
-        Ok(differences(&saved.options, &self.options)
-            .into_iter()
-            .filter(|(k, _)| !free.contains(&k.as_str()))
-            .map(|(k, d)| format!("--{} changed on continuing: {d}", k.replace('_', "-")))
-            .collect())
+        let mut warnings = vec![];
+        if was.ranks != now.ranks {
+            warnings.push(format!(
+                "the world size changed on continuing: checkpoint {}, this run {}; each step \
+                 trains the same {} sequences, but the sums over the ranks round in another \
+                 order, so the losses are close to those on {}, not the same bits",
+                ranks(was.ranks),
+                ranks(now.ranks),
+                now.sequences(),
+                ranks(was.ranks)
+            ));
+        }
+        warnings.extend(
+            differences(&saved.options, &self.options)
+                .into_iter()
+                .filter(|(k, _)| !free.contains(&k.as_str()))
+                .map(|(k, d)| format!("--{} changed on continuing: {d}", k.replace('_', "-"))),
+        );
+        Ok(warnings)
+    }
+
+    /// The files holding category `category` of the optimizer state in `checkpoint`: one per
+    /// rank where the run that wrote it sharded the state, else one.
+    fn state_files(&self, checkpoint: &Path, category: &str) -> Vec<PathBuf> {
+        // Runs from before `--zero-level` existed have none, and never sharded.
+        let level = self.options["zero_level"].as_u64().unwrap_or(0);
+        let shards: Vec<Option<usize>> = match zero::shards(self.world_size, level as u8) {
+            true => (0..self.world_size).map(Some).collect(),
+            false => vec![None],
+        };
+        (shards.into_iter())
+            .map(|shard| checkpoint.join(file_name(&state_stem(category, shard))))
+            .collect()
+    }
+}
+
+/// The sequences of a step over all ranks, and the settings they come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalBatch {
+    pub ranks: usize,
+    pub batch_size: usize,
+    pub grad_accumulation: usize,
+}
+
+impl GlobalBatch {
+    pub fn sequences(&self) -> usize {
+        self.ranks * self.batch_size * self.grad_accumulation
+    }
+
+    /// The product without the flag names: `1 × 2 × 2 = 4`.
+    fn short(&self) -> String {
+        let (r, b, a) = (self.ranks, self.batch_size, self.grad_accumulation);
+        format!("{r} × {b} × {a} = {}", self.sequences())
+    }
+
+    /// A hint for making `want` sequences per step on these ranks, changing one flag where
+    /// one can.
+    fn suggestion(&self, want: usize) -> String {
+        let (r, b, a) = (self.ranks, self.batch_size, self.grad_accumulation);
+        if want.is_multiple_of(r * b) {
+            format!(", e.g. --grad-accumulation {}", want / (r * b))
+        } else if want.is_multiple_of(r * a) {
+            format!(", e.g. --batch-size {}", want / (r * a))
+        } else if want.is_multiple_of(r) {
+            format!(", e.g. --batch-size {} --grad-accumulation 1", want / r)
+        } else {
+            format!(", on a number of ranks that divides {want}")
+        }
+    }
+}
+
+/// `1 rank`, `2 ranks`.
+fn ranks(n: usize) -> String {
+    match n {
+        1 => "1 rank".into(),
+        n => format!("{n} ranks"),
+    }
+}
+
+impl std::fmt::Display for GlobalBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} × --batch-size {} × --grad-accumulation {} = {} sequences",
+            ranks(self.ranks),
+            self.batch_size,
+            self.grad_accumulation,
+            self.sequences()
+        )
     }
 }
 
@@ -172,14 +302,23 @@ fn files<'a, B: Backend>(model: &'a Transformer<B>, opt: &'a AdamWState<B>) -> V
         .categories(model)
         .into_iter()
         .map(|(category, tensors)| File {
-            stem: match opt.shard {
-                Some(rank) => format!("{category}.rank{rank}"),
-                None => category.to_string(),
-            },
+            stem: state_stem(category, opt.shard),
             tensors,
             shared: opt.shard.is_none(),
         });
     std::iter::once(weights).chain(state).collect()
+}
+
+/// The stem of the file holding optimizer state `category`, or rank `shard`'s share of it.
+fn state_stem(category: &str, shard: Option<usize>) -> String {
+    match shard {
+        Some(rank) => format!("{category}.rank{rank}"),
+        None => category.to_string(),
+    }
+}
+
+fn file_name(stem: &str) -> String {
+    format!("{stem}.safetensors")
 }
 
 /// The directory of the checkpoint after `step` steps.
@@ -253,7 +392,7 @@ fn write<B: Backend>(
         .filter(|f| root || !f.shared)
         .collect();
     for file in &mine {
-        let name = format!("{}.safetensors", file.stem);
+        let name = file_name(&file.stem);
         let path = tmp.join(&name);
         tensors::save(b, &path, &file.tensors).map_err(|e| match e.is::<NonFinite>() {
             true => e.context(name.clone()),
@@ -264,10 +403,7 @@ fn write<B: Backend>(
         }
     }
     for file in &mine {
-        tensors::verify(
-            &tmp.join(format!("{}.safetensors", file.stem)),
-            &file.tensors,
-        )?;
+        tensors::verify(&tmp.join(file_name(&file.stem)), &file.tensors)?;
     }
     comm.sum(&[])?;
     if !root {
@@ -321,6 +457,41 @@ pub fn read_latest(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(path))
 }
 
+/// A checkpoint read for its model alone (`smelt sample`, `smelt export`).
+pub struct SavedModel {
+    /// The step-N directory.
+    pub path: PathBuf,
+    pub state: State,
+    pub config: ModelConfig,
+    /// The dtype the run kept its weights in, and `model.safetensors` stores them in.
+    pub dtype: DType,
+}
+
+impl SavedModel {
+    /// The checkpoint that `--checkpoint DIR` names: `DIR` itself, a step-N directory, or the
+    /// one that `latest` names in a --checkpoint-dir.
+    pub fn open(dir: &Path) -> Result<SavedModel> {
+        let path = read_latest(dir)?.unwrap_or_else(|| dir.to_path_buf());
+        if !is_complete(&path) {
+            bail!(
+                "--checkpoint {}: neither a step-N checkpoint directory (with {STATE}) nor a --checkpoint-dir with a `{LATEST}` file; pass one of those",
+                path.display()
+            );
+        }
+        let state = read_state(&path)?;
+        let source = path.join(STATE).display().to_string();
+        let config = ModelConfig::from_json(&state.model_config, &source)?;
+        let dtype = serde_json::from_value(state.options["model_dtype"].clone())
+            .with_context(|| format!("{source}: no valid `options.model_dtype`"))?;
+        Ok(SavedModel {
+            path,
+            state,
+            config,
+            dtype,
+        })
+    }
+}
+
 /// Reads a checkpoint's `state.json`, and checks that it is consistent: its hash is that of
 /// its model config and fixed settings, and a `step-N` folder's state is of step N.
 pub fn read_state(checkpoint: &Path) -> Result<State> {
@@ -355,13 +526,26 @@ pub fn read_state(checkpoint: &Path) -> Result<State> {
     Ok(state)
 }
 
-/// Loads a checkpoint's weights and optimizer state into allocated tensors.
+/// Loads a checkpoint's weights and optimizer state, which the run that wrote `saved` may
+/// have sharded otherwise than this one, into allocated tensors: each state tensor that this
+/// rank keeps comes from whichever file of its category holds it, and every tensor of the
+/// model must be in exactly one of them.
 pub fn load<B: Backend>(
-    b: &B, checkpoint: &Path, model: &Transformer<B>, opt: &AdamWState<B>,
+    b: &B, checkpoint: &Path, saved: &State, model: &Transformer<B>, opt: &AdamWState<B>,
 ) -> Result<()> {
-    for file in files(model, opt) {
-        let path = checkpoint.join(format!("{}.safetensors", file.stem));
-        tensors::load(b, &path, &file.tensors).with_context(|| {
+    let names: Vec<&str> = (model.layout.iter())
+        .map(|p| p.tensor.name.as_str())
+        .collect();
+    let read = |paths: &[PathBuf], tensors: &Named<B>| -> Result<()> {
+        let files = TensorFiles::open(paths)?;
+        files.check_names(&names)?;
+        files.load(b, tensors)
+    };
+    let weights = (vec![checkpoint.join(file_name(WEIGHTS))], weights(model));
+    let state = (opt.categories(model).into_iter())
+        .map(|(category, tensors)| (saved.state_files(checkpoint, category), tensors));
+    for (paths, tensors) in std::iter::once(weights).chain(state) {
+        read(&paths, &tensors).with_context(|| {
             format!(
                 "--continue: checkpoint {} is damaged; to continue from an earlier one, write its step-N name into {}",
                 checkpoint.display(),
@@ -373,12 +557,12 @@ pub fn load<B: Backend>(
     Ok(())
 }
 
-/// Loads only the weights, for sampling.
+/// Loads only the weights, for sampling and export.
 pub fn load_weights<B: Backend>(b: &B, checkpoint: &Path, model: &Transformer<B>) -> Result<()> {
-    let path = checkpoint.join(format!("{WEIGHTS}.safetensors"));
-    tensors::load(b, &path, &named(&model.layout, &model.params)).with_context(|| {
+    let path = checkpoint.join(file_name(WEIGHTS));
+    tensors::load(b, &path, &weights(model)).with_context(|| {
         format!(
-            "checkpoint {} is damaged; sample another step-N directory",
+            "checkpoint {} is damaged; use another step-N directory",
             checkpoint.display()
         )
     })?;

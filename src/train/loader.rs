@@ -5,11 +5,14 @@
 //! the targets. A target is trained only if the mask bit of *its own* position is set (llm.q
 //! reads the input's bit, one position early); otherwise it becomes `IGNORE_INDEX`.
 //!
-//! Training order is a two-level shuffle drawn from (seed, epoch): first the order of the
-//! files, then the order of each file's chunks, so that reading stays local to one file at a
-//! time. Rank r of W takes the epoch's chunks r, r+W, ...; the remainder that does not divide
-//! by W is dropped so every rank sees as many chunks per epoch. The position is the pair
-//! (epoch, chunks taken), which checkpoints save. Eval data is read in order.
+//! Training order is one stream: epoch after epoch, each a two-level shuffle drawn from
+//! (seed, epoch), first the order of the files, then the order of each file's chunks, so that
+//! reading stays local to one file at a time. Rank r of W takes stream positions r, r+W,
+//! r+2W, ..., running from one epoch into the next without dropping any chunk. A step of
+//! global batch G (ranks × batch × accumulation) therefore trains stream positions
+//! [sG, (s+1)G) at step s, whatever W is, and one rank reads the stream in order. The
+//! position saved in checkpoints is global: how far into the stream all ranks together
+//! have read. Eval data is read in order.
 
 use std::path::PathBuf;
 
@@ -132,11 +135,43 @@ impl Batch {
     }
 }
 
-/// Where a loader stands: in which epoch, and how many of this rank's chunks it has taken.
+/// Where the ranks together stand in the training stream: in which epoch, and how many of
+/// its sequences all ranks together have taken. The end of an epoch is saved as every one of
+/// its sequences taken (not as none of the next epoch's), as one rank always saved it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
     pub epoch: u64,
     pub taken: u64,
+}
+
+impl LoaderState {
+    /// The position of a checkpoint of format version 1, written on `world` ranks from a data
+    /// set of `sequences`, in the terms of this one. Version 1 counted each rank's own
+    /// sequences: rank r took the epoch's sequences r, r+W, ... and left out the
+    /// `sequences mod W` at its end. So `taken` of each rank's is `taken·W` of the stream, and
+    /// an epoch taken to the end of its whole rounds goes on with the next epoch. From there
+    /// the ranks take what that run would have until the epoch ends; `is_exact_from_per_rank`
+    /// says whether also after.
+    pub fn from_per_rank(self, world: usize, sequences: usize) -> LoaderState {
+        let rounds = (sequences / world) as u64;
+        if world > 1 && self.taken == rounds {
+            LoaderState {
+                epoch: self.epoch + 1,
+                taken: 0,
+            }
+        } else {
+            LoaderState {
+                epoch: self.epoch,
+                taken: self.taken * world as u64,
+            }
+        }
+    }
+
+    /// Whether a version-1 position of `world` ranks continues exactly: when no epoch has a
+    /// remainder to leave out, version 1's stream is this one.
+    pub fn is_exact_from_per_rank(world: usize, sequences: usize) -> bool {
+        sequences.is_multiple_of(world)
+    }
 }
 
 /// Shuffled training batches for one rank.
@@ -145,26 +180,24 @@ pub struct Loader {
     seed: u64,
     rank: usize,
     world: usize,
-    state: LoaderState,
-    /// This rank's chunks for `state.epoch`, in order.
+    /// Stream positions all ranks together have taken; this rank's next is `consumed + rank`.
+    consumed: u64,
+    /// The epoch whose order `order` holds.
+    order_epoch: u64,
+    /// That epoch's chunks, in order.
     order: Vec<Chunk>,
 }
 
 impl Loader {
     pub fn new(data: DataSet, seed: u64, rank: usize, world: usize) -> Result<Loader> {
         ensure!(rank < world, "rank {rank} of {world}");
-        if data.num_chunks() < world {
-            bail!(
-                "the training data holds {} sequences, fewer than the {world} ranks; use more data or a smaller --seq-len",
-                data.num_chunks()
-            );
-        }
         let mut loader = Loader {
             data,
             seed,
             rank,
             world,
-            state: LoaderState::default(),
+            consumed: 0,
+            order_epoch: 0,
             order: vec![],
         };
         loader.order = loader.epoch_order(0);
@@ -172,30 +205,49 @@ impl Loader {
     }
 
     pub fn state(&self) -> LoaderState {
-        self.state
+        let n = self.per_epoch() as u64;
+        match self.consumed {
+            0 => LoaderState::default(),
+            c => LoaderState {
+                epoch: (c - 1) / n,
+                taken: (c - 1) % n + 1,
+            },
+        }
     }
 
-    /// Continues from a saved position. A position at the end of an epoch (every sequence
-    /// taken) is valid: the next batch starts the next epoch.
+    /// Continues from a saved position, on any number of ranks. A position at the end of an
+    /// epoch (every sequence taken) is valid: the next batch starts the next epoch.
     pub fn restore(&mut self, state: LoaderState) -> Result<()> {
+        let n = self.per_epoch() as u64;
         ensure!(
-            (state.taken as usize) <= self.per_epoch(),
-            "the saved data position ({} sequences into epoch {}) is past the end of an epoch of {}; the training files differ from the checkpoint's",
+            state.taken <= n,
+            "the saved data position ({} sequences into epoch {}) is past the end of an epoch of {n}; the training files differ from the checkpoint's",
             state.taken,
             state.epoch,
-            self.per_epoch()
         );
-        self.order = self.epoch_order(state.epoch);
-        self.state = state;
+        self.consumed = (state.epoch.checked_mul(n))
+            .and_then(|start| start.checked_add(state.taken))
+            .with_context(|| {
+                format!(
+                    "the saved data position (epoch {}) is past any this data set can reach; the checkpoint is damaged",
+                    state.epoch
+                )
+            })?;
         Ok(())
     }
 
-    /// Sequences this rank reads per epoch.
+    /// Sequences per epoch, over all ranks.
     pub fn per_epoch(&self) -> usize {
-        self.data.num_chunks() / self.world
+        self.data.num_chunks()
     }
 
-    /// The chunks this rank reads in `epoch`, in order.
+    /// Where this rank's `j`-th sequence of a step falls among the step's sequences in
+    /// stream order.
+    pub fn place_in_step(&self, j: usize) -> usize {
+        j * self.world + self.rank
+    }
+
+    /// Every chunk of `epoch`, in order.
     fn epoch_order(&self, epoch: u64) -> Vec<Chunk> {
         let mut rng = Rng::derived(self.seed, epoch);
         let mut files: Vec<usize> = (0..self.data.files.len()).collect();
@@ -206,28 +258,22 @@ impl Loader {
             rng.shuffle(&mut chunks);
             all.extend(chunks.into_iter().map(|c| (f as u32, c)));
         }
-        all.into_iter()
-            .skip(self.rank)
-            .step_by(self.world)
-            .take(self.per_epoch())
-            .collect()
+        all
     }
 
-    /// Fills `out` with the next `out.tokens.len() / seq` sequences, running into the next
-    /// epoch when this one ends.
+    /// Fills `out` with this rank's next `out.tokens.len() / seq` sequences, running into the
+    /// next epoch when this one ends.
     pub fn next_batch(&mut self, out: &mut Batch) {
-        let seq = self.data.seq;
+        let (seq, n) = (self.data.seq, self.per_epoch() as u64);
         for (tokens, targets) in out.tokens.chunks_mut(seq).zip(out.targets.chunks_mut(seq)) {
-            if self.state.taken as usize == self.order.len() {
-                self.state = LoaderState {
-                    epoch: self.state.epoch + 1,
-                    taken: 0,
-                };
-                self.order = self.epoch_order(self.state.epoch);
+            let at = self.consumed + self.rank as u64;
+            if at / n != self.order_epoch {
+                self.order_epoch = at / n;
+                self.order = self.epoch_order(self.order_epoch);
             }
-            self.data
-                .fill(self.order[self.state.taken as usize], tokens, targets);
-            self.state.taken += 1;
+            let chunk = self.order[(at % n) as usize];
+            self.data.fill(chunk, tokens, targets);
+            self.consumed += self.world as u64;
         }
     }
 }

@@ -39,7 +39,8 @@ pub enum Event {
         tokens_per_second: f64,
         /// Model FLOPs utilisation, where the device's peak is known.
         mfu: Option<f64>,
-        /// A hash of the step's input tokens, to check that two runs read the same data.
+        /// A hash of the step's input sequences, every rank's, in the order of the training
+        /// stream: two runs that read the same data log the same, whatever their world size.
         data: String,
     },
     Eval {

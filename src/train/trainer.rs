@@ -57,11 +57,12 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     let eval = (o.eval_file.as_deref())
         .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
         .transpose()?;
-    let fixed = fixed_settings(o, &data, comm.world());
+    let fixed = fixed_settings(o, &data);
     let loader = Loader::new(data, o.seed, comm.rank(), comm.world())?;
-    let steps = o.steps.unwrap_or_else(|| {
-        (loader.per_epoch() / (o.batch_size * o.grad_accumulation)).max(1) as u64
-    });
+    let global_batch = comm.world() * o.batch_size * o.grad_accumulation;
+    let steps = o
+        .steps
+        .unwrap_or_else(|| (loader.per_epoch() / global_batch).max(1) as u64);
     let model_json = config.to_hf_json();
     let state = State {
         version: VERSION,
@@ -145,8 +146,10 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     }
 }
 
-/// What must not change for a run to continue from a checkpoint, by flag.
-fn fixed_settings(o: &Options, data: &DataSet, world: usize) -> BTreeMap<String, Value> {
+/// What must not change for a run to continue from a checkpoint, by flag. The global batch
+/// must not either, but the batch size, the accumulation and the world size that make it up
+/// may (`State::check_continues`); so may the ZeRO level, whose shards are read whole.
+fn fixed_settings(o: &Options, data: &DataSet) -> BTreeMap<String, Value> {
     let files: Vec<Value> = data
         .files()
         .iter()
@@ -161,16 +164,11 @@ fn fixed_settings(o: &Options, data: &DataSet, world: usize) -> BTreeMap<String,
         ("--master-dtype", json!(opt.master_dtype)),
         ("--opt-m-dtype", json!(opt.opt_m_dtype)),
         ("--opt-v-dtype", json!(opt.opt_v_dtype)),
-        ("--batch-size", json!(o.batch_size)),
         ("--seq-len", json!(o.seq_len)),
-        ("--grad-accumulation", json!(o.grad_accumulation)),
         ("--seed", json!(o.seed)),
         ("--train-file (name, tokens)", Value::Array(files)),
     ]
     .into_iter()
-    // Listed only where it shards (and so changes the checkpoint's files), which keeps the
-    // checkpoints of runs from before the flag existed continuable.
-    .chain((opt.zero_level > 0 && world > 1).then(|| ("--zero-level", json!(opt.zero_level))))
     .map(|(k, v)| (k.to_string(), v))
     .collect()
 }
@@ -445,11 +443,26 @@ impl<B: Backend> Run<'_, B> {
     }
 
     fn resume(&mut self, path: &Path, saved: State, warnings: Vec<String>) -> Result<()> {
-        checkpoint::load(self.b, path, &self.model, self.opt())?;
-        (self.loader.restore(saved.loader))
+        checkpoint::load(self.b, path, &saved, &self.model, self.opt())?;
+        let sequences = self.loader.per_epoch();
+        let position = match saved.version {
+            1 => saved.loader.from_per_rank(saved.world_size, sequences),
+            _ => saved.loader,
+        };
+        (self.loader.restore(position))
             .with_context(|| format!("--continue from {}", path.display()))?;
+        if saved.version == 1 && !LoaderState::is_exact_from_per_rank(saved.world_size, sequences) {
+            self.warn(format!(
+                "{} was written by an earlier smelt on {} ranks, which left out the last {} of \
+                 the {sequences} sequences of each epoch: this run trains what that one would \
+                 have until the end of the epoch it is in, and from then on every sequence",
+                path.display(),
+                saved.world_size,
+                sequences % saved.world_size,
+            ))?;
+        }
         self.state.step = saved.step;
-        self.state.loader = saved.loader;
+        self.state.loader = position;
         self.state.rng = saved.rng;
         self.state.tokens_seen = saved.tokens_seen;
         self.saved_step = Some(saved.step);
@@ -494,9 +507,8 @@ impl<B: Backend> Run<'_, B> {
         for batch in batches.iter_mut() {
             self.loader.next_batch(batch);
         }
-        let mine = batches.iter().map(Batch::trained).sum::<usize>();
+        let (trained, data) = self.meet_for_step(batches)?;
         let comm = self.comm;
-        let trained = comm.sum(&[mine as f64])?[0] as usize;
         // The last micro-batch's backward hands each block's gradients to be summed over the
         // ranks as soon as it has finished them, and goes on with the blocks below. Not in
         // the first step this process runs, where cuBLASLt's algorithms for each new shape
@@ -594,11 +606,6 @@ impl<B: Backend> Run<'_, B> {
             tokens_per_second,
             mfu: metrics::mfu(self.flops_per_token, tokens_per_second, b.peak_flops()),
         };
-        // Rank 0's share of the step's data.
-        let data: Vec<u8> = batches
-            .iter()
-            .flat_map(|batch| batch.tokens.iter().flat_map(|t| t.to_le_bytes()))
-            .collect();
         self.log.write(Event::Step {
             step: report.step,
             loss,
@@ -608,11 +615,35 @@ impl<B: Backend> Run<'_, B> {
             seconds,
             tokens_per_second,
             mfu: report.mfu,
-            data: format!("{:016x}", fnv1a(&data)),
+            data: format!("{data:016x}"),
         })?;
         self.console.step(&report);
         self.summary.losses.push(loss);
         Ok(())
+    }
+
+    /// The ranks meet once before the step's micro-batches, for the trained targets over all
+    /// of them (which scale every gradient) and a hash of the step's sequences in stream
+    /// order, the same whatever the world size. Each rank fills the slots of its own
+    /// sequences' hashes and leaves the others' at 0, so that the sum over the ranks gathers
+    /// them, exactly: each half of a hash is an integer below 2^32.
+    fn meet_for_step(&self, batches: &[Batch]) -> Result<(usize, u64)> {
+        let seq = self.o.seq_len;
+        let sequences: Vec<&[i32]> = batches.iter().flat_map(|b| b.tokens.chunks(seq)).collect();
+        let mut values = vec![0.0; 1 + 2 * self.comm.world() * sequences.len()];
+        values[0] = batches.iter().map(Batch::trained).sum::<usize>() as f64;
+        for (j, tokens) in sequences.iter().enumerate() {
+            let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let hash = fnv1a(&bytes);
+            let at = 1 + 2 * self.loader.place_in_step(j);
+            values[at] = (hash >> 32) as f64;
+            values[at + 1] = (hash & 0xffff_ffff) as f64;
+        }
+        let summed = self.comm.sum(&values)?;
+        let hashes: Vec<u8> = (summed[1..].chunks_exact(2))
+            .flat_map(|h| (((h[0] as u64) << 32) | h[1] as u64).to_le_bytes())
+            .collect();
+        Ok((summed[0] as usize, fnv1a(&hashes)))
     }
 
     /// Logs the FP8 statistics of this step, before the optimizer replaces the weights'.

@@ -33,9 +33,10 @@ pub fn owners_of(
     layout: &Params<ParamSpec>, world: usize, options: &OptimizerOptions,
 ) -> Option<Owners> {
     let numel = |p: &ParamSpec| p.tensor.numel();
+    if !shards(world, options.zero_level) {
+        return None;
+    }
     match options.zero_level {
-        _ if world < 2 => None,
-        0 => None,
         1 => Some(Owners {
             tensors: owners(&layout.iter().map(numel).collect::<Vec<_>>(), world),
             blocks: None,
@@ -66,6 +67,11 @@ pub fn owners_of(
             })
         }
     }
+}
+
+/// Whether ZeRO level `level` shares anything out over `world` ranks (one rank keeps all).
+pub fn shards(world: usize, level: u8) -> bool {
+    level > 0 && world > 1
 }
 
 /// The rank that keeps each of the units of `sizes` (tensors, or level 2's blocks): largest
