@@ -38,6 +38,8 @@ fn main() -> anyhow::Result<()> {
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
         gradients: Gradients::All,
+        offload_weights: false,
+        offload_gradients: false,
     };
     let mut model = Transformer::new(&cpu, config, options)?;
     model.init_weights(&cpu, 1)?;

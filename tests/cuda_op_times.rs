@@ -7,7 +7,7 @@ use common::gpu::*;
 use smelt::model::presets::preset;
 use smelt::model::{MatmulPrecision, Recompute};
 use smelt::train::bench::{self, BenchOptions};
-use smelt::train::options::{ActivationOptions, Offload};
+use smelt::train::options::{MemoryOptions, Offload};
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -22,12 +22,14 @@ fn op_times_account_for_the_step() {
         steps: 5,
         warmup: 2,
         matmul: MatmulPrecision::Native,
-        activations: ActivationOptions {
+        memory: MemoryOptions {
             recompute: Recompute::default(),
             offload_residual: false,
             offload_activations: false,
             lmhead_chunks: chunks,
             ffn_chunks: 1,
+            offload_weights: false,
+            offload_gradients: false,
         },
         offload: Offload::default(),
         op_times: true,

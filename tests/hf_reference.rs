@@ -96,6 +96,8 @@ fn cpu_matches_transformers() {
             ffn_chunks: 1,
             matmul: MatmulPrecision::Native,
             gradients: Gradients::All,
+            offload_weights: false,
+            offload_gradients: false,
         };
         let mut model = Transformer::new(&cpu, config, options).unwrap();
         hf::import(&cpu, &model, &dir).unwrap();

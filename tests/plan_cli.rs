@@ -17,7 +17,7 @@ use smelt::plan::{Candidate, Choice, Request, candidates};
 use smelt::tensor::DType;
 use smelt::train::bench::bf16_adamw_options;
 use smelt::train::log::Event;
-use smelt::train::options::{ActivationOptions, Offload, OptimizerOptions};
+use smelt::train::options::{MemoryOptions, Offload, OptimizerOptions};
 use train_support::*;
 
 /// The plan's figures for `choice`, for the tiny model at batch 2 × 16 on one GPU.
@@ -46,8 +46,8 @@ fn planned_on(
             ..bf16_adamw_options()
         },
         gpus,
-        lmhead_chunks: Some(choice.activations.lmhead_chunks),
-        ffn_chunks: Some(choice.activations.ffn_chunks),
+        lmhead_chunks: Some(choice.memory.lmhead_chunks),
+        ffn_chunks: Some(choice.memory.ffn_chunks),
         allow_zero_2: true,
     };
     let gpu = datasheet("H100").unwrap();
@@ -61,12 +61,14 @@ fn planned_on(
 /// `recompute` alone: nothing offloaded, no ZeRO, one LM-head and one MLP chunk.
 fn recomputing(recompute: Recompute) -> Choice {
     Choice {
-        activations: ActivationOptions {
+        memory: MemoryOptions {
             recompute,
             offload_residual: false,
             offload_activations: false,
             lmhead_chunks: 1,
             ffn_chunks: 1,
+            offload_weights: false,
+            offload_gradients: false,
         },
         offload: Offload::default(),
         zero_level: 0,
@@ -153,12 +155,14 @@ fn the_plan_counts_what_training_allocates() {
             2,
             false,
             Choice {
-                activations: ActivationOptions {
+                memory: MemoryOptions {
                     recompute: Recompute { ffn: true, ..none },
                     offload_residual: false,
                     offload_activations: true,
                     lmhead_chunks: 2,
                     ffn_chunks: 1,
+                    offload_weights: false,
+                    offload_gradients: false,
                 },
                 offload: Offload {
                     opt_m: true,
@@ -177,7 +181,7 @@ fn the_plan_counts_what_training_allocates() {
             1,
             false,
             Choice {
-                activations: ActivationOptions {
+                memory: MemoryOptions {
                     recompute: Recompute {
                         block: true,
                         ..none
@@ -186,6 +190,8 @@ fn the_plan_counts_what_training_allocates() {
                     offload_activations: false,
                     lmhead_chunks: 1,
                     ffn_chunks: 1,
+                    offload_weights: false,
+                    offload_gradients: false,
                 },
                 offload: Offload {
                     master: true,
@@ -197,7 +203,7 @@ fn the_plan_counts_what_training_allocates() {
         ),
         (&["--recompute-ffn", "--ffn-chunks", "2"], 1, false, {
             let mut choice = recomputing(Recompute { ffn: true, ..none });
-            choice.activations.ffn_chunks = 2;
+            choice.memory.ffn_chunks = 2;
             choice
         }),
         (
@@ -267,8 +273,8 @@ fn recompute_saves_the_activations_written_out_by_hand() {
     };
     let offloaded = |recompute, offload_residual, offload_activations| {
         let mut choice = recomputing(recompute);
-        choice.activations.offload_residual = offload_residual;
-        choice.activations.offload_activations = offload_activations;
+        choice.memory.offload_residual = offload_residual;
+        choice.memory.offload_activations = offload_activations;
         let plan = planned(&deep, 1, false, choice);
         let host = by_name(&plan.host).get("activations").copied();
         (by_name(&plan.device)["activations"], host)

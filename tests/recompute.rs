@@ -1,5 +1,6 @@
-//! Every recompute option, and offloading the residual stream and the other activations,
-//! gives bitwise the losses and gradients of keeping everything on the device; running the MLP in token chunks changes
+//! Every recompute option, offloading the residual stream and the other activations, and
+//! streaming the blocks' weights and gradients from host memory, gives bitwise the losses and
+//! gradients of keeping everything on the device; running the MLP in token chunks changes
 //! only the order in which its weight gradients are summed.
 
 mod common;
@@ -12,9 +13,22 @@ use smelt::tensor::DType;
 
 type Precision = (DType, MatmulPrecision);
 type Outcome = (Vec<f64>, Vec<(String, Vec<f64>)>);
-/// What goes to host memory: the residual stream, the other activations kept per layer.
-type Offloads = (bool, bool);
-const ON_DEVICE: Offloads = (false, false);
+/// What goes to host memory.
+#[derive(Clone, Copy, Debug, Default)]
+struct Offloads {
+    residual: bool,
+    /// The other activations kept per layer.
+    activations: bool,
+    /// The blocks' weights and gradients, streamed through the device.
+    weights: bool,
+    gradients: bool,
+}
+const ON_DEVICE: Offloads = Offloads {
+    residual: false,
+    activations: false,
+    weights: false,
+    gradients: false,
+};
 
 const FP8: MatmulPrecision = MatmulPrecision::Fp8 {
     forward: DType::E4M3,
@@ -30,15 +44,17 @@ fn run(
 
 /// `run` with the MLP over the tokens in `ffn_chunks` chunks.
 fn run_chunked(
-    recompute: Recompute, (offload_residual, offload_activations): Offloads,
-    (dtype, matmul): Precision, config: &ModelConfig, ffn_chunks: usize,
+    recompute: Recompute, offloads: Offloads, (dtype, matmul): Precision, config: &ModelConfig,
+    ffn_chunks: usize,
 ) -> Outcome {
     let cpu = Cpu::<f32>::new();
     let (batch_size, seq) = (3, 7);
     let mut o = options(batch_size, seq, dtype, recompute, 2);
     o.matmul = matmul;
-    o.offload_residual = offload_residual;
-    o.offload_activations = offload_activations;
+    o.offload_residual = offloads.residual;
+    o.offload_activations = offloads.activations;
+    o.offload_weights = offloads.weights;
+    o.offload_gradients = offloads.gradients;
     o.ffn_chunks = ffn_chunks;
     let mut model = Transformer::new(&cpu, config.clone(), o).unwrap();
     randomize(&cpu, &model, 3);
@@ -102,10 +118,30 @@ fn offloading_activations_is_bitwise_identical() {
         ("block", Recompute { block: true, ..r }),
         ("all", Recompute::all()),
     ];
+    let (residual, activations) = (true, true);
     let offloads = [
-        ("the residual stream", (true, false)),
-        ("the other activations", (false, true)),
-        ("both", (true, true)),
+        (
+            "the residual stream",
+            Offloads {
+                residual,
+                ..ON_DEVICE
+            },
+        ),
+        (
+            "the other activations",
+            Offloads {
+                activations,
+                ..ON_DEVICE
+            },
+        ),
+        (
+            "both",
+            Offloads {
+                residual,
+                activations,
+                ..ON_DEVICE
+            },
+        ),
     ];
     for (config_name, config) in tiny_configs() {
         let config = ModelConfig {
@@ -123,6 +159,98 @@ fn offloading_activations_is_bitwise_identical() {
             }
         }
     }
+}
+
+/// Five layers, so that both passes fetch blocks into slots other blocks used, and the two
+/// accumulated micro-steps bring each block's gradient sum back in before adding to it; the
+/// weights and the gradients streamed alone and together, beside every recompute and
+/// activation offload choice (the weights of a recomputed block are fetched once for both
+/// its recompute and its backward).
+#[test]
+fn streaming_weights_and_gradients_is_bitwise_identical() {
+    let r = Recompute::default();
+    let recomputes = [
+        ("nothing recomputed", r),
+        ("ffn", Recompute { ffn: true, ..r }),
+        ("block", Recompute { block: true, ..r }),
+    ];
+    let (weights, gradients, residual, activations) = (true, true, true, true);
+    let streams = [
+        (
+            "weights",
+            Offloads {
+                weights,
+                ..ON_DEVICE
+            },
+        ),
+        (
+            "gradients",
+            Offloads {
+                gradients,
+                ..ON_DEVICE
+            },
+        ),
+        (
+            "both",
+            Offloads {
+                weights,
+                gradients,
+                ..ON_DEVICE
+            },
+        ),
+        (
+            "everything",
+            Offloads {
+                weights,
+                gradients,
+                residual,
+                activations,
+            },
+        ),
+    ];
+    for (config_name, config) in tiny_configs() {
+        for layers in [1, 2, 5] {
+            let config = ModelConfig {
+                num_layers: layers,
+                ..config.clone()
+            };
+            for precision in [
+                (DType::F32, MatmulPrecision::Native),
+                (DType::BF16, MatmulPrecision::Native),
+            ] {
+                let base = run(r, ON_DEVICE, precision, &config);
+                for (name, recompute) in recomputes {
+                    for (what, offloads) in streams {
+                        let what = format!(
+                            "{config_name}, {layers} layers, {precision:?}: {what} streamed, {name}"
+                        );
+                        assert_same_bits(
+                            &run(recompute, offloads, precision, &config),
+                            &base,
+                            &what,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// FP8 copies of streamed weights, and streamed gradients sent under ZeRO-2, are refused.
+#[test]
+fn streaming_refuses_fp8_weights() {
+    let (_, config) = tiny_configs().remove(0);
+    let mut o = options(2, 4, DType::BF16, Recompute::default(), 1);
+    o.matmul = FP8;
+    o.offload_weights = true;
+    let err = Transformer::new(&Cpu::<f32>::new(), config, o)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string()
+            .contains("--offload-weights cannot be used with FP8"),
+        "{err}"
+    );
 }
 
 /// The MLP over the 21 tokens in 3 chunks of 7, and in 4 (6, 6, 6 and 3): each token's

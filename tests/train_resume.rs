@@ -86,6 +86,30 @@ fn offload_may_change_on_continue() {
     );
 }
 
+/// Streaming the blocks' weights and gradients through the device changes no bit either: a
+/// run that streams them (with gradient accumulation, so each block's sum comes back in
+/// before the next micro-batch adds to it) trains as one that does not, and continues the
+/// other's checkpoint. (`tests/cuda_streaming.rs` checks the same where the copies run beside
+/// the GPU's work.)
+#[test]
+fn streaming_weights_and_gradients_changes_no_bit_and_may_change_on_continue() {
+    let s = setup();
+    let full = uninterrupted(&s, "full", &[]);
+    let stream = ["--offload-weights", "--offload-gradients"];
+    let streamed = uninterrupted(&s, "streamed", &stream);
+    assert_same_run(&full, &streamed, 0);
+    let resumed = resumed_at_step_2(&s, &full, "resumed", &stream);
+    assert_same_run(&full, &resumed, 2);
+    let log = std::fs::read_to_string(resumed.join("log.jsonl")).unwrap();
+    for category in ["host weights", "host gradients"] {
+        assert!(log.contains(category), "no {category} in the memory table");
+    }
+    assert!(
+        !log.contains("changed on continuing"),
+        "a streaming flag warned on continuing"
+    );
+}
+
 #[test]
 fn killed_while_writing_a_checkpoint_continues_from_the_previous_one() {
     let s = setup();

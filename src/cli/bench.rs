@@ -14,7 +14,7 @@ use crate::plan::Request;
 use crate::train::ModelSource;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 use crate::train::console::gib;
-use crate::train::options::{ActivationOptions, Offload};
+use crate::train::options::{MemoryOptions, Offload};
 
 /// The LM head's default chunk: the whole batch, as `smelt train` runs it, up to 10 GB of
 /// logits for a 152k vocabulary. Smaller chunks cost time: each re-reads and rewrites the
@@ -114,10 +114,12 @@ impl BenchArgs {
             steps: self.steps,
             warmup: self.warmup,
             matmul,
-            activations: ActivationOptions {
+            memory: MemoryOptions {
                 recompute,
                 offload_residual: self.offload.residual(),
                 offload_activations: self.offload.activations(),
+                offload_weights: self.offload.weights(),
+                offload_gradients: self.offload.gradients(),
                 lmhead_chunks: self
                     .lmhead_chunks
                     .unwrap_or((self.batch_size * self.seq_len).div_ceil(LMHEAD_CHUNK_TOKENS)),
@@ -131,7 +133,7 @@ impl BenchArgs {
             .fit_memory
             .choose(&device, SmallerBatch::Alone, request)?
         {
-            options.activations = choice.activations;
+            options.memory = choice.memory;
             options.offload = choice.offload;
         }
         let report = match &device {

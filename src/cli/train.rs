@@ -20,7 +20,7 @@ use crate::io::hf;
 use crate::model::{MatmulPrecision, Recompute};
 use crate::plan::Request;
 use crate::tensor::DType;
-use crate::train::options::{ActivationOptions, Defaults, Offload, OptimizerOptions};
+use crate::train::options::{Defaults, MemoryOptions, Offload, OptimizerOptions};
 use crate::train::schedule::Decay;
 use crate::train::{ModelSource, Options, Summary, demo};
 
@@ -251,7 +251,7 @@ impl TrainArgs {
                     Request::for_training(&options, ranks.world())
                 })?
         {
-            options.activations = choice.activations;
+            options.memory = choice.memory;
             options.optimizer.offload = choice.offload;
             options.optimizer.zero_level = choice.zero_level;
         }
@@ -421,10 +421,12 @@ impl TrainArgs {
             z_loss: self.z_loss,
             model_dtype,
             matmul,
-            activations: ActivationOptions {
+            memory: MemoryOptions {
                 recompute: self.recompute.recompute(),
                 offload_residual: self.offload.residual(),
                 offload_activations: self.offload.activations(),
+                offload_weights: self.offload.weights(),
+                offload_gradients: self.offload.gradients(),
                 lmhead_chunks: self.lmhead_chunks,
                 ffn_chunks: self.ffn_chunks,
             },

@@ -78,9 +78,11 @@ impl<B: Backend> Transformer<B> {
                 .chain(&g.lm_head)
                 .collect::<Vec<_>>(),
         })?;
+        self.streams.begin_backward(b, acc)?;
         for l in (0..last).rev() {
             let _layer = Range::begin(b, format_args!("layer {l} backward"));
             self.acts.before_block_backward(b, l)?;
+            self.streams.before_block_backward(b, l)?;
             self.block_recompute(b, l)?;
             let grads: Vec<&Tensor<B>> = self.layer_grads(l).iter().collect();
             events(GradEvent::Writing {
@@ -93,7 +95,9 @@ impl<B: Backend> Transformer<B> {
                 layer: Some(l),
                 grads: &grads,
             })?;
+            self.streams.block_backward_done(b, l, acc)?;
         }
+        self.streams.end_backward(b)?;
         let (a, g) = (&self.acts, self.grads());
         // With tied embeddings the head has already written this gradient.
         let tied = self.params.lm_head.is_none();

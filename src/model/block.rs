@@ -134,14 +134,21 @@ impl<B: Backend> Transformer<B> {
         )
     }
 
-    /// Block `l`'s weights: the one place a block reads them from.
+    /// Block `l`'s weights: the one place a block reads them from (their slot, where they
+    /// are streamed).
     pub(crate) fn layer_weights(&self, l: usize) -> &LayerParams<Tensor<B>> {
-        &self.params.layers[l]
+        match &self.streams.weights {
+            Some(ring) => ring.slot(l),
+            None => &self.params.layers[l],
+        }
     }
 
-    /// Block `l`'s parameter gradients.
+    /// Block `l`'s parameter gradients, where its backward writes them.
     pub(crate) fn layer_grads(&self, l: usize) -> &LayerParams<Tensor<B>> {
-        &self.grads().layers[l]
+        match &self.streams.grads {
+            Some(ring) => ring.slot(l),
+            None => &self.grads().layers[l],
+        }
     }
 
     /// Step 1: the input norm of block `l`'s residual input, or with `fused_add` first that

@@ -24,6 +24,7 @@ impl<B: Backend> Transformer<B> {
         let _forward = Range::begin(b, format_args!("forward"));
         let (a, p) = (&self.acts, &self.params);
         self.linears.begin_forward(b, p)?;
+        self.streams.begin_forward(b)?;
         b.upload_i32(&a.tokens, tokens)?;
         a.before_block_forward(b, 0)?;
         b.embedding_forward(a.residual.layer(0), &a.tokens, &p.embed)?;
@@ -32,11 +33,13 @@ impl<B: Backend> Transformer<B> {
             if l > 0 {
                 a.before_block_forward(b, l)?;
             }
+            self.streams.before_block_forward(b, l)?;
             match cache {
                 Some(cache) => self.block_decode(b, l, cache)?,
                 None => self.block_forward(b, l)?,
             }
             a.block_forward_done(b, l)?;
+            self.streams.block_forward_done(b, l)?;
         }
         // The last block's residual sum is fused into the final norm (a config has at least
         // one layer).

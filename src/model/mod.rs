@@ -20,6 +20,7 @@ pub mod presets;
 mod recompute;
 mod residuals;
 mod stash;
+mod streaming;
 mod transformer;
 
 pub use backward::{GradEvent, GradEvents};

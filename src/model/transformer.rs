@@ -9,8 +9,9 @@ use super::fp8::{Fp8Plan, Fp8Shape};
 use super::grads;
 use super::linear::MatmulPrecision;
 use super::linear_layers::LinearLayers;
-use super::params::{ParamSpec, Params, from_list};
+use super::params::{ParamSpec, Params};
 use super::recompute::{Recompute, RecomputePlan};
+use super::streaming::{SplitSpecs, Streams, assemble, split_specs};
 use crate::backend::{AttnShape, Backend};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
@@ -37,6 +38,11 @@ pub struct ModelOptions {
     /// What the blocks' linear layers multiply in.
     pub matmul: MatmulPrecision,
     pub gradients: Gradients,
+    /// The blocks' weights in pinned host memory, streamed through two device slots
+    /// (`streaming`).
+    pub offload_weights: bool,
+    /// The same for the blocks' gradients.
+    pub offload_gradients: bool,
 }
 
 /// Which parameter gradients have memory.
@@ -76,6 +82,8 @@ impl ModelOptions {
             ffn_chunks: 1,
             matmul: MatmulPrecision::Native,
             gradients: Gradients::Absent,
+            offload_weights: false,
+            offload_gradients: false,
         }
     }
 }
@@ -94,6 +102,8 @@ pub struct Transformer<B: Backend> {
     pub(crate) linears: LinearLayers<B>,
     /// What the backward's recompute pass reruns of each block.
     pub(crate) recompute: RecomputePlan,
+    /// The blocks' weights and gradients where they are streamed from host memory.
+    pub(crate) streams: Streams<B>,
     /// What each allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
     /// The same for the allocations in host memory.
@@ -104,8 +114,8 @@ pub struct Transformer<B: Backend> {
 /// anything is allocated: what `Transformer::new` allocates, and what `smelt plan` counts.
 pub struct ModelPlan {
     layout: Params<ParamSpec>,
-    param_specs: Vec<TensorSpec>,
-    grad_specs: Option<Vec<TensorSpec>>,
+    weights: SplitSpecs,
+    grads: Option<SplitSpecs>,
     activations: ActivationPlan,
     rope: TensorSpec,
     fp8: Option<Fp8Plan>,
@@ -166,9 +176,25 @@ impl ModelPlan {
                 config.num_layers
             );
         }
-        let param_specs = layout.tensor_specs();
-        let grad_specs = (options.gradients != Gradients::Absent)
-            .then(|| grads::specs(&layout, options.gradients.kept()));
+        ensure!(
+            !(options.offload_weights && options.matmul.is_fp8()),
+            "--offload-weights cannot be used with FP8 matmuls yet: their FP8 copies of the \
+             weights would stay on the GPU whole; leave one of them out"
+        );
+        ensure!(
+            !(options.offload_gradients && options.gradients.kept().is_some()),
+            "--offload-gradients cannot be used with --zero-level 2, which keeps each block's \
+             gradients on its own GPU; leave one of them out"
+        );
+        let weights = split_specs(&layout, "", options.offload_weights);
+        let grads = match &options.gradients {
+            Gradients::Absent => None,
+            Gradients::All => Some(split_specs(&layout, "grad.", options.offload_gradients)),
+            Gradients::Kept(kept) => Some(SplitSpecs {
+                device: grads::specs(&layout, Some(kept)),
+                host: vec![],
+            }),
+        };
         let n = options.batch * options.seq;
         let shape = ActivationShape {
             tokens: n,
@@ -215,8 +241,8 @@ impl ModelPlan {
         let fp8 = Fp8Plan::new(options.matmul, &fp8_shape, &layout);
         Ok(ModelPlan {
             layout,
-            param_specs,
-            grad_specs,
+            weights,
+            grads,
             activations,
             rope,
             fp8,
@@ -233,20 +259,26 @@ impl ModelPlan {
     pub fn memory(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
         let mut activations = self.activations.specs.clone();
         activations.push(self.rope.clone());
-        let mut memory = vec![("weights", self.param_specs.clone())];
-        memory.extend(self.grad_specs.clone().map(|g| ("gradients", g)));
+        let mut memory = vec![("weights", self.weights.device.clone())];
+        memory.extend(self.grads.as_ref().map(|g| ("gradients", g.device.clone())));
         memory.push(("activations", activations));
         memory.extend(self.fp8.as_ref().map(|f| ("fp8", f.specs.clone())));
         memory
     }
 
-    /// The allocations in host memory: the offloaded activations, if any are.
+    /// The allocations in host memory: the streamed blocks' weights and gradients and the
+    /// offloaded activations, those that are.
     pub fn offloaded(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
-        let specs = &self.activations.offloaded;
-        match specs.is_empty() {
-            true => vec![],
-            false => vec![("activations", specs.clone())],
-        }
+        let grads = self.grads.as_ref().map_or(&[][..], |g| &g.host[..]);
+        [
+            ("weights", &self.weights.host[..]),
+            ("gradients", grads),
+            ("activations", &self.activations.offloaded[..]),
+        ]
+        .into_iter()
+        .filter(|(_, specs)| !specs.is_empty())
+        .map(|(category, specs)| (category, specs.to_vec()))
+        .collect()
     }
 }
 
@@ -276,21 +308,30 @@ impl<B: Backend> Transformer<B> {
         if weights.is_some() {
             memory.retain(|(category, _)| *category != "weights");
         }
+        let offloaded = plan.offloaded();
+        let mut host = offloaded
+            .iter()
+            .map(|(category, specs)| Ok((*category, backend.allocate_offloaded(category, specs)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut in_host = |category: &str| match host.iter().position(|h| h.0 == category) {
+            Some(i) => host.remove(i).1,
+            None => vec![],
+        };
         let mut take = memory
             .iter()
             .map(|(category, specs)| backend.allocate(category, specs));
         let mut next = || take.next().expect("one allocation per planned category");
-        let params = match weights {
-            Some(weights) => weights,
-            None => from_list(&plan.layout, next()?),
+        let (params, weight_ring) = match weights {
+            Some(weights) => (weights, None),
+            None => assemble(&plan.layout, next()?, in_host("weights")),
         };
-        let grads = match options.gradients {
-            Gradients::Absent => None,
-            _ => Some(grads::build(
-                &plan.layout,
-                options.gradients.kept(),
-                next()?,
-            )),
+        let (grads, grad_ring) = match &options.gradients {
+            Gradients::Absent => (None, None),
+            Gradients::All => {
+                let (grads, ring) = assemble(&plan.layout, next()?, in_host("gradients"));
+                (Some(grads), ring)
+            }
+            Gradients::Kept(kept) => (Some(grads::build(&plan.layout, Some(kept), next()?)), None),
         };
         let mut act_tensors = next()?;
         let rope = act_tensors.pop().expect("the rope table was planned last");
@@ -299,19 +340,18 @@ impl<B: Backend> Transformer<B> {
             Some(f) => Some(f.build(next()?)),
             None => None,
         };
-        let offloaded = plan.offloaded();
-        let host = match offloaded.first() {
-            Some((category, specs)) => backend.allocate_offloaded(category, specs)?,
-            None => vec![],
-        };
         let recompute =
             RecomputePlan::new(options.recompute, fp8.is_none(), options.ffn_chunks > 1);
         Ok(Transformer {
-            acts: plan.activations.build(act_tensors, host),
+            acts: plan.activations.build(act_tensors, in_host("activations")),
             memory,
             offloaded,
             linears: LinearLayers::new(fp8),
             recompute,
+            streams: Streams {
+                weights: weight_ring,
+                grads: grad_ring,
+            },
             config,
             options,
             layout: plan.layout,

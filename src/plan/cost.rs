@@ -74,14 +74,14 @@ impl Workload<'_> {
         let base = passes
             * (rest / (STEP_SHARE * gpu.bf16_flops)
                 + attention / (ATTENTION_SHARE * gpu.bf16_flops));
-        let per_token = self.recompute_seconds_per_token(gpu, choice.activations.recompute);
+        let per_token = self.recompute_seconds_per_token(gpu, choice.memory.recompute);
         let head_grad_bytes = (2 * c.vocab_size * c.hidden_size * self.element_bytes) as f64;
         let mlp_grad_bytes =
             (2 * 3 * c.intermediate_size * c.hidden_size * self.element_bytes * c.num_layers)
                 as f64;
         let chunks = self.micro_steps as f64
-            * ((choice.activations.lmhead_chunks - 1) as f64 * head_grad_bytes
-                + (choice.activations.ffn_chunks - 1) as f64 * mlp_grad_bytes)
+            * ((choice.memory.lmhead_chunks - 1) as f64 * head_grad_bytes
+                + (choice.memory.ffn_chunks - 1) as f64 * mlp_grad_bytes)
             / (BANDWIDTH_SHARE * gpu.memory_bandwidth);
         StepCost {
             base,
@@ -157,16 +157,18 @@ mod tests {
     use crate::backend::datasheet::datasheet;
     use crate::model::{ModelConfig, Recompute, presets};
     use crate::plan::Choice;
-    use crate::train::options::ActivationOptions;
+    use crate::train::options::MemoryOptions;
 
     fn choice(recompute: Recompute, lmhead_chunks: usize) -> Choice {
         Choice {
-            activations: ActivationOptions {
+            memory: MemoryOptions {
                 recompute,
                 offload_residual: false,
                 offload_activations: false,
                 lmhead_chunks,
                 ffn_chunks: 1,
+                offload_weights: false,
+                offload_gradients: false,
             },
             offload: Default::default(),
             zero_level: 0,
@@ -237,7 +239,7 @@ mod tests {
         // 257.6; at 128k 11,877 and 11,808 ms).
         let offloaded = |r: Recompute, chunks| {
             let mut offloaded = choice(r, chunks);
-            offloaded.activations.offload_residual = true;
+            offloaded.memory.offload_residual = true;
             offloaded
         };
         for (w, r, chunks) in [
@@ -295,7 +297,7 @@ mod tests {
             (w, ffn, 1, 32_768 * kept(&half_b, false), Some(86.0)),
         ] {
             let mut choice = offloaded(r, chunks);
-            choice.activations.offload_activations = true;
+            choice.memory.offload_activations = true;
             let cost = w.cost(h100, &choice, 0, block_bytes);
             match step_ms {
                 None => assert!(cost.activations < 0.01 * cost.total(), "{cost:?}"),

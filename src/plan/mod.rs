@@ -19,7 +19,7 @@ use crate::tensor::DType;
 use crate::train::bench::{self, BenchOptions};
 use crate::train::console::{Categories, category_bytes};
 use crate::train::optimizer::StatePlan;
-use crate::train::options::{ActivationOptions, Offload, OptimizerOptions};
+use crate::train::options::{MemoryOptions, Offload, OptimizerOptions};
 use crate::train::step_losses::rows_spec;
 use crate::train::{Options, zero};
 
@@ -96,7 +96,7 @@ pub struct Budget {
 /// What the plan chooses.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Choice {
-    pub activations: ActivationOptions,
+    pub memory: MemoryOptions,
     /// The optimizer state in host memory.
     pub offload: Offload,
     pub zero_level: u8,
@@ -105,7 +105,7 @@ pub struct Choice {
 impl Choice {
     /// The `smelt train` flags that make this choice.
     pub fn flags(&self) -> Vec<String> {
-        let a = self.activations;
+        let a = self.memory;
         let r = a.recompute;
         let o = self.offload;
         let mut flags: Vec<String> = [
@@ -291,12 +291,14 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         for (offload_residual, offload_activations) in activation_offloads {
             for &lmhead_chunks in &chunks {
                 for &ffn_chunks in &ffn_chunks {
-                    let activations = ActivationOptions {
+                    let activations = MemoryOptions {
                         recompute,
                         offload_residual,
                         offload_activations,
                         lmhead_chunks,
                         ffn_chunks,
+                        offload_weights: false,
+                        offload_gradients: false,
                     };
                     let options = activations.model_options(
                         r.batch,
@@ -373,7 +375,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         let block_bytes = total(model_host) / r.config.num_layers as u64;
         for (offload, zero_level, device, host, bus) in &states {
             let choice = Choice {
-                activations: *activations,
+                memory: *activations,
                 offload: *offload,
                 zero_level: *zero_level,
             };

@@ -19,7 +19,7 @@ use anyhow::{Result, bail};
 use super::console::memory_total;
 use super::metrics;
 use super::optimizer::AdamWState;
-use super::options::{ActivationOptions, Offload, OptimizerOptions};
+use super::options::{MemoryOptions, Offload, OptimizerOptions};
 use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
 use crate::comm::Solo;
@@ -44,7 +44,7 @@ pub struct BenchOptions {
     /// Untimed steps before them.
     pub warmup: usize,
     pub matmul: MatmulPrecision,
-    pub activations: ActivationOptions,
+    pub memory: MemoryOptions,
     /// The optimizer state in host memory.
     pub offload: Offload,
     /// Also time each op (`BenchReport::ops`).
@@ -112,8 +112,7 @@ pub fn run<B: Backend>(
         bail!("--steps must be at least 1");
     }
     let flops_per_token = config.training_flops_per_token(o.seq);
-    let options =
-        (o.activations).model_options(o.batch, o.seq, DType::BF16, o.matmul, Gradients::All);
+    let options = (o.memory).model_options(o.batch, o.seq, DType::BF16, o.matmul, Gradients::All);
     let model = Transformer::new(b, config, options)?;
     model.init_weights(b, SEED)?;
     let optimizer = OptimizerOptions {

@@ -113,7 +113,7 @@ pub struct Options {
     #[serde(rename = "matmul_dtype")]
     pub matmul: MatmulPrecision,
     #[serde(flatten)]
-    pub activations: ActivationOptions,
+    pub memory: MemoryOptions,
     pub seed: u64,
     /// Steps between checkpoints; 0 for none.
     pub ckpt_interval: u64,
@@ -146,7 +146,7 @@ impl Options {
     /// change what has already been computed (later ones may change with a warning).
     /// `recompute`, the offloads and `grad_sum_after_backward` are among them because they
     /// give bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 14] = [
+    pub const FREE_ON_CONTINUE: [&str; 16] = [
         "resume",
         "out_dir",
         "log_file",
@@ -159,6 +159,8 @@ impl Options {
         "offload",
         "offload_residual",
         "offload_activations",
+        "offload_weights",
+        "offload_gradients",
         "debug_log_abs_max",
         "grad_sum_after_backward",
     ];
@@ -178,11 +180,12 @@ pub struct Defaults {
     pub eval_num_steps: usize,
 }
 
-/// How a run keeps the activations its backward reads: what it recomputes, what it keeps in
-/// host memory, and in how many chunks the LM head and the MLP run. `smelt plan` chooses
-/// them, with the optimizer's offload and ZeRO level.
+/// How a run keeps what its blocks read: which activations it recomputes and which it keeps
+/// in host memory, in how many chunks the LM head and the MLP run, and whether the blocks'
+/// weights and gradients stream from host memory. `smelt plan` chooses them, with the
+/// optimizer's offload and ZeRO level.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct ActivationOptions {
+pub struct MemoryOptions {
     pub recompute: Recompute,
     /// `--offload-residual`: the residual stream in host memory.
     pub offload_residual: bool,
@@ -191,9 +194,13 @@ pub struct ActivationOptions {
     pub lmhead_chunks: usize,
     /// `ModelOptions::ffn_chunks`.
     pub ffn_chunks: usize,
+    /// `--offload-weights`: the blocks' weights in host memory, streamed through the device.
+    pub offload_weights: bool,
+    /// `--offload-gradients`: the same for the blocks' gradients.
+    pub offload_gradients: bool,
 }
 
-impl ActivationOptions {
+impl MemoryOptions {
     /// The model's options for training on micro-batches of `batch` sequences of `seq`
     /// tokens, its weights and activations in `dtype`, keeping the gradients `gradients`
     /// says.
@@ -212,6 +219,8 @@ impl ActivationOptions {
             ffn_chunks: self.ffn_chunks,
             matmul,
             gradients,
+            offload_weights: self.offload_weights,
+            offload_gradients: self.offload_gradients,
         }
     }
 }

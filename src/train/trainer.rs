@@ -98,12 +98,19 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
     }
 
     // 2) Startup: options, device, model, memory.
+    if comm.world() > 1 && (o.memory.offload_weights || o.memory.offload_gradients) {
+        bail!(
+            "--offload-weights and --offload-gradients stream one GPU's blocks from its host \
+             memory, and are not implemented with several ranks yet; train on one GPU, or \
+             share the state out with --zero-level 1 or 2 instead"
+        );
+    }
     let layout = Params::layout(&config, o.model_dtype);
     let owners = zero::owners_of(&layout, comm.world(), &o.optimizer);
     let gradients =
         (owners.and_then(|w| w.kept_blocks(comm.rank()))).map_or(Gradients::All, Gradients::Kept);
     let options =
-        (o.activations).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
+        (o.memory).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
     let model = Transformer::new(b, config.clone(), options)?;
     // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
     if root {

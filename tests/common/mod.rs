@@ -43,6 +43,8 @@ pub fn options(
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
         gradients: Gradients::All,
+        offload_weights: false,
+        offload_gradients: false,
     }
 }
 

@@ -1,6 +1,6 @@
-//! The flags that offload Adam's moments and the residual stream, shared by `smelt train`
-//! and `smelt bench` (only train keeps a master copy of the weights, so `--offload-master`
-//! is train's own).
+//! The flags that offload Adam's moments, the activations and the blocks' weights and
+//! gradients, shared by `smelt train` and `smelt bench` (only train keeps a master copy of
+//! the weights, so `--offload-master` is train's own).
 
 use clap::Args;
 
@@ -26,6 +26,17 @@ pub struct OffloadFlags {
     /// sequence with --recompute-ffn moves 1.2 GB per block, against a 100 ms forward).
     #[arg(long, help_heading = "Memory")]
     offload_activations: bool,
+    /// Keep the blocks' weights in pinned host memory, each block copied into one of two
+    /// device slots a block ahead of its forward and again of its backward: the GPU holds
+    /// two blocks' weights whatever the depth. Each micro-batch moves the weights over the
+    /// bus twice; it pays where a block's work outlasts its copy (long micro-batches).
+    #[arg(long, help_heading = "Memory")]
+    offload_weights: bool,
+    /// Keep the blocks' gradients in pinned host memory: each block's goes out of one of two
+    /// device slots as its backward finishes it (and, with --grad-accumulation, its sum so
+    /// far comes back in a block ahead, to be added to). One GPU only.
+    #[arg(long, help_heading = "Memory")]
+    offload_gradients: bool,
 }
 
 impl OffloadFlags {
@@ -43,5 +54,13 @@ impl OffloadFlags {
 
     pub fn activations(&self) -> bool {
         self.offload_activations
+    }
+
+    pub fn weights(&self) -> bool {
+        self.offload_weights
+    }
+
+    pub fn gradients(&self) -> bool {
+        self.offload_gradients
     }
 }

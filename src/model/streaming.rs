@@ -1,0 +1,227 @@
+//! The blocks' weights and gradients kept in pinned host memory (`--offload-weights`,
+//! `--offload-gradients`) and streamed through the device, so that it holds two blocks' worth
+//! of each whatever the depth.
+//!
+//! Each streamed set has two device slots, which the blocks take in turn (block l in slot
+//! l mod 2), and its host tensors are the real ones: `Transformer::params` (and the
+//! gradients) hold them, so the optimizer, checkpoints and export read and write them there,
+//! and only a block's own ops see the slot (`layer_weights`, `layer_grads`). Copies run on a
+//! copy engine beside the blocks' work (`Backend::start_copy`):
+//! - weights come in one block ahead: the forward fetches block l + 2 into the slot block l
+//!   has just used, while block l + 1 runs; the backward goes down the same way from the two
+//!   the forward left in the slots;
+//! - gradients go out as each block's backward finishes them, and the block two below,
+//!   which takes that slot next, waits for that copy before it writes. With gradient
+//!   accumulation, a micro-batch after the first brings each block's sum so far in, one
+//!   block ahead, for its backward to add to. The optimizer's work waits for every copy out
+//!   (`end_backward`).
+//!
+//! So a step waits on the bus only where a block's copies outlast the work beside them.
+
+use anyhow::Result;
+
+use super::params::{LayerParams, ParamSpec, Params};
+use crate::backend::Backend;
+use crate::tensor::{Tensor, TensorSpec};
+
+/// Where a set of parameter-shaped tensors (the weights, or the gradients) is planned: on the
+/// device, the tensors outside the blocks and, when streamed, the slots; in host memory,
+/// the streamed blocks.
+pub struct SplitSpecs {
+    pub device: Vec<TensorSpec>,
+    pub host: Vec<TensorSpec>,
+}
+
+/// The specs of `layout`'s tensors named `prefix` + name, the blocks' in host memory with two
+/// device slots (named `{prefix}slot{s}.{field}`) when `streamed`, else all on the device.
+pub fn split_specs(layout: &Params<ParamSpec>, prefix: &str, streamed: bool) -> SplitSpecs {
+    let spec = |p: &ParamSpec, name: String| TensorSpec::new(name, &p.tensor.shape, p.tensor.dtype);
+    let own = |p: &ParamSpec| spec(p, format!("{prefix}{}", p.tensor.name));
+    if !streamed {
+        return SplitSpecs {
+            device: layout.iter().map(own).collect(),
+            host: vec![],
+        };
+    }
+    let mut device: Vec<TensorSpec> = layout.outside_blocks().map(own).collect();
+    for s in 0..slot_count(layout) {
+        device.extend(layout.layers[0].iter().map(|p| {
+            // `layers.0.qkv` → `qkv`
+            let field = p.tensor.name.splitn(3, '.').last().unwrap_or_default();
+            spec(p, format!("{prefix}slot{s}.{field}"))
+        }));
+    }
+    SplitSpecs {
+        device,
+        host: layout
+            .layers
+            .iter()
+            .flat_map(|l| l.iter())
+            .map(own)
+            .collect(),
+    }
+}
+
+fn slot_count<T>(layout: &Params<T>) -> usize {
+    layout.layers.len().min(2)
+}
+
+/// The tensors of a set planned by `split_specs`, as the set (blocks from host memory where
+/// streamed) and, where streamed, its ring of slots.
+pub fn assemble<B: Backend>(
+    layout: &Params<ParamSpec>, device: Vec<Tensor<B>>, host: Vec<Tensor<B>>,
+) -> (Params<Tensor<B>>, Option<Ring<B>>) {
+    if host.is_empty() {
+        return (super::params::from_list(layout, device), None);
+    }
+    let per_block = layout.layers[0].iter().count();
+    let outside = layout.outside_blocks().count();
+    let mut device = device.into_iter();
+    let outside: Vec<Tensor<B>> = device.by_ref().take(outside).collect();
+    let slots: Vec<Vec<Tensor<B>>> = (0..slot_count(layout))
+        .map(|_| device.by_ref().take(per_block).collect())
+        .collect();
+    let block = |tensors: &[Tensor<B>]| -> LayerParams<Tensor<B>> {
+        let mut next = tensors.iter().cloned();
+        (layout.layers[0].try_map(&mut |_| Ok(next.next().expect("one tensor per field"))))
+            .expect("infallible")
+    };
+    let layers: Vec<LayerParams<Tensor<B>>> = host.chunks(per_block).map(block).collect();
+    let mut outside = outside.into_iter();
+    let params = Params {
+        embed: outside.next().expect("the embedding is outside the blocks"),
+        layers: layers.clone(),
+        final_norm: outside
+            .next()
+            .expect("the final norm is outside the blocks"),
+        lm_head: layout
+            .lm_head
+            .as_ref()
+            .map(|_| outside.next().expect("an untied head")),
+    };
+    let ring = Ring {
+        host: layers,
+        slots: slots.iter().map(|s| block(s)).collect(),
+    };
+    (params, Some(ring))
+}
+
+/// One streamed set: every block's tensors in host memory, and the device slots they pass
+/// through.
+pub struct Ring<B: Backend> {
+    host: Vec<LayerParams<Tensor<B>>>,
+    slots: Vec<LayerParams<Tensor<B>>>,
+}
+
+impl<B: Backend> Ring<B> {
+    /// Block `l`'s slot, where its ops read and write it.
+    pub fn slot(&self, l: usize) -> &LayerParams<Tensor<B>> {
+        &self.slots[l % self.slots.len()]
+    }
+
+    /// Starts block `l`'s copy into its slot, after the ops enqueued so far (the last block
+    /// to use the slot among them).
+    fn fetch(&self, b: &B, l: usize) -> Result<()> {
+        for (slot, host) in self.slot(l).iter().zip(self.host[l].iter()) {
+            b.start_copy(slot, host)?;
+        }
+        Ok(())
+    }
+
+    /// Starts block `l`'s copy out of its slot, after the ops enqueued so far.
+    fn store(&self, b: &B, l: usize) -> Result<()> {
+        for (slot, host) in self.slot(l).iter().zip(self.host[l].iter()) {
+            b.start_copy(host, slot)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the ops enqueued from now on wait for the last copy into or out of block `l`'s
+    /// slot.
+    fn wait(&self, b: &B, l: usize) -> Result<()> {
+        b.wait_for_copies_of(&self.slot(l).iter().collect::<Vec<_>>())
+    }
+
+    fn blocks(&self) -> usize {
+        self.host.len()
+    }
+}
+
+/// The streamed sets of a model, and what each pass does with them around each block.
+pub struct Streams<B: Backend> {
+    pub weights: Option<Ring<B>>,
+    pub grads: Option<Ring<B>>,
+}
+
+impl<B: Backend> Streams<B> {
+    /// Before the forward: the first two blocks' weights start coming in.
+    pub fn begin_forward(&self, b: &B) -> Result<()> {
+        if let Some(w) = &self.weights {
+            (0..w.blocks().min(2)).try_for_each(|l| w.fetch(b, l))?;
+        }
+        Ok(())
+    }
+
+    /// Before block `l`'s forward: its weights are in.
+    pub fn before_block_forward(&self, b: &B, l: usize) -> Result<()> {
+        match &self.weights {
+            Some(w) => w.wait(b, l),
+            None => Ok(()),
+        }
+    }
+
+    /// After block `l`'s forward is enqueued: block l + 2 starts into the slot it used.
+    pub fn block_forward_done(&self, b: &B, l: usize) -> Result<()> {
+        match &self.weights {
+            Some(w) if l + 2 < w.blocks() => w.fetch(b, l + 2),
+            _ => Ok(()),
+        }
+    }
+
+    /// Before the backward: with `accumulate`, the top block's sum so far starts coming in.
+    pub fn begin_backward(&self, b: &B, accumulate: bool) -> Result<()> {
+        match &self.grads {
+            Some(g) if accumulate => g.fetch(b, g.blocks() - 1),
+            _ => Ok(()),
+        }
+    }
+
+    /// Before block `l`'s recompute and backward: its weights are in (the forward left the
+    /// last two in their slots), and its gradient slot is ready: the block that had it has
+    /// gone out, and with accumulation its own sum so far has come in.
+    pub fn before_block_backward(&self, b: &B, l: usize) -> Result<()> {
+        if let Some(w) = &self.weights {
+            w.wait(b, l)?;
+        }
+        match &self.grads {
+            Some(g) => g.wait(b, l),
+            None => Ok(()),
+        }
+    }
+
+    /// After block `l`'s backward is enqueued: its gradients start out, and with
+    /// `accumulate` block l − 1's sum so far comes into the slot after block l + 1's has gone
+    /// out of it; block l − 2's weights start into the slot block l used.
+    pub fn block_backward_done(&self, b: &B, l: usize, accumulate: bool) -> Result<()> {
+        if let Some(g) = &self.grads {
+            g.store(b, l)?;
+            if accumulate && l >= 1 {
+                g.fetch(b, l - 1)?;
+            }
+        }
+        match &self.weights {
+            Some(w) if l >= 2 => w.fetch(b, l - 2),
+            _ => Ok(()),
+        }
+    }
+
+    /// After the backward: what follows (the optimizer) waits until every block's gradients
+    /// are out.
+    pub fn end_backward(&self, b: &B) -> Result<()> {
+        if let Some(g) = &self.grads {
+            let all: Vec<&Tensor<B>> = g.host.iter().flat_map(|l| l.iter()).collect();
+            b.wait_for_copies_of(&all)?;
+        }
+        Ok(())
+    }
+}
