@@ -105,6 +105,8 @@ impl BenchArgs {
             || offload != Offload::default()
             || self.offload.residual()
             || self.offload.activations()
+            || self.offload.weights()
+            || self.offload.gradients()
             || self.lmhead_chunks.is_some()
             || self.ffn_chunks != 1;
         self.fit_memory.check(&device, chosen_by_hand)?;

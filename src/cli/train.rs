@@ -238,6 +238,8 @@ impl TrainArgs {
             self.offload.offload(self.offload_master) != Offload::default(),
             self.offload.residual(),
             self.offload.activations(),
+            self.offload.weights(),
+            self.offload.gradients(),
             self.lmhead_chunks != 1,
             self.ffn_chunks != 1,
             self.zero_level != 0,

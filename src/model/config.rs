@@ -465,12 +465,17 @@ impl ModelConfig {
 
     /// Parameters in the model (tied embeddings counted once).
     pub fn num_parameters(&self) -> usize {
+        let c = self.hidden_size;
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        self.num_layers * self.block_parameters() + c + heads * self.vocab_size * c
+    }
+
+    /// Parameters in one block.
+    pub fn block_parameters(&self) -> usize {
         let (c, f) = (self.hidden_size, self.intermediate_size);
         let bias = if self.qkv_bias { self.qkv_dim() } else { 0 };
         let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
-        let layer = 2 * c + self.qkv_dim() * c + bias + qk_norm + c * self.q_dim() + 3 * f * c;
-        let heads = if self.tie_word_embeddings { 1 } else { 2 };
-        self.num_layers * layer + c + heads * self.vocab_size * c
+        2 * c + self.qkv_dim() * c + bias + qk_norm + c * self.q_dim() + 3 * f * c
     }
 
     /// Training FLOPs per token at sequence length `seq`: forward plus backward (3x the

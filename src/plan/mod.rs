@@ -117,6 +117,8 @@ impl Choice {
             (!r.block && r.att, "--recompute-att"),
             (a.offload_residual, "--offload-residual"),
             (a.offload_activations, "--offload-activations"),
+            (a.offload_weights, "--offload-weights"),
+            (a.offload_gradients, "--offload-gradients"),
             (o.opt_m, "--offload-opt-m"),
             (o.opt_v, "--offload-opt-v"),
             (o.master, "--offload-master"),
@@ -276,6 +278,15 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         Some(n) => vec![n],
         None => powers(),
     };
+    // (the blocks' weights, their gradients) streamed from host memory: one GPU only, and
+    // the weights not with FP8, whose copies of them stay on the device.
+    let streaming: Vec<(bool, bool)> = match r.gpus {
+        1 => [(false, false), (false, true), (true, false), (true, true)]
+            .into_iter()
+            .filter(|&(weights, _)| !(weights && r.matmul.is_fp8()))
+            .collect(),
+        _ => vec![(false, false)],
+    };
     let mut models = vec![];
     for recompute in recompute_choices() {
         // MLP chunks shrink only recomputed intermediates, and FP8 scales by whole tensors.
@@ -289,34 +300,20 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         // (the residual stream, the other activations kept per layer)
         let activation_offloads = [(false, false), (true, false), (false, true), (true, true)];
         for (offload_residual, offload_activations) in activation_offloads {
-            for &lmhead_chunks in &chunks {
-                for &ffn_chunks in &ffn_chunks {
-                    let activations = MemoryOptions {
-                        recompute,
-                        offload_residual,
-                        offload_activations,
-                        lmhead_chunks,
-                        ffn_chunks,
-                        offload_weights: false,
-                        offload_gradients: false,
-                    };
-                    let options = activations.model_options(
-                        r.batch,
-                        r.seq,
-                        r.model_dtype,
-                        r.matmul,
-                        Gradients::All,
-                    );
-                    let model = ModelPlan::new(&r.config, &options)?;
-                    let losses = model.losses();
-                    let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
-                    // The gradients are counted with the optimizer state, whose sharding
-                    // they follow.
-                    let mut memory = model.memory();
-                    memory.retain(|c| c.0 != "gradients");
-                    memory.push(("losses", vec![losses]));
-                    let (device, host) = (bytes(&memory), bytes(&model.offloaded()));
-                    models.push((activations, device, host));
+            for &(offload_weights, offload_gradients) in &streaming {
+                for &lmhead_chunks in &chunks {
+                    for &ffn_chunks in &ffn_chunks {
+                        let memory = MemoryOptions {
+                            recompute,
+                            offload_residual,
+                            offload_activations,
+                            lmhead_chunks,
+                            ffn_chunks,
+                            offload_weights,
+                            offload_gradients,
+                        };
+                        models.push(model_memory(r, memory)?);
+                    }
                 }
             }
         }
@@ -341,14 +338,15 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
             let ranks: Vec<StatePlan> = (0..r.gpus)
                 .map(|rank| StatePlan::new(&layout, rank, r.gpus, &options))
                 .collect();
+            // The gradients are counted with the optimizer state, whose sharding they follow
+            // (except where they stream, when the model counts them).
             let device = (ranks.iter().enumerate())
                 .map(|(rank, s)| {
                     let kept = owners.as_ref().and_then(|o| o.kept_blocks(rank));
-                    let mut memory = vec![("gradients", grads::specs(&layout, kept.as_deref()))];
-                    memory.extend(s.memory());
-                    bytes(&memory)
+                    let grads = ("gradients", grads::specs(&layout, kept.as_deref()));
+                    (bytes(&[grads]), bytes(&s.memory()))
                 })
-                .max_by_key(total)
+                .max_by_key(|(grads, state)| total(grads) + total(state))
                 .expect("at least one rank");
             let per_rank: Vec<ByCategory> = ranks.iter().map(|s| bytes(&s.offloaded())).collect();
             let busiest_bus = per_rank.iter().map(total).max().unwrap_or(0);
@@ -370,28 +368,66 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         fp8: r.matmul.is_fp8(),
     };
     let mut out = Vec::with_capacity(models.len() * states.len());
-    for (activations, model, model_host) in &models {
-        // What crosses the bus each way for one block, on each rank.
-        let block_bytes = total(model_host) / r.config.num_layers as u64;
-        for (offload, zero_level, device, host, bus) in &states {
+    for m in &models {
+        for (offload, zero_level, (grads, state), host, bus) in &states {
             let choice = Choice {
-                memory: *activations,
+                memory: m.memory,
                 offload: *offload,
                 zero_level: *zero_level,
             };
+            let grads = grads.iter().filter(|_| !m.memory.offload_gradients);
             out.push(Candidate {
                 choice,
-                device: model.iter().chain(device).cloned().collect(),
+                device: (m.device.iter().chain(grads).chain(state))
+                    .cloned()
+                    .collect(),
                 // Every rank offloads its own activations.
-                host: (model_host.iter())
+                host: (m.host.iter())
                     .map(|&(name, bytes)| (name, bytes * r.gpus as u64))
                     .chain(host.iter().copied())
                     .collect(),
-                cost: workload.cost(gpu, &choice, *bus, block_bytes),
+                cost: workload.cost(gpu, &choice, bus + m.bus, m.activation_block_bytes),
             });
         }
     }
     Ok(out)
+}
+
+/// What one choice of `MemoryOptions` holds of the model, on the device and in host memory.
+struct ModelMemory {
+    memory: MemoryOptions,
+    device: ByCategory,
+    host: ByCategory,
+    /// What each block's offloaded activations move over the bus each way.
+    activation_block_bytes: u64,
+    /// What the update moves over the bus each way: the streamed weights (read and written)
+    /// and gradients (read).
+    bus: u64,
+}
+
+fn model_memory(r: &Request, memory: MemoryOptions) -> Result<ModelMemory> {
+    let options = memory.model_options(r.batch, r.seq, r.model_dtype, r.matmul, Gradients::All);
+    let model = ModelPlan::new(&r.config, &options)?;
+    let losses = model.losses();
+    let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
+    let mut device = model.memory();
+    // Gradients on the device are counted with the optimizer state (`candidates`).
+    device.retain(|c| c.0 != "gradients" || memory.offload_gradients);
+    device.push(("losses", vec![losses]));
+    let host = bytes(&model.offloaded());
+    let in_host = |category: &str| {
+        host.iter()
+            .filter(|c| c.0 == category)
+            .map(|c| c.1)
+            .sum::<u64>()
+    };
+    Ok(ModelMemory {
+        memory,
+        device: bytes(&device),
+        activation_block_bytes: in_host("activations") / r.config.num_layers as u64,
+        bus: in_host("weights") + in_host("gradients"),
+        host,
+    })
 }
 
 /// The bytes of each category of planned tensors.
