@@ -24,13 +24,13 @@ grep -q 'test result: ok' "$OUT/streaming/test.log" || status=1
 
 STATE="--offload-opt-m --offload-opt-v"
 STREAM="--offload-weights --offload-gradients"
-ROWS=${ROWS:-"whole-gpu|
+ROWS=${ROWS-"whole-gpu|
 state-offloaded|--recompute-block $STATE
 streamed|--recompute-block $STATE $STREAM --lmhead-chunks 8
 streamed-residual|--recompute-block $STATE $STREAM --offload-residual --lmhead-chunks 8
 fit-24|--fit-memory 24
 fit-40|--fit-memory 40"}
-SEQ_ROWS=${SEQ_ROWS:-"65536|--recompute-block --ffn-chunks 8 --lmhead-chunks 16 $STATE"}
+SEQ_ROWS=${SEQ_ROWS-"65536|--recompute-block --ffn-chunks 8 --lmhead-chunks 16 $STATE"}
 
 bench() { # name, seq, flags...
     local name=$1 seq=$2
