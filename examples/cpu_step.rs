@@ -7,6 +7,7 @@ use serde_json::json;
 use smelt::backend::cpu::Cpu;
 use smelt::model::{
     Gradients, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
+    Weights,
 };
 use smelt::rng::Rng;
 use smelt::tensor::DType;
@@ -38,6 +39,7 @@ fn main() -> anyhow::Result<()> {
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
         gradients: Gradients::All,
+        weights: Weights::All,
         offload_weights: false,
         offload_gradients: false,
     };

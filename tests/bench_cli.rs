@@ -160,7 +160,8 @@ fn op_times_on_the_cpu_say_they_are_not_measured() {
 }
 
 /// scripts/gpu/bench.sh itself, on the CPU with the tiny model (its SMELT, DEVICE and
-/// BENCH_ROWS switches): one row that meets its target and one that cannot, no baseline. The
+/// BENCH_ROWS switches): one row that meets its target (warmed up, so that a busy machine's
+/// first step does not decide it) and one that cannot, no baseline. The
 /// closing table marks the second short, and the note under it says what the CPU cannot
 /// give (op times) rather than leave the cost out.
 #[test]
@@ -169,7 +170,7 @@ fn the_gpu_bench_script_marks_short_rows_and_notes_their_costs() {
     let dir = tiny_model_dir(tmp.path());
     let model = s(&dir);
     let rows = format!(
-        "{model} bf16 2 1000 --steps 1 --warmup 0;{model} bf16 4 1000000000000 --steps 1 --warmup 0"
+        "{model} bf16 2 1000 --steps 3 --warmup 2;{model} bf16 4 1000000000000 --steps 1 --warmup 0"
     );
     let out = tmp.path().join("logs");
     let run = std::process::Command::new("bash")

@@ -8,7 +8,9 @@ use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::backend::prelude::*;
 use smelt::io::hf;
 use smelt::io::tensors::{MappedFile, decode};
-use smelt::model::{Gradients, LossOptions, MatmulPrecision, ModelOptions, Recompute, Transformer};
+use smelt::model::{
+    Gradients, LossOptions, MatmulPrecision, ModelOptions, Recompute, Transformer, Weights,
+};
 use smelt::tensor::DType;
 
 const FIXTURES: [&str; 6] = [
@@ -96,6 +98,7 @@ fn cpu_matches_transformers() {
             ffn_chunks: 1,
             matmul: MatmulPrecision::Native,
             gradients: Gradients::All,
+            weights: Weights::All,
             offload_weights: false,
             offload_gradients: false,
         };

@@ -365,24 +365,29 @@ fn fp8_keeps_its_matmul_inputs_once_written_out_by_hand() {
 /// alternate between the GPUs, before the embedding and head, which weigh less); ZeRO-1
 /// keeps them all.
 #[test]
-fn zero_2_plans_the_gradients_of_the_blocks_kept_and_two_slots() {
+fn zero_2_and_3_plan_the_blocks_kept_and_two_slots() {
     let setup = setup();
     let config = ModelConfig {
         num_layers: 6,
         ..hf::read_config(&setup.model).unwrap()
     };
-    let gradients = |zero_level| {
+    let planned = |zero_level, category: &str| {
         let choice = Choice {
             zero_level,
             ..recomputing(Recompute::default())
         };
-        by_name(&planned_on(2, &config, 1, false, choice).device)["gradients"]
+        by_name(&planned_on(2, &config, 1, false, choice).device)[category]
     };
     // ln1, qkv (q and two kv heads of 8 by 32), o, ln2, gate/up and down, in bf16.
     let (c, f, kv) = (32, 64, 2 * 16);
     let block = 2 * (c + (c + kv) * c + c * c + c + 2 * f * c + c * f) as u64;
-    assert_eq!(gradients(1), gradients(0));
-    assert_eq!(gradients(0) - gradients(2), block);
+    // Each rank keeps 3 of the 6 blocks' gradients (level 2) and weights (level 3), and two
+    // slots for the others'.
+    assert_eq!(planned(1, "gradients"), planned(0, "gradients"));
+    assert_eq!(planned(0, "gradients") - planned(2, "gradients"), block);
+    assert_eq!(planned(3, "gradients"), planned(2, "gradients"));
+    assert_eq!(planned(2, "weights"), planned(0, "weights"));
+    assert_eq!(planned(0, "weights") - planned(3, "weights"), block);
 }
 
 fn plan_json(extra: &[&str]) -> Value {

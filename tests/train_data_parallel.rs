@@ -384,6 +384,96 @@ fn zero_2_on_three_ranks_with_tied_embeddings_gives_the_same_bits() {
     assert!(gradient_bytes(&sharded) < gradient_bytes(&plain));
 }
 
+/// The bytes of rank 0's weights, from a run's memory event.
+fn weight_bytes(dir: &Path) -> u64 {
+    (events(&dir.join("log.jsonl")).into_iter())
+        .find_map(|e| match e {
+            Event::Memory { category, bytes } if category == "weights" => Some(bytes),
+            _ => None,
+        })
+        .expect("a memory event for the weights")
+}
+
+/// ZeRO-3 gives the unsharded run's bits too, on two ranks and on three with tied
+/// embeddings: each block's weights are sent from their rank into the others' slots before
+/// each pass (the forward, the eval, the backward) reads them, which moves bits unchanged,
+/// and stay with their rank through the update. Each rank checkpoints the blocks it keeps in
+/// a file of its own; the run continues from them exactly, also at level 0, and `smelt export
+/// --checkpoint` gathers the run's own model from them.
+#[test]
+fn zero_3_gives_the_same_bits_continues_exactly_and_exports() {
+    let set = setup();
+    let deep = model_variant(&set, "deep-model", |c| c["num_hidden_layers"] = 6.into());
+    let tied = model_variant(&set, "deep-tied", |c| {
+        c["num_hidden_layers"] = 6.into();
+        c["tie_word_embeddings"] = true.into();
+    });
+    for (name, model, ranks) in [("two", &deep, 2), ("three-tied", &tied, 3)] {
+        let (plain, sharded) = (set.root.join(name), set.root.join(format!("{name}-zero-3")));
+        smelt_ok(&strs(&command_for(model, &set, &plain, ranks, &[])));
+        let flags = ["--zero-level", "3"];
+        smelt_ok(&strs(&command_for(model, &set, &sharded, ranks, &flags)));
+        assert_eq!(
+            steps(&plain.join("log.jsonl")),
+            steps(&sharded.join("log.jsonl")),
+            "{name}"
+        );
+        assert_eq!(norms(&plain), norms(&sharded), "{name}");
+        assert_same_model(&plain, &sharded);
+        assert!(weight_bytes(&sharded) < weight_bytes(&plain), "{name}");
+        assert!(gradient_bytes(&sharded) < gradient_bytes(&plain), "{name}");
+    }
+    let sharded = set.root.join("two-zero-3");
+    // On two ranks rank 0 keeps 3 of the 6 blocks' weights and two slots for the others', plus
+    // every other parameter: one block's fewer, 9,280 bf16 values.
+    let plain = set.root.join("two");
+    assert_eq!(weight_bytes(&plain) - weight_bytes(&sharded), 2 * 9280);
+    let files: Vec<String> =
+        std::fs::read_dir(smelt::train::checkpoint::step_dir(&sharded.join("ckpt"), 6))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("model"))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+    assert_eq!(
+        files,
+        ["model.rank0.safetensors", "model.rank1.safetensors"]
+    );
+    for (level, name) in [("3", "resumed"), ("0", "resumed-at-level-0")] {
+        let resumed = from_step_4(&set, &sharded, name);
+        let flags = ["--zero-level", level, "--continue"];
+        smelt_ok(&strs(&command_for(&deep, &set, &resumed, 2, &flags)));
+        assert_continues(&sharded, &resumed);
+    }
+    let exported = set.root.join("exported");
+    let checkpoint = sharded.join("ckpt");
+    smelt_ok(&[
+        "export",
+        "--checkpoint",
+        s(&checkpoint),
+        "--out-dir",
+        s(&exported),
+    ]);
+    assert_eq!(
+        std::fs::read(exported.join("model.safetensors")).unwrap(),
+        std::fs::read(sharded.join("out/model.safetensors")).unwrap()
+    );
+    // FP8's copies of every block's weights would be made on every rank: refused.
+    let fp8 = ["--zero-level", "3", "--matmul-dtype", "e4m3"];
+    let err = smelt_err(&strs(&command_for(
+        &deep,
+        &set,
+        &set.root.join("fp8"),
+        2,
+        &fp8,
+    )));
+    assert!(
+        err.contains("--zero-level 3 cannot be used with FP8"),
+        "{err}"
+    );
+}
+
 /// With --grad-accumulation, ZeRO-2 sums each micro-batch's block gradients on their rank,
 /// which rounds in another order than summing the accumulated gradients once: close, not
 /// the same bits. A shared slot that added into the block written there before would be far.

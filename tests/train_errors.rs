@@ -292,8 +292,8 @@ fn flags_that_are_not_implemented_or_incomplete() {
         &["--use-cuda-graphs is not implemented yet"],
     );
     c.check(
-        &c.args(s(&c.good), &["--zero-level", "3"]),
-        &["--zero-level 3 is not implemented yet", "use one of those"],
+        &c.args(s(&c.good), &["--zero-level", "4"]),
+        &["--zero-level 4 is not implemented yet", "use one of those"],
     );
     c.check(
         &c.args(

@@ -111,7 +111,7 @@ fn assert_same_run(reference: &Path, dir: &Path) {
 #[test]
 fn processes_of_every_launcher_train_as_threads_do_bit_for_bit() {
     let set = setup();
-    for zero in ["0", "2"] {
+    for zero in ["0", "2", "3"] {
         let threads = set.root.join(format!("threads-zero{zero}"));
         smelt_ok(&strs(&args(
             &set,

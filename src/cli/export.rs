@@ -58,7 +58,7 @@ impl ExportArgs {
                 let saved = SavedModel::open(dir)?;
                 // Held at the dtype it was trained in, so that it is read back exactly.
                 let model = new_model(&cpu, saved.config, saved.dtype)?;
-                checkpoint::load_weights(&cpu, &saved.path, &model)?;
+                checkpoint::load_weights(&cpu, &saved.path, &saved.state, &model)?;
                 let tokenizer_dir = saved.state.model_dir.filter(|d| has_tokenizer(d));
                 (model, tokenizer_dir, dtype.unwrap_or(saved.dtype))
             }

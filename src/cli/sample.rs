@@ -118,7 +118,7 @@ impl SampleArgs {
                 let saved = checkpoint::SavedModel::open(dir)?;
                 // The weights are read back exactly, at the dtype they were trained in.
                 let g = Generator::new(b, saved.config.clone(), saved.dtype, |m| {
-                    checkpoint::load_weights(b, &saved.path, m)
+                    checkpoint::load_weights(b, &saved.path, &saved.state, m)
                 })?;
                 (saved.config, saved.state.model_dir, g)
             }

@@ -161,11 +161,13 @@ pub struct TrainArgs {
     /// process per GPU; each reads its rank from the launcher's variables.
     #[arg(long, default_value_t = 1, help_heading = "Devices")]
     gpus: usize,
-    /// ZeRO sharding over the --gpus: 1 shares the optimizer state (Adam's moments and the
+    /// ZeRO sharding over the ranks: 1 shares the optimizer state (Adam's moments and the
     /// master weights) out between them, each GPU updating its share of the weights and
     /// sending them to the others; 2 also shares out the blocks' gradients, each GPU
-    /// keeping memory for those of the blocks it updates; 0 keeps all of it on every GPU.
-    /// The same results (level 2 with --grad-accumulation: sums in another order).
+    /// keeping memory for those of the blocks it updates; 3 also the blocks' weights, each
+    /// block's sent from its GPU to the others before each pass reads it; 0 keeps all of it
+    /// on every GPU. The same results (levels 2 and 3 with --grad-accumulation: sums in
+    /// another order).
     #[arg(long, default_value_t = 0, help_heading = "Devices")]
     zero_level: u8,
     /// With several ranks, how long a rank waits for the others to meet it (and for rank 0's
@@ -257,9 +259,9 @@ impl TrainArgs {
             options.optimizer.offload = choice.offload;
             options.optimizer.zero_level = choice.zero_level;
         }
-        if options.optimizer.zero_level == 2 && options.grad_sum_after_backward {
+        if options.optimizer.zero_level >= 2 && options.grad_sum_after_backward {
             bail!(
-                "--grad-sum-after-backward cannot be used with --zero-level 2, which sends each \
+                "--grad-sum-after-backward cannot be used with --zero-level 2 or 3, which send each \
                  block's gradients to its GPU during the backward to free their memory; leave \
                  one of them out"
             );
@@ -453,9 +455,9 @@ impl TrainArgs {
         let refused = [
             (
                 format!("--zero-level {}", self.zero_level),
-                self.zero_level > 2,
-                "the weights are not sharded; levels 1 and 2 shard the optimizer state and the \
-                 gradients: use one of those",
+                self.zero_level > 3,
+                "levels 1 to 3 shard the optimizer state, the gradients and the weights: use \
+                 one of those",
             ),
             (
                 "--use-cuda-graphs".into(),

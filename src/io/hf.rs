@@ -188,11 +188,21 @@ pub fn check_new_export_dir(out_dir: &Path, model_dir: Option<&Path>) -> Result<
 pub fn export<B: Backend>(
     b: &B, model: &Transformer<B>, out_dir: &Path, dtype: DType,
 ) -> Result<()> {
+    let values = (model.params.iter())
+        .map(|t| b.download(t))
+        .collect::<Result<Vec<_>>>()?;
+    export_values(model, &values, out_dir, dtype)
+}
+
+/// `export` of `model`'s parameters given as `values` (each parameter's, in `Params` order),
+/// as a run whose weights are sharded over ranks gathers them.
+pub fn export_values<B: Backend>(
+    model: &Transformer<B>, values: &[Vec<f32>], out_dir: &Path, dtype: DType,
+) -> Result<()> {
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("{}: cannot create the output directory", out_dir.display()))?;
     let mut entries = vec![];
-    for (spec, tensor) in model.layout.zip(&model.params) {
-        let values = b.download(tensor)?;
+    for (spec, values) in model.layout.iter().zip(values) {
         for slice in spec.hf_slices() {
             let (st_dtype, bytes) = encode(&values[slice.range], dtype)?;
             entries.push((slice.name.to_string(), st_dtype, slice.shape, bytes));

@@ -13,9 +13,16 @@ use super::transformer::{Gradients, Transformer};
 use crate::backend::{Backend, Range};
 use crate::tensor::Tensor;
 
-/// What the backward tells of parameter gradients, so that they can be summed over the ranks
-/// while the rest of the backward runs.
-pub enum GradEvent<'a, B: Backend> {
+/// What the passes tell of a block's weights and of the parameter gradients, so that they can
+/// move between the ranks while the rest of the pass runs.
+pub enum BlockEvent<'a, B: Backend> {
+    /// Block `layer`'s weights are about to be read (by its forward, or by its recompute and
+    /// backward), where they are sharded (`Weights::Kept`): on the rank that keeps them they
+    /// are its own, on the others a slot that must receive them first.
+    Weights {
+        layer: usize,
+        weights: &'a [&'a Tensor<B>],
+    },
     /// Block `layer`'s backward is about to write `grads`, which under ZeRO-2 may be a slot
     /// whose previous block is still being sent.
     Writing {
@@ -31,7 +38,7 @@ pub enum GradEvent<'a, B: Backend> {
     },
 }
 
-pub type GradEvents<'a, B> = dyn FnMut(GradEvent<'_, B>) -> Result<()> + 'a;
+pub type BlockEvents<'a, B> = dyn FnMut(BlockEvent<'_, B>) -> Result<()> + 'a;
 
 impl<B: Backend> Transformer<B> {
     /// Forward and backward of one micro-batch. `tokens` and `targets` are `[B·T]`; the
@@ -44,9 +51,10 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// The second half of `forward_backward`, after `forward_hidden`: the LM head and its
-    /// loss, then every block's backward, telling `events` of the parameter gradients.
+    /// loss, then every block's backward, telling `events` of the sharded weights it reads
+    /// and of the parameter gradients.
     pub fn backward(
-        &mut self, b: &B, targets: &[i32], loss: LossOptions, events: &mut GradEvents<B>,
+        &mut self, b: &B, targets: &[i32], loss: LossOptions, events: &mut BlockEvents<B>,
     ) -> Result<()> {
         ensure!(
             self.options.gradients != Gradients::Absent,
@@ -71,7 +79,7 @@ impl<B: Backend> Transformer<B> {
             acc,
             self.linears.grad_amax(last - 1, Linear::Down).as_ref(),
         )?;
-        events(GradEvent::Done {
+        events(BlockEvent::Done {
             layer: None,
             grads: &[&g.final_norm]
                 .into_iter()
@@ -83,15 +91,16 @@ impl<B: Backend> Transformer<B> {
             let _layer = Range::begin(b, format_args!("layer {l} backward"));
             self.acts.before_block_backward(b, l)?;
             self.streams.before_block_backward(b, l)?;
+            self.fetch_sharded_weights(l, events)?;
             self.block_recompute(b, l)?;
             let grads: Vec<&Tensor<B>> = self.layer_grads(l).iter().collect();
-            events(GradEvent::Writing {
+            events(BlockEvent::Writing {
                 layer: l,
                 grads: &grads,
             })?;
             // A shared slot starts afresh in every micro-batch: its last block was sent.
             self.block_backward(b, l, acc && self.keeps_grads(l))?;
-            events(GradEvent::Done {
+            events(BlockEvent::Done {
                 layer: Some(l),
                 grads: &grads,
             })?;
@@ -102,7 +111,7 @@ impl<B: Backend> Transformer<B> {
         // With tied embeddings the head has already written this gradient.
         let tied = self.params.lm_head.is_none();
         b.embedding_backward(&g.embed, &a.tokens, &a.dresidual, acc || tied)?;
-        events(GradEvent::Done {
+        events(BlockEvent::Done {
             layer: None,
             grads: &[&g.embed],
         })

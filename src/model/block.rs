@@ -143,6 +143,16 @@ impl<B: Backend> Transformer<B> {
         }
     }
 
+    /// Block `l`'s weights as this rank holds them, for a caller outside the model
+    /// (gathering them for export): its own, or for a block another rank keeps, the slot
+    /// that `fetch_sharded_weights` last filled.
+    pub fn held_weights(&self, l: usize) -> Vec<&Tensor<B>> {
+        match self.keeps_weights(l) {
+            true => self.params.layers[l].iter().collect(),
+            false => self.layer_weights(l).iter().collect(),
+        }
+    }
+
     /// Block `l`'s parameter gradients, where its backward writes them.
     pub(crate) fn layer_grads(&self, l: usize) -> &LayerParams<Tensor<B>> {
         match &self.streams.grads {

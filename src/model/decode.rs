@@ -109,7 +109,7 @@ impl<B: Backend> Transformer<B> {
             cache.len + n <= capacity,
             "the KV cache is full ({capacity} positions)"
         );
-        self.forward_blocks(b, tokens, Some(cache))?;
+        self.forward_blocks(b, tokens, Some(cache), &mut |_| Ok(()))?;
         cache.len += n;
         Ok(())
     }

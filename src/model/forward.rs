@@ -3,15 +3,43 @@
 
 use anyhow::Result;
 
+use anyhow::ensure;
+
+use super::backward::{BlockEvent, BlockEvents};
 use super::decode::KvCache;
-use super::transformer::Transformer;
+use super::transformer::{Transformer, Weights};
 use crate::backend::{Backend, Range, ResidualAdd};
 
 impl<B: Backend> Transformer<B> {
     /// Embeds `tokens` (`[B·T]`) and runs every block and the final norm, leaving the
-    /// normalized hidden states in `lnf` for the LM head.
+    /// normalized hidden states in `lnf` for the LM head. A model whose weights are sharded
+    /// needs `forward_hidden_with`, which lets the caller bring them.
     pub fn forward_hidden(&mut self, b: &B, tokens: &[i32]) -> Result<()> {
-        self.forward_blocks(b, tokens, None)
+        ensure!(
+            self.options.weights == Weights::All,
+            "this model's weights are sharded over ranks; its passes need forward_hidden_with"
+        );
+        self.forward_blocks(b, tokens, None, &mut |_| Ok(()))
+    }
+
+    /// `forward_hidden`, telling `events` of the sharded weights each block reads.
+    pub fn forward_hidden_with(
+        &mut self, b: &B, tokens: &[i32], events: &mut BlockEvents<B>,
+    ) -> Result<()> {
+        self.forward_blocks(b, tokens, None, events)
+    }
+
+    /// Where block `l`'s weights are sharded, has `events` bring them to this rank's copy
+    /// (`BlockEvent::Weights`): before each pass reads them, and to gather them for export.
+    pub fn fetch_sharded_weights(&self, l: usize, events: &mut BlockEvents<B>) -> Result<()> {
+        if self.options.weights == Weights::All {
+            return Ok(());
+        }
+        let weights: Vec<&crate::tensor::Tensor<B>> = self.layer_weights(l).iter().collect();
+        events(BlockEvent::Weights {
+            layer: l,
+            weights: &weights,
+        })
     }
 
     /// `forward_hidden`, each block's positions going into `cache` when one is given
@@ -19,7 +47,7 @@ impl<B: Backend> Transformer<B> {
     /// blocks' work: a block's stashes are made ready before it runs, and start their way out
     /// once it is done.
     pub(crate) fn forward_blocks(
-        &mut self, b: &B, tokens: &[i32], cache: Option<&KvCache<B>>,
+        &mut self, b: &B, tokens: &[i32], cache: Option<&KvCache<B>>, events: &mut BlockEvents<B>,
     ) -> Result<()> {
         let _forward = Range::begin(b, format_args!("forward"));
         let (a, p) = (&self.acts, &self.params);
@@ -34,6 +62,7 @@ impl<B: Backend> Transformer<B> {
                 a.before_block_forward(b, l)?;
             }
             self.streams.before_block_forward(b, l)?;
+            self.fetch_sharded_weights(l, events)?;
             match cache {
                 Some(cache) => self.block_decode(b, l, cache)?,
                 None => self.block_forward(b, l)?,

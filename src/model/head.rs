@@ -4,6 +4,7 @@
 
 use anyhow::Result;
 
+use super::backward::BlockEvents;
 use super::transformer::Transformer;
 use crate::backend::{Backend, Matmul};
 
@@ -73,6 +74,15 @@ impl<B: Backend> Transformer<B> {
         &mut self, b: &B, tokens: &[i32], targets: &[i32], z_loss: f32,
     ) -> Result<()> {
         self.forward_hidden(b, tokens)?;
+        self.head(b, targets, z_loss, None)
+    }
+
+    /// `forward_loss`, telling `events` of the sharded weights each block reads
+    /// (`forward_hidden_with`).
+    pub fn forward_loss_with(
+        &mut self, b: &B, tokens: &[i32], targets: &[i32], z_loss: f32, events: &mut BlockEvents<B>,
+    ) -> Result<()> {
+        self.forward_hidden_with(b, tokens, events)?;
         self.head(b, targets, z_loss, None)
     }
 

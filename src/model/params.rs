@@ -157,6 +157,14 @@ impl<T> Params<T> {
         self.iter().zip(other.iter())
     }
 
+    /// For each element, in `iter` order, whether it is a block's.
+    pub fn in_blocks(&self) -> impl Iterator<Item = bool> + '_ {
+        std::iter::once(false)
+            .chain(self.layers.iter().flat_map(|l| l.iter().map(|_| true)))
+            .chain(std::iter::once(false))
+            .chain(self.lm_head.iter().map(|_| false))
+    }
+
     /// The parameters outside the blocks, in `iter` order: the embedding, the final norm and
     /// an untied head.
     pub fn outside_blocks(&self) -> impl Iterator<Item = &T> {

@@ -6,11 +6,11 @@ use anyhow::{Result, ensure};
 use super::activations::{ActivationOffload, ActivationPlan, ActivationShape, Activations};
 use super::config::ModelConfig;
 use super::fp8::{Fp8Plan, Fp8Shape};
-use super::grads;
 use super::linear::MatmulPrecision;
 use super::linear_layers::LinearLayers;
 use super::params::{ParamSpec, Params};
 use super::recompute::{Recompute, RecomputePlan};
+use super::shared_slots;
 use super::streaming::{SplitSpecs, Streams, assemble, split_specs};
 use crate::backend::{AttnShape, Backend};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -38,6 +38,7 @@ pub struct ModelOptions {
     /// What the blocks' linear layers multiply in.
     pub matmul: MatmulPrecision,
     pub gradients: Gradients,
+    pub weights: Weights,
     /// The blocks' weights in pinned host memory, streamed through two device slots
     /// (`streaming`).
     pub offload_weights: bool,
@@ -66,6 +67,25 @@ impl Gradients {
     }
 }
 
+/// Which blocks' weights have memory of their own.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Weights {
+    /// Every block's.
+    All,
+    /// ZeRO-3: only block l's with `kept[l]`; the other blocks share two slots, which each
+    /// pass fills before it reads them (`BlockEvent::Weights`).
+    Kept(Vec<bool>),
+}
+
+impl Weights {
+    pub fn kept(&self) -> Option<&[bool]> {
+        match self {
+            Weights::Kept(kept) => Some(kept),
+            Weights::All => None,
+        }
+    }
+}
+
 impl ModelOptions {
     /// One sequence of `seq` tokens, for a model that only runs forward (generation) or only
     /// holds weights (export): no gradients, every activation recomputed, so each has one
@@ -82,6 +102,7 @@ impl ModelOptions {
             ffn_chunks: 1,
             matmul: MatmulPrecision::Native,
             gradients: Gradients::Absent,
+            weights: Weights::All,
             offload_weights: false,
             offload_gradients: false,
         }
@@ -168,12 +189,26 @@ impl ModelPlan {
             DType::F32
         };
         let layout = Params::layout(config, options.dtype);
-        if let Some(kept) = options.gradients.kept() {
+        for kept in [options.gradients.kept(), options.weights.kept()]
+            .into_iter()
+            .flatten()
+        {
             ensure!(
                 kept.len() == config.num_layers,
-                "kept gradients given for {} blocks of {}",
+                "kept blocks given for {} blocks of {}",
                 kept.len(),
                 config.num_layers
+            );
+        }
+        if options.weights.kept().is_some() {
+            ensure!(
+                !options.matmul.is_fp8(),
+                "--zero-level 3 cannot be used with FP8 matmuls yet: their FP8 copies of every \
+                 block's weights would be made on every GPU; leave one of them out"
+            );
+            ensure!(
+                !options.offload_weights,
+                "--zero-level 3 and --offload-weights cannot be used together; choose one"
             );
         }
         ensure!(
@@ -186,12 +221,18 @@ impl ModelPlan {
             "--offload-gradients cannot be used with --zero-level 2, which keeps each block's \
              gradients on its own GPU; leave one of them out"
         );
-        let weights = split_specs(&layout, "", options.offload_weights);
+        let weights = match options.weights.kept() {
+            Some(kept) => SplitSpecs {
+                device: shared_slots::specs(&layout, "", Some(kept)),
+                host: vec![],
+            },
+            None => split_specs(&layout, "", options.offload_weights),
+        };
         let grads = match &options.gradients {
             Gradients::Absent => None,
             Gradients::All => Some(split_specs(&layout, "grad.", options.offload_gradients)),
             Gradients::Kept(kept) => Some(SplitSpecs {
-                device: grads::specs(&layout, Some(kept)),
+                device: shared_slots::specs(&layout, "grad.", Some(kept)),
                 host: vec![],
             }),
         };
@@ -321,9 +362,10 @@ impl<B: Backend> Transformer<B> {
             .iter()
             .map(|(category, specs)| backend.allocate(category, specs));
         let mut next = || take.next().expect("one allocation per planned category");
-        let (params, weight_ring) = match weights {
-            Some(weights) => (weights, None),
-            None => assemble(&plan.layout, next()?, in_host("weights")),
+        let (params, weight_ring) = match (weights, options.weights.kept()) {
+            (Some(weights), _) => (weights, None),
+            (None, Some(kept)) => (shared_slots::build(&plan.layout, Some(kept), next()?), None),
+            (None, None) => assemble(&plan.layout, next()?, in_host("weights")),
         };
         let (grads, grad_ring) = match &options.gradients {
             Gradients::Absent => (None, None),
@@ -331,7 +373,10 @@ impl<B: Backend> Transformer<B> {
                 let (grads, ring) = assemble(&plan.layout, next()?, in_host("gradients"));
                 (Some(grads), ring)
             }
-            Gradients::Kept(kept) => (Some(grads::build(&plan.layout, Some(kept), next()?)), None),
+            Gradients::Kept(kept) => (
+                Some(shared_slots::build(&plan.layout, Some(kept), next()?)),
+                None,
+            ),
         };
         let mut act_tensors = next()?;
         let rope = act_tensors.pop().expect("the rope table was planned last");
@@ -373,6 +418,25 @@ impl<B: Backend> Transformer<B> {
     /// which each micro-batch's backward overwrites instead of adding into).
     pub fn keeps_grads(&self, l: usize) -> bool {
         self.options.gradients.kept().is_none_or(|kept| kept[l])
+    }
+
+    /// Whether block `l`'s weights have memory of their own on this rank (not a shared slot
+    /// that holds another rank's copy while a pass reads it).
+    pub fn keeps_weights(&self, l: usize) -> bool {
+        self.options.weights.kept().is_none_or(|kept| kept[l])
+    }
+
+    /// The weights this rank keeps, in `Params` order: every parameter but the blocks' that
+    /// another rank keeps (`Weights::Kept`).
+    pub fn kept_params(&self) -> impl Iterator<Item = (&ParamSpec, &Tensor<B>)> {
+        let (layout, params) = (&self.layout, &self.params);
+        let blocks = (0..self.config.num_layers)
+            .filter(|&l| self.keeps_weights(l))
+            .flat_map(move |l| layout.layers[l].iter().zip(params.layers[l].iter()));
+        std::iter::once((&layout.embed, &params.embed))
+            .chain(blocks)
+            .chain(std::iter::once((&layout.final_norm, &params.final_norm)))
+            .chain(layout.lm_head.iter().zip(params.lm_head.iter()))
     }
 
     pub(crate) fn attn_shape(&self) -> AttnShape {

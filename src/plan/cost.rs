@@ -21,6 +21,11 @@ const BANDWIDTH_SHARE: f64 = 0.85;
 /// Offloaded optimizer state crosses the bus once each way per optimizer step, both
 /// directions at once: 44–45 GB/s each way was measured over PCIe Gen5 ×16.
 pub const BUS_BYTES_PER_S: f64 = 45e9;
+/// ZeRO-3 sends each block's weights from their GPU to the others before each pass, on the
+/// compute stream (nothing overlaps them yet), so a step pays their time in full. NCCL's
+/// broadcast rate between the GPUs is taken as 100 GB/s, a stand-in for NVLink (it has not
+/// been measured); over PCIe it is lower, and the estimate optimistic.
+const BROADCAST_BYTES_PER_S: f64 = 100e9;
 /// A block's copies beside its work (offloaded activations, streamed weights and gradients)
 /// run on the copy engines, each direction at this rate: 312 MB a block of activations went
 /// out in about 5.5 ms, 57 GB/s, at 0.5B batch 32 × 1024; Llama-3-8B's 436 MB of block
@@ -43,11 +48,13 @@ pub struct StepCost {
     /// What the blocks' copies (offloaded activations, streamed weights and gradients) do
     /// not hide behind the blocks' work.
     pub copies: f64,
+    /// ZeRO-3's broadcasts of the blocks' weights.
+    pub broadcasts: f64,
 }
 
 impl StepCost {
     pub fn total(&self) -> f64 {
-        self.base + self.recompute + self.chunks + self.bus + self.copies
+        self.base + self.recompute + self.chunks + self.bus + self.copies + self.broadcasts
     }
 }
 
@@ -94,6 +101,10 @@ impl Workload<'_> {
             chunks,
             bus: offloaded_bytes as f64 / BUS_BYTES_PER_S,
             copies: self.block_copies(base, choice, block_bytes),
+            broadcasts: match choice.zero_level {
+                3.. => self.weight_broadcasts(),
+                _ => 0.0,
+            },
         }
     }
 
@@ -120,6 +131,13 @@ impl Workload<'_> {
         blocks
             * (paid(weights, activations, block / 3.0)
                 + paid(weights + activations + sums_in, grads, 2.0 * block / 3.0))
+    }
+
+    /// Every block's weights, sent twice per micro-step (for the forward and the backward).
+    fn weight_broadcasts(&self) -> f64 {
+        let c = self.config;
+        let bytes = self.element_bytes * c.block_parameters() * c.num_layers;
+        (2 * self.micro_steps * bytes) as f64 / BROADCAST_BYTES_PER_S
     }
 
     /// The recompute pass of one token through every block: the steps of `block_forward`

@@ -14,7 +14,9 @@ use anyhow::{Context, Result};
 
 use self::cost::{StepCost, Workload};
 use crate::backend::datasheet::Datasheet;
-use crate::model::{Gradients, MatmulPrecision, ModelConfig, ModelPlan, Params, Recompute, grads};
+use crate::model::{
+    Gradients, MatmulPrecision, ModelConfig, ModelPlan, Params, Recompute, shared_slots,
+};
 use crate::tensor::DType;
 use crate::train::bench::{self, BenchOptions};
 use crate::train::console::{Categories, category_bytes};
@@ -320,10 +322,12 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     }
     let layout = Params::layout(&r.config, r.model_dtype);
     let mut states = vec![];
-    // ZeRO-2 with micro-steps sends every micro-batch's block gradients, a cost `cost` does
-    // not know; it is offered only without.
+    // ZeRO-2 and -3 with micro-steps send every micro-batch's block gradients, a cost `cost`
+    // does not know; they are offered only without. ZeRO-3 not with FP8, whose copies of
+    // every block's weights would be made on every GPU.
     let zero_levels = match r.gpus {
         1 => vec![0],
+        _ if r.allow_zero_2 && r.micro_steps == 1 && !r.matmul.is_fp8() => vec![0, 1, 2, 3],
         _ if r.allow_zero_2 && r.micro_steps == 1 => vec![0, 1, 2],
         _ => vec![0, 1],
     };
@@ -338,15 +342,20 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
             let ranks: Vec<StatePlan> = (0..r.gpus)
                 .map(|rank| StatePlan::new(&layout, rank, r.gpus, &options))
                 .collect();
-            // The gradients are counted with the optimizer state, whose sharding they follow
-            // (except where they stream, when the model counts them).
+            // The weights and gradients are counted with the optimizer state, whose sharding
+            // they follow (except where they stream, when the model counts them).
             let device = (ranks.iter().enumerate())
                 .map(|(rank, s)| {
                     let kept = owners.as_ref().and_then(|o| o.kept_blocks(rank));
-                    let grads = ("gradients", grads::specs(&layout, kept.as_deref()));
-                    (bytes(&[grads]), bytes(&s.memory()))
+                    let kept_weights = kept.as_deref().filter(|_| zero_level >= 3);
+                    let weights = ("weights", shared_slots::specs(&layout, "", kept_weights));
+                    let grads = (
+                        "gradients",
+                        shared_slots::specs(&layout, "grad.", kept.as_deref()),
+                    );
+                    (bytes(&[weights]), bytes(&[grads]), bytes(&s.memory()))
                 })
-                .max_by_key(|(grads, state)| total(grads) + total(state))
+                .max_by_key(|(weights, grads, state)| total(weights) + total(grads) + total(state))
                 .expect("at least one rank");
             let per_rank: Vec<ByCategory> = ranks.iter().map(|s| bytes(&s.offloaded())).collect();
             let busiest_bus = per_rank.iter().map(total).max().unwrap_or(0);
@@ -369,16 +378,17 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     };
     let mut out = Vec::with_capacity(models.len() * states.len());
     for m in &models {
-        for (offload, zero_level, (grads, state), host, bus) in &states {
+        for (offload, zero_level, (weights, grads, state), host, bus) in &states {
             let choice = Choice {
                 memory: m.memory,
                 offload: *offload,
                 zero_level: *zero_level,
             };
+            let weights = weights.iter().filter(|_| !m.memory.offload_weights);
             let grads = grads.iter().filter(|_| !m.memory.offload_gradients);
             out.push(Candidate {
                 choice,
-                device: (m.device.iter().chain(grads).chain(state))
+                device: (m.device.iter().chain(weights).chain(grads).chain(state))
                     .cloned()
                     .collect(),
                 // Every rank offloads its own activations.
@@ -411,8 +421,13 @@ fn model_memory(r: &Request, memory: MemoryOptions) -> Result<ModelMemory> {
     let losses = model.losses();
     let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);
     let mut device = model.memory();
-    // Gradients on the device are counted with the optimizer state (`candidates`).
-    device.retain(|c| c.0 != "gradients" || memory.offload_gradients);
+    // Weights and gradients on the device are counted with the optimizer state
+    // (`candidates`), but for the streamed ones.
+    device.retain(|c| match c.0 {
+        "weights" => memory.offload_weights,
+        "gradients" => memory.offload_gradients,
+        _ => true,
+    });
     device.push(("losses", vec![losses]));
     let host = bytes(&model.offloaded());
     let in_host = |category: &str| {

@@ -38,10 +38,9 @@ use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::atomic::{sync_dir, temporary_name, write_bytes_atomically};
 use crate::io::tensors::{self, Named, NonFinite, TensorFiles};
-use crate::model::params::{ParamSpec, Params};
-use crate::model::{ModelConfig, Transformer};
+use crate::model::{ModelConfig, Transformer, Weights};
 use crate::rng::Rng;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::DType;
 
 /// Version 1 counted each rank's own sequences in the data position, and held the batch size,
 /// the accumulation, the world size and the ZeRO level fixed; version 2 counts all ranks'
@@ -180,14 +179,32 @@ impl State {
     /// The files holding category `category` of the optimizer state in `checkpoint`: one per
     /// rank where the run that wrote it sharded the state, else one.
     fn state_files(&self, checkpoint: &Path, category: &str) -> Vec<PathBuf> {
+        self.files_of(
+            checkpoint,
+            category,
+            zero::shards(self.world_size, self.zero_level()),
+        )
+    }
+
+    /// The files holding the weights in `checkpoint`: one per rank where the run that wrote
+    /// it sharded them (ZeRO-3), else one.
+    pub fn weight_files(&self, checkpoint: &Path) -> Vec<PathBuf> {
+        let sharded = zero::shards_weights(self.world_size, self.zero_level());
+        self.files_of(checkpoint, WEIGHTS, sharded)
+    }
+
+    fn zero_level(&self) -> u8 {
         // Runs from before `--zero-level` existed have none, and never sharded.
-        let level = self.options["zero_level"].as_u64().unwrap_or(0);
-        let shards: Vec<Option<usize>> = match zero::shards(self.world_size, level as u8) {
+        self.options["zero_level"].as_u64().unwrap_or(0) as u8
+    }
+
+    fn files_of(&self, checkpoint: &Path, stem: &str, sharded: bool) -> Vec<PathBuf> {
+        let shards: Vec<Option<usize>> = match sharded {
             true => (0..self.world_size).map(Some).collect(),
             false => vec![None],
         };
         (shards.into_iter())
-            .map(|shard| checkpoint.join(file_name(&state_stem(category, shard))))
+            .map(|shard| checkpoint.join(file_name(&state_stem(stem, shard))))
             .collect()
     }
 }
@@ -272,16 +289,6 @@ fn differences(saved: &Value, now: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Each tensor of `set` under its parameter name.
-fn named<'a, B: Backend>(
-    layout: &'a Params<ParamSpec>, set: &'a Params<Tensor<B>>,
-) -> Named<'a, B> {
-    layout
-        .zip(set)
-        .map(|(spec, t)| (spec.tensor.name.clone(), t))
-        .collect()
-}
-
 /// A tensor file of a checkpoint: its stem, its tensors, and whether every rank holds the
 /// same values (so that rank 0 alone writes it).
 struct File<'a, B: Backend> {
@@ -293,10 +300,29 @@ struct File<'a, B: Backend> {
 /// This rank's tensor files of a checkpoint: the weights, and the optimizer state or this
 /// rank's share of it.
 fn files<'a, B: Backend>(model: &'a Transformer<B>, opt: &'a AdamWState<B>) -> Vec<File<'a, B>> {
-    let weights = File {
-        stem: WEIGHTS.to_string(),
-        tensors: named(&model.layout, &model.params),
-        shared: true,
+    // ZeRO-3: each rank writes the blocks it keeps, and rank 0 also what every rank keeps.
+    let sharded = model.options.weights != Weights::All;
+    let weights = match opt.shard.filter(|_| sharded) {
+        Some(rank) => File {
+            stem: state_stem(WEIGHTS, Some(rank)),
+            tensors: {
+                let (layout, params) = (&model.layout, &model.params);
+                let outside =
+                    (layout.outside_blocks().zip(params.outside_blocks())).filter(|_| rank == 0);
+                let blocks = (0..model.config.num_layers)
+                    .filter(|&l| model.keeps_weights(l))
+                    .flat_map(|l| layout.layers[l].iter().zip(params.layers[l].iter()));
+                (outside.chain(blocks))
+                    .map(|(spec, t)| (spec.tensor.name.clone(), t))
+                    .collect()
+            },
+            shared: false,
+        },
+        None => File {
+            stem: WEIGHTS.to_string(),
+            tensors: weights(model),
+            shared: true,
+        },
     };
     let state = opt
         .categories(model)
@@ -309,7 +335,8 @@ fn files<'a, B: Backend>(model: &'a Transformer<B>, opt: &'a AdamWState<B>) -> V
     std::iter::once(weights).chain(state).collect()
 }
 
-/// The stem of the file holding optimizer state `category`, or rank `shard`'s share of it.
+/// The stem of the file holding `category` (the weights, or an optimizer state), or rank
+/// `shard`'s share of it.
 fn state_stem(category: &str, shard: Option<usize>) -> String {
     match shard {
         Some(rank) => format!("{category}.rank{rank}"),
@@ -326,9 +353,12 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step-{step:08}"))
 }
 
-/// The weights of `model` under their parameter names.
+/// The weights this rank of `model` keeps (all of them, unless ZeRO-3 shards them), under
+/// their parameter names.
 pub fn weights<B: Backend>(model: &Transformer<B>) -> Named<'_, B> {
-    named(&model.layout, &model.params)
+    (model.kept_params())
+        .map(|(spec, t)| (spec.tensor.name.clone(), t))
+        .collect()
 }
 
 /// Writes a checkpoint of `state.step` into `dir` and points `latest` at it. Every rank
@@ -541,7 +571,7 @@ pub fn load<B: Backend>(
         files.check_names(&names)?;
         files.load(b, tensors)
     };
-    let weights = (vec![checkpoint.join(file_name(WEIGHTS))], weights(model));
+    let weights = (saved.weight_files(checkpoint), weights(model));
     let state = (opt.categories(model).into_iter())
         .map(|(category, tensors)| (saved.state_files(checkpoint, category), tensors));
     for (paths, tensors) in std::iter::once(weights).chain(state) {
@@ -557,10 +587,20 @@ pub fn load<B: Backend>(
     Ok(())
 }
 
-/// Loads only the weights, for sampling and export.
-pub fn load_weights<B: Backend>(b: &B, checkpoint: &Path, model: &Transformer<B>) -> Result<()> {
-    let path = checkpoint.join(file_name(WEIGHTS));
-    tensors::load(b, &path, &weights(model)).with_context(|| {
+/// Loads only the weights, for sampling and export: every weight, from whichever of the
+/// checkpoint's files holds it.
+pub fn load_weights<B: Backend>(
+    b: &B, checkpoint: &Path, saved: &State, model: &Transformer<B>,
+) -> Result<()> {
+    let names: Vec<&str> = (model.layout.iter())
+        .map(|p| p.tensor.name.as_str())
+        .collect();
+    let files = TensorFiles::open(&saved.weight_files(checkpoint));
+    (files.and_then(|f| {
+        f.check_names(&names)
+            .and_then(|()| f.load(b, &weights(model)))
+    }))
+    .with_context(|| {
         format!(
             "checkpoint {} is damaged; use another step-N directory",
             checkpoint.display()

@@ -10,7 +10,8 @@
 //! With `--zero-level 1` a rank keeps the state of only its share of the tensors (`zero`),
 //! updates those, and broadcasts them; the gradients stay whole on every rank. With
 //! `--zero-level 2` a rank holds the summed gradients of only its own blocks (and every
-//! rank the others'), so the ranks add their shares of the gradient norm.
+//! rank the others'), so the ranks add their shares of the gradient norm. With
+//! `--zero-level 3` a block's weights are updated by their rank and stay there.
 
 use anyhow::Result;
 
@@ -258,10 +259,14 @@ impl<B: Backend> AdamWState<B> {
         if self.shard.is_none() {
             return Ok(());
         }
-        // Each weight from the rank that updated it, with the abs-max its FP8 copy scales by.
-        let mut updated: Vec<(&Tensor<B>, usize)> = params
-            .into_iter()
+        // Each weight from the rank that updated it, with the abs-max its FP8 copy scales by;
+        // under ZeRO-3 only those outside the blocks, whose weights stay with their rank.
+        let blocks_stay = self.options.zero_level >= 3;
+        let mut updated: Vec<(&Tensor<B>, usize)> = (params.into_iter())
             .zip(self.owners.iter().copied())
+            .zip(model.layout.in_blocks())
+            .filter(|&(_, in_block)| !(blocks_stay && in_block))
+            .map(|(updated, _)| updated)
             .collect();
         if let Some(slots) = &amax_slots {
             updated.extend(slots.iter().zip(self.owners.iter().copied()));

@@ -10,7 +10,9 @@ use serde_json::Value;
 
 use super::schedule::Decay;
 use crate::io::hf;
-use crate::model::{Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, presets};
+use crate::model::{
+    Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Weights, presets,
+};
 use crate::tensor::DType;
 
 /// Where the model comes from.
@@ -203,7 +205,7 @@ pub struct MemoryOptions {
 impl MemoryOptions {
     /// The model's options for training on micro-batches of `batch` sequences of `seq`
     /// tokens, its weights and activations in `dtype`, keeping the gradients `gradients`
-    /// says.
+    /// says and every block's weights.
     pub fn model_options(
         &self, batch: usize, seq: usize, dtype: DType, matmul: MatmulPrecision,
         gradients: Gradients,
@@ -219,6 +221,7 @@ impl MemoryOptions {
             ffn_chunks: self.ffn_chunks,
             matmul,
             gradients,
+            weights: Weights::All,
             offload_weights: self.offload_weights,
             offload_gradients: self.offload_gradients,
         }
@@ -241,7 +244,7 @@ pub struct OptimizerOptions {
     /// Which of the state lives in host memory.
     pub offload: Offload,
     /// 1: the state is sharded over the ranks (ZeRO-1); 2: the blocks' gradients too
-    /// (ZeRO-2); 0: every rank keeps all of it.
+    /// (ZeRO-2); 3: the blocks' weights too (ZeRO-3); 0: every rank keeps all of it.
     pub zero_level: u8,
 }
 

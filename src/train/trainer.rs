@@ -35,7 +35,7 @@ use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::{hf, tensors};
-use crate::model::{GradEvent, Gradients, LossOptions, Params, Transformer};
+use crate::model::{BlockEvent, Gradients, LossOptions, Params, Transformer, Weights};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
 
@@ -102,15 +102,18 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         bail!(
             "--offload-weights and --offload-gradients stream one GPU's blocks from its host \
              memory, and are not implemented with several ranks yet; train on one GPU, or \
-             share the state out with --zero-level 1 or 2 instead"
+             share the state out with --zero-level 1, 2 or 3 instead"
         );
     }
     let layout = Params::layout(&config, o.model_dtype);
     let owners = zero::owners_of(&layout, comm.world(), &o.optimizer);
-    let gradients =
-        (owners.and_then(|w| w.kept_blocks(comm.rank()))).map_or(Gradients::All, Gradients::Kept);
-    let options =
+    let kept = owners.and_then(|w| w.kept_blocks(comm.rank()));
+    let gradients = kept.clone().map_or(Gradients::All, Gradients::Kept);
+    let mut options =
         (o.memory).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
+    if let Some(kept) = kept.filter(|_| o.optimizer.zero_level >= 3) {
+        options.weights = Weights::Kept(kept);
+    }
     let model = Transformer::new(b, config.clone(), options)?;
     // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
     if root {
@@ -314,8 +317,12 @@ impl<B: Backend> Run<'_, B> {
                 } => hf::import(b, &self.model, path)?,
                 _ => self.model.init_weights(b, o.seed)?,
             }
-            // Every rank made the same weights; taking rank 0's makes that a certainty.
-            let params: Vec<_> = self.model.params.iter().map(|t| (t, 0)).collect();
+            // Every rank made the same weights; taking rank 0's makes that a certainty. (With
+            // sharded weights, a block's are those of the rank that keeps it, made alike.)
+            let params: Vec<_> = match self.model.options.weights {
+                Weights::All => self.model.params.iter().map(|t| (t, 0)).collect(),
+                Weights::Kept(_) => self.model.params.outside_blocks().map(|t| (t, 0)).collect(),
+            };
             comm.broadcast(b, &params)?;
             self.model.weights_changed();
         }
@@ -532,12 +539,17 @@ impl<B: Backend> Run<'_, B> {
                 z_loss: o.z_loss as f32,
                 accumulate: k > 0,
             };
-            self.model.forward_hidden(b, &batch.tokens)?;
+            let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, &block_owners, event);
+            self.model
+                .forward_hidden_with(b, &batch.tokens, &mut weights)?;
             let sum_now = overlap && k == last;
-            let mut events = |event: GradEvent<B>| match (event, &block_owners) {
-                (GradEvent::Writing { grads, .. }, Some(_)) => comm.wait_for_sums_of(b, grads),
+            let mut events = |event: BlockEvent<B>| match (event, &block_owners) {
+                (event @ BlockEvent::Weights { .. }, owners) => {
+                    bring_weights(b, comm, owners, event)
+                }
+                (BlockEvent::Writing { grads, .. }, Some(_)) => comm.wait_for_sums_of(b, grads),
                 (
-                    GradEvent::Done {
+                    BlockEvent::Done {
                         layer: Some(l),
                         grads,
                     },
@@ -549,7 +561,7 @@ impl<B: Backend> Run<'_, B> {
                         false => comm.join_all_reduce_sums(b),
                     }
                 }
-                (GradEvent::Done { grads, .. }, _) if sum_now => {
+                (BlockEvent::Done { grads, .. }, _) if sum_now => {
                     comm.start_all_reduce_sum(b, grads)
                 }
                 _ => Ok(()),
@@ -673,17 +685,21 @@ impl<B: Backend> Run<'_, B> {
         let Some(eval) = &self.eval else {
             return Ok(None);
         };
-        let b = self.b;
+        let (b, comm) = (self.b, self.comm);
         let count = batches.map_or(eval.num_batches(), |n| n.min(eval.num_batches()));
         let mut batch = Batch::new(self.o.batch_size * self.o.seq_len);
         let (mut sum, mut trained) = (0.0, 0);
+        let owners = self.opt().block_owners.clone();
+        // With sharded weights every rank takes part in every block's pass, so none skips
+        // a batch that holds none of its targets.
+        let sharded = self.model.options.weights != Weights::All;
         for i in 0..count {
             eval.fill(i, &mut batch);
-            if batch.trained() == 0 {
+            if batch.trained() == 0 && !sharded {
                 continue;
             }
-            self.model
-                .forward_loss(b, &batch.tokens, &batch.targets, 0.0)?;
+            let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, &owners, event);
+            (self.model).forward_loss_with(b, &batch.tokens, &batch.targets, 0.0, &mut weights)?;
             sum += self.model.loss_sum(b)?;
             trained += batch.trained() as u64;
         }
@@ -714,12 +730,39 @@ impl<B: Backend> Run<'_, B> {
         })
     }
 
+    /// Every weight's values, in `Params` order, on rank 0 (`None` on the others, which take
+    /// part in bringing each sharded block to it).
+    fn gather_weights(&self) -> Result<Option<Vec<Vec<f32>>>> {
+        let (b, comm, model) = (self.b, self.comm, &self.model);
+        let owners = self.opt().block_owners.clone();
+        let root = comm.rank() == 0;
+        let download = |t: &Tensor<B>| b.download(t);
+        let mut values = vec![download(&model.params.embed)?];
+        for l in 0..model.config.num_layers {
+            let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, &owners, event);
+            model.fetch_sharded_weights(l, &mut weights)?;
+            if root {
+                let layer = model.held_weights(l);
+                values.extend(
+                    layer
+                        .into_iter()
+                        .map(download)
+                        .collect::<Result<Vec<_>>>()?,
+                );
+            }
+        }
+        values.push(download(&model.params.final_norm)?);
+        if let Some(head) = &model.params.lm_head {
+            values.push(download(head)?);
+        }
+        Ok(root.then_some(values))
+    }
+
     /// Checks the weights before they are exported: an update that made them non-finite is
     /// found by the next step's loss or by a checkpoint, but the last step may have neither.
-    fn check_weights_finite(&self) -> Result<()> {
-        for (name, t) in checkpoint::weights(&self.model) {
-            let values = self.b.download(t)?;
-            if let Err(found) = tensors::check_finite(&name, &values) {
+    fn check_weights_finite(&self, values: &[Vec<f32>]) -> Result<()> {
+        for (spec, values) in self.model.layout.iter().zip(values) {
+            if let Err(found) = tensors::check_finite(&spec.tensor.name, values) {
                 let (step, found) = (self.state.step, found.to_string());
                 return Err(checkpoint::diverged(
                     step,
@@ -739,12 +782,17 @@ impl<B: Backend> Run<'_, B> {
             self.checkpoint()?;
         }
         self.summary.final_eval = self.evaluate(None)?;
-        if let Some(out) = o.out_dir.as_ref().filter(|_| self.comm.rank() == 0) {
+        let Some(out) = &o.out_dir else {
+            self.console.finish();
+            return Ok(());
+        };
+        // Every rank takes part in gathering the weights; rank 0 exports them.
+        if let Some(values) = self.gather_weights()? {
             // A checkpoint of this step has checked the weights already.
             if self.saved_step != Some(step) {
-                self.check_weights_finite()?;
+                self.check_weights_finite(&values)?;
             }
-            hf::export(self.b, &self.model, out, o.model_dtype)?;
+            hf::export_values(&self.model, &values, out, o.model_dtype)?;
             if let Some(dir) = model_dir {
                 hf::copy_tokenizer_files(dir, out)?;
             }
@@ -752,5 +800,21 @@ impl<B: Backend> Run<'_, B> {
         }
         self.console.finish();
         Ok(())
+    }
+}
+
+/// ZeRO-3: block `layer`'s weights (`BlockEvent::Weights`) from the rank that keeps them
+/// (`owners`) to every rank's copy. Other events, and runs whose weights are not sharded,
+/// need nothing.
+fn bring_weights<B: Backend>(
+    b: &B, comm: &dyn Comm<B>, owners: &Option<Vec<usize>>, event: BlockEvent<'_, B>,
+) -> Result<()> {
+    match (event, owners) {
+        (BlockEvent::Weights { layer, weights }, Some(owners)) => {
+            let from: Vec<(&Tensor<B>, usize)> =
+                weights.iter().map(|&t| (t, owners[layer])).collect();
+            comm.broadcast(b, &from)
+        }
+        _ => Ok(()),
     }
 }

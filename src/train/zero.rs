@@ -3,7 +3,10 @@
 //! Level 1: each rank keeps the optimizer state (moments and master copy) of some of the
 //! parameter tensors, updates only those, and sends the updated weights to the other ranks.
 //! Level 2 also shards the blocks' gradients: each block's go to the rank that updates it,
-//! which alone keeps memory for them (`model::grads`). Whole tensors are shared out, so each
+//! which alone keeps memory for them (`model::shared_slots`). Level 3 also shards the
+//! blocks' weights: each block's are kept by the same rank, and the others receive them into
+//! two slots before each pass reads them (`model::BlockEvent::Weights`). Whole tensors are
+//! shared out, so each
 //! update is the one an unsharded run computes, bit for bit: AdamW treats every element on
 //! its own, seeded by its tensor's place in the model, not by its place in a rank's share.
 
@@ -43,14 +46,17 @@ pub fn owners_of(
         }),
         _ => {
             // Each unit weighs the bytes it holds on its owner: a block its gradients and
-            // state, any other tensor its state only (its gradient is whole on every rank).
+            // state (and at level 3 its weights), any other tensor its state only (its
+            // gradient and weight are whole on every rank).
             let state_bytes = options.opt_m_dtype.size_bytes()
                 + options.opt_v_dtype.size_bytes()
                 + options.master_dtype.map_or(0, |d| d.size_bytes());
-            let grad_bytes = layout.embed.tensor.dtype.size_bytes();
+            let element = layout.embed.tensor.dtype.size_bytes();
+            // A block's gradient, and at level 3 its weight.
+            let block_bytes = element * if options.zero_level >= 3 { 2 } else { 1 };
             let others: Vec<&ParamSpec> = layout.outside_blocks().collect();
             let weights: Vec<usize> = (layout.layers.iter())
-                .map(|l| l.iter().map(numel).sum::<usize>() * (grad_bytes + state_bytes))
+                .map(|l| l.iter().map(numel).sum::<usize>() * (block_bytes + state_bytes))
                 .chain(others.iter().map(|p| numel(p) * state_bytes))
                 .collect();
             let units = owners(&weights, world);
@@ -72,6 +78,11 @@ pub fn owners_of(
 /// Whether ZeRO level `level` shares anything out over `world` ranks (one rank keeps all).
 pub fn shards(world: usize, level: u8) -> bool {
     level > 0 && world > 1
+}
+
+/// Whether it shares out the blocks' weights too (ZeRO-3).
+pub fn shards_weights(world: usize, level: u8) -> bool {
+    level >= 3 && world > 1
 }
 
 /// The rank that keeps each of the units of `sizes` (tensors, or level 2's blocks): largest

@@ -4,7 +4,9 @@
 use serde_json::json;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX, Scalar};
 use smelt::backend::prelude::*;
-use smelt::model::{Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer};
+use smelt::model::{
+    Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer, Weights,
+};
 use smelt::rng::Rng;
 use smelt::tensor::DType;
 
@@ -43,6 +45,7 @@ pub fn options(
         ffn_chunks: 1,
         matmul: MatmulPrecision::Native,
         gradients: Gradients::All,
+        weights: Weights::All,
         offload_weights: false,
         offload_gradients: false,
     }

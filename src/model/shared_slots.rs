@@ -1,21 +1,25 @@
-//! Where the parameter gradients live.
+//! Parameter-shaped sets (the weights, or their gradients) of which a rank keeps only some
+//! blocks' own tensors, the blocks it updates (`kept`): every other block's are one of two
+//! shared slots, which the blocks take in turn, in the backward's order from the last. The
+//! embedding's, final norm's and LM head's tensors always have their own.
 //!
-//! Normally every parameter has a gradient tensor of its own. Under ZeRO-2 a rank keeps the
-//! gradients of only the blocks it updates (`kept`); every other block's are written into
-//! one of two shared slots, which the backward takes in turn, and are sent to the block's
-//! rank as soon as its backward is done. A slot comes round again two such blocks later, so
-//! the block then written waits for that send (`GradEvent::Writing`), not for the one
-//! before it. The embedding's, final norm's and LM head's gradients always have their own.
+//! - ZeRO-2's gradients: a block not kept is written into its slot and sent to the block's
+//!   rank as soon as its backward is done. A slot comes round again two such blocks later,
+//!   so the block then written waits for that send (`BlockEvent::Writing`), not for the one
+//!   before it.
+//! - ZeRO-3's weights: a block not kept is received into its slot from the block's rank
+//!   before each pass reads it (`BlockEvent::Weights`).
 
 use super::params::{LayerParams, ParamSpec, Params, from_list};
 use crate::backend::Backend;
 use crate::tensor::{Tensor, TensorSpec};
 
-/// The gradient tensors of a layout: every kept block's and every non-block parameter's in
-/// `Params` order, then the slots' (one block's shapes each, named `grad.slot{s}.…`).
-pub fn specs(layout: &Params<ParamSpec>, kept: Option<&[bool]>) -> Vec<TensorSpec> {
+/// The tensors of a set named `prefix` + parameter name: every kept block's and every
+/// non-block parameter's in `Params` order, then the slots' (one block's shapes each, named
+/// `{prefix}slot{s}.…`).
+pub fn specs(layout: &Params<ParamSpec>, prefix: &str, kept: Option<&[bool]>) -> Vec<TensorSpec> {
     let grad = |s: &TensorSpec, name: String| TensorSpec::new(name, &s.shape, s.dtype);
-    let own = |p: &ParamSpec| grad(&p.tensor, format!("grad.{}", p.tensor.name));
+    let own = |p: &ParamSpec| grad(&p.tensor, format!("{prefix}{}", p.tensor.name));
     let Some(kept) = kept else {
         return layout.iter().map(own).collect();
     };
@@ -30,14 +34,14 @@ pub fn specs(layout: &Params<ParamSpec>, kept: Option<&[bool]>) -> Vec<TensorSpe
         out.extend(block.iter().map(|p| {
             // `layers.0.qkv` → `qkv`
             let field = p.tensor.name.splitn(3, '.').last().unwrap_or_default();
-            grad(&p.tensor, format!("grad.slot{s}.{field}"))
+            grad(&p.tensor, format!("{prefix}slot{s}.{field}"))
         }));
     }
     out
 }
 
-/// The gradient tensors of `layout` from the allocation of `specs(layout, kept)`: the
-/// blocks not kept alias the slots.
+/// The set of `layout`'s tensors from the allocation of `specs(layout, _, kept)`: the blocks
+/// not kept alias the slots.
 pub fn build<B: Backend>(
     layout: &Params<ParamSpec>, kept: Option<&[bool]>, mut tensors: Vec<Tensor<B>>,
 ) -> Params<Tensor<B>> {
@@ -125,7 +129,7 @@ mod tests {
         let config = ModelConfig::from_json(&json, "test").unwrap();
         let layout = Params::layout(&config, DType::F32);
         let kept = [true, false, false, false];
-        let specs = specs(&layout, Some(&kept));
+        let specs = specs(&layout, "grad.", Some(&kept));
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert!(names.contains(&"grad.layers.0.qkv"), "{names:?}");
         assert!(!names.iter().any(|n| n.starts_with("grad.layers.1")));
