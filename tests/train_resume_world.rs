@@ -299,6 +299,22 @@ fn zero_2_continues_at_another_level_and_on_one_rank() {
     assert_continues_closely(&full, &one);
 }
 
+/// A two-rank ZeRO-3 checkpoint, whose weights are split over the ranks' files, continues
+/// the same way: at levels 0 and 2 bit for bit, and on one rank closely.
+#[test]
+fn zero_3_continues_at_another_level_and_on_one_rank() {
+    let set = setup();
+    let two = shape(&set, 2, 4, 1);
+    let full = train(&set, "full", &two, &["--zero-level", "3"]);
+    for level in ["0", "2"] {
+        let name = format!("level-{level}");
+        let resumed = continued(&set, &full, &name, &two, &["--zero-level", level]);
+        assert_continues_exactly(&full, &resumed);
+    }
+    let one = continued(&set, &full, "one", &shape(&set, 1, 4, 2), &[]);
+    assert_continues_closely(&full, &one);
+}
+
 /// Rewrites the state of checkpoint `step_dir` as format version 1 wrote it: the data
 /// position counted per rank, the batch size and the accumulation (and the ZeRO level, where
 /// it sharded) among the fixed settings, and the hash over those.
