@@ -318,14 +318,23 @@ fn norms(dir: &Path) -> Vec<f64> {
         .collect()
 }
 
-/// The bytes of rank 0's gradients, from a run's memory event.
-fn gradient_bytes(dir: &Path) -> u64 {
+/// The bytes of rank 0's allocation `name` (the gradients, the weights), from a run's memory
+/// event.
+fn category_bytes(dir: &Path, name: &str) -> u64 {
     (events(&dir.join("log.jsonl")).into_iter())
         .find_map(|e| match e {
-            Event::Memory { category, bytes } if category == "gradients" => Some(bytes),
+            Event::Memory { category, bytes } if category == name => Some(bytes),
             _ => None,
         })
-        .expect("a memory event for the gradients")
+        .unwrap_or_else(|| panic!("no memory event for the {name}"))
+}
+
+fn gradient_bytes(dir: &Path) -> u64 {
+    category_bytes(dir, "gradients")
+}
+
+fn weight_bytes(dir: &Path) -> u64 {
+    category_bytes(dir, "weights")
 }
 
 /// ZeRO-2 gives the unsharded run's bits, FP8 too: each block's gradients are summed on the
@@ -382,16 +391,6 @@ fn zero_2_on_three_ranks_with_tied_embeddings_gives_the_same_bits() {
     assert_eq!(norms(&plain), norms(&sharded));
     assert_same_model(&plain, &sharded);
     assert!(gradient_bytes(&sharded) < gradient_bytes(&plain));
-}
-
-/// The bytes of rank 0's weights, from a run's memory event.
-fn weight_bytes(dir: &Path) -> u64 {
-    (events(&dir.join("log.jsonl")).into_iter())
-        .find_map(|e| match e {
-            Event::Memory { category, bytes } if category == "weights" => Some(bytes),
-            _ => None,
-        })
-        .expect("a memory event for the weights")
 }
 
 /// ZeRO-3 gives the unsharded run's bits too, on two ranks and on three with tied

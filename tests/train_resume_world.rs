@@ -284,35 +284,28 @@ fn one_rank_continues_on_two() {
 }
 
 /// A two-rank ZeRO-2 checkpoint continues on the same ranks at another level bit for bit
-/// (without accumulation ZeRO-2 gives level 0's bits), and on one rank closely.
+/// (without accumulation ZeRO-2 gives level 0's bits), and on one rank closely; so does a
+/// ZeRO-3 one, whose weights are split over the ranks' files.
 #[test]
-fn zero_2_continues_at_another_level_and_on_one_rank() {
+fn zero_2_and_3_continue_at_another_level_and_on_one_rank() {
     let set = setup();
     let two = shape(&set, 2, 4, 1);
-    let full = train(&set, "full", &two, &["--zero-level", "2"]);
-    for level in ["0", "1"] {
-        let name = format!("level-{level}");
-        let resumed = continued(&set, &full, &name, &two, &["--zero-level", level]);
-        assert_continues_exactly(&full, &resumed);
+    for (level, others) in [("2", ["0", "1"]), ("3", ["0", "2"])] {
+        let full = train(
+            &set,
+            &format!("full-{level}"),
+            &two,
+            &["--zero-level", level],
+        );
+        for other in others {
+            let name = format!("{level}-at-level-{other}");
+            let resumed = continued(&set, &full, &name, &two, &["--zero-level", other]);
+            assert_continues_exactly(&full, &resumed);
+        }
+        let name = format!("{level}-on-one");
+        let one = continued(&set, &full, &name, &shape(&set, 1, 4, 2), &[]);
+        assert_continues_closely(&full, &one);
     }
-    let one = continued(&set, &full, "one", &shape(&set, 1, 4, 2), &[]);
-    assert_continues_closely(&full, &one);
-}
-
-/// A two-rank ZeRO-3 checkpoint, whose weights are split over the ranks' files, continues
-/// the same way: at levels 0 and 2 bit for bit, and on one rank closely.
-#[test]
-fn zero_3_continues_at_another_level_and_on_one_rank() {
-    let set = setup();
-    let two = shape(&set, 2, 4, 1);
-    let full = train(&set, "full", &two, &["--zero-level", "3"]);
-    for level in ["0", "2"] {
-        let name = format!("level-{level}");
-        let resumed = continued(&set, &full, &name, &two, &["--zero-level", level]);
-        assert_continues_exactly(&full, &resumed);
-    }
-    let one = continued(&set, &full, "one", &shape(&set, 1, 4, 2), &[]);
-    assert_continues_closely(&full, &one);
 }
 
 /// Rewrites the state of checkpoint `step_dir` as format version 1 wrote it: the data

@@ -15,6 +15,7 @@ pub mod host;
 pub mod launch;
 pub mod nccl;
 pub mod ranks;
+mod tcp;
 mod torch_store;
 
 use std::sync::Arc;

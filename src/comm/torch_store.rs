@@ -11,9 +11,11 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+
+use super::tcp::connect_within;
 
 const VALIDATE: u8 = 0;
 const SET: u8 = 1;
@@ -23,9 +25,6 @@ const MAGIC: u32 = 0x3C85_F7CE;
 /// `WaitResponseType::STOP_WAITING`: the key is set.
 const STOP_WAITING: u8 = 0;
 
-/// How often a rank tries again to reach a store that is not up yet.
-const RETRY: Duration = Duration::from_millis(200);
-
 pub struct TorchStore {
     stream: TcpStream,
 }
@@ -33,16 +32,9 @@ pub struct TorchStore {
 impl TorchStore {
     /// Connects to torchrun's store at `address`, trying for at most `timeout`.
     pub fn connect(address: SocketAddr, timeout: Duration) -> Result<TorchStore> {
-        let deadline = Instant::now() + timeout;
-        let stream = loop {
-            match TcpStream::connect_timeout(&address, Duration::from_secs(1)) {
-                Ok(stream) => break stream,
-                Err(e) if Instant::now() >= deadline => bail!(
-                    "cannot reach torchrun's store at {address} (MASTER_ADDR:MASTER_PORT): {e}"
-                ),
-                Err(_) => std::thread::sleep(RETRY),
-            }
-        };
+        let stream = connect_within(address, timeout).with_context(|| {
+            format!("cannot reach torchrun's store at {address} (MASTER_ADDR:MASTER_PORT)")
+        })?;
         stream.set_read_timeout(Some(timeout))?;
         let mut store = TorchStore { stream };
         let mut hello = vec![VALIDATE];

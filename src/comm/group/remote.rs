@@ -5,12 +5,13 @@
 use std::io::{BufReader, BufWriter};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::wire::{FromStore, ToStore};
 use super::{Failure, Group, PEER_FAILED};
+use crate::comm::tcp::connect_within;
 
 pub struct Remote {
     rank: usize,
@@ -30,28 +31,18 @@ struct Seen {
     ended: bool,
 }
 
-/// How often a rank tries again to reach a store that is not up yet.
-const RETRY: Duration = Duration::from_millis(200);
-
 impl Remote {
     /// Joins the group served at `store` as rank `rank` of `world`, trying for at most
     /// `timeout` (rank 0 may start later than this rank).
     pub fn join(store: SocketAddr, rank: usize, world: usize, timeout: Duration) -> Result<Remote> {
-        let deadline = Instant::now() + timeout;
-        let stream = loop {
-            match TcpStream::connect_timeout(&store, RETRY.max(Duration::from_secs(1))) {
-                Ok(stream) => break stream,
-                Err(e) if Instant::now() >= deadline => {
-                    bail!(
-                        "rank {rank}: cannot reach rank 0's store at {store} within --comm-timeout \
-                         {} s ({e}); is rank 0 running, and do MASTER_ADDR and MASTER_PORT name \
-                         its machine and a port it can open?",
-                        timeout.as_secs_f64()
-                    )
-                }
-                Err(_) => std::thread::sleep(RETRY),
-            }
-        };
+        let stream = connect_within(store, timeout).with_context(|| {
+            format!(
+                "rank {rank}: cannot reach rank 0's store at {store} within --comm-timeout {} s; \
+                 is rank 0 running, and do MASTER_ADDR and MASTER_PORT name its machine and a \
+                 port it can open?",
+                timeout.as_secs_f64()
+            )
+        })?;
         let _ = stream.set_nodelay(true);
         let mut writer = BufWriter::new(stream.try_clone()?);
         let mut reader = BufReader::new(stream);
