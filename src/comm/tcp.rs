@@ -12,11 +12,11 @@ const ONE_TRY: Duration = Duration::from_secs(1);
 /// A connection to `address`, tried again until one succeeds or `timeout` has passed (then
 /// the last try's error).
 pub fn connect_within(address: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    let deadline = Instant::now() + timeout;
+    let start = Instant::now();
     loop {
         match TcpStream::connect_timeout(&address, ONE_TRY) {
             Ok(stream) => return Ok(stream),
-            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(e) if start.elapsed() >= timeout => return Err(e),
             Err(_) => std::thread::sleep(RETRY),
         }
     }

@@ -151,7 +151,7 @@ impl Group for Remote {
         let (s, waited) = self
             .seen
             .1
-            .wait_timeout_while(self.seen(), 2 * self.timeout, |s| {
+            .wait_timeout_while(self.seen(), self.timeout.saturating_mul(2), |s| {
                 s.answer.is_none() && s.failure.is_none()
             })
             .unwrap_or_else(|p| p.into_inner());
@@ -164,7 +164,7 @@ impl Group for Remote {
                 debug_assert!(waited.timed_out());
                 bail!(
                     "rank {rank}: rank 0's store did not answer within {} s",
-                    (2 * self.timeout).as_secs_f64()
+                    self.timeout.saturating_mul(2).as_secs_f64()
                 )
             }
         }

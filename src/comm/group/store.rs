@@ -9,7 +9,7 @@ use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -60,18 +60,10 @@ impl Store {
     /// still ending their work (or telling of their failure) keep the store they need.
     pub fn wait_for_the_others(&self) {
         let (set, changed) = &*self.connected;
-        let deadline = Instant::now() + self.timeout;
-        let mut set = lock(set);
-        while !set.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            set = changed
-                .wait_timeout(set, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let set = lock(set);
+        let _ = changed
+            .wait_timeout_while(set, self.timeout, |set| !set.is_empty())
+            .unwrap_or_else(|p| p.into_inner());
     }
 }
 
