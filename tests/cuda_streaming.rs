@@ -14,7 +14,6 @@ use smelt::backend::prelude::*;
 use smelt::comm::Solo;
 use smelt::model::{LossOptions, ModelConfig, ModelOptions, Recompute, Transformer};
 use smelt::tensor::DType;
-use smelt::train::optimizer::AdamWState;
 
 const STEPS: u64 = 5;
 const MICRO_STEPS: u64 = 2;
@@ -51,10 +50,6 @@ fn train<B: Backend>(
         .map(|p| gpu.download(p).unwrap())
         .collect();
     (losses, weights)
-}
-
-fn bf16_adamw<B: Backend>(b: &B, model: &Transformer<B>) -> AdamWState<B> {
-    AdamWState::new(b, &Solo, model, smelt::train::bench::bf16_adamw_options()).unwrap()
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 mod train_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use smelt::train::log::Event;
 use train_support::*;
@@ -337,6 +337,35 @@ fn weight_bytes(dir: &Path) -> u64 {
     category_bytes(dir, "weights")
 }
 
+/// The run of `model` on `ranks` ranks with `flags`, unsharded in `name` and at ZeRO level
+/// `level` in `name-zero-LEVEL`, which must give the same bits: the same steps (losses and
+/// data), gradient norms and exported model. Returns both folders.
+fn sharded_like_plain(
+    set: &Setup, model: &Path, name: &str, ranks: usize, flags: &[&str], level: &str,
+) -> (PathBuf, PathBuf) {
+    let (plain, sharded) = (
+        set.root.join(name),
+        set.root.join(format!("{name}-zero-{level}")),
+    );
+    smelt_ok(&strs(&command_for(model, set, &plain, ranks, flags)));
+    let with_level = [flags, &["--zero-level", level]].concat();
+    smelt_ok(&strs(&command_for(
+        model,
+        set,
+        &sharded,
+        ranks,
+        &with_level,
+    )));
+    assert_eq!(
+        steps(&plain.join("log.jsonl")),
+        steps(&sharded.join("log.jsonl")),
+        "{name}"
+    );
+    assert_eq!(norms(&plain), norms(&sharded), "{name}");
+    assert_same_model(&plain, &sharded);
+    (plain, sharded)
+}
+
 /// ZeRO-2 gives the unsharded run's bits, FP8 too: each block's gradients are summed on the
 /// rank that updates it, and each rank adds up the squared norms of only the gradients whose
 /// sums it holds. With 6 blocks, each rank writes the 3 that it does not update into two
@@ -346,17 +375,7 @@ fn zero_2_gives_the_same_bits_and_continues_exactly() {
     let set = setup();
     let deep = model_variant(&set, "deep-model", |c| c["num_hidden_layers"] = 6.into());
     for (name, precision) in [("bf16", &[][..]), ("fp8", &["--matmul-dtype", "e4m3"][..])] {
-        let (plain, sharded) = (set.root.join(name), set.root.join(format!("{name}-zero-2")));
-        smelt_ok(&strs(&command_for(&deep, &set, &plain, 2, precision)));
-        let flags = [precision, &["--zero-level", "2"]].concat();
-        smelt_ok(&strs(&command_for(&deep, &set, &sharded, 2, &flags)));
-        assert_eq!(
-            steps(&plain.join("log.jsonl")),
-            steps(&sharded.join("log.jsonl")),
-            "{name}"
-        );
-        assert_eq!(norms(&plain), norms(&sharded), "{name}");
-        assert_same_model(&plain, &sharded);
+        let (plain, sharded) = sharded_like_plain(&set, &deep, name, 2, precision, "2");
         // Rank 0 keeps 3 of the 6 blocks' gradients and two slots for the others', plus
         // every other parameter's: one block's fewer, 9,280 bf16 values.
         let (whole, shared) = (gradient_bytes(&plain), gradient_bytes(&sharded));
@@ -380,16 +399,7 @@ fn zero_2_on_three_ranks_with_tied_embeddings_gives_the_same_bits() {
         c["num_hidden_layers"] = 6.into();
         c["tie_word_embeddings"] = true.into();
     });
-    let (plain, sharded) = (set.root.join("plain"), set.root.join("zero-2"));
-    smelt_ok(&strs(&command_for(&model, &set, &plain, 3, &[])));
-    let flags = ["--zero-level", "2"];
-    smelt_ok(&strs(&command_for(&model, &set, &sharded, 3, &flags)));
-    assert_eq!(
-        steps(&plain.join("log.jsonl")),
-        steps(&sharded.join("log.jsonl"))
-    );
-    assert_eq!(norms(&plain), norms(&sharded));
-    assert_same_model(&plain, &sharded);
+    let (plain, sharded) = sharded_like_plain(&set, &model, "plain", 3, &[], "2");
     assert!(gradient_bytes(&sharded) < gradient_bytes(&plain));
 }
 
@@ -408,17 +418,7 @@ fn zero_3_gives_the_same_bits_continues_exactly_and_exports() {
         c["tie_word_embeddings"] = true.into();
     });
     for (name, model, ranks) in [("two", &deep, 2), ("three-tied", &tied, 3)] {
-        let (plain, sharded) = (set.root.join(name), set.root.join(format!("{name}-zero-3")));
-        smelt_ok(&strs(&command_for(model, &set, &plain, ranks, &[])));
-        let flags = ["--zero-level", "3"];
-        smelt_ok(&strs(&command_for(model, &set, &sharded, ranks, &flags)));
-        assert_eq!(
-            steps(&plain.join("log.jsonl")),
-            steps(&sharded.join("log.jsonl")),
-            "{name}"
-        );
-        assert_eq!(norms(&plain), norms(&sharded), "{name}");
-        assert_same_model(&plain, &sharded);
+        let (plain, sharded) = sharded_like_plain(&set, model, name, ranks, &[], "3");
         assert!(weight_bytes(&sharded) < weight_bytes(&plain), "{name}");
         assert!(gradient_bytes(&sharded) < gradient_bytes(&plain), "{name}");
     }
