@@ -65,50 +65,34 @@ impl Launch {
                 })
                 .transpose()
         };
-        let require = |launcher: &str, name: &str| -> Result<usize> {
-            number(name)?
-                .with_context(|| format!("{launcher} set some of its variables, but not {name}"))
+        // Each launcher's names for (rank, world, local rank).
+        let (launcher, names) = if var("RANK").is_some() || var("WORLD_SIZE").is_some() {
+            ("torchrun", ["RANK", "WORLD_SIZE", "LOCAL_RANK"])
+        } else if var("OMPI_COMM_WORLD_RANK").is_some() {
+            let local = "OMPI_COMM_WORLD_LOCAL_RANK";
+            (
+                "mpirun",
+                ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", local],
+            )
+        } else if var("SLURM_PROCID").is_some()
+            && (var("SLURM_STEP_ID").or(var("SLURM_STEPID"))).is_some()
+        {
+            let world = ["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"]
+                .into_iter()
+                .find(|n| var(n).is_some())
+                .unwrap_or("SLURM_NTASKS");
+            ("srun", ["SLURM_PROCID", world, "SLURM_LOCALID"])
+        } else {
+            return Ok(None);
         };
-        let (launcher, rank, world, local_rank, names) =
-            if var("RANK").is_some() || var("WORLD_SIZE").is_some() {
-                let (r, w, l) = ("RANK", "WORLD_SIZE", "LOCAL_RANK");
-                (
-                    "torchrun",
-                    require("torchrun", r)?,
-                    require("torchrun", w)?,
-                    require("torchrun", l)?,
-                    [r, w],
-                )
-            } else if var("OMPI_COMM_WORLD_RANK").is_some() {
-                let (r, w, l) = (
-                    "OMPI_COMM_WORLD_RANK",
-                    "OMPI_COMM_WORLD_SIZE",
-                    "OMPI_COMM_WORLD_LOCAL_RANK",
-                );
-                (
-                    "mpirun",
-                    require("mpirun", r)?,
-                    require("mpirun", w)?,
-                    require("mpirun", l)?,
-                    [r, w],
-                )
-            } else if var("SLURM_PROCID").is_some()
-                && (var("SLURM_STEP_ID").or(var("SLURM_STEPID"))).is_some()
-            {
-                let w = ["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"]
-                    .into_iter()
-                    .find(|n| var(n).is_some())
-                    .unwrap_or("SLURM_NTASKS");
-                (
-                    "srun",
-                    require("srun", "SLURM_PROCID")?,
-                    require("srun", w)?,
-                    require("srun", "SLURM_LOCALID")?,
-                    ["SLURM_PROCID", w],
-                )
-            } else {
-                return Ok(None);
-            };
+        let values = (names.iter())
+            .map(|name| {
+                number(name)?.with_context(|| {
+                    format!("{launcher} set some of its variables, but not {name}")
+                })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let (rank, world, local_rank) = (values[0], values[1], values[2]);
         if world == 0 || rank >= world {
             bail!(
                 "{}={rank} with {}={world}: a rank must be below the number of ranks",

@@ -55,7 +55,7 @@ pub fn build<B: Backend>(
         .collect();
     let homes = slots_of(kept);
     let mut own = tensors.into_iter();
-    let mut take = || own.next().expect("one tensor per kept gradient");
+    let mut take = || own.next().expect("one tensor per parameter kept");
     let embed = take();
     let layers = (layout.layers.iter().zip(&homes))
         .map(|(block, home)| {

@@ -2,8 +2,8 @@
 //! `--offload-gradients`) and streamed through the device, so that it holds two blocks' worth
 //! of each whatever the depth.
 //!
-//! Each streamed set has two device slots, which the blocks take in turn (block l in slot
-//! l mod 2), and its host tensors are the real ones: `Transformer::params` (and the
+//! Each streamed set has two device slots, which the blocks take in turn (`shared_slots`:
+//! block l shares its slot with blocks l ± 2), and its host tensors are the real ones: `Transformer::params` (and the
 //! gradients) hold them, so the optimizer, checkpoints and export read and write them there,
 //! and only a block's own ops see the slot (`layer_weights`, `layer_grads`). Copies run on a
 //! copy engine beside the blocks' work (`Backend::start_copy`):
@@ -21,6 +21,7 @@
 use anyhow::Result;
 
 use super::params::{LayerParams, ParamSpec, Params};
+use super::shared_slots;
 use crate::backend::Backend;
 use crate::tensor::{Tensor, TensorSpec};
 
@@ -33,26 +34,24 @@ pub struct SplitSpecs {
 }
 
 /// The specs of `layout`'s tensors named `prefix` + name, the blocks' in host memory with two
-/// device slots (named `{prefix}slot{s}.{field}`) when `streamed`, else all on the device.
+/// device slots (`shared_slots`, none of the blocks kept) when `streamed`, else all on the
+/// device.
 pub fn split_specs(layout: &Params<ParamSpec>, prefix: &str, streamed: bool) -> SplitSpecs {
-    let spec = |p: &ParamSpec, name: String| TensorSpec::new(name, &p.tensor.shape, p.tensor.dtype);
-    let own = |p: &ParamSpec| spec(p, format!("{prefix}{}", p.tensor.name));
     if !streamed {
         return SplitSpecs {
-            device: layout.iter().map(own).collect(),
+            device: shared_slots::specs(layout, prefix, None),
             host: vec![],
         };
     }
-    let mut device: Vec<TensorSpec> = layout.outside_blocks().map(own).collect();
-    for s in 0..slot_count(layout) {
-        device.extend(layout.layers[0].iter().map(|p| {
-            // `layers.0.qkv` → `qkv`
-            let field = p.tensor.name.splitn(3, '.').last().unwrap_or_default();
-            spec(p, format!("{prefix}slot{s}.{field}"))
-        }));
-    }
+    let own = |p: &ParamSpec| {
+        TensorSpec::new(
+            format!("{prefix}{}", p.tensor.name),
+            &p.tensor.shape,
+            p.tensor.dtype,
+        )
+    };
     SplitSpecs {
-        device,
+        device: shared_slots::specs(layout, prefix, Some(&none_kept(layout))),
         host: layout
             .layers
             .iter()
@@ -62,8 +61,8 @@ pub fn split_specs(layout: &Params<ParamSpec>, prefix: &str, streamed: bool) -> 
     }
 }
 
-fn slot_count<T>(layout: &Params<T>) -> usize {
-    layout.layers.len().min(2)
+fn none_kept<T>(layout: &Params<T>) -> Vec<bool> {
+    vec![false; layout.layers.len()]
 }
 
 /// The tensors of a set planned by `split_specs`, as the set (blocks from host memory where
@@ -74,40 +73,28 @@ pub fn assemble<B: Backend>(
     if host.is_empty() {
         return (super::params::from_list(layout, device), None);
     }
+    // Every block's view of its slot, and the tensors outside the blocks.
+    let on_device = shared_slots::build(layout, Some(&none_kept(layout)), device);
     let per_block = layout.layers[0].iter().count();
-    let outside = layout.outside_blocks().count();
-    let mut device = device.into_iter();
-    let outside: Vec<Tensor<B>> = device.by_ref().take(outside).collect();
-    let slots: Vec<Vec<Tensor<B>>> = (0..slot_count(layout))
-        .map(|_| device.by_ref().take(per_block).collect())
-        .collect();
     let block = |tensors: &[Tensor<B>]| -> LayerParams<Tensor<B>> {
         let mut next = tensors.iter().cloned();
         (layout.layers[0].try_map(&mut |_| Ok(next.next().expect("one tensor per field"))))
             .expect("infallible")
     };
     let layers: Vec<LayerParams<Tensor<B>>> = host.chunks(per_block).map(block).collect();
-    let mut outside = outside.into_iter();
-    let params = Params {
-        embed: outside.next().expect("the embedding is outside the blocks"),
-        layers: layers.clone(),
-        final_norm: outside
-            .next()
-            .expect("the final norm is outside the blocks"),
-        lm_head: layout
-            .lm_head
-            .as_ref()
-            .map(|_| outside.next().expect("an untied head")),
-    };
     let ring = Ring {
-        host: layers,
-        slots: slots.iter().map(|s| block(s)).collect(),
+        host: layers.clone(),
+        slots: on_device.layers,
+    };
+    let params = Params {
+        layers,
+        ..on_device
     };
     (params, Some(ring))
 }
 
-/// One streamed set: every block's tensors in host memory, and the device slots they pass
-/// through.
+/// One streamed set: every block's tensors in host memory, and each block's view of the
+/// device slot it passes through.
 pub struct Ring<B: Backend> {
     host: Vec<LayerParams<Tensor<B>>>,
     slots: Vec<LayerParams<Tensor<B>>>,
@@ -116,7 +103,7 @@ pub struct Ring<B: Backend> {
 impl<B: Backend> Ring<B> {
     /// Block `l`'s slot, where its ops read and write it.
     pub fn slot(&self, l: usize) -> &LayerParams<Tensor<B>> {
-        &self.slots[l % self.slots.len()]
+        &self.slots[l]
     }
 
     /// Starts block `l`'s copy into its slot, after the ops enqueued so far (the last block
