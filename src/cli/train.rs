@@ -20,6 +20,8 @@ use crate::io::hf;
 use crate::model::{MatmulPrecision, Recompute};
 use crate::plan::Request;
 use crate::tensor::DType;
+use crate::train::guard::{GuardOptions, OnSpike};
+use crate::train::inject::Injection;
 use crate::train::options::{Defaults, MemoryOptions, Offload, OptimizerOptions};
 use crate::train::schedule::Decay;
 use crate::train::{ModelSource, Options, Summary, demo};
@@ -225,6 +227,61 @@ pub struct TrainArgs {
     /// gradient (JSONL `abs_max` events), for diagnosing divergence; 0 for never.
     #[arg(long, default_value_t = 0, help_heading = "Precision")]
     debug_log_abs_max: u64,
+
+    // ----- health and guards -----
+    /// Every N steps, log the training health (JSONL `health` events): the gradient norm
+    /// before and after clipping, and the gradient norm, weight norm and ‖update‖/‖weights‖
+    /// overall, per block and per tensor family; 0 for never. Such a step reads every
+    /// weight into host memory twice, one tensor at a time.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Health and guards"
+    )]
+    health_every: u64,
+    /// Stop the run once this many steps in a row have been skipped (a loss or gradient norm
+    /// that is not finite is never applied to the weights; nor, with --on-spike skip, a loss
+    /// spike): the last checkpoint keeps the last good step.
+    #[arg(
+        long,
+        value_name = "K",
+        default_value_t = 10,
+        help_heading = "Health and guards"
+    )]
+    max_skipped_steps: u64,
+    /// Losses the spike detector remembers: a loss is a spike when it stands more than
+    /// --spike-zscore standard deviations above their mean (judged once it holds them all).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 128,
+        help_heading = "Health and guards"
+    )]
+    spike_window: usize,
+    /// Standard deviations above the window's mean that make a loss a spike; 0 turns the
+    /// detector off.
+    #[arg(
+        long,
+        value_name = "Z",
+        default_value_t = 5.0,
+        help_heading = "Health and guards"
+    )]
+    spike_zscore: f64,
+    /// What a loss spike does: `warn` logs it (a `spike` event) and applies the update;
+    /// `skip` logs it and skips the step's update.
+    #[arg(long, value_enum, default_value_t = OnSpike::Warn, help_heading = "Health and guards")]
+    on_spike: OnSpike,
+    /// Inject faults, for testing the guards: FAULT@STEP, comma-separated; FAULT is
+    /// nan-grad (a gradient becomes NaN on the device), nan-loss or spike (the loss reads
+    /// NaN, or 10× itself).
+    #[arg(
+        long,
+        value_name = "FAULT@STEP,...",
+        value_delimiter = ',',
+        help_heading = "Health and guards"
+    )]
+    debug_inject: Vec<Injection>,
 }
 
 impl TrainArgs {
@@ -313,9 +370,16 @@ impl TrainArgs {
             ("--lmhead-chunks", self.lmhead_chunks),
             ("--ffn-chunks", self.ffn_chunks),
             ("--eval-num-steps", eval_num_steps),
+            ("--max-skipped-steps", self.max_skipped_steps as usize),
         ];
         if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
             bail!("{flag} must be at least 1");
+        }
+        if self.spike_window < 2 {
+            bail!(
+                "--spike-window {}: must be at least 2 (a spread needs two losses)",
+                self.spike_window
+            );
         }
         let final_lr_fraction = self.final_lr_fraction.unwrap_or(d.final_lr_fraction);
         let lr = self.lr.unwrap_or(d.lr);
@@ -360,6 +424,12 @@ impl TrainArgs {
                 self.grad_clip,
                 self.grad_clip >= 0.0,
                 "must not be negative (0 turns clipping off)",
+            ),
+            (
+                "--spike-zscore",
+                self.spike_zscore,
+                self.spike_zscore >= 0.0,
+                "must not be negative (0 turns the spike detector off)",
             ),
             (
                 "--z-loss",
@@ -448,6 +518,14 @@ impl TrainArgs {
             eval_num_steps,
             debug_log_abs_max: self.debug_log_abs_max,
             grad_sum_after_backward: self.grad_sum_after_backward,
+            health_every: self.health_every,
+            guard: GuardOptions {
+                max_skipped_steps: self.max_skipped_steps,
+                spike_window: self.spike_window,
+                spike_zscore: self.spike_zscore,
+                on_spike: self.on_spike,
+            },
+            debug_inject: self.debug_inject.clone(),
         })
     }
 

@@ -29,6 +29,7 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::guard::GuardState;
 use super::loader::LoaderState;
 use super::optimizer::AdamWState;
 use super::schedule::Schedule;
@@ -81,6 +82,9 @@ pub struct State {
     pub tokens_seen: u64,
     /// The model directory the run started from, whose tokenizer files belong to it.
     pub model_dir: Option<PathBuf>,
+    /// What the guard remembers (absent from the checkpoints of an earlier smelt: empty).
+    #[serde(default)]
+    pub guard: GuardState,
 }
 
 impl State {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
+use super::health::Health;
 use crate::io::atomic::is_disk_full_io;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,6 +43,33 @@ pub enum Event {
         /// A hash of the step's input sequences, every rank's, in the order of the training
         /// stream: two runs that read the same data log the same, whatever their world size.
         data: String,
+    },
+    /// A step whose update was skipped (`train::guard`): its batch is spent and no weight
+    /// changed. `None` for a figure that is not finite.
+    Skipped {
+        step: u64,
+        reason: String,
+        loss: Option<f64>,
+        norm: Option<f64>,
+        /// As `Step`'s.
+        data: String,
+    },
+    /// A loss spike (`train::guard`): the loss, and the mean and standard deviation of the
+    /// window it stands out of by `zscore`.
+    Spike {
+        step: u64,
+        loss: f64,
+        zscore: f64,
+        mean: f64,
+        std: f64,
+        /// Whether the step's update was skipped for it (`--on-spike skip`).
+        skipped: bool,
+    },
+    /// The training health of a step (`--health-every`), measured on its update.
+    Health {
+        step: u64,
+        #[serde(flatten)]
+        health: Health,
     },
     Eval {
         step: u64,

@@ -208,14 +208,21 @@ impl<B: Backend> AdamWState<B> {
         out
     }
 
-    /// One update of every parameter of `model` from its gradients. `step` counts from 1
-    /// (bias correction); `seed` drives stochastic rounding and must be the same on a resumed
-    /// run for the result to be bitwise the same. Sharded, this rank updates its share and
-    /// `comm` brings every rank the others'.
+    /// One update of every parameter of `model` from its gradients: `measure_gradients`,
+    /// then `update`.
     pub fn step(
         &self, b: &B, comm: &dyn Comm<B>, model: &Transformer<B>, lr: f32, step: u64, seed: u64,
     ) -> Result<()> {
-        let _range = Range::begin(b, format_args!("optimizer"));
+        self.measure_gradients(b, comm, model)?;
+        self.update(b, comm, model, lr, step, seed, false)
+            .map(|_| ())
+    }
+
+    /// Sums the squared gradients into the global norm on the device, for clipping (and
+    /// `grad_norm`). Nothing waits for the device.
+    pub fn measure_gradients(
+        &self, b: &B, comm: &dyn Comm<B>, model: &Transformer<B>,
+    ) -> Result<()> {
         let grads: Vec<&Tensor<B>> = model.grads().iter().collect();
         // Under ZeRO-2 each gradient's sum of squares comes from the rank that holds its sum
         // over the ranks (zeros from the others), so adding the ranks' vectors gives every
@@ -229,17 +236,28 @@ impl<B: Backend> AdamWState<B> {
             comm.start_all_reduce_sum(b, &[&self.sums_sq])?;
             comm.join_all_reduce_sums(b)?;
         }
-        b.sum(&self.norm_sq, &self.sums_sq)?;
-        let o = &self.options;
-        let hp = AdamW {
-            lr,
-            beta1: o.beta_1 as f32,
-            beta2: o.beta_2 as f32,
-            eps: o.adam_eps as f32,
-            weight_decay: o.weight_decay as f32,
-            step,
-            grad_clip: o.grad_clip as f32,
-        };
+        b.sum(&self.norm_sq, &self.sums_sq)
+    }
+
+    /// One AdamW update of every parameter of `model` from its gradients, clipped by the
+    /// norm `measure_gradients` summed. `step` counts from 1 (bias correction); `seed`
+    /// drives stochastic rounding and must be the same on a resumed run for the result to
+    /// be bitwise the same. Sharded, this rank updates its share and `comm` brings every
+    /// rank the others'.
+    ///
+    /// With `measure`, every rank also gets each parameter's `Σ w²` before the update and
+    /// `Σ Δw²` of it (of the master copy where there is one), in `Params` order: each kept
+    /// tensor is then updated on its own between two reads of it into host memory, which
+    /// gives the bits of the update of all at once (every element's update depends only on
+    /// its tensor) and waits for the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update(
+        &self, b: &B, comm: &dyn Comm<B>, model: &Transformer<B>, lr: f32, step: u64, seed: u64,
+        measure: bool,
+    ) -> Result<Option<Vec<WeightNorms>>> {
+        let _range = Range::begin(b, format_args!("optimizer"));
+        let grads: Vec<&Tensor<B>> = model.grads().iter().collect();
+        let hp = self.hyper(lr, step);
         let amax_slots = model.weight_amax_slots(b)?;
         let specs: Vec<&ParamSpec> = model.layout.iter().collect();
         let params: Vec<&Tensor<B>> = model.params.iter().collect();
@@ -255,9 +273,25 @@ impl<B: Backend> AdamWState<B> {
                 amax: amax_slots.as_ref().map(|slots| &slots[i]),
             })
             .collect::<Vec<_>>();
-        b.adamw(&tensors, &self.norm_sq, &hp)?;
+        // Unsharded, every rank updates every tensor alike and rank 0 alone measures them.
+        let measures = measure && (self.shard.is_some() || comm.rank() == 0);
+        let mut norms = vec![WeightNorms::default(); params.len()];
+        if measures {
+            for (t, &i) in tensors.iter().zip(&self.kept) {
+                let weight = t.master.unwrap_or(t.param);
+                let before = b.download(weight)?;
+                b.adamw(std::slice::from_ref(t), &self.norm_sq, &hp)?;
+                norms[i] = WeightNorms::between(&before, &b.download(weight)?);
+            }
+        } else {
+            b.adamw(&tensors, &self.norm_sq, &hp)?;
+        }
+        let norms = match measure {
+            true => Some(WeightNorms::sum_over_ranks(comm, &norms)?),
+            false => None,
+        };
         if self.shard.is_none() {
-            return Ok(());
+            return Ok(norms);
         }
         // Each weight from the rank that updated it, with the abs-max its FP8 copy scales by;
         // under ZeRO-3 only those outside the blocks, whose weights stay with their rank.
@@ -271,11 +305,77 @@ impl<B: Backend> AdamWState<B> {
         if let Some(slots) = &amax_slots {
             updated.extend(slots.iter().zip(self.owners.iter().copied()));
         }
-        comm.broadcast(b, &updated)
+        comm.broadcast(b, &updated)?;
+        Ok(norms)
+    }
+
+    /// The hyper-parameters of update `step` at rate `lr`.
+    fn hyper(&self, lr: f32, step: u64) -> AdamW {
+        let o = &self.options;
+        AdamW {
+            lr,
+            beta1: o.beta_1 as f32,
+            beta2: o.beta_2 as f32,
+            eps: o.adam_eps as f32,
+            weight_decay: o.weight_decay as f32,
+            step,
+            grad_clip: o.grad_clip as f32,
+        }
+    }
+
+    /// The factor by which the update scales gradients of global norm `norm`.
+    pub fn clip_scale(&self, norm: f64) -> f64 {
+        self.hyper(0.0, 1).clip_scale(norm * norm)
+    }
+
+    /// Each gradient's `Σ g²` of the last step, in `Params` order (summed over the ranks).
+    /// Waits for the device.
+    pub fn grad_sums_sq(&self, b: &B) -> Result<Vec<f64>> {
+        b.download_f64(&self.sums_sq)
     }
 
     /// The global gradient norm of the last step, before clipping. Waits for the device.
     pub fn grad_norm(&self, b: &B) -> Result<f64> {
         Ok(b.download_f64(&self.norm_sq)?[0].sqrt())
+    }
+}
+
+/// A weight tensor's squared norm before an update, and the update's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WeightNorms {
+    /// `Σ w²`.
+    pub param_sq: f64,
+    /// `Σ (w' − w)²`.
+    pub update_sq: f64,
+}
+
+impl WeightNorms {
+    /// Of a tensor that held `before` and holds `after`, summed in f64.
+    fn between(before: &[f32], after: &[f32]) -> WeightNorms {
+        let (mut param_sq, mut update_sq) = (0.0, 0.0);
+        for (&w, &w_new) in before.iter().zip(after) {
+            param_sq += (w as f64).powi(2);
+            update_sq += (w_new as f64 - w as f64).powi(2);
+        }
+        WeightNorms {
+            param_sq,
+            update_sq,
+        }
+    }
+
+    /// Every rank's measures of the tensors it updated (zeros elsewhere), added up.
+    fn sum_over_ranks<B: Backend>(comm: &dyn Comm<B>, norms: &[WeightNorms]) -> Result<Vec<Self>> {
+        let flat: Vec<f64> = norms
+            .iter()
+            .flat_map(|n| [n.param_sq, n.update_sq])
+            .collect();
+        let summed = comm.sum(&flat)?;
+        Ok(summed
+            .chunks_exact(2)
+            .map(|p| WeightNorms {
+                param_sq: p[0],
+                update_sq: p[1],
+            })
+            .collect())
     }
 }

@@ -8,6 +8,8 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::guard::GuardOptions;
+use super::inject::Injection;
 use super::schedule::Decay;
 use crate::io::hf;
 use crate::model::{
@@ -133,6 +135,12 @@ pub struct Options {
     /// With several ranks, sum the gradients once the backward has ended, instead of each
     /// block's while the backward goes on.
     pub grad_sum_after_backward: bool,
+    /// Steps between logs of the training health (`train::health`); 0 for none.
+    pub health_every: u64,
+    #[serde(flatten)]
+    pub guard: GuardOptions,
+    /// Faults to inject, for testing the guards.
+    pub debug_inject: Vec<Injection>,
 }
 
 impl Options {
@@ -148,7 +156,7 @@ impl Options {
     /// change what has already been computed (later ones may change with a warning).
     /// `recompute`, the offloads and `grad_sum_after_backward` are among them because they
     /// give bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 16] = [
+    pub const FREE_ON_CONTINUE: [&str; 22] = [
         "resume",
         "out_dir",
         "log_file",
@@ -165,6 +173,12 @@ impl Options {
         "offload_gradients",
         "debug_log_abs_max",
         "grad_sum_after_backward",
+        "health_every",
+        "max_skipped_steps",
+        "spike_window",
+        "spike_zscore",
+        "on_spike",
+        "debug_inject",
     ];
 }
 

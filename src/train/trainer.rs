@@ -23,6 +23,9 @@ use serde_json::{Value, json};
 
 use super::checkpoint::{self, State, VERSION};
 use super::console::{self, Console, StepReport};
+use super::guard::{Guard, Spike, Verdict};
+use super::health::{self, Health};
+use super::inject::{self, Fault};
 use super::loader::{Batch, DataSet, EvalSet, Loader, LoaderState};
 use super::log::{self, Event, Log};
 use super::metrics;
@@ -87,6 +90,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         rng: Rng::derived(o.seed, 1),
         tokens_seen: 0,
         model_dir: model_dir.clone(),
+        guard: Default::default(),
     };
     let resume = check_checkpoint_dir(o, &state)?;
     if o.out_dir.is_some() {
@@ -133,6 +137,7 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         step_losses,
         model,
         opt: None,
+        guard: Guard::new(o.guard.clone()),
         loader,
         eval: eval.map(|d| EvalSet::new(d, o.batch_size, comm.rank(), comm.world())),
         flops_per_token: config.training_flops_per_token(o.seq_len),
@@ -269,6 +274,7 @@ struct Run<'a, B: Backend> {
     /// Set once the weights are in place (the master copy is taken from them).
     opt: Option<AdamWState<B>>,
     step_losses: StepLosses<B>,
+    guard: Guard,
     loader: Loader,
     eval: Option<EvalSet>,
     flops_per_token: f64,
@@ -478,6 +484,8 @@ impl<B: Backend> Run<'_, B> {
         self.state.step = saved.step;
         self.state.loader = position;
         self.state.rng = saved.rng;
+        self.guard.state = saved.guard.clone();
+        self.state.guard = saved.guard;
         self.state.tokens_seen = saved.tokens_seen;
         self.saved_step = Some(saved.step);
         for w in warnings {
@@ -583,40 +591,46 @@ impl<B: Backend> Run<'_, B> {
         if o.debug_log_abs_max > 0 && step.is_multiple_of(o.debug_log_abs_max) {
             self.log_abs_max(step)?;
         }
-        let seed = self.state.rng.next_u64();
-        self.opt().step(
-            b,
-            self.comm,
-            &self.model,
-            lr as f32,
-            self.state.step + 1,
-            seed,
-        )?;
-        // The step's one wait for the device.
-        let loss_sum = self.comm.sum(&[self.step_losses.sum(b)?])?[0];
+        if inject::strikes(&o.debug_inject, Fault::NanGrad, step) {
+            b.fill(&self.model.grads().final_norm, f32::NAN)?;
+        }
+        self.opt().measure_gradients(b, comm, &self.model)?;
+        // The step's one wait for the device: the update waits for the guard's verdict.
+        let loss_sum = comm.sum(&[self.step_losses.sum(b)?])?[0];
         let norm = self.opt().grad_norm(b)?;
+        let loss = inject::loss(&o.debug_inject, step, loss_sum / trained.max(1) as f64);
+        let verdict = self.guard.judge(loss, norm);
+        let seed = self.state.rng.next_u64();
+        let health = match &verdict {
+            Verdict::Update { .. } => self.update(lr, step, seed)?,
+            Verdict::Skip { .. } => None,
+        };
         let seconds = start.elapsed().as_secs_f64();
 
-        self.state.step += 1;
+        self.state.step = step;
         self.state.loader = self.loader.state();
-        let tokens = (self.comm.world() * batches.len() * o.batch_size * o.seq_len) as u64;
+        self.state.guard = self.guard.state.clone();
+        let tokens = (comm.world() * batches.len() * o.batch_size * o.seq_len) as u64;
         self.state.tokens_seen += tokens;
-        let loss = loss_sum / trained.max(1) as f64;
         if trained == 0 {
             self.warn(format!(
-                "step {}: every target of the batch is masked out; the loss is 0 and only weight decay applies",
-                self.state.step
+                "step {step}: every target of the batch is masked out; the loss is 0 and only weight decay applies"
             ))?;
         }
-        if !loss.is_finite() || !norm.is_finite() {
-            bail!(
-                "step {}: the loss ({loss}) or gradient norm ({norm}) is not finite; lower --lr or set --grad-clip",
-                self.state.step
-            );
+        let data = format!("{data:016x}");
+        let (spike, skipped) = match verdict {
+            Verdict::Update { spike } => (spike, None),
+            Verdict::Skip { reason, spike } => (spike, Some(reason)),
+        };
+        if let Some(s) = spike {
+            self.log_spike(step, loss, s, skipped.is_some())?;
+        }
+        if let Some(reason) = skipped {
+            return self.skipped(step, reason, loss, norm, data);
         }
         let tokens_per_second = tokens as f64 / seconds;
         let report = StepReport {
-            step: self.state.step,
+            step,
             steps: self.state.schedule.steps,
             seconds,
             norm,
@@ -626,7 +640,7 @@ impl<B: Backend> Run<'_, B> {
             mfu: metrics::mfu(self.flops_per_token, tokens_per_second, b.peak_flops()),
         };
         self.log.write(Event::Step {
-            step: report.step,
+            step,
             loss,
             norm,
             lr,
@@ -634,11 +648,89 @@ impl<B: Backend> Run<'_, B> {
             seconds,
             tokens_per_second,
             mfu: report.mfu,
-            data: format!("{data:016x}"),
+            data,
         })?;
         self.console.step(&report);
+        if let Some(health) = health {
+            self.log_health(step, health)?;
+        }
         self.summary.losses.push(loss);
         Ok(())
+    }
+
+    /// Step `step`'s update, and its health when it is a `--health-every` step.
+    fn update(&mut self, lr: f64, step: u64, seed: u64) -> Result<Option<Health>> {
+        let (b, o, opt) = (self.b, self.o, self.opt());
+        let measure = o.health_every > 0 && step.is_multiple_of(o.health_every);
+        let weights = (opt.update(b, self.comm, &self.model, lr as f32, step, seed, measure))?;
+        let Some(weights) = weights else {
+            return Ok(None);
+        };
+        let norm = opt.grad_norm(b)?;
+        let grad_sq = opt.grad_sums_sq(b)?;
+        let clip = opt.clip_scale(norm);
+        Ok(Some(health::measure(
+            &self.model.layout,
+            &grad_sq,
+            &weights,
+            clip,
+        )))
+    }
+
+    fn log_health(&mut self, step: u64, health: Health) -> Result<()> {
+        let families = health.families.iter();
+        let top = families.max_by(|a, b| a.1.update_ratio.total_cmp(&b.1.update_ratio));
+        let (name, worst) = top.map_or(("-", 0.0), |(n, f)| (n.as_str(), f.update_ratio));
+        self.console.line(&format!(
+            "[H] step {step} | norm {:.4} → {:.4} clipped | ‖w‖ {:.2} | ‖Δw‖/‖w‖ {:.2e} (largest: {name} {worst:.2e})",
+            health.all.grad_norm, health.clipped_grad_norm, health.all.param_norm, health.all.update_ratio,
+        ));
+        self.log.write(Event::Health { step, health })
+    }
+
+    /// Logs a loss spike; the console shows it here only when the update goes ahead (a
+    /// skipped step's line says why it was skipped).
+    fn log_spike(&mut self, step: u64, loss: f64, s: Spike, skipped: bool) -> Result<()> {
+        if !skipped {
+            self.console.line(&format!(
+                "[S] step {step} | loss spike {loss:.4}, {:.1} standard deviations above the mean \
+                 of the last {} ({:.4}); updated (--on-spike warn)",
+                s.zscore, self.o.guard.spike_window, s.mean
+            ));
+        }
+        self.log.write(Event::Spike {
+            step,
+            loss,
+            zscore: s.zscore,
+            mean: s.mean,
+            std: s.std,
+            skipped,
+        })
+    }
+
+    /// Logs step `step` as skipped for `reason`, and stops the run when too many in a row
+    /// have been.
+    fn skipped(
+        &mut self, step: u64, reason: String, loss: f64, norm: f64, data: String,
+    ) -> Result<()> {
+        let in_a_row = self.guard.state.skipped_in_a_row;
+        self.console.line(&format!(
+            "[S] step {step}/{} skipped: {reason} ({in_a_row} in a row); no weight changed",
+            self.state.schedule.steps
+        ));
+        let finite = |x: f64| x.is_finite().then_some(x);
+        self.log.write(Event::Skipped {
+            step,
+            reason: reason.clone(),
+            loss: finite(loss),
+            norm: finite(norm),
+            data,
+        })?;
+        let kept = match self.saved_step {
+            Some(saved) => format!("its last checkpoint is of step {saved}"),
+            None => "it wrote no checkpoint".into(),
+        };
+        self.guard.check_skipped(step, &reason, &kept)
     }
 
     /// The ranks meet once before the step's micro-batches, for the trained targets over all

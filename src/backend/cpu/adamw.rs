@@ -11,16 +11,6 @@ use super::{Cpu, Scalar, sum_f64};
 use crate::backend::{AdamW, AdamWTensor, OptimizerOps};
 use crate::tensor::{DType, Tensor};
 
-/// The factor that scales gradients down to `grad_clip` in global norm.
-pub fn clip_scale(norm_sq: f64, grad_clip: f32) -> f64 {
-    let norm = norm_sq.sqrt();
-    if grad_clip > 0.0 && norm > grad_clip as f64 {
-        grad_clip as f64 / norm
-    } else {
-        1.0
-    }
-}
-
 /// Writes `x` into an element of a `dtype` tensor: stochastically rounded when bf16 and 16
 /// bits of noise are given, else rounded to nearest.
 fn store<T: Scalar>(dst: &mut T, x: f32, dtype: DType, noise: Option<u32>) {
@@ -60,7 +50,7 @@ pub fn adamw<T: Scalar>(
     param: &mut [T], mut master: Option<&mut [T]>, grad: &[T], m: &mut [T], v: &mut [T],
     norm_sq: f64, hp: &AdamW, tensor_hp: &TensorHyper, dtypes: &StateDtypes,
 ) {
-    let scale = clip_scale(norm_sq, hp.grad_clip) as f32;
+    let scale = hp.clip_scale(norm_sq) as f32;
     let (b1, b2) = (hp.beta1, hp.beta2);
     let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
     let f32_of = |x: T| x.to_f32().unwrap_or(f32::NAN);

@@ -27,6 +27,17 @@ impl AdamW {
         if decays { self.weight_decay } else { 0.0 }
     }
 
+    /// The factor that scales gradients of squared global norm `norm_sq` down to
+    /// `grad_clip`, in f64 (every backend rounds it to f32 once).
+    pub fn clip_scale(&self, norm_sq: f64) -> f64 {
+        let norm = norm_sq.sqrt();
+        if self.grad_clip > 0.0 && norm > self.grad_clip as f64 {
+            self.grad_clip as f64 / norm
+        } else {
+            1.0
+        }
+    }
+
     /// `1 / (1 − β₁^step)` and `1 / √(1 − β₂^step)`, the factors of the bias-corrected
     /// moments, computed in f64 and rounded to f32 once per tensor on the host: every
     /// backend's update multiplies by exactly these.

@@ -127,7 +127,7 @@ template <typename P, typename Gr, typename M, typename V, bool MASTER, int W>
 __global__ void __launch_bounds__(ADAMW_THREADS, 4)
     adamw(const AdamWEntry* list, int count, const float* norm_sq, float lr, float beta1,
           float beta2, float eps, float inv_bias1, float inv_sqrt_bias2, float grad_clip) {
-    // The CPU's `clip_scale`, in f64 then rounded to f32: once per block rather than an f64
+    // `AdamW::clip_scale`, in f64 then rounded to f32: once per block rather than an f64
     // square root and division in every thread.
     __shared__ float clip;
     if (threadIdx.x == 0) {
