@@ -287,8 +287,20 @@ fn ranks_measure_and_skip_as_one() {
     let run = |name: &str, zero: &str| {
         let dir = set.root.join(name);
         let extra = [
-            "--device", "cpu", "--gpus", "2", "--zero-level", zero, "--ckpt-interval", "1",
-            "--steps", "4", "--health-every", "2", "--debug-inject", "nan-grad@3",
+            "--device",
+            "cpu",
+            "--gpus",
+            "2",
+            "--zero-level",
+            zero,
+            "--ckpt-interval",
+            "1",
+            "--steps",
+            "4",
+            "--health-every",
+            "2",
+            "--debug-inject",
+            "nan-grad@3",
         ];
         smelt_ok(&strs(&run_args(&set, &dir, &extra)));
         let health: Vec<Event> = (events(&dir.join("log.jsonl")).into_iter())

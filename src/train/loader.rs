@@ -244,7 +244,7 @@ impl Loader {
     /// Where this rank's `j`-th sequence of a step falls among the step's sequences in
     /// stream order.
     pub fn place_in_step(&self, j: usize) -> usize {
-        j * self.world + self.rank
+        place_in_step(j, self.rank, self.world)
     }
 
     /// Every chunk of `epoch`, in order.
@@ -323,4 +323,10 @@ impl EvalSet {
             }
         }
     }
+}
+
+/// Where the `j`-th sequence of a step on rank `rank` of `world` falls among the step's
+/// sequences in stream order: the ranks take them in turn.
+pub fn place_in_step(j: usize, rank: usize, world: usize) -> usize {
+    j * world + rank
 }

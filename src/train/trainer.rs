@@ -26,7 +26,7 @@ use super::console::{self, Console, StepReport};
 use super::guard::{Guard, Spike, Verdict};
 use super::health::{self, Health};
 use super::inject::{self, Fault};
-use super::loader::{Batch, DataSet, EvalSet, Loader, LoaderState};
+use super::loader::{Batch, DataSet, EvalSet, Loader, LoaderState, place_in_step};
 use super::log::{self, Event, Log};
 use super::metrics;
 use super::optimizer::AdamWState;
@@ -53,121 +53,169 @@ pub struct Summary {
 
 /// Trains as `o` says, on backend `b`, as rank `comm.rank()` of `comm.world()`.
 pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summary> {
-    let root = comm.rank() == 0;
-    // 1) Everything that reads the user's input, before anything is written.
-    let (config, model_dir) = o.model.config()?;
+    // The model's config is checked before the data, whose checks need its vocabulary.
+    let (config, _) = o.model.config()?;
     let data = DataSet::open(&o.train_file, "--train-file", config.vocab_size, o.seq_len)?;
-    let eval = (o.eval_file.as_deref())
-        .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
-        .transpose()?;
-    let fixed = fixed_settings(o, &data);
-    let loader = Loader::new(data, o.seed, comm.rank(), comm.world())?;
-    let global_batch = comm.world() * o.batch_size * o.grad_accumulation;
-    let steps = o
-        .steps
-        .unwrap_or_else(|| (loader.per_epoch() / global_batch).max(1) as u64);
-    let model_json = config.to_hf_json();
-    let state = State {
-        version: VERSION,
-        step: 0,
-        world_size: comm.world(),
-        config_hash: State::hash(&model_json, &fixed),
-        model_config: model_json,
-        fixed,
-        options: serde_json::to_value(o)?,
-        schedule: Schedule {
-            lr: o.lr,
-            // As torchtitan does, a warmup longer than the run is shortened to it (warned of
-            // below), so that the rate reaches --lr at the last step.
-            warmup: o.warmup.min(steps),
-            steps,
-            final_fraction: o.final_lr_fraction,
-            decay: o.lr_schedule,
-            // Likewise a cooldown longer than what follows the warmup starts where it ends.
-            cooldown: o.cooldown.min(steps - o.warmup.min(steps)),
-        },
-        loader: LoaderState::default(),
-        rng: Rng::derived(o.seed, 1),
-        tokens_seen: 0,
-        model_dir: model_dir.clone(),
-        guard: Default::default(),
-    };
-    let resume = check_checkpoint_dir(o, &state)?;
-    if o.out_dir.is_some() {
-        check_tokenizer(model_dir.as_deref(), config.vocab_size)?;
-    }
-    let log_file = o.log_file.as_deref().filter(|_| root);
-    if let Some(path) = log_file {
-        log::check_appendable(path)?;
+    let (mut run, resume) = Run::open(b, comm, o, Some(data))?;
+    run.logging_failure(|run| {
+        run.start(resume)?;
+        run.train_loop()?;
+        run.finish()
+    })?;
+    Ok(run.summary)
+}
+
+/// A checkpoint to continue from, with the warnings about options changed since.
+pub type Resume = (PathBuf, State, Vec<String>);
+
+/// A step between its gradients and its update.
+struct Pending {
+    start: Instant,
+    /// Trained targets over all ranks and micro-batches.
+    trained: usize,
+    /// The hash of its sequences (`meet_for_step`).
+    data: u64,
+    /// Tokens over all ranks and micro-batches.
+    tokens: u64,
+}
+
+/// What a step's update did.
+#[derive(Clone, Debug)]
+pub struct StepResult {
+    pub step: u64,
+    pub loss: f64,
+    /// The global gradient norm, before clipping.
+    pub norm: f64,
+    /// Why the guard skipped the update, if it did.
+    pub skipped: Option<String>,
+}
+
+impl<'a, B: Backend> Run<'a, B> {
+    /// Checks what `o` asks for, and allocates the model and opens the log: the run up to
+    /// its start. `data` is the training data, or `None` where the caller brings each batch
+    /// (`accumulate`). The checkpoint to continue from comes back for `start`.
+    pub fn open(
+        b: &'a B, comm: &'a dyn Comm<B>, o: &'a Options, data: Option<DataSet>,
+    ) -> Result<(Run<'a, B>, Option<Resume>)> {
+        let root = comm.rank() == 0;
+        // 1) Everything that reads the user's input, before anything is written.
+        let (config, model_dir) = o.model.config()?;
+        let eval = (o.eval_file.as_deref())
+            .map(|pattern| DataSet::open(pattern, "--eval-file", config.vocab_size, o.seq_len))
+            .transpose()?;
+        let fixed = fixed_settings(o, data.as_ref());
+        let loader =
+            (data.map(|d| Loader::new(d, o.seed, comm.rank(), comm.world()))).transpose()?;
+        let global_batch = comm.world() * o.batch_size * o.grad_accumulation;
+        let per_epoch = loader.as_ref().map_or(0, Loader::per_epoch);
+        let steps = o
+            .steps
+            .unwrap_or_else(|| (per_epoch / global_batch).max(1) as u64);
+        let model_json = config.to_hf_json();
+        let state = State {
+            version: VERSION,
+            step: 0,
+            world_size: comm.world(),
+            config_hash: State::hash(&model_json, &fixed),
+            model_config: model_json,
+            fixed,
+            options: serde_json::to_value(o)?,
+            schedule: Schedule {
+                lr: o.lr,
+                // As torchtitan does, a warmup longer than the run is shortened to it (warned of
+                // below), so that the rate reaches --lr at the last step.
+                warmup: o.warmup.min(steps),
+                steps,
+                final_fraction: o.final_lr_fraction,
+                decay: o.lr_schedule,
+                // Likewise a cooldown longer than what follows the warmup starts where it ends.
+                cooldown: o.cooldown.min(steps - o.warmup.min(steps)),
+            },
+            loader: LoaderState::default(),
+            rng: Rng::derived(o.seed, 1),
+            tokens_seen: 0,
+            model_dir: model_dir.clone(),
+            guard: Default::default(),
+        };
+        let resume = check_checkpoint_dir(o, &state)?;
+        if o.out_dir.is_some() {
+            check_tokenizer(model_dir.as_deref(), config.vocab_size)?;
+        }
+        let log_file = o.log_file.as_deref().filter(|_| root);
+        if let Some(path) = log_file {
+            log::check_appendable(path)?;
+        }
+
+        // 2) Startup: options, device, model, memory.
+        if comm.world() > 1 && (o.memory.offload_weights || o.memory.offload_gradients) {
+            bail!(
+                "--offload-weights and --offload-gradients stream one GPU's blocks from its host \
+                 memory, and are not implemented with several ranks yet; train on one GPU, or \
+                 share the state out with --zero-level 1, 2 or 3 instead"
+            );
+        }
+        let layout = Params::layout(&config, o.model_dtype);
+        let owners = zero::owners_of(&layout, comm.world(), &o.optimizer);
+        let kept = owners.and_then(|w| w.kept_blocks(comm.rank()));
+        let gradients = kept.clone().map_or(Gradients::All, Gradients::Kept);
+        let mut options =
+            (o.memory).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
+        if let Some(kept) = kept.filter(|_| o.optimizer.zero_level >= 3) {
+            options.weights = Weights::Kept(kept);
+        }
+        let model = Transformer::new(b, config.clone(), options)?;
+        // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
+        if root {
+            check_out_dir(o)?;
+        }
+        let step_losses = StepLosses::new(b, &model, o.grad_accumulation)?;
+        let run = Run {
+            b,
+            comm,
+            o,
+            log: Log::open(log_file)?,
+            console: if root {
+                Console::new()
+            } else {
+                Console::silent()
+            },
+            step_losses,
+            model,
+            opt: None,
+            guard: Guard::new(o.guard.clone()),
+            loader,
+            eval: eval.map(|d| EvalSet::new(d, o.batch_size, comm.rank(), comm.world())),
+            flops_per_token: config.training_flops_per_token(o.seq_len),
+            state,
+            saved_step: None,
+            pending: None,
+            summary: Summary {
+                losses: vec![],
+                final_eval: None,
+            },
+            model_dir,
+        };
+        Ok((run, resume))
     }
 
-    // 2) Startup: options, device, model, memory.
-    if comm.world() > 1 && (o.memory.offload_weights || o.memory.offload_gradients) {
-        bail!(
-            "--offload-weights and --offload-gradients stream one GPU's blocks from its host \
-             memory, and are not implemented with several ranks yet; train on one GPU, or \
-             share the state out with --zero-level 1, 2 or 3 instead"
-        );
-    }
-    let layout = Params::layout(&config, o.model_dtype);
-    let owners = zero::owners_of(&layout, comm.world(), &o.optimizer);
-    let kept = owners.and_then(|w| w.kept_blocks(comm.rank()));
-    let gradients = kept.clone().map_or(Gradients::All, Gradients::Kept);
-    let mut options =
-        (o.memory).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
-    if let Some(kept) = kept.filter(|_| o.optimizer.zero_level >= 3) {
-        options.weights = Weights::Kept(kept);
-    }
-    let model = Transformer::new(b, config.clone(), options)?;
-    // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
-    if root {
-        check_out_dir(o)?;
-    }
-    let step_losses = StepLosses::new(b, &model, o.grad_accumulation)?;
-    let mut run = Run {
-        b,
-        comm,
-        o,
-        log: Log::open(log_file)?,
-        console: if root {
-            Console::new()
-        } else {
-            Console::silent()
-        },
-        step_losses,
-        model,
-        opt: None,
-        guard: Guard::new(o.guard.clone()),
-        loader,
-        eval: eval.map(|d| EvalSet::new(d, o.batch_size, comm.rank(), comm.world())),
-        flops_per_token: config.training_flops_per_token(o.seq_len),
-        state,
-        saved_step: None,
-        summary: Summary {
-            losses: vec![],
-            final_eval: None,
-        },
-    };
-    // From here on the log is open, and a run that fails ends it with the error (unless
-    // writing the log is what failed).
-    match run.run(resume, model_dir.as_deref()) {
-        Ok(()) => Ok(run.summary),
-        Err(e) => {
-            let _ = run.log.write(Event::Error {
+    /// Runs `f`, and ends the log with the error it fails with (unless writing the log is
+    /// what failed).
+    pub fn logging_failure(&mut self, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let result = f(self);
+        if let Err(e) = &result {
+            let _ = self.log.write(Event::Error {
                 message: format!("{e:#}"),
             });
-            Err(e)
         }
+        result
     }
 }
 
 /// What must not change for a run to continue from a checkpoint, by flag. The global batch
 /// must not either, but the batch size, the accumulation and the world size that make it up
 /// may (`State::check_continues`); so may the ZeRO level, whose shards are read whole.
-fn fixed_settings(o: &Options, data: &DataSet) -> BTreeMap<String, Value> {
-    let files: Vec<Value> = data
-        .files()
-        .iter()
+fn fixed_settings(o: &Options, data: Option<&DataSet>) -> BTreeMap<String, Value> {
+    let files: Vec<Value> = (data.map_or(&[][..], DataSet::files).iter())
         .map(|f| {
             let name = f.path.file_name().map(|n| n.to_string_lossy().into_owned());
             json!([name, f.len()])
@@ -275,22 +323,26 @@ struct Run<'a, B: Backend> {
     opt: Option<AdamWState<B>>,
     step_losses: StepLosses<B>,
     guard: Guard,
-    loader: Loader,
+    /// The training data, unless the caller brings each batch.
+    loader: Option<Loader>,
     eval: Option<EvalSet>,
     flops_per_token: f64,
     /// The state a checkpoint now would save.
     state: State,
     /// The step of the newest checkpoint on disk, written or continued from.
     saved_step: Option<u64>,
-    summary: Summary,
+    /// The step `accumulate` computed, until `update` applies it.
+    pending: Option<Pending>,
+    pub summary: Summary,
+    /// The model directory the run started from, whose tokenizer files go with the export.
+    model_dir: Option<PathBuf>,
 }
 
 impl<B: Backend> Run<'_, B> {
-    /// The run once its log is open: the options, device and memory announced, the weights
-    /// made or read, then the loop, the full eval, the last checkpoint and the export.
-    fn run(
-        &mut self, resume: Option<(PathBuf, State, Vec<String>)>, model_dir: Option<&Path>,
-    ) -> Result<()> {
+    /// The start of a run whose log is open: the options, device and memory announced, the
+    /// weights made or read, the optimizer's state made, and the checkpoint to continue from
+    /// loaded.
+    pub fn start(&mut self, resume: Option<Resume>) -> Result<()> {
         let (b, comm, o) = (self.b, self.comm, self.o);
         self.announce()?;
         let steps = self.state.schedule.steps;
@@ -337,8 +389,7 @@ impl<B: Backend> Run<'_, B> {
         if let Some((path, saved, warnings)) = resume {
             self.resume(&path, saved, warnings)?;
         }
-        self.train_loop()?;
-        self.finish(model_dir)
+        Ok(())
     }
 
     fn opt(&self) -> &AdamWState<B> {
@@ -464,13 +515,15 @@ impl<B: Backend> Run<'_, B> {
 
     fn resume(&mut self, path: &Path, saved: State, warnings: Vec<String>) -> Result<()> {
         checkpoint::load(self.b, path, &saved, &self.model, self.opt())?;
-        let sequences = self.loader.per_epoch();
+        let sequences = self.loader.as_ref().map_or(0, Loader::per_epoch);
         let position = match saved.version {
             1 => saved.loader.from_per_rank(saved.world_size, sequences),
             _ => saved.loader,
         };
-        (self.loader.restore(position))
-            .with_context(|| format!("--continue from {}", path.display()))?;
+        if let Some(loader) = &mut self.loader {
+            (loader.restore(position))
+                .with_context(|| format!("--continue from {}", path.display()))?;
+        }
         if saved.version == 1 && !LoaderState::is_exact_from_per_rank(saved.world_size, sequences) {
             self.warn(format!(
                 "{} was written by an earlier smelt on {} ranks, which left out the last {} of \
@@ -508,7 +561,13 @@ impl<B: Backend> Run<'_, B> {
         let steps = self.state.schedule.steps;
         let mut batches = vec![Batch::new(o.batch_size * o.seq_len); o.grad_accumulation];
         while self.state.step < steps {
-            self.train_step(&mut batches)?;
+            let lr = self.state.schedule.lr(self.state.step);
+            let loader = (self.loader.as_mut()).expect("a run that loops reads its data");
+            for batch in batches.iter_mut() {
+                loader.next_batch(batch);
+            }
+            self.accumulate(&batches)?;
+            self.update(lr)?;
             let step = self.state.step;
             if o.eval_every_n_steps > 0 && step.is_multiple_of(o.eval_every_n_steps) && step < steps
             {
@@ -521,14 +580,12 @@ impl<B: Backend> Run<'_, B> {
         Ok(())
     }
 
-    fn train_step(&mut self, batches: &mut [Batch]) -> Result<()> {
+    /// The forward and backward of the next step's micro-batches (this rank's share of
+    /// each), with their gradients summed over the ranks, for `update` to apply.
+    pub fn accumulate(&mut self, batches: &[Batch]) -> Result<()> {
         let (b, o) = (self.b, self.o);
         let _range = Range::begin(b, format_args!("step {}", self.state.step + 1));
         let start = Instant::now();
-        let lr = self.state.schedule.lr(self.state.step);
-        for batch in batches.iter_mut() {
-            self.loader.next_batch(batch);
-        }
         let (trained, data) = self.meet_for_step(batches)?;
         let comm = self.comm;
         // The last micro-batch's backward hands each block's gradients to be summed over the
@@ -587,6 +644,26 @@ impl<B: Backend> Run<'_, B> {
             comm.start_all_reduce_sum(b, &whole)?;
         }
         comm.join_all_reduce_sums(b)?;
+        let tokens = (comm.world() * batches.len() * o.batch_size * o.seq_len) as u64;
+        self.pending = Some(Pending {
+            start,
+            trained,
+            data,
+            tokens,
+        });
+        Ok(())
+    }
+
+    /// The update of the step `accumulate` computed, at rate `lr`, unless the guard skips it;
+    /// then the step's log event and console line.
+    pub fn update(&mut self, lr: f64) -> Result<StepResult> {
+        let (b, o, comm) = (self.b, self.o, self.comm);
+        let Pending {
+            start,
+            trained,
+            data,
+            tokens,
+        } = (self.pending.take()).context("an update needs a step's gradients first")?;
         let step = self.state.step + 1;
         if o.debug_log_abs_max > 0 && step.is_multiple_of(o.debug_log_abs_max) {
             self.log_abs_max(step)?;
@@ -602,15 +679,16 @@ impl<B: Backend> Run<'_, B> {
         let verdict = self.guard.judge(loss, norm);
         let seed = self.state.rng.next_u64();
         let health = match &verdict {
-            Verdict::Update { .. } => self.update(lr, step, seed)?,
+            Verdict::Update { .. } => self.apply_update(lr, step, seed)?,
             Verdict::Skip { .. } => None,
         };
         let seconds = start.elapsed().as_secs_f64();
 
         self.state.step = step;
-        self.state.loader = self.loader.state();
+        if let Some(loader) = &self.loader {
+            self.state.loader = loader.state();
+        }
         self.state.guard = self.guard.state.clone();
-        let tokens = (comm.world() * batches.len() * o.batch_size * o.seq_len) as u64;
         self.state.tokens_seen += tokens;
         if trained == 0 {
             self.warn(format!(
@@ -625,8 +703,15 @@ impl<B: Backend> Run<'_, B> {
         if let Some(s) = spike {
             self.log_spike(step, loss, s, skipped.is_some())?;
         }
+        let result = StepResult {
+            step,
+            loss,
+            norm,
+            skipped: skipped.clone(),
+        };
         if let Some(reason) = skipped {
-            return self.skipped(step, reason, loss, norm, data);
+            self.skipped(step, reason, loss, norm, data)?;
+            return Ok(result);
         }
         let tokens_per_second = tokens as f64 / seconds;
         let report = StepReport {
@@ -655,11 +740,11 @@ impl<B: Backend> Run<'_, B> {
             self.log_health(step, health)?;
         }
         self.summary.losses.push(loss);
-        Ok(())
+        Ok(result)
     }
 
     /// Step `step`'s update, and its health when it is a `--health-every` step.
-    fn update(&mut self, lr: f64, step: u64, seed: u64) -> Result<Option<Health>> {
+    fn apply_update(&mut self, lr: f64, step: u64, seed: u64) -> Result<Option<Health>> {
         let (b, o, opt) = (self.b, self.o, self.opt());
         let measure = o.health_every > 0 && step.is_multiple_of(o.health_every);
         let weights = (opt.update(b, self.comm, &self.model, lr as f32, step, seed, measure))?;
@@ -746,7 +831,7 @@ impl<B: Backend> Run<'_, B> {
         for (j, tokens) in sequences.iter().enumerate() {
             let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
             let hash = fnv1a(&bytes);
-            let at = 1 + 2 * self.loader.place_in_step(j);
+            let at = 1 + 2 * place_in_step(j, self.comm.rank(), self.comm.world());
             values[at] = (hash >> 32) as f64;
             values[at + 1] = (hash & 0xffff_ffff) as f64;
         }
@@ -868,7 +953,8 @@ impl<B: Backend> Run<'_, B> {
 
     /// After the last step: a checkpoint if the interval did not just write one, the full
     /// eval, and the exported model.
-    fn finish(&mut self, model_dir: Option<&Path>) -> Result<()> {
+    pub fn finish(&mut self) -> Result<()> {
+        let model_dir = self.model_dir.clone();
         let (o, step) = (self.o, self.state.step);
         if o.ckpt_interval > 0 && self.saved_step != Some(step) {
             self.checkpoint()?;
@@ -885,7 +971,7 @@ impl<B: Backend> Run<'_, B> {
                 self.check_weights_finite(&values)?;
             }
             hf::export_values(&self.model, &values, out, o.model_dtype)?;
-            if let Some(dir) = model_dir {
+            if let Some(dir) = &model_dir {
                 hf::copy_tokenizer_files(dir, out)?;
             }
             self.console.line(&format!("model: {}", out.display()));
