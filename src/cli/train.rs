@@ -216,6 +216,11 @@ pub struct TrainArgs {
     /// file, for `smelt plot` [demo: --demo-dir/log.jsonl].
     #[arg(long, value_name = "FILE", help_heading = "Output")]
     log_file: Option<PathBuf>,
+    /// Write the scalars of the run's events (loss, gradient norm, learning rate, tok/s,
+    /// MFU, eval losses, memory) to a new TensorBoard event file in this directory, as they
+    /// happen: watch it with `tensorboard --logdir DIR`.
+    #[arg(long, value_name = "DIR", help_heading = "Output")]
+    tensorboard_dir: Option<PathBuf>,
     /// Evaluate every N steps on the first --eval-num-steps batches of --eval-file (0: not
     /// during the run); a full eval over all of it always ends the run [default: 100; demo 50].
     #[arg(long, help_heading = "Output")]
@@ -514,6 +519,7 @@ impl TrainArgs {
             resume: self.resume,
             out_dir: self.out_dir.clone().or_else(|| demo_path("model")),
             log_file: self.log_file.clone().or_else(|| demo_path("log.jsonl")),
+            tensorboard_dir: self.tensorboard_dir.clone(),
             eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
             eval_num_steps,
             debug_log_abs_max: self.debug_log_abs_max,

@@ -17,6 +17,22 @@ pub fn same_path(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Creates `dir`, given as `flag`, and checks that this user can write there, so that a run
+/// does not find out only when it first writes.
+pub fn create_writable_dir(dir: &Path, flag: &str) -> Result<()> {
+    let fail = || {
+        format!(
+            "{flag} {}: cannot write there; choose a directory this user can write to",
+            dir.display()
+        )
+    };
+    std::fs::create_dir_all(dir).with_context(fail)?;
+    let probe = dir.join(".smelt-write-check.tmp");
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .with_context(fail)
+}
+
 /// Refuses to write into `dir`, given as `flag`, while it holds files of an earlier run that
 /// `earlier` picks out by name (`what` says what they are): new outputs would overwrite some
 /// and be mixed with the rest. Names them and the fix; checked before any work. A path that

@@ -1,6 +1,8 @@
 //! The training log: JSON Lines, one event per line, appended and flushed as it happens, so
 //! that a crash loses at most the line being written and reading it back is linear (llm.q
 //! rewrites a whole JSON array on every event). A run that fails ends its log with the error.
+//! With `--tensorboard-dir`, the scalars of every event (`scalars.rs`) also go to a
+//! TensorBoard event file, as they are logged.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -10,6 +12,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use super::health::Health;
+use super::scalars::scalars;
+use super::tensorboard::EventWriter;
 use crate::io::atomic::is_disk_full_io;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -111,6 +115,7 @@ struct Line {
 
 pub struct Log {
     file: Option<(PathBuf, File)>,
+    tensorboard: Option<EventWriter>,
 }
 
 /// Refuses a `--log-file` that holds something other than a log, which appending to would
@@ -139,11 +144,17 @@ pub fn check_appendable(path: &Path) -> Result<()> {
 const MAX_LINE: u64 = 1 << 24;
 
 impl Log {
-    /// Opens `path` for appending (creating it and its folder), or logs nowhere. The caller
-    /// has checked it with `check_appendable`.
-    pub fn open(path: Option<&Path>) -> Result<Log> {
+    /// Opens `path` for appending (creating it and its folder), and a new event file in
+    /// `tensorboard_dir`; either may be `None`. The caller has checked `path` with
+    /// `check_appendable`, and `tensorboard_dir` with `io::create_writable_dir`.
+    pub fn open(path: Option<&Path>, tensorboard_dir: Option<&Path>) -> Result<Log> {
+        let tensorboard =
+            (tensorboard_dir.map(|dir| EventWriter::create(dir, now()))).transpose()?;
         let Some(path) = path else {
-            return Ok(Log { file: None });
+            return Ok(Log {
+                file: None,
+                tensorboard,
+            });
         };
         let fix = "choose a writable --log-file";
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -171,17 +182,20 @@ impl Log {
         }
         Ok(Log {
             file: Some((path.to_path_buf(), file)),
+            tensorboard,
         })
     }
 
-    /// Appends one event. Each line goes out in one write, so lines never interleave.
+    /// Appends one event, and its scalars to the event file. Each line goes out in one
+    /// write, so lines never interleave.
     pub fn write(&mut self, event: Event) -> Result<()> {
+        let time = now();
+        if let Some(writer) = &mut self.tensorboard {
+            writer.write(time, &scalars(&event))?;
+        }
         let Some((path, file)) = &mut self.file else {
             return Ok(());
         };
-        let time = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
         let mut line = serde_json::to_string(&Line { time, event })?;
         line.push('\n');
         let written = file.write_all(line.as_bytes()).and_then(|()| file.flush());
@@ -193,6 +207,13 @@ impl Log {
             false => anyhow!("writing the log {}: {e}", path.display()),
         })
     }
+}
+
+/// Seconds since the Unix epoch.
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn ends_with_newline(path: &Path) -> Result<bool> {
@@ -247,14 +268,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("logs/run.jsonl");
         let warning = |m: &str| Event::Warning { message: m.into() };
-        Log::open(Some(&path))
+        Log::open(Some(&path), None)
             .unwrap()
             .write(warning("one"))
             .unwrap();
         // A crash in the middle of a line.
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"{\"time\": 1, \"event\": \"st").unwrap();
-        Log::open(Some(&path))
+        Log::open(Some(&path), None)
             .unwrap()
             .write(warning("two"))
             .unwrap();

@@ -1,6 +1,6 @@
 //! Training: the loop and everything around it — data loading, the optimizer and its ZeRO
-//! sharding, the learning-rate schedule, checkpoints, logs, the console — plus the benchmark
-//! and the built-in demo. It sees the model only through `Transformer`'s public methods and
+//! sharding, the learning-rate schedule, checkpoints, logs (JSON Lines and TensorBoard), the
+//! console — plus the benchmark and the built-in demo. It sees the model only through `Transformer`'s public methods and
 //! any `Backend`.
 
 pub mod bench;
@@ -15,8 +15,10 @@ pub mod log;
 pub mod metrics;
 pub mod optimizer;
 pub mod options;
+pub mod scalars;
 pub mod schedule;
 pub mod step_losses;
+pub mod tensorboard;
 pub mod trainer;
 pub mod zero;
 

@@ -126,6 +126,8 @@ pub struct Options {
     pub resume: bool,
     pub out_dir: Option<PathBuf>,
     pub log_file: Option<PathBuf>,
+    /// Where a TensorBoard event file gets the log's scalars.
+    pub tensorboard_dir: Option<PathBuf>,
     /// Steps between evals; 0 evaluates only at the end.
     pub eval_every_n_steps: u64,
     /// Batches in each periodic eval (the final eval reads all the eval data).
@@ -156,10 +158,11 @@ impl Options {
     /// change what has already been computed (later ones may change with a warning).
     /// `recompute`, the offloads and `grad_sum_after_backward` are among them because they
     /// give bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 22] = [
+    pub const FREE_ON_CONTINUE: [&str; 23] = [
         "resume",
         "out_dir",
         "log_file",
+        "tensorboard_dir",
         "ckpt_interval",
         "checkpoint_dir",
         "eval_file",

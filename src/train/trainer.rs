@@ -37,7 +37,7 @@ use super::zero;
 use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
-use crate::io::{hf, tensors};
+use crate::io::{self, hf, tensors};
 use crate::model::{BlockEvent, Gradients, LossOptions, Params, Transformer, Weights};
 use crate::rng::Rng;
 use crate::tensor::Tensor;
@@ -164,7 +164,11 @@ impl<'a, B: Backend> Run<'a, B> {
             options.weights = Weights::Kept(kept);
         }
         let model = Transformer::new(b, config.clone(), options)?;
-        // Creates the folder, so it comes after the model's own checks (--lmhead-chunks).
+        // These create folders, so they come after the model's own checks (--lmhead-chunks).
+        let tensorboard_dir = o.tensorboard_dir.as_deref().filter(|_| root);
+        if let Some(dir) = tensorboard_dir {
+            io::create_writable_dir(dir, "--tensorboard-dir")?;
+        }
         if root {
             check_out_dir(o)?;
         }
@@ -173,7 +177,7 @@ impl<'a, B: Backend> Run<'a, B> {
             b,
             comm,
             o,
-            log: Log::open(log_file)?,
+            log: Log::open(log_file, tensorboard_dir)?,
             console: if root {
                 Console::new()
             } else {
@@ -294,22 +298,12 @@ fn check_out_dir(o: &Options) -> Result<()> {
     let Some(dir) = o.out_dir.as_deref() else {
         return Ok(());
     };
-    let fail = || {
-        format!(
-            "--out-dir {}: cannot write there; choose a directory this user can write to",
-            dir.display()
-        )
-    };
     let model_dir = match &o.model {
         ModelSource::Dir { path, .. } => Some(path.as_path()),
         ModelSource::Config { .. } => None,
     };
     hf::check_export_dir(dir, model_dir)?;
-    std::fs::create_dir_all(dir).with_context(fail)?;
-    let probe = dir.join(".smelt-write-check.tmp");
-    std::fs::write(&probe, b"")
-        .and_then(|()| std::fs::remove_file(&probe))
-        .with_context(fail)
+    io::create_writable_dir(dir, "--out-dir")
 }
 
 struct Run<'a, B: Backend> {

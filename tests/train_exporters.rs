@@ -1,0 +1,127 @@
+//! The exporters of a run's scalars: `--tensorboard-dir`'s event file read back by
+//! TensorBoard's own reader, and scripts/wandb_log.py following the log into an offline W&B
+//! run read back by wandb's (tests/python/check_exporters.py says what it checks); and a
+//! `--tensorboard-dir` that cannot be written, refused before anything is.
+
+mod train_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use train_support::*;
+
+/// `python3` with `.ci/pydeps` (where `.ci/run` installs the packages) on its path.
+fn python() -> Command {
+    let pydeps = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/pydeps");
+    let path = match std::env::var("PYTHONPATH") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", pydeps.display()),
+        _ => pydeps.display().to_string(),
+    };
+    let mut python = Command::new("python3");
+    python.env("PYTHONPATH", path);
+    python
+}
+
+/// Whether Python has the checker's packages. Without them the test skips, saying so,
+/// unless `SMELT_REQUIRE_PY_TESTS` is set (as CI sets it), where it fails.
+fn python_has_packages() -> bool {
+    let found = python()
+        .args(["-c", "import tensorboard, wandb"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found && std::env::var_os("SMELT_REQUIRE_PY_TESTS").is_some() {
+        panic!(
+            "SMELT_REQUIRE_PY_TESTS is set, and python3 lacks tensorboard or wandb: run .ci/run"
+        );
+    }
+    if !found {
+        println!(
+            "SKIPPED: python3 lacks tensorboard or wandb. To run this test: python3 -m pip \
+             install --target .ci/pydeps tensorboard==2.21.0 wandb==0.29.0 (or run .ci/run)"
+        );
+    }
+    found
+}
+
+#[test]
+fn tensorboard_and_wandb_hold_every_scalar_of_the_log() {
+    if !python_has_packages() {
+        return;
+    }
+    let set = setup();
+    let eval = corpus_file(&set.root.join("eval.bin"), 600, false);
+    let (run, bare) = (set.root.join("run"), set.root.join("bare"));
+    let tb = |dir: &Path| s(&dir.join("tb")).to_string();
+    // Periodic evals, a full one at the end, and a warning (the warmup is longer than the run);
+    let flags = [
+        "--eval-file",
+        s(&eval),
+        "--eval-every-n-steps",
+        "2",
+        "--warmup",
+        "8",
+        // Health at steps 2 and 4, a spike at 3 (applied), step 4 skipped.
+        "--health-every",
+        "2",
+        "--spike-window",
+        "2",
+        "--debug-inject",
+        "spike@3,nan-loss@4",
+    ];
+    let with = |dir: &Path, more: &[&str]| {
+        let tb_dir = tb(dir);
+        let mut args = flags.to_vec();
+        args.extend(["--tensorboard-dir", &tb_dir]);
+        args.extend(more);
+        run_args(&set, dir, &args)
+    };
+    smelt_ok(&strs(&with(&run, &[])));
+    // No --log-file, and two ranks: rank 0 alone writes the event file.
+    let mut args = with(&bare, &["--device", "cpu", "--gpus", "2"]);
+    let log = args.iter().position(|a| a == "--log-file").unwrap();
+    args.drain(log..log + 2);
+    smelt_ok(&strs(&args));
+    assert!(!bare.join("log.jsonl").exists());
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_exporters.py");
+    let log = run.join("log.jsonl");
+    let out = python()
+        .arg(&script)
+        .args([s(&log), &tb(&run), &tb(&bare)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "check_exporters.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn a_tensorboard_dir_that_cannot_be_written_is_refused_before_anything_is_written() {
+    let set = setup();
+    let file = set.root.join("notes.txt");
+    std::fs::write(&file, "not a folder").unwrap();
+    let run = set.root.join("run");
+    let bad = file.join("tb");
+    let out = smelt(&strs(&run_args(
+        &set,
+        &run,
+        &["--tensorboard-dir", s(&bad)],
+    )));
+    assert_refused(
+        &out,
+        &[
+            "--tensorboard-dir",
+            "notes.txt/tb: cannot write there",
+            "choose a directory this user can write to",
+        ],
+    );
+    assert!(
+        !run.exists(),
+        "the refused run wrote into {}",
+        run.display()
+    );
+}
