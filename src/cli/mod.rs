@@ -10,9 +10,9 @@ mod export;
 mod flags;
 mod plan;
 mod plot;
-mod sample;
+pub mod sample;
 mod tokenize;
-mod train;
+pub mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

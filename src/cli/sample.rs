@@ -1,9 +1,10 @@
 //! `smelt sample`: continues a prompt with a trained model, to see what a run learned.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use serde_json::{Map, Value, json};
 
@@ -78,8 +79,29 @@ pub struct SampleArgs {
     model_dtype: Option<DType>,
 }
 
+/// What `smelt sample` would print for `args` (its flags, without `smelt sample`): the
+/// prompt and the text it goes on with, for callers that want it back (the Python package).
+pub fn generate_text(args: &[String]) -> Result<String> {
+    #[derive(clap::Parser)]
+    #[command(name = "smelt.generate", allow_negative_numbers = true)]
+    struct Flags {
+        #[command(flatten)]
+        sample: SampleArgs,
+    }
+    let all = std::iter::once("smelt.generate".to_string()).chain(args.iter().cloned());
+    let flags = <Flags as clap::Parser>::try_parse_from(all).map_err(|e| anyhow!("{e}"))?;
+    let mut text = Vec::new();
+    flags.sample.write_to(&mut text)?;
+    String::from_utf8(text).context("the generated text is not UTF-8")
+}
+
 impl SampleArgs {
     pub fn run(self) -> Result<()> {
+        self.write_to(std::io::stdout().lock())
+    }
+
+    /// Samples as the flags say, writing the text to `out`.
+    fn write_to(self, out: impl Write) -> Result<()> {
         // Checked before a model is loaded; NaN fails too.
         check_floats(&[(
             "--temperature",
@@ -100,13 +122,13 @@ impl SampleArgs {
             bail!("--model-dtype {d}: choose f32 or bf16");
         }
         match select(self.device, 0)? {
-            Device::Cpu(b) => self.sample(&b, DType::F32),
-            Device::Cuda(b) => self.sample(&b, DType::BF16),
+            Device::Cpu(b) => self.sample(&b, DType::F32, out),
+            Device::Cuda(b) => self.sample(&b, DType::BF16, out),
         }
     }
 
     /// Samples on `b`, a --model in `default_dtype` unless --model-dtype says otherwise.
-    fn sample<B: Backend>(&self, b: &B, default_dtype: DType) -> Result<()> {
+    fn sample<B: Backend>(&self, b: &B, default_dtype: DType, out: impl Write) -> Result<()> {
         let (config, tokenizer_dir, mut generator) = match (&self.model, &self.checkpoint) {
             (Some(dir), _) => {
                 let config = hf::read_config(dir)?;
@@ -172,7 +194,6 @@ impl SampleArgs {
             );
         }
         let decode = |tokens: &[i32]| codec.decode(tokens, self.chat);
-        let out = std::io::stdout().lock();
         let mut text = match self.chat {
             true => TextStream::reply(decode, out, &prompt),
             false => TextStream::start(decode, out, &prompt)?,

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use clap::Args;
 
 use super::flags::{
@@ -289,8 +289,51 @@ pub struct TrainArgs {
     debug_inject: Vec<Injection>,
 }
 
+/// A run as the command line resolved it: its options, where its ranks come from and the
+/// device they start on.
+pub struct Resolved {
+    pub options: Options,
+    pub device: Device,
+    pub ranks: Ranks,
+    /// `--comm-timeout`.
+    pub timeout: Duration,
+}
+
+/// `smelt train`'s flags without the data, parsed and checked as `smelt train` does: for a
+/// caller that brings each batch itself (the Python package). `args` are the flags alone.
+pub fn resolve_without_data(args: &[String]) -> Result<Resolved> {
+    #[derive(clap::Parser)]
+    #[command(name = "smelt.Trainer", allow_negative_numbers = true)]
+    struct Flags {
+        #[command(flatten)]
+        train: TrainArgs,
+    }
+    let all = std::iter::once("smelt.Trainer".to_string()).chain(args.iter().cloned());
+    let mut flags = <Flags as clap::Parser>::try_parse_from(all).map_err(|e| anyhow!("{e}"))?;
+    if flags.train.train_file.is_some() {
+        bail!("train_file: the caller brings each batch; give the tokens to step() instead");
+    }
+    flags.train.train_file = Some(String::new());
+    flags.train.resolve()
+}
+
 impl TrainArgs {
     pub fn run(self) -> Result<()> {
+        let demo_data = self
+            .train_file
+            .is_none()
+            .then(|| self.demo_dir.join("data"));
+        let Resolved {
+            options,
+            device,
+            ranks,
+            timeout,
+        } = self.resolve()?;
+        on_ranks(device, ranks, timeout, TrainRank { options, demo_data })
+    }
+
+    /// The options, ranks and device that the flags ask for, checked.
+    fn resolve(self) -> Result<Resolved> {
         self.refuse_unimplemented()?;
         if self.comm_timeout == 0 {
             bail!("--comm-timeout 0: give the seconds a rank may wait for the others, 1 or more");
@@ -328,12 +371,12 @@ impl TrainArgs {
                  one of them out"
             );
         }
-        let demo_data = self
-            .train_file
-            .is_none()
-            .then(|| self.demo_dir.join("data"));
-        let timeout = Duration::from_secs(self.comm_timeout);
-        on_ranks(device, ranks, timeout, TrainRank { options, demo_data })
+        Ok(Resolved {
+            options,
+            device,
+            ranks,
+            timeout: Duration::from_secs(self.comm_timeout),
+        })
     }
 
     /// Resolves the command line into the run's options.

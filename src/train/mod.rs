@@ -7,6 +7,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod console;
 pub mod demo;
+pub mod driver;
 pub mod guard;
 pub mod health;
 pub mod inject;

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Options;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Decay {
@@ -26,6 +28,21 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// The schedule of a run of `steps` steps with options `o`.
+    pub fn of_run(o: &Options, steps: u64) -> Schedule {
+        Schedule {
+            lr: o.lr,
+            // As torchtitan does, a warmup longer than the run is shortened to it (the
+            // trainer warns of it), so that the rate reaches --lr at the last step.
+            warmup: o.warmup.min(steps),
+            steps,
+            final_fraction: o.final_lr_fraction,
+            decay: o.lr_schedule,
+            // Likewise a cooldown longer than what follows the warmup starts where it ends.
+            cooldown: o.cooldown.min(steps - o.warmup.min(steps)),
+        }
+    }
+
     /// The learning rate of step `step`, counted from 0.
     pub fn lr(&self, step: u64) -> f64 {
         if step < self.warmup {

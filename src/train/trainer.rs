@@ -120,17 +120,7 @@ impl<'a, B: Backend> Run<'a, B> {
             model_config: model_json,
             fixed,
             options: serde_json::to_value(o)?,
-            schedule: Schedule {
-                lr: o.lr,
-                // As torchtitan does, a warmup longer than the run is shortened to it (warned of
-                // below), so that the rate reaches --lr at the last step.
-                warmup: o.warmup.min(steps),
-                steps,
-                final_fraction: o.final_lr_fraction,
-                decay: o.lr_schedule,
-                // Likewise a cooldown longer than what follows the warmup starts where it ends.
-                cooldown: o.cooldown.min(steps - o.warmup.min(steps)),
-            },
+            schedule: Schedule::of_run(o, steps),
             loader: LoaderState::default(),
             rng: Rng::derived(o.seed, 1),
             tokens_seen: 0,
@@ -295,18 +285,24 @@ fn check_tokenizer(model_dir: Option<&Path>, vocab_size: usize) -> Result<()> {
 /// Creates `--out-dir` and checks that the trained model can be written there, so that a
 /// run does not find out only at its end.
 fn check_out_dir(o: &Options) -> Result<()> {
-    let Some(dir) = o.out_dir.as_deref() else {
-        return Ok(());
-    };
+    match o.out_dir.as_deref() {
+        Some(dir) => check_export_dir(o, dir, "--out-dir"),
+        None => Ok(()),
+    }
+}
+
+/// Creates `dir` (given by `flag`) for the trained model, once checked that it is new or
+/// empty and not the model directory the run started from.
+fn check_export_dir(o: &Options, dir: &Path, flag: &str) -> Result<()> {
     let model_dir = match &o.model {
         ModelSource::Dir { path, .. } => Some(path.as_path()),
         ModelSource::Config { .. } => None,
     };
     hf::check_export_dir(dir, model_dir)?;
-    io::create_writable_dir(dir, "--out-dir")
+    io::create_writable_dir(dir, flag)
 }
 
-struct Run<'a, B: Backend> {
+pub struct Run<'a, B: Backend> {
     b: &'a B,
     comm: &'a dyn Comm<B>,
     o: &'a Options,
@@ -869,12 +865,10 @@ impl<B: Backend> Run<'_, B> {
             if batch.trained() == 0 && !sharded {
                 continue;
             }
-            let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, &owners, event);
-            (self.model).forward_loss_with(b, &batch.tokens, &batch.targets, 0.0, &mut weights)?;
-            sum += self.model.loss_sum(b)?;
+            sum += forward_loss_sum(b, comm, &mut self.model, &batch, &owners)?;
             trained += batch.trained() as u64;
         }
-        let totals = self.comm.sum(&[sum, trained as f64])?;
+        let totals = comm.sum(&[sum, trained as f64])?;
         let (sum, trained) = (totals[0], totals[1] as u64);
         let loss = sum / trained.max(1) as f64;
         let (step, full) = (self.state.step, batches.is_none());
@@ -888,7 +882,33 @@ impl<B: Backend> Run<'_, B> {
         Ok(Some(loss))
     }
 
-    fn checkpoint(&mut self) -> Result<()> {
+    /// The loss summed over the trained targets of each rank's `batch`, and their count,
+    /// over all ranks.
+    pub fn eval_batch(&mut self, batch: &Batch) -> Result<(f64, u64)> {
+        let owners = self.opt().block_owners.clone();
+        let sum = forward_loss_sum(self.b, self.comm, &mut self.model, batch, &owners)?;
+        let totals = self.comm.sum(&[sum, batch.trained() as f64])?;
+        Ok((totals[0], totals[1] as u64))
+    }
+
+    /// The memory table: bytes per device allocation category, then in host memory.
+    pub fn memory(&self) -> Vec<(String, u64)> {
+        let mut rows = console::memory_table(&[
+            &self.model.memory,
+            &self.opt().memory,
+            &self.step_losses.memory,
+        ]);
+        let in_host = [self.model.offloaded.as_slice(), &self.opt().offloaded];
+        let host = console::memory_table(&in_host);
+        rows.extend(
+            host.into_iter()
+                .map(|(name, bytes)| (format!("host {name}"), bytes)),
+        );
+        rows
+    }
+
+    /// Writes a checkpoint of the step the run is at into `--checkpoint-dir`.
+    pub fn checkpoint(&mut self) -> Result<PathBuf> {
         let (b, comm, dir) = (self.b, self.comm, &self.o.checkpoint_dir);
         let path = checkpoint::save(b, comm, dir, &self.state, &self.model, self.opt())?;
         self.saved_step = Some(self.state.step);
@@ -898,7 +918,8 @@ impl<B: Backend> Run<'_, B> {
             step: self.state.step,
             path: path.display().to_string(),
             loaded: false,
-        })
+        })?;
+        Ok(path)
     }
 
     /// Every weight's values, in `Params` order, on rank 0 (`None` on the others, which take
@@ -948,31 +969,51 @@ impl<B: Backend> Run<'_, B> {
     /// After the last step: a checkpoint if the interval did not just write one, the full
     /// eval, and the exported model.
     pub fn finish(&mut self) -> Result<()> {
-        let model_dir = self.model_dir.clone();
         let (o, step) = (self.o, self.state.step);
         if o.ckpt_interval > 0 && self.saved_step != Some(step) {
             self.checkpoint()?;
         }
         self.summary.final_eval = self.evaluate(None)?;
-        let Some(out) = &o.out_dir else {
-            self.console.finish();
-            return Ok(());
-        };
-        // Every rank takes part in gathering the weights; rank 0 exports them.
-        if let Some(values) = self.gather_weights()? {
-            // A checkpoint of this step has checked the weights already.
-            if self.saved_step != Some(step) {
-                self.check_weights_finite(&values)?;
-            }
-            hf::export_values(&self.model, &values, out, o.model_dtype)?;
-            if let Some(dir) = &model_dir {
-                hf::copy_tokenizer_files(dir, out)?;
-            }
-            self.console.line(&format!("model: {}", out.display()));
+        if let Some(out) = &o.out_dir {
+            self.export(out)?;
         }
         self.console.finish();
         Ok(())
     }
+
+    /// Writes the model as it is now into `out` as a HF directory (with the tokenizer files
+    /// of the model it started from). Every rank takes part in gathering the weights; rank 0
+    /// writes them. A directory other than `--out-dir` (checked at the start) is checked
+    /// here.
+    pub fn export(&mut self, out: &Path) -> Result<()> {
+        let (o, step) = (self.o, self.state.step);
+        if self.comm.rank() == 0 && o.out_dir.as_deref() != Some(out) {
+            check_export_dir(o, out, "export")?;
+        }
+        let Some(values) = self.gather_weights()? else {
+            return Ok(());
+        };
+        // A checkpoint of this step has checked the weights already.
+        if self.saved_step != Some(step) {
+            self.check_weights_finite(&values)?;
+        }
+        hf::export_values(&self.model, &values, out, o.model_dtype)?;
+        if let Some(dir) = &self.model_dir {
+            hf::copy_tokenizer_files(dir, out)?;
+        }
+        self.console.line(&format!("model: {}", out.display()));
+        Ok(())
+    }
+}
+
+/// The loss summed over the trained targets of `batch`, on this rank's weights.
+fn forward_loss_sum<B: Backend>(
+    b: &B, comm: &dyn Comm<B>, model: &mut Transformer<B>, batch: &Batch,
+    owners: &Option<Vec<usize>>,
+) -> Result<f64> {
+    let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, owners, event);
+    model.forward_loss_with(b, &batch.tokens, &batch.targets, 0.0, &mut weights)?;
+    model.loss_sum(b)
 }
 
 /// ZeRO-3: block `layer`'s weights (`BlockEvent::Weights`) from the rank that keeps them
