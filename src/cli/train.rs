@@ -13,6 +13,7 @@ use super::flags::{
 };
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
+use crate::backend::telemetry::Telemetry;
 use crate::comm::Comm;
 use crate::comm::ranks::{RankMain, Ranks, on_ranks};
 use crate::generate::{Generator, SampleOptions, Sampling};
@@ -225,6 +226,11 @@ pub struct TrainArgs {
     /// gradient (JSONL `abs_max` events), for diagnosing divergence; 0 for never.
     #[arg(long, default_value_t = 0, help_heading = "Precision")]
     debug_log_abs_max: u64,
+    /// Every N steps, log each GPU's utilisation, SM clock, power, temperature and memory
+    /// (a `[G]` line, JSONL `gpu_util` events), read through NVML: every GPU of this process
+    /// (under a launcher, rank 0's own); 0 for never. GPUs only.
+    #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Output")]
+    log_gpu_util: u64,
 }
 
 impl TrainArgs {
@@ -235,6 +241,16 @@ impl TrainArgs {
         }
         let ranks = Ranks::new(self.gpus)?;
         let device = select(self.device, ranks.device_index())?;
+        // Rank 0 reads the GPUs; the processes of other ranks need no NVML.
+        let telemetry = match (&device, self.log_gpu_util) {
+            (_, 0) => None,
+            (Device::Cpu(_), _) => bail!(
+                "--log-gpu-util reads GPUs through NVML, and this run is on the CPU (--device \
+                 cpu, or no GPU found); leave it out, or train on a GPU"
+            ),
+            (Device::Cuda(_), _) if !ranks.has_rank_0() => None,
+            (Device::Cuda(gpu), _) => Some(Telemetry::open(&ranks.process_gpus(gpu.ordinal()))?),
+        };
         let chosen_by_hand = [
             self.recompute.recompute() != Recompute::default(),
             self.offload.offload(self.offload_master) != Offload::default(),
@@ -271,7 +287,12 @@ impl TrainArgs {
             .is_none()
             .then(|| self.demo_dir.join("data"));
         let timeout = Duration::from_secs(self.comm_timeout);
-        on_ranks(device, ranks, timeout, TrainRank { options, demo_data })
+        let rank = TrainRank {
+            options,
+            demo_data,
+            telemetry,
+        };
+        on_ranks(device, ranks, timeout, rank)
     }
 
     /// Resolves the command line into the run's options.
@@ -447,6 +468,7 @@ impl TrainArgs {
             eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
             eval_num_steps,
             debug_log_abs_max: self.debug_log_abs_max,
+            log_gpu_util: self.log_gpu_util,
             grad_sum_after_backward: self.grad_sum_after_backward,
         })
     }
@@ -477,6 +499,8 @@ struct TrainRank {
     options: Options,
     /// The demo's data folder, when this is the demo.
     demo_data: Option<PathBuf>,
+    /// This process's GPUs, which rank 0 reads with --log-gpu-util.
+    telemetry: Option<Telemetry>,
 }
 
 impl RankMain for TrainRank {
@@ -491,7 +515,8 @@ impl RankMain for TrainRank {
             }
             comm.sum(&[])?;
         }
-        let summary = crate::train::train(b, comm, &self.options)?;
+        let telemetry = self.telemetry.as_ref();
+        let summary = crate::train::train(b, comm, &self.options, telemetry)?;
         if self.demo_data.is_some() && comm.rank() == 0 {
             demo_report(b, &summary, &self.options)?;
         }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::backend::telemetry::GpuSample;
 use crate::io::atomic::is_disk_full_io;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,11 +38,19 @@ pub enum Event {
         tokens: u64,
         seconds: f64,
         tokens_per_second: f64,
-        /// Model FLOPs utilisation, where the device's peak is known.
+        /// Model FLOPs utilisation of one device, where its peak is known.
         mfu: Option<f64>,
+        /// The share of the step the matmuls would take at the device's peaks
+        /// (`metrics::sol`), where they are known.
+        sol: Option<f64>,
         /// A hash of the step's input sequences, every rank's, in the order of the training
         /// stream: two runs that read the same data log the same, whatever their world size.
         data: String,
+    },
+    /// The readings of the GPUs this process trains on after a step (`--log-gpu-util`).
+    GpuUtil {
+        step: u64,
+        gpus: Vec<GpuSample>,
     },
     Eval {
         step: u64,

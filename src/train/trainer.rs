@@ -31,13 +31,14 @@ use super::options::{ModelSource, Options};
 use super::schedule::Schedule;
 use super::step_losses::StepLosses;
 use super::zero;
+use crate::backend::telemetry::Telemetry;
 use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::{hf, tensors};
-use crate::model::{BlockEvent, Gradients, LossOptions, Params, Transformer, Weights};
+use crate::model::{BlockEvent, Gradients, LossOptions, MatmulFlops, Params, Transformer, Weights};
 use crate::rng::Rng;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// What a finished run reports to its caller.
 #[derive(Clone, Debug)]
@@ -48,8 +49,11 @@ pub struct Summary {
     pub final_eval: Option<f64>,
 }
 
-/// Trains as `o` says, on backend `b`, as rank `comm.rank()` of `comm.world()`.
-pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summary> {
+/// Trains as `o` says, on backend `b`, as rank `comm.rank()` of `comm.world()`. Rank 0 logs
+/// `telemetry`'s readings every `o.log_gpu_util` steps.
+pub fn train<B: Backend>(
+    b: &B, comm: &dyn Comm<B>, o: &Options, telemetry: Option<&Telemetry>,
+) -> Result<Summary> {
     let root = comm.rank() == 0;
     // 1) Everything that reads the user's input, before anything is written.
     let (config, model_dir) = o.model.config()?;
@@ -136,6 +140,8 @@ pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summa
         loader,
         eval: eval.map(|d| EvalSet::new(d, o.batch_size, comm.rank(), comm.world())),
         flops_per_token: config.training_flops_per_token(o.seq_len),
+        matmul_flops: config.training_matmul_flops_per_token(),
+        telemetry: telemetry.filter(|_| root && o.log_gpu_util > 0),
         state,
         saved_step: None,
         summary: Summary {
@@ -272,6 +278,9 @@ struct Run<'a, B: Backend> {
     loader: Loader,
     eval: Option<EvalSet>,
     flops_per_token: f64,
+    matmul_flops: MatmulFlops,
+    /// The GPUs to sample, on rank 0 with `--log-gpu-util`.
+    telemetry: Option<&'a Telemetry>,
     /// The state a checkpoint now would save.
     state: State,
     /// The step of the newest checkpoint on disk, written or continued from.
@@ -615,6 +624,8 @@ impl<B: Backend> Run<'_, B> {
             );
         }
         let tokens_per_second = tokens as f64 / seconds;
+        // Each rank's device ran its share of the tokens.
+        let per_device = tokens_per_second / self.comm.world() as f64;
         let report = StepReport {
             step: self.state.step,
             steps: self.state.schedule.steps,
@@ -623,7 +634,13 @@ impl<B: Backend> Run<'_, B> {
             loss,
             lr,
             tokens_per_second,
-            mfu: metrics::mfu(self.flops_per_token, tokens_per_second, b.peak_flops()),
+            mfu: metrics::mfu(self.flops_per_token, per_device, b.peak_flops(DType::BF16)),
+            sol: metrics::sol(
+                self.matmul_flops,
+                per_device,
+                b.peak_flops(o.matmul.input_dtype(o.model_dtype)),
+                b.peak_flops(o.model_dtype),
+            ),
         };
         self.log.write(Event::Step {
             step: report.step,
@@ -634,11 +651,24 @@ impl<B: Backend> Run<'_, B> {
             seconds,
             tokens_per_second,
             mfu: report.mfu,
+            sol: report.sol,
             data: format!("{data:016x}"),
         })?;
         self.console.step(&report);
         self.summary.losses.push(loss);
-        Ok(())
+        match self.telemetry {
+            Some(t) if report.step.is_multiple_of(o.log_gpu_util) => self.log_gpus(t, report.step),
+            _ => Ok(()),
+        }
+    }
+
+    /// Logs and prints the readings of the GPUs this process trains on.
+    fn log_gpus(&mut self, telemetry: &Telemetry, step: u64) -> Result<()> {
+        let gpus = telemetry.sample();
+        for g in &gpus {
+            self.console.gpu(step, g);
+        }
+        self.log.write(Event::GpuUtil { step, gpus })
     }
 
     /// The ranks meet once before the step's micro-batches, for the trained targets over all
