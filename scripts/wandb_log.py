@@ -41,8 +41,9 @@ def scalars(event):
             ("train/step_seconds", event["seconds"]),
             ("train/tokens_per_second", event["tokens_per_second"]),
         ]
-        if event.get("mfu") is not None:
-            values.append(("train/mfu", event["mfu"]))
+        for figure in ("mfu", "sol"):
+            if event.get(figure) is not None:
+                values.append(("train/" + figure, event[figure]))
         return [(tag, step, value) for tag, value in values]
     if kind == "eval":
         tag = "eval/loss_full" if event["full"] else "eval/loss"
@@ -58,6 +59,14 @@ def scalars(event):
         groups += list(event["families"].items())
         values += [(f"{f}/{name}", n[f]) for name, n in groups for f in figures]
         return [(tag, step, value) for tag, value in values]
+    if kind == "gpu_util":
+        values = []
+        for g in event["gpus"]:
+            readings = [(n, g.get(n)) for n in ("utilization", "sm_clock_mhz", "power_watts", "temperature_c")]
+            used = g.get("memory_used")
+            readings.append(("memory_used_gib", None if used is None else used / GIB))
+            values += [(f"gpu/{g['gpu']}/{n}", v) for n, v in readings if v is not None]
+        return [(tag, event["step"], value) for tag, value in values]
     if kind == "skipped":
         return [("train/skipped", event["step"], 1.0)]
     if kind == "spike":

@@ -312,6 +312,7 @@ mod tests {
             seconds: 0.1,
             tokens_per_second: 80.0,
             mfu: None,
+            sol: None,
             data: String::new(),
         }
     }

@@ -1,9 +1,11 @@
-//! `smelt bench --op-times` on the GPU: every op of the step is timed, as often as the model
-//! calls it, and the op times account for the step they were taken from.
+//! Watching the GPU: `smelt bench --op-times` times every op of the step, as often as the
+//! model calls it, and the op times account for the step they were taken from; NVML's
+//! readings (`--log-gpu-util`) are of the GPU the backend opened.
 
 mod common;
 
 use common::gpu::*;
+use smelt::backend::telemetry::Telemetry;
 use smelt::model::presets::preset;
 use smelt::model::{MatmulPrecision, Recompute};
 use smelt::train::bench::{self, BenchOptions};
@@ -95,4 +97,24 @@ fn op_times_account_for_the_step() {
         "op times sum to {:.1}% of the step",
         100.0 * share
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn telemetry_reads_the_gpu_cuda_opened() {
+    let gpu = cuda();
+    let telemetry = Telemetry::open(&[gpu.ordinal()]).unwrap();
+    let g = telemetry.sample().remove(0);
+    let total = gpu.memory_report().unwrap().total;
+    figure("telemetry", format!("{g:?}"));
+    assert_eq!(g.gpu, gpu.ordinal());
+    // The same device: NVML's total is CUDA's, to within what the driver reserves.
+    let nvml_total = g.memory_total.expect("NVML reports the memory") as f64;
+    assert!(
+        (nvml_total - total as f64).abs() < 0.05 * total as f64,
+        "{nvml_total} vs {total}"
+    );
+    assert!(g.memory_used.is_some_and(|used| used > 0), "{g:?}");
+    assert!(g.utilization.is_some_and(|u| u <= 100), "{g:?}");
+    assert!(g.temperature_c.is_some_and(|t| t > 0 && t < 120), "{g:?}");
 }

@@ -33,7 +33,7 @@ const U64_MAX: &str = "18446744073709551615";
 /// Each numeric flag with its values at 0, -1, NaN, infinity and absurdly large, and what
 /// each must do. The demo's tiny model trains 2 steps of 2 × 16 tokens.
 #[rustfmt::skip]
-const FLAGS: [(&str, [(&str, Expect); 5]); 29] = [
+const FLAGS: [(&str, [(&str, Expect); 5]); 30] = [
     ("--batch-size", [("0", Refused), ("-1", Refused), ("NaN", Refused), ("inf", Refused), ("100000000", Refused)]),
     ("--seq-len", [("0", Refused), ("-1", Refused), ("NaN", Refused), ("inf", Refused), ("1000000000000", Refused)]),
     ("--grad-accumulation", [("0", Refused), ("-1", Refused), ("NaN", Refused), ("inf", Refused), ("1000000000", Refused)]),
@@ -68,6 +68,8 @@ const FLAGS: [(&str, [(&str, Expect); 5]); 29] = [
     ("--max-skipped-steps", [("0", Refused), ("-1", Refused), ("NaN", Refused), ("inf", Refused), (U64_MAX, Runs)]),
     ("--spike-window", [("0", Refused), ("-1", Refused), ("NaN", Refused), ("inf", Refused), ("1000000000", Runs)]),
     ("--spike-zscore", [("0", Runs), ("-1", Refused), ("NaN", Refused), ("inf", Refused), ("1e30", Runs)]),
+    // The CPU has no GPU for NVML to read.
+    ("--log-gpu-util", [("0", Runs), ("-1", Refused), ("NaN", Refused), ("inf", Refused), (U64_MAX, Refused)]),
 ];
 
 #[derive(Debug)]

@@ -36,7 +36,7 @@ fn planned_on(
         micro_steps,
         model_dtype: DType::BF16,
         matmul: match fp8 {
-            true => MatmulPrecision::parse("e4m3", None).unwrap(),
+            true => MatmulPrecision::new(DType::E4M3, None).unwrap(),
             false => MatmulPrecision::Native,
         },
         optimizer: OptimizerOptions {

@@ -302,22 +302,36 @@ fn flags_that_are_not_implemented_or_incomplete() {
         ),
         &["--grad-sum-after-backward cannot be used with --zero-level 2"],
     );
-    let precision_errors: [(&[&str], &str); 5] = [
+    let precision_errors: [(&[&str], &str); 8] = [
         (
             &["--offload-master", "--model-dtype", "f32"],
             "--offload-master: this run keeps no master copy of the weights",
         ),
+        // The values a dtype flag takes are listed, in its --help too.
         (
             &["--matmul-dtype", "e5m2"],
-            "--matmul-dtype e5m2: choose from bf16, e4m3",
+            "invalid value 'e5m2' for '--matmul-dtype <DTYPE>'\n  [possible values: bf16, e4m3]",
+        ),
+        (
+            &["--model-dtype", "f16"],
+            "invalid value 'f16' for '--model-dtype <DTYPE>'\n  [possible values: f32, bf16]",
+        ),
+        (
+            &["--master-dtype", "bf16", "--model-dtype", "f32"],
+            "--master-dtype bf16: the master weights must be f32, or the same as --model-dtype (f32)",
+        ),
+        // The other spellings, in any case, mean the same.
+        (
+            &["--gradient-dtype", "FP8-E5M2"],
+            "--gradient-dtype e5m2 needs --matmul-dtype e4m3",
         ),
         (
             &["--gradient-dtype", "e5m2"],
             "--gradient-dtype e5m2 needs --matmul-dtype e4m3",
         ),
         (
-            &["--matmul-dtype", "e4m3", "--model-dtype", "f32"],
-            "they need --model-dtype bf16",
+            &["--matmul-dtype", "e4m3", "--model-dtype", "float32"],
+            "they need --model-dtype bf16 (not f32)",
         ),
         (
             &["--debug-log-abs-max", "1"],
@@ -346,6 +360,22 @@ fn flags_that_are_not_implemented_or_incomplete() {
     let mut args = c.args(s(&c.good), &[]);
     args.retain(|a| a != "--from-scratch");
     c.check(&args, &["no model.safetensors", "pass --from-scratch"]);
+}
+
+#[test]
+fn gpu_telemetry_is_refused_on_the_cpu() {
+    // Whatever this machine has, a run on the CPU has no GPU for NVML to read.
+    let c = Case::new();
+    for extra in [
+        &["--device", "cpu"][..],
+        &["--device", "cpu", "--gpus", "2"],
+    ] {
+        let flags = [&["--log-gpu-util", "1"][..], extra].concat();
+        c.check(
+            &c.args(s(&c.good), &flags),
+            &["--log-gpu-util reads GPUs through NVML, and this run is on the CPU"],
+        );
+    }
 }
 
 #[test]

@@ -25,6 +25,7 @@ pub mod datasheet;
 pub mod op_times;
 pub mod ops;
 pub mod select;
+pub mod telemetry;
 
 pub use self::ops::adamw::{AdamW, AdamWTensor, OptimizerOps};
 pub use self::ops::attention::{AttentionOps, AttnShape};
@@ -59,9 +60,11 @@ pub trait Backend:
 {
     /// One line for logs: the device and its precision.
     fn describe(&self) -> String;
-    /// The device's datasheet dense bf16 peak in FLOP/s, which MFU is measured against;
-    /// `None` where there is no such figure (the CPU), and MFU is not reported.
-    fn peak_flops(&self) -> Option<f64> {
+    /// The device's datasheet dense tensor-core peak in FLOP/s for matmuls of `dtype`
+    /// inputs (`Datasheet::peak_flops`), which MFU and SOL are measured against; `None`
+    /// where there is no such figure (the CPU, or FP8 on a GPU without it), and the figure
+    /// is not reported.
+    fn peak_flops(&self, _dtype: DType) -> Option<f64> {
         None
     }
     /// Starts (`true`) or stops timing each op's device time, by name, for

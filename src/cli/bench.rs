@@ -5,7 +5,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
-use super::flags::{FitMemoryFlag, OffloadFlags, RecomputeFlags, SmallerBatch};
+use super::flags::{FitMemoryFlag, MatmulFlags, OffloadFlags, RecomputeFlags, SmallerBatch};
 use crate::backend::op_times::{OpTime, by_family};
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::comm::ranks::Ranks;
@@ -51,12 +51,8 @@ pub struct BenchArgs {
     /// Steps before the timed ones: kernel compilation, matmul plans.
     #[arg(long, default_value_t = 3)]
     warmup: usize,
-    /// Dtype the blocks' linear layers multiply in: bf16, or e4m3 (FP8).
-    #[arg(long, default_value = "bf16")]
-    matmul_dtype: String,
-    /// With --matmul-dtype e4m3, the dtype of the output gradients: e4m3 or e5m2 [default: e5m2].
-    #[arg(long)]
-    gradient_dtype: Option<String>,
+    #[command(flatten)]
+    matmul: MatmulFlags,
     #[command(flatten)]
     recompute: RecomputeFlags,
     #[command(flatten)]
@@ -88,7 +84,7 @@ impl BenchArgs {
         if self.batch_size == 0 || self.seq_len == 0 {
             bail!("--batch-size and --seq-len must be at least 1");
         }
-        let matmul = MatmulPrecision::parse(&self.matmul_dtype, self.gradient_dtype.as_deref())?;
+        let matmul = self.matmul.resolve()?;
         // Under a launcher, the GPU its LOCAL_RANK names.
         let ranks = Ranks::new(1)?;
         if ranks.world() > 1 {

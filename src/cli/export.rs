@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::{ArgGroup, Args};
 
+use super::flags::StorageDtype;
 use crate::backend::cpu::Cpu;
-use crate::io::hf;
+use crate::io::{hf, hf_cache};
 use crate::model::{ModelConfig, ModelOptions, Transformer};
 use crate::tensor::DType;
 use crate::train::checkpoint::{self, SavedModel};
@@ -18,8 +19,9 @@ use crate::train::checkpoint::{self, SavedModel};
     group(ArgGroup::new("source").required(true).args(["model", "checkpoint"]))
 )]
 pub struct ExportArgs {
-    /// HF model directory to read (config.json + model.safetensors or a sharded index).
-    #[arg(long, value_name = "DIR")]
+    /// HF model directory to read (config.json + model.safetensors or a sharded index), or a
+    /// model's Hub name (owner/name) in the local HF cache.
+    #[arg(long, value_name = "DIR|NAME")]
     model: Option<PathBuf>,
     /// A training checkpoint to read: a step-N directory, or a --checkpoint-dir (its latest
     /// checkpoint), of any number of ranks and ZeRO level. The config comes from its state,
@@ -31,24 +33,19 @@ pub struct ExportArgs {
     /// or empty one.
     #[arg(long)]
     out_dir: PathBuf,
-    /// Storage dtype of the written tensors: f32, bf16 or f16 [default: f32 for --model; for
-    /// --checkpoint, the dtype the run trained in, as its own --out-dir got].
-    #[arg(long)]
-    dtype: Option<String>,
+    /// Storage dtype of the written tensors [default: f32 for --model; for --checkpoint, the
+    /// dtype the run trained in, as its own --out-dir got].
+    #[arg(long, value_enum, ignore_case = true)]
+    dtype: Option<StorageDtype>,
 }
 
 impl ExportArgs {
     pub fn run(self) -> Result<()> {
-        let dtype = match &self.dtype {
-            None => None,
-            Some(name) => match DType::parse(name) {
-                Some(d @ (DType::F32 | DType::BF16 | DType::F16)) => Some(d),
-                _ => bail!("--dtype {name}: choose f32, bf16 or f16"),
-            },
-        };
-        hf::check_new_export_dir(&self.out_dir, self.model.as_deref())?;
+        let dtype = self.dtype.map(DType::from);
+        let model_dir = self.model.as_deref().map(hf_cache::model_dir).transpose()?;
+        hf::check_new_export_dir(&self.out_dir, model_dir.as_deref())?;
         let cpu = Cpu::<f32>::new();
-        let (model, tokenizer_dir, dtype) = match (&self.model, &self.checkpoint) {
+        let (model, tokenizer_dir, dtype) = match (&model_dir, &self.checkpoint) {
             (Some(dir), _) => {
                 let model = new_model(&cpu, hf::read_config(dir)?, DType::F32)?;
                 hf::import(&cpu, &model, dir)?;

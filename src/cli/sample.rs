@@ -8,11 +8,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use serde_json::{Map, Value, json};
 
-use super::flags::{check_floats, dtype};
+use super::flags::{FloatDtype, check_floats};
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::generate::{Codec, Generator, SampleOptions, Sampling, TextStream};
-use crate::io::hf;
+use crate::io::{hf, hf_cache};
 use crate::tensor::DType;
 use crate::tokenize::chat_template::{ChatTemplate, Conversation, parse_kwargs};
 use crate::train::checkpoint;
@@ -27,8 +27,9 @@ the prompt is a user's message, which the chat template of the model's tokenizer
 turns into a conversation asking for the assistant's reply; only the reply is printed."
 )]
 pub struct SampleArgs {
-    /// HF model directory (config.json + model.safetensors, as `smelt train --out-dir` writes).
-    #[arg(long, value_name = "DIR", required_unless_present = "checkpoint")]
+    /// HF model directory (config.json + model.safetensors, as `smelt train --out-dir`
+    /// writes), or a model's Hub name (owner/name) in the local HF cache.
+    #[arg(long, value_name = "DIR|NAME", required_unless_present = "checkpoint")]
     model: Option<PathBuf>,
     /// A checkpoint: a step-N directory, or a --checkpoint-dir (its latest checkpoint).
     #[arg(long, value_name = "DIR", conflicts_with = "model")]
@@ -73,10 +74,16 @@ pub struct SampleArgs {
     /// Where to run: the GPU when the driver reports one, else the CPU.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     device: DeviceChoice,
-    /// Dtype of a --model's weights and activations: f32 or bf16 [default: bf16 on the GPU,
-    /// f32 on the CPU]. A checkpoint runs in the dtype it was trained in.
-    #[arg(long, value_parser = dtype, conflicts_with = "checkpoint")]
-    model_dtype: Option<DType>,
+    /// Dtype of a --model's weights and activations [default: bf16 on the GPU, f32 on the
+    /// CPU]. A checkpoint runs in the dtype it was trained in.
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        value_name = "DTYPE",
+        conflicts_with = "checkpoint"
+    )]
+    model_dtype: Option<FloatDtype>,
 }
 
 /// What `smelt sample` would print for `args` (its flags, without `smelt sample`): the
@@ -115,12 +122,6 @@ impl SampleArgs {
                 self.top_p
             );
         }
-        if let Some(d) = self
-            .model_dtype
-            .filter(|d| !matches!(d, DType::F32 | DType::BF16))
-        {
-            bail!("--model-dtype {d}: choose f32 or bf16");
-        }
         match select(self.device, 0)? {
             Device::Cpu(b) => self.sample(&b, DType::F32, out),
             Device::Cuda(b) => self.sample(&b, DType::BF16, out),
@@ -130,9 +131,10 @@ impl SampleArgs {
     /// Samples on `b`, a --model in `default_dtype` unless --model-dtype says otherwise.
     fn sample<B: Backend>(&self, b: &B, default_dtype: DType, out: impl Write) -> Result<()> {
         let (config, tokenizer_dir, mut generator) = match (&self.model, &self.checkpoint) {
-            (Some(dir), _) => {
+            (Some(model), _) => {
+                let dir = &hf_cache::model_dir(model)?;
                 let config = hf::read_config(dir)?;
-                let dtype = self.model_dtype.unwrap_or(default_dtype);
+                let dtype = self.model_dtype.map_or(default_dtype, DType::from);
                 let g = Generator::new(b, config.clone(), dtype, |m| hf::import(b, m, dir))?;
                 (config, Some(dir.clone()), g)
             }

@@ -13,6 +13,7 @@ use super::flags::{
 };
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
+use crate::backend::telemetry::Telemetry;
 use crate::comm::Comm;
 use crate::comm::ranks::{RankMain, Ranks, on_ranks};
 use crate::generate::{Generator, SampleOptions, Sampling};
@@ -232,6 +233,11 @@ pub struct TrainArgs {
     /// gradient (JSONL `abs_max` events), for diagnosing divergence; 0 for never.
     #[arg(long, default_value_t = 0, help_heading = "Precision")]
     debug_log_abs_max: u64,
+    /// Every N steps, log each GPU's utilisation, SM clock, power, temperature and memory
+    /// (a `[G]` line, JSONL `gpu_util` events), read through NVML: every GPU of this process
+    /// (under a launcher, rank 0's own); 0 for never. GPUs only.
+    #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Output")]
+    log_gpu_util: u64,
 
     // ----- health and guards -----
     /// Every N steps, log the training health (JSONL `health` events): the gradient norm
@@ -297,6 +303,8 @@ pub struct Resolved {
     pub ranks: Ranks,
     /// `--comm-timeout`.
     pub timeout: Duration,
+    /// The GPUs to read with `--log-gpu-util`, on the process of rank 0.
+    pub telemetry: Option<Telemetry>,
 }
 
 /// `smelt train`'s flags without the data, parsed and checked as `smelt train` does: for a
@@ -328,8 +336,14 @@ impl TrainArgs {
             device,
             ranks,
             timeout,
+            telemetry,
         } = self.resolve()?;
-        on_ranks(device, ranks, timeout, TrainRank { options, demo_data })
+        let rank = TrainRank {
+            options,
+            demo_data,
+            telemetry,
+        };
+        on_ranks(device, ranks, timeout, rank)
     }
 
     /// The options, ranks and device that the flags ask for, checked.
@@ -340,6 +354,16 @@ impl TrainArgs {
         }
         let ranks = Ranks::new(self.gpus)?;
         let device = select(self.device, ranks.device_index())?;
+        // Rank 0 reads the GPUs; the processes of other ranks need no NVML.
+        let telemetry = match (&device, self.log_gpu_util) {
+            (_, 0) => None,
+            (Device::Cpu(_), _) => bail!(
+                "--log-gpu-util reads GPUs through NVML, and this run is on the CPU (--device \
+                 cpu, or no GPU found); leave it out, or train on a GPU"
+            ),
+            (Device::Cuda(_), _) if !ranks.has_rank_0() => None,
+            (Device::Cuda(gpu), _) => Some(Telemetry::open(&ranks.process_gpus(gpu.ordinal()))?),
+        };
         let chosen_by_hand = [
             self.recompute.recompute() != Recompute::default(),
             self.offload.offload(self.offload_master) != Offload::default(),
@@ -376,6 +400,7 @@ impl TrainArgs {
             device,
             ranks,
             timeout: Duration::from_secs(self.comm_timeout),
+            telemetry,
         })
     }
 
@@ -566,6 +591,7 @@ impl TrainArgs {
             eval_every_n_steps: self.eval_every_n_steps.unwrap_or(d.eval_every_n_steps),
             eval_num_steps,
             debug_log_abs_max: self.debug_log_abs_max,
+            log_gpu_util: self.log_gpu_util,
             grad_sum_after_backward: self.grad_sum_after_backward,
             health_every: self.health_every,
             guard: GuardOptions {
@@ -604,6 +630,8 @@ struct TrainRank {
     options: Options,
     /// The demo's data folder, when this is the demo.
     demo_data: Option<PathBuf>,
+    /// This process's GPUs, which rank 0 reads with --log-gpu-util.
+    telemetry: Option<Telemetry>,
 }
 
 impl RankMain for TrainRank {
@@ -618,7 +646,8 @@ impl RankMain for TrainRank {
             }
             comm.sum(&[])?;
         }
-        let summary = crate::train::train(b, comm, &self.options)?;
+        let telemetry = self.telemetry.as_ref();
+        let summary = crate::train::train(b, comm, &self.options, telemetry)?;
         if self.demo_data.is_some() && comm.rank() == 0 {
             demo_report(b, &summary, &self.options)?;
         }

@@ -74,6 +74,24 @@ impl Ranks {
             Ranks::Process(launch) => launch.local_rank,
         }
     }
+
+    /// Whether rank 0, which speaks for the run, is in this process.
+    pub fn has_rank_0(&self) -> bool {
+        match self {
+            Ranks::Threads(_) => true,
+            Ranks::Process(launch) => launch.rank == 0,
+        }
+    }
+
+    /// The CUDA devices this process's ranks train on, where `opened` is the one opened for
+    /// it: under `--gpus N`, every thread's (rank r on device r, as `on_ranks` opens them);
+    /// else `opened` alone.
+    pub fn process_gpus(&self, opened: usize) -> Vec<usize> {
+        match self {
+            Ranks::Threads(n) if *n > 1 => (0..*n).collect(),
+            _ => vec![opened],
+        }
+    }
 }
 
 /// Runs `main` on `ranks`, on `device`'s kind (and on `device` itself where this process

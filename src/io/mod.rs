@@ -1,7 +1,9 @@
-//! Files: HF model directories in and out, safetensors of named tensors, atomic writes.
+//! Files: HF model directories in and out (and found in the HF cache by name), safetensors
+//! of named tensors, atomic writes.
 
 pub mod atomic;
 pub mod hf;
+pub mod hf_cache;
 pub mod tensors;
 
 use std::path::Path;

@@ -51,6 +51,14 @@ pub struct RopeScaling {
     pub original_max_position_embeddings: usize,
 }
 
+/// Training FLOPs per token in matmuls, by the dtype they multiply in: the blocks' linear
+/// layers in `--matmul-dtype`, the LM head in the model's dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatmulFlops {
+    pub blocks: f64,
+    pub head: f64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
     pub architecture: Architecture,
@@ -482,11 +490,20 @@ impl ModelConfig {
     /// forward) of every matmul, with causal attention counted at half of its square, as in
     /// ml_dataflow's and the PyTorch baseline's formula, so MFU figures compare directly.
     pub fn training_flops_per_token(&self, seq: usize) -> f64 {
+        let matmuls = self.training_matmul_flops_per_token();
+        matmuls.blocks + matmuls.head + self.training_attention_flops_per_token(seq)
+    }
+
+    /// The part of `training_flops_per_token` in matmuls (forward and backward), which
+    /// does not depend on the sequence length.
+    pub fn training_matmul_flops_per_token(&self) -> MatmulFlops {
         let (c, f) = (self.hidden_size as f64, self.intermediate_size as f64);
         let linear = 2.0 * c * (self.qkv_dim() as f64 + self.q_dim() as f64 + 3.0 * f);
         let head = 2.0 * c * self.vocab_size as f64;
-        3.0 * (self.num_layers as f64 * linear + head)
-            + self.training_attention_flops_per_token(seq)
+        MatmulFlops {
+            blocks: 3.0 * self.num_layers as f64 * linear,
+            head: 3.0 * head,
+        }
     }
 
     /// The part of `training_flops_per_token` in attention's score and value products, which

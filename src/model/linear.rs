@@ -68,12 +68,13 @@ impl MatmulPrecision {
         matches!(self, MatmulPrecision::Fp8 { .. })
     }
 
-    /// From `--matmul-dtype` and `--gradient-dtype`.
-    pub fn parse(matmul: &str, gradient: Option<&str>) -> Result<Self> {
-        let dtype = |flag: &str, name: &str, allowed: &[DType]| match DType::parse(name) {
-            Some(d) if allowed.contains(&d) => Ok(d),
-            _ => bail!(
-                "{flag} {name}: choose from {}",
+    /// From `--matmul-dtype` (bf16 or e4m3) and `--gradient-dtype` (e4m3 or e5m2, for
+    /// e4m3 matmuls only).
+    pub fn new(matmul: DType, gradient: Option<DType>) -> Result<Self> {
+        let check = |flag: &str, d: DType, allowed: &[DType]| match allowed.contains(&d) {
+            true => Ok(d),
+            false => bail!(
+                "{flag} {d}: choose from {}",
                 allowed
                     .iter()
                     .map(|d| d.to_string())
@@ -81,12 +82,12 @@ impl MatmulPrecision {
                     .join(", ")
             ),
         };
-        match dtype("--matmul-dtype", matmul, &[DType::BF16, DType::E4M3])? {
+        match check("--matmul-dtype", matmul, &[DType::BF16, DType::E4M3])? {
             DType::E4M3 => Ok(MatmulPrecision::Fp8 {
                 forward: DType::E4M3,
-                gradient: dtype(
+                gradient: check(
                     "--gradient-dtype",
-                    gradient.unwrap_or("e5m2"),
+                    gradient.unwrap_or(DType::E5M2),
                     &[DType::E4M3, DType::E5M2],
                 )?,
             }),
@@ -96,6 +97,15 @@ impl MatmulPrecision {
                 ),
                 None => Ok(MatmulPrecision::Native),
             },
+        }
+    }
+
+    /// The dtype the blocks' linear layers read their inputs in, in a model of
+    /// `model_dtype`.
+    pub fn input_dtype(self, model_dtype: DType) -> DType {
+        match self {
+            MatmulPrecision::Native => model_dtype,
+            MatmulPrecision::Fp8 { forward, .. } => forward,
         }
     }
 }

@@ -24,7 +24,7 @@ mod streaming;
 mod transformer;
 
 pub use backward::{BlockEvent, BlockEvents};
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, MatmulFlops, ModelConfig};
 pub use decode::KvCache;
 pub use head::LossOptions;
 pub use linear::MatmulPrecision;

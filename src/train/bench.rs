@@ -174,7 +174,11 @@ pub fn run<B: Backend>(
         tokens_per_step,
         step_s,
         tokens_per_second,
-        mfu: metrics::mfu(flops_per_token, tokens_per_second, b.peak_flops()),
+        mfu: metrics::mfu(
+            flops_per_token,
+            tokens_per_second,
+            b.peak_flops(DType::BF16),
+        ),
         phases_s: std::array::from_fn(|i| median(&mut split[i])),
         split_step_s: median(&mut split_totals),
         memory_bytes: measured.unwrap_or(planned),

@@ -1,10 +1,12 @@
-//! What a person watching a run sees: llm.q-style `[T]` step and `[V]` eval lines, startup
-//! tables, and, only when stdout is a terminal, a progress bar with an ETA that redraws
-//! itself under the lines.
+//! What a person watching a run sees: llm.q-style `[T]` step, `[V]` eval and `[G]` GPU
+//! lines, startup tables, and, only when stdout is a terminal, a progress bar with an ETA
+//! under the lines (indicatif's, which prints each line above itself).
 
-use std::io::{IsTerminal, Write};
-use std::time::Instant;
+use std::io::IsTerminal;
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
+
+use crate::backend::telemetry::GpuSample;
 use crate::tensor::TensorSpec;
 
 /// One training step's figures, as the console and the log show them.
@@ -16,17 +18,18 @@ pub struct StepReport {
     pub norm: f64,
     pub loss: f64,
     pub lr: f64,
+    /// Of the whole run, every rank's tokens.
     pub tokens_per_second: f64,
     pub mfu: Option<f64>,
+    pub sol: Option<f64>,
 }
 
 pub struct Console {
     /// Prints nothing: the console of a rank other than 0, which speaks for the run.
     silent: bool,
     terminal: bool,
-    /// When the bar started and at which step, for the ETA.
-    start: Option<(Instant, u64)>,
-    bar_drawn: bool,
+    /// Drawn from the first step on, on a terminal.
+    bar: Option<ProgressBar>,
 }
 
 impl Default for Console {
@@ -40,8 +43,7 @@ impl Console {
         Console {
             silent: false,
             terminal: std::io::stdout().is_terminal(),
-            start: None,
-            bar_drawn: false,
+            bar: None,
         }
     }
 
@@ -49,29 +51,24 @@ impl Console {
     pub fn silent() -> Console {
         Console {
             silent: true,
-            ..Console::new()
+            terminal: false,
+            bar: None,
         }
     }
 
-    /// Prints one line above the progress bar.
+    /// Prints one line, above the progress bar where there is one.
     pub fn line(&mut self, text: &str) {
-        if self.silent {
-            return;
+        match (&self.bar, self.silent) {
+            (_, true) => {}
+            (Some(bar), false) => bar.println(text),
+            (None, false) => println!("{text}"),
         }
-        let mut out = std::io::stdout().lock();
-        if self.bar_drawn {
-            // Carriage return, then clear the line the bar was on.
-            let _ = write!(out, "\r\x1b[2K");
-            self.bar_drawn = false;
-        }
-        let _ = writeln!(out, "{text}");
-        let _ = out.flush();
     }
 
     pub fn step(&mut self, r: &StepReport) {
         let width = r.steps.to_string().len();
         self.line(&format!(
-            "[T] step {:>width$}/{} | {:>8} | norm {:>7.4} | loss {:>7.4} | lr {:.2e} | {:>7} tok/s | mfu {}",
+            "[T] step {:>width$}/{} | {:>8} | norm {:>7.4} | loss {:>7.4} | lr {:.2e} | {:>7} tok/s | mfu {} | sol {} | 1B in {}",
             r.step,
             r.steps,
             duration(r.seconds),
@@ -79,8 +76,9 @@ impl Console {
             r.loss,
             r.lr,
             si(r.tokens_per_second),
-            r.mfu
-                .map_or_else(|| "-".to_string(), |m| format!("{:.1}%", 100.0 * m)),
+            percent(r.mfu),
+            percent(r.sol),
+            duration(1e9 / r.tokens_per_second),
         ));
         self.progress(r.step, r.steps);
     }
@@ -93,38 +91,75 @@ impl Console {
         ));
     }
 
-    /// Redraws the progress bar after `done` of `total` steps, on a terminal only.
+    /// One GPU's readings after step `step`; `-` for what NVML does not give.
+    pub fn gpu(&mut self, step: u64, g: &GpuSample) {
+        fn or_dash<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
+            v.map_or_else(|| "-".into(), f)
+        }
+        let memory = match (g.memory_used, g.memory_total) {
+            (Some(used), Some(total)) => format!("{:.1}/{:.1} GiB", gib(used), gib(total)),
+            _ => "- GiB".into(),
+        };
+        self.line(&format!(
+            "[G] step {step} | GPU {} | util {:>4} | SM {:>4} MHz | {:>5} W | {:>3} °C | {memory}",
+            g.gpu,
+            or_dash(g.utilization, |u| format!("{u}%")),
+            or_dash(g.sm_clock_mhz, |c| c.to_string()),
+            or_dash(g.power_watts, |w| format!("{w:.0}")),
+            or_dash(g.temperature_c, |t| t.to_string()),
+        ));
+    }
+
+    /// Moves the progress bar to `done` of `total` steps, on a terminal only. It is made at
+    /// the first step this run takes, and its ETA is the mean time of the steps since then
+    /// (`?` until there is one) times the steps left.
     fn progress(&mut self, done: u64, total: u64) {
         if self.silent || !self.terminal || total == 0 {
             return;
         }
-        let (start, first) = *self.start.get_or_insert((Instant::now(), done));
-        let elapsed = start.elapsed().as_secs_f64();
-        let eta = if done > first {
-            duration(elapsed / (done - first) as f64 * (total - done) as f64)
-        } else {
-            "?".into()
-        };
-        const WIDTH: usize = 30;
-        let filled = (WIDTH as u64 * done / total) as usize;
-        let mut out = std::io::stdout().lock();
-        let _ = write!(
-            out,
-            "\r[{}{}] {done}/{total} ({:.0}%) ETA {eta}",
-            "#".repeat(filled),
-            ".".repeat(WIDTH - filled),
-            100.0 * done as f64 / total as f64
-        );
-        let _ = out.flush();
-        self.bar_drawn = true;
+        let bar = self.bar.get_or_insert_with(|| {
+            let first = done;
+            let eta = move |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let (taken, left) = (s.pos() - first, s.len().unwrap_or(0) - s.pos());
+                let _ = match taken {
+                    0 => w.write_str("?"),
+                    n => w.write_str(&duration(
+                        s.elapsed().as_secs_f64() / n as f64 * left as f64,
+                    )),
+                };
+            };
+            let style =
+                ProgressStyle::with_template("[{bar:30}] {pos}/{len} ({percent}%) ETA {smelt_eta}")
+                    .expect("a valid template")
+                    .progress_chars("#>.")
+                    .with_key("smelt_eta", eta);
+            ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stdout())
+                .with_style(style)
+                .with_position(done)
+        });
+        bar.set_position(done);
     }
 
-    /// Leaves the bar's line, so that later output starts on a fresh one.
+    /// Leaves the bar drawn as it is, and the cursor on the line below it, so that later
+    /// output starts on a line of its own.
     pub fn finish(&mut self) {
-        if self.bar_drawn {
-            self.line("");
+        if let Some(bar) = self.bar.take() {
+            bar.abandon();
+            println!();
         }
     }
+}
+
+impl Drop for Console {
+    /// A run that fails leaves the bar where it stopped, above the error.
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// A fraction as `50.1%`, or `-` where there is none.
+fn percent(fraction: Option<f64>) -> String {
+    fraction.map_or_else(|| "-".to_string(), |f| format!("{:.1}%", 100.0 * f))
 }
 
 /// A list of named allocation categories, as the model and the optimizer keep theirs.
@@ -175,7 +210,7 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-/// Seconds as `850 ms`, `12.3 s` or `4m05s`.
+/// Seconds as `850 ms`, `12.3 s`, `4m05s`, `2h05m` or `3d07h`.
 pub fn duration(seconds: f64) -> String {
     if seconds < 1.0 {
         format!("{:.0} ms", seconds * 1e3)
@@ -183,10 +218,10 @@ pub fn duration(seconds: f64) -> String {
         format!("{seconds:.1} s")
     } else {
         let s = seconds.round() as u64;
-        if s < 3600 {
-            format!("{}m{:02}s", s / 60, s % 60)
-        } else {
-            format!("{}h{:02}m", s / 3600, s % 3600 / 60)
+        match s {
+            ..3600 => format!("{}m{:02}s", s / 60, s % 60),
+            3600..86400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+            _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
         }
     }
 }
@@ -202,6 +237,8 @@ mod tests {
         assert_eq!(si(950.0), "950.00");
         assert_eq!(duration(0.25), "250 ms");
         assert_eq!(duration(125.0), "2m05s");
+        assert_eq!(duration(7500.0), "2h05m");
+        assert_eq!(duration(1e9 / 5050.0), "2d07h");
         let specs = vec![TensorSpec::new("w", &[4, 8], DType::BF16)];
         let model = [("weights", specs.clone())];
         let opt = [("m", specs.clone()), ("v", specs)];

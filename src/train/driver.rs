@@ -21,6 +21,7 @@ use super::loader::Batch;
 use super::trainer::{Run, StepResult};
 use crate::backend::Backend;
 use crate::backend::cpu::IGNORE_INDEX;
+use crate::backend::telemetry::Telemetry;
 use crate::cli::train::{Resolved, resolve_without_data};
 use crate::comm::Comm;
 use crate::comm::ranks::{RankMain, Ranks, on_ranks};
@@ -88,6 +89,7 @@ impl Driver {
                 device,
                 ranks,
                 timeout,
+                telemetry,
             } = resolved;
             let (local, world) = match &ranks {
                 Ranks::Threads(n) => (*n, *n),
@@ -97,6 +99,7 @@ impl Driver {
             let _ = setup.send(Ok((options.clone(), world, senders)));
             let driven = Driven {
                 options,
+                telemetry,
                 local,
                 inboxes: Mutex::new(receivers.into_iter().map(Some).collect()),
                 reply,
@@ -174,6 +177,7 @@ impl Drop for Driver {
 /// What each rank runs: its `Run`, commanded through its inbox.
 struct Driven {
     options: Options,
+    telemetry: Option<Telemetry>,
     local: usize,
     inboxes: Mutex<Vec<Option<Receiver<Command>>>>,
     reply: Sender<Result<Reply>>,
@@ -189,10 +193,11 @@ impl RankMain for Driven {
             .take()
             .context("each local rank takes its own inbox")?;
         let o = &self.options;
-        let started = Run::open(b, comm, o, None).and_then(|(mut run, resume)| {
-            run.logging_failure(|run| run.start(resume))?;
-            Ok(run)
-        });
+        let started =
+            Run::open(b, comm, o, None, self.telemetry.as_ref()).and_then(|(mut run, resume)| {
+                run.logging_failure(|run| run.start(resume))?;
+                Ok(run)
+            });
         let mut run = match started {
             Ok(run) => run,
             Err(e) => {

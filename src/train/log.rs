@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::health::Health;
 use super::scalars::scalars;
 use super::tensorboard::EventWriter;
+use crate::backend::telemetry::GpuSample;
 use crate::io::atomic::is_disk_full_io;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,8 +43,11 @@ pub enum Event {
         tokens: u64,
         seconds: f64,
         tokens_per_second: f64,
-        /// Model FLOPs utilisation, where the device's peak is known.
+        /// Model FLOPs utilisation of one device, where its peak is known.
         mfu: Option<f64>,
+        /// The share of the step the matmuls would take at the device's peaks
+        /// (`metrics::sol`), where they are known.
+        sol: Option<f64>,
         /// A hash of the step's input sequences, every rank's, in the order of the training
         /// stream: two runs that read the same data log the same, whatever their world size.
         data: String,
@@ -74,6 +78,11 @@ pub enum Event {
         step: u64,
         #[serde(flatten)]
         health: Health,
+    },
+    /// The readings of the GPUs this process trains on after a step (`--log-gpu-util`).
+    GpuUtil {
+        step: u64,
+        gpus: Vec<GpuSample>,
     },
     Eval {
         step: u64,

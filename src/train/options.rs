@@ -12,6 +12,7 @@ use super::guard::GuardOptions;
 use super::inject::Injection;
 use super::schedule::Decay;
 use crate::io::hf;
+use crate::io::hf_cache::{self, HubName};
 use crate::model::{
     Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Weights, presets,
 };
@@ -29,13 +30,14 @@ pub enum ModelSource {
 }
 
 impl ModelSource {
-    /// `--model`: a HF model directory, or one of the built-in architectures (see
+    /// `--model`: a HF model directory, a model in the HF cache by its Hub name
+    /// (`owner/name`, see `io::hf_cache`), or one of the built-in architectures (see
     /// `model::presets`) to train from random weights.
     pub fn new(model: &Path, from_scratch: bool) -> Result<ModelSource> {
-        // A path that exists is a directory, even where it shares a preset's name.
-        if model.exists() {
+        // A path that exists is a directory, even where it shares a preset's or a Hub name.
+        if model.exists() || HubName::parse(model).is_some() {
             return Ok(ModelSource::Dir {
-                path: model.to_path_buf(),
+                path: hf_cache::model_dir(model)?,
                 from_scratch,
             });
         }
@@ -44,7 +46,7 @@ impl ModelSource {
             .filter(|name| presets::names().contains(name))
         else {
             bail!(
-                "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json) or one of {}",
+                "--model {}: no such directory, and not a built-in architecture; give a HF model directory (with config.json), a model's Hub name (owner/name) in the HF cache, or one of {}",
                 model.display(),
                 presets::names().join(", ")
             );
@@ -134,6 +136,8 @@ pub struct Options {
     pub eval_num_steps: usize,
     /// Steps between logs of the FP8 abs-max statistics; 0 for none.
     pub debug_log_abs_max: u64,
+    /// Steps between readings of the GPUs (`--log-gpu-util`); 0 for none.
+    pub log_gpu_util: u64,
     /// With several ranks, sum the gradients once the backward has ended, instead of each
     /// block's while the backward goes on.
     pub grad_sum_after_backward: bool,
@@ -158,7 +162,7 @@ impl Options {
     /// change what has already been computed (later ones may change with a warning).
     /// `recompute`, the offloads and `grad_sum_after_backward` are among them because they
     /// give bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 23] = [
+    pub const FREE_ON_CONTINUE: [&str; 24] = [
         "resume",
         "out_dir",
         "log_file",
@@ -175,6 +179,7 @@ impl Options {
         "offload_weights",
         "offload_gradients",
         "debug_log_abs_max",
+        "log_gpu_util",
         "grad_sum_after_backward",
         "health_every",
         "max_skipped_steps",

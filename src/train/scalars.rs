@@ -34,6 +34,7 @@ pub fn scalars(event: &Event) -> Vec<Scalar> {
             seconds,
             tokens_per_second,
             mfu,
+            sol,
             ..
         } => {
             let mut values = vec![
@@ -44,6 +45,7 @@ pub fn scalars(event: &Event) -> Vec<Scalar> {
                 ("train/tokens_per_second", *tokens_per_second),
             ];
             values.extend(mfu.map(|mfu| ("train/mfu", mfu)));
+            values.extend(sol.map(|sol| ("train/sol", sol)));
             at(*step, &values)
         }
         Event::Eval {
@@ -83,6 +85,23 @@ pub fn scalars(event: &Event) -> Vec<Scalar> {
             at(*step, &values)
         }
         Event::Skipped { step, .. } => at(*step, &[("train/skipped", 1.0)]),
+        // What NVML did not give is left out.
+        Event::GpuUtil { step, gpus } => {
+            let mut values = vec![];
+            for g in gpus {
+                let readings = [
+                    ("utilization", g.utilization.map(f64::from)),
+                    ("sm_clock_mhz", g.sm_clock_mhz.map(f64::from)),
+                    ("power_watts", g.power_watts),
+                    ("temperature_c", g.temperature_c.map(f64::from)),
+                    ("memory_used_gib", g.memory_used.map(|b| b as f64 / GIB)),
+                ];
+                let tag = |name: &str| format!("gpu/{}/{name}", g.gpu);
+                values.extend(readings.iter().filter_map(|(n, v)| Some((tag(n), (*v)?))));
+            }
+            let values: Vec<(&str, f64)> = values.iter().map(|(t, v)| (t.as_str(), *v)).collect();
+            at(*step, &values)
+        }
         Event::Spike { step, zscore, .. } => at(*step, &[("train/spike_zscore", *zscore)]),
         _ => vec![],
     }
@@ -110,6 +129,7 @@ mod tests {
             seconds: 0.5,
             tokens_per_second: 128.0,
             mfu,
+            sol: None,
             data: String::new(),
         };
         let cpu = tags(&step(None));

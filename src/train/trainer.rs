@@ -34,13 +34,14 @@ use super::options::{ModelSource, Options};
 use super::schedule::Schedule;
 use super::step_losses::StepLosses;
 use super::zero;
+use crate::backend::telemetry::Telemetry;
 use crate::backend::{Backend, Range};
 use crate::comm::Comm;
 use crate::hash::fnv1a;
 use crate::io::{self, hf, tensors};
-use crate::model::{BlockEvent, Gradients, LossOptions, Params, Transformer, Weights};
+use crate::model::{BlockEvent, Gradients, LossOptions, MatmulFlops, Params, Transformer, Weights};
 use crate::rng::Rng;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// What a finished run reports to its caller.
 #[derive(Clone, Debug)]
@@ -51,12 +52,15 @@ pub struct Summary {
     pub final_eval: Option<f64>,
 }
 
-/// Trains as `o` says, on backend `b`, as rank `comm.rank()` of `comm.world()`.
-pub fn train<B: Backend>(b: &B, comm: &dyn Comm<B>, o: &Options) -> Result<Summary> {
+/// Trains as `o` says, on backend `b`, as rank `comm.rank()` of `comm.world()`. Rank 0 logs
+/// `telemetry`'s readings every `o.log_gpu_util` steps.
+pub fn train<B: Backend>(
+    b: &B, comm: &dyn Comm<B>, o: &Options, telemetry: Option<&Telemetry>,
+) -> Result<Summary> {
     // The model's config is checked before the data, whose checks need its vocabulary.
     let (config, _) = o.model.config()?;
     let data = DataSet::open(&o.train_file, "--train-file", config.vocab_size, o.seq_len)?;
-    let (mut run, resume) = Run::open(b, comm, o, Some(data))?;
+    let (mut run, resume) = Run::open(b, comm, o, Some(data), telemetry)?;
     run.logging_failure(|run| {
         run.start(resume)?;
         run.train_loop()?;
@@ -93,9 +97,11 @@ pub struct StepResult {
 impl<'a, B: Backend> Run<'a, B> {
     /// Checks what `o` asks for, and allocates the model and opens the log: the run up to
     /// its start. `data` is the training data, or `None` where the caller brings each batch
-    /// (`accumulate`). The checkpoint to continue from comes back for `start`.
+    /// (`accumulate`). Rank 0 logs `telemetry`'s readings every `o.log_gpu_util` steps. The
+    /// checkpoint to continue from comes back for `start`.
     pub fn open(
         b: &'a B, comm: &'a dyn Comm<B>, o: &'a Options, data: Option<DataSet>,
+        telemetry: Option<&'a Telemetry>,
     ) -> Result<(Run<'a, B>, Option<Resume>)> {
         let root = comm.rank() == 0;
         // 1) Everything that reads the user's input, before anything is written.
@@ -180,6 +186,8 @@ impl<'a, B: Backend> Run<'a, B> {
             loader,
             eval: eval.map(|d| EvalSet::new(d, o.batch_size, comm.rank(), comm.world())),
             flops_per_token: config.training_flops_per_token(o.seq_len),
+            matmul_flops: config.training_matmul_flops_per_token(),
+            telemetry: telemetry.filter(|_| root && o.log_gpu_util > 0),
             state,
             saved_step: None,
             pending: None,
@@ -317,6 +325,9 @@ pub struct Run<'a, B: Backend> {
     loader: Option<Loader>,
     eval: Option<EvalSet>,
     flops_per_token: f64,
+    matmul_flops: MatmulFlops,
+    /// The GPUs to sample, on rank 0 with `--log-gpu-util`.
+    telemetry: Option<&'a Telemetry>,
     /// The state a checkpoint now would save.
     state: State,
     /// The step of the newest checkpoint on disk, written or continued from.
@@ -704,6 +715,8 @@ impl<B: Backend> Run<'_, B> {
             return Ok(result);
         }
         let tokens_per_second = tokens as f64 / seconds;
+        // Each rank's device ran its share of the tokens.
+        let per_device = tokens_per_second / self.comm.world() as f64;
         let report = StepReport {
             step,
             steps: self.state.schedule.steps,
@@ -712,7 +725,13 @@ impl<B: Backend> Run<'_, B> {
             loss,
             lr,
             tokens_per_second,
-            mfu: metrics::mfu(self.flops_per_token, tokens_per_second, b.peak_flops()),
+            mfu: metrics::mfu(self.flops_per_token, per_device, b.peak_flops(DType::BF16)),
+            sol: metrics::sol(
+                self.matmul_flops,
+                per_device,
+                b.peak_flops(o.matmul.input_dtype(o.model_dtype)),
+                b.peak_flops(o.model_dtype),
+            ),
         };
         self.log.write(Event::Step {
             step,
@@ -723,6 +742,7 @@ impl<B: Backend> Run<'_, B> {
             seconds,
             tokens_per_second,
             mfu: report.mfu,
+            sol: report.sol,
             data,
         })?;
         self.console.step(&report);
@@ -730,7 +750,22 @@ impl<B: Backend> Run<'_, B> {
             self.log_health(step, health)?;
         }
         self.summary.losses.push(loss);
+        if let Some(t) = self
+            .telemetry
+            .filter(|_| step.is_multiple_of(o.log_gpu_util))
+        {
+            self.log_gpus(t, step)?;
+        }
         Ok(result)
+    }
+
+    /// Logs and prints the readings of the GPUs this process trains on.
+    fn log_gpus(&mut self, telemetry: &Telemetry, step: u64) -> Result<()> {
+        let gpus = telemetry.sample();
+        for g in &gpus {
+            self.console.gpu(step, g);
+        }
+        self.log.write(Event::GpuUtil { step, gpus })
     }
 
     /// Step `step`'s update, and its health when it is a `--health-every` step.

@@ -166,6 +166,11 @@ impl Cuda {
         &self.name
     }
 
+    /// The GPU's CUDA device index.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
     /// Opens GPU `ordinal`. Fails with a message naming what is missing when libcuda,
     /// libnvrtc or libcublasLt cannot be loaded, or when there is no such GPU.
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -315,8 +320,8 @@ impl Backend for Cuda {
         format!("cuda ({}, {})", self.name, self.kernels.arch())
     }
 
-    fn peak_flops(&self) -> Option<f64> {
-        datasheet(&self.name).map(|g| g.bf16_flops)
+    fn peak_flops(&self, dtype: DType) -> Option<f64> {
+        datasheet(&self.name).and_then(|g| g.peak_flops(dtype))
     }
 
     fn time_ops(&self, on: bool) {

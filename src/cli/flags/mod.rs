@@ -1,8 +1,8 @@
 //! What several subcommands share: the flag groups they flatten into their arguments, so that
 //! each flag reads and means the same everywhere, and the parsers of their values.
 //!
-//! `precision` (train, plan), `recompute` and `offload` (train, bench), `fit_memory` (train,
-//! bench).
+//! `precision` (train, plan; its matmul pair also bench, its dtypes sample and export),
+//! `recompute` and `offload` (train, bench), `fit_memory` (train, bench).
 
 mod fit_memory;
 mod offload;
@@ -11,19 +11,12 @@ mod recompute;
 
 use anyhow::{Result, bail};
 
-use crate::tensor::DType;
-
 pub use self::fit_memory::{FitMemoryFlag, SmallerBatch};
 pub use self::offload::OffloadFlags;
-pub use self::precision::{Precision, PrecisionFlags};
+pub use self::precision::{FloatDtype, MatmulFlags, Precision, PrecisionFlags, StorageDtype};
 pub use self::recompute::RecomputeFlags;
 
 const GIB: f64 = (1u64 << 30) as f64;
-
-/// A dtype flag's value.
-pub fn dtype(name: &str) -> Result<DType, String> {
-    DType::parse(name).ok_or_else(|| format!("unknown dtype `{name}`; use f32 or bf16"))
-}
 
 /// A float flag: its name, its value, whether the value meets the flag's rule, and the rule.
 pub type FloatFlag<'a> = (&'a str, f64, bool, &'a str);

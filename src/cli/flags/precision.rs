@@ -1,36 +1,147 @@
-//! The precision flags, shared by `smelt train` and `smelt plan` so that a plan is made for
-//! exactly the run the same flags would start.
+//! The precision flags, shared by `smelt train` and `smelt plan` (and the matmul pair by
+//! `smelt bench`) so that a plan is made for exactly the run the same flags would start, and
+//! the dtype values they take, which `--help` lists. Each value also takes the other
+//! spellings `DType::parse` reads (`bfloat16`, `fp32`, `fp8-e4m3`), in any case.
 
 use anyhow::{Result, bail};
-use clap::Args;
+use clap::{Args, ValueEnum};
 
-use super::dtype;
 use crate::model::MatmulPrecision;
 use crate::tensor::DType;
 
+/// The dtype of weights, activations, master weights or Adam's moments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FloatDtype {
+    #[value(alias = "fp32", alias = "float32")]
+    F32,
+    #[value(alias = "bfloat16")]
+    Bf16,
+}
+
+/// The dtype a block's linear layers multiply in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MatmulDtype {
+    #[value(alias = "bfloat16")]
+    Bf16,
+    #[value(alias = "fp8-e4m3")]
+    E4m3,
+}
+
+/// The dtype of the output gradients FP8 matmuls take in the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GradientDtype {
+    #[value(alias = "fp8-e4m3")]
+    E4m3,
+    #[value(alias = "fp8-e5m2")]
+    E5m2,
+}
+
+/// The dtype tensors are stored in, in a safetensors file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StorageDtype {
+    #[value(alias = "fp32", alias = "float32")]
+    F32,
+    #[value(alias = "bfloat16")]
+    Bf16,
+    #[value(alias = "fp16", alias = "float16")]
+    F16,
+}
+
+impl From<FloatDtype> for DType {
+    fn from(d: FloatDtype) -> DType {
+        match d {
+            FloatDtype::F32 => DType::F32,
+            FloatDtype::Bf16 => DType::BF16,
+        }
+    }
+}
+
+impl From<MatmulDtype> for DType {
+    fn from(d: MatmulDtype) -> DType {
+        match d {
+            MatmulDtype::Bf16 => DType::BF16,
+            MatmulDtype::E4m3 => DType::E4M3,
+        }
+    }
+}
+
+impl From<GradientDtype> for DType {
+    fn from(d: GradientDtype) -> DType {
+        match d {
+            GradientDtype::E4m3 => DType::E4M3,
+            GradientDtype::E5m2 => DType::E5M2,
+        }
+    }
+}
+
+impl From<StorageDtype> for DType {
+    fn from(d: StorageDtype) -> DType {
+        match d {
+            StorageDtype::F32 => DType::F32,
+            StorageDtype::Bf16 => DType::BF16,
+            StorageDtype::F16 => DType::F16,
+        }
+    }
+}
+
+/// `--matmul-dtype` and `--gradient-dtype`.
 #[derive(Args, Debug)]
-pub struct PrecisionFlags {
-    /// Dtype of weights and activations: f32 or bf16 [default: bf16; the demo on the CPU: f32].
-    #[arg(long, value_parser = dtype, help_heading = "Precision")]
-    model_dtype: Option<DType>,
+pub struct MatmulFlags {
     /// Dtype the blocks' linear layers multiply in: bf16, or e4m3 (FP8 with per-tensor
     /// scaling; needs --model-dtype bf16). The embeddings and the LM head stay bf16.
-    #[arg(long, default_value = "bf16", help_heading = "Precision")]
-    matmul_dtype: String,
+    #[arg(long, value_enum, ignore_case = true, value_name = "DTYPE", default_value_t = MatmulDtype::Bf16, help_heading = "Precision")]
+    matmul_dtype: MatmulDtype,
     /// Dtype of the output gradients those matmuls take in the backward, with
-    /// --matmul-dtype e4m3: e4m3 or e5m2 [default: e5m2].
-    #[arg(long, help_heading = "Precision")]
-    gradient_dtype: Option<String>,
+    /// --matmul-dtype e4m3 [default: e5m2].
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        value_name = "DTYPE",
+        help_heading = "Precision"
+    )]
+    gradient_dtype: Option<GradientDtype>,
+}
+
+impl MatmulFlags {
+    /// The matmul precision; a --gradient-dtype without FP8 matmuls is refused.
+    pub fn resolve(&self) -> Result<MatmulPrecision> {
+        MatmulPrecision::new(
+            self.matmul_dtype.into(),
+            self.gradient_dtype.map(DType::from),
+        )
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct PrecisionFlags {
+    /// Dtype of weights and activations [default: bf16; the demo on the CPU: f32].
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        value_name = "DTYPE",
+        help_heading = "Precision"
+    )]
+    model_dtype: Option<FloatDtype>,
+    #[command(flatten)]
+    matmul: MatmulFlags,
     /// Dtype of the optimizer's master weights; a master copy is kept when it is wider than
     /// --model-dtype [default: f32].
-    #[arg(long, value_parser = dtype, help_heading = "Precision")]
-    master_dtype: Option<DType>,
-    /// Dtype of Adam's first moment: f32, or bf16 (updated with stochastic rounding).
-    #[arg(long, value_parser = dtype, default_value = "f32", help_heading = "Precision")]
-    opt_m_dtype: DType,
-    /// Dtype of Adam's second moment: f32, or bf16 (updated with stochastic rounding).
-    #[arg(long, value_parser = dtype, default_value = "f32", help_heading = "Precision")]
-    opt_v_dtype: DType,
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        value_name = "DTYPE",
+        help_heading = "Precision"
+    )]
+    master_dtype: Option<FloatDtype>,
+    /// Dtype of Adam's first moment (bf16 is updated with stochastic rounding).
+    #[arg(long, value_enum, ignore_case = true, value_name = "DTYPE", default_value_t = FloatDtype::F32, help_heading = "Precision")]
+    opt_m_dtype: FloatDtype,
+    /// Dtype of Adam's second moment (bf16 is updated with stochastic rounding).
+    #[arg(long, value_enum, ignore_case = true, value_name = "DTYPE", default_value_t = FloatDtype::F32, help_heading = "Precision")]
+    opt_v_dtype: FloatDtype,
 }
 
 /// The dtypes of a run, checked against each other.
@@ -47,26 +158,16 @@ pub struct Precision {
 impl PrecisionFlags {
     /// The dtypes, with `default_model_dtype` where --model-dtype is not given.
     pub fn resolve(&self, default_model_dtype: DType) -> Result<Precision> {
-        let model_dtype = self.model_dtype.unwrap_or(default_model_dtype);
-        if !matches!(model_dtype, DType::F32 | DType::BF16) {
-            bail!("--model-dtype {model_dtype}: choose f32 or bf16");
-        }
-        let matmul = MatmulPrecision::parse(&self.matmul_dtype, self.gradient_dtype.as_deref())?;
-        if matmul != MatmulPrecision::Native && model_dtype != DType::BF16 {
+        let model_dtype = self.model_dtype.map_or(default_model_dtype, DType::from);
+        let matmul = self.matmul.resolve()?;
+        if let MatmulPrecision::Fp8 { forward, .. } = matmul
+            && model_dtype != DType::BF16
+        {
             bail!(
-                "--matmul-dtype {}: FP8 matmuls write bf16, so they need --model-dtype bf16 (not {model_dtype})",
-                self.matmul_dtype
+                "--matmul-dtype {forward}: FP8 matmuls write bf16, so they need --model-dtype bf16 (not {model_dtype})"
             );
         }
-        for (flag, v) in [
-            ("--opt-m-dtype", self.opt_m_dtype),
-            ("--opt-v-dtype", self.opt_v_dtype),
-        ] {
-            if !matches!(v, DType::F32 | DType::BF16) {
-                bail!("{flag} {v}: choose f32 or bf16");
-            }
-        }
-        let master_dtype = match self.master_dtype.unwrap_or(DType::F32) {
+        let master_dtype = match self.master_dtype.map_or(DType::F32, DType::from) {
             m if m == model_dtype => None,
             DType::F32 => Some(DType::F32),
             m => bail!(
@@ -77,8 +178,8 @@ impl PrecisionFlags {
             model_dtype,
             matmul,
             master_dtype,
-            opt_m_dtype: self.opt_m_dtype,
-            opt_v_dtype: self.opt_v_dtype,
+            opt_m_dtype: self.opt_m_dtype.into(),
+            opt_v_dtype: self.opt_v_dtype.into(),
         })
     }
 }
