@@ -2,6 +2,7 @@
 """Checks what smelt's exporters make of a training log, with each tool's own reader.
 
     check_exporters.py LOG TB_DIR [TB_DIR_2]
+    check_exporters.py --gpu LOG TB_DIR     (a GPU run of scripts/gpu/watch.sh: TensorBoard)
 
 1. TensorBoard's EventAccumulator finds in TB_DIR's one event file exactly the scalars that
    `scalars` of scripts/wandb_log.py gives for LOG's events (so smelt's mapping and the
@@ -76,13 +77,28 @@ def tensorboard_curves(tb_dir):
     return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
 
 
-def check_tensorboard(events, tb_dir):
+# What a GPU run with --log-gpu-util and --health-every logs besides (scripts/gpu/watch.sh's).
+GPU_TAGS = {
+    "train/loss",
+    "train/mfu",
+    "train/sol",
+    "health/update_ratio",
+    "update_ratio/layer_00",
+    "gpu/0/utilization",
+    "gpu/0/sm_clock_mhz",
+    "gpu/0/power_watts",
+    "gpu/0/temperature_c",
+    "gpu/0/memory_used_gib",
+}
+
+
+def check_tensorboard(events, tb_dir, required=TAGS):
     want = {
         tag: [(step, float(numpy.float32(v))) for step, v in curve]
         for tag, curve in expected(events).items()
     }
     got = tensorboard_curves(tb_dir)
-    assert TAGS <= set(want), f"the log lacks tags: {TAGS - set(want)}"
+    assert required <= set(want), f"the log lacks tags: {required - set(want)}"
     assert set(got) == set(want), f"tags: TensorBoard {sorted(got)}, log {sorted(want)}"
     for tag in want:
         assert got[tag] == want[tag], f"{tag}: TensorBoard {got[tag]}, log {want[tag]}"
@@ -167,6 +183,11 @@ def check_wandb(events, log_text):
 
 
 def main():
+    if sys.argv[1] == "--gpu":  # a GPU run's log and event file: TensorBoard only
+        events = [json.loads(line) for line in Path(sys.argv[2]).read_text().splitlines()]
+        tags = check_tensorboard(events, sys.argv[3], GPU_TAGS)
+        print(f"tensorboard: {len(tags)} tags, every scalar as logged")
+        return
     log, tb_dir = sys.argv[1], sys.argv[2]
     log_text = Path(log).read_text()
     events = [json.loads(line) for line in log_text.splitlines()]
