@@ -6,46 +6,12 @@
 mod train_support;
 
 use std::path::Path;
-use std::process::Command;
 
 use train_support::*;
 
-/// `python3` with `.ci/pydeps` (where `.ci/run` installs the packages) on its path.
-fn python() -> Command {
-    let pydeps = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/pydeps");
-    let path = match std::env::var("PYTHONPATH") {
-        Ok(p) if !p.is_empty() => format!("{}:{p}", pydeps.display()),
-        _ => pydeps.display().to_string(),
-    };
-    let mut python = Command::new("python3");
-    python.env("PYTHONPATH", path);
-    python
-}
-
-/// Whether Python has the checker's packages. Without them the test skips, saying so,
-/// unless `SMELT_REQUIRE_PY_TESTS` is set (as CI sets it), where it fails.
-fn python_has_packages() -> bool {
-    let found = python()
-        .args(["-c", "import tensorboard, wandb"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found && std::env::var_os("SMELT_REQUIRE_PY_TESTS").is_some() {
-        panic!(
-            "SMELT_REQUIRE_PY_TESTS is set, and python3 lacks tensorboard or wandb: run .ci/run"
-        );
-    }
-    if !found {
-        println!(
-            "SKIPPED: python3 lacks tensorboard or wandb. To run this test: python3 -m pip \
-             install --target .ci/pydeps tensorboard==2.21.0 wandb==0.29.0 (or run .ci/run)"
-        );
-    }
-    found
-}
-
 #[test]
 fn tensorboard_and_wandb_hold_every_scalar_of_the_log() {
-    if !python_has_packages() {
+    if !python::has(&["tensorboard", "wandb"]) {
         return;
     }
     let set = setup();
@@ -85,7 +51,7 @@ fn tensorboard_and_wandb_hold_every_scalar_of_the_log() {
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_exporters.py");
     let log = run.join("log.jsonl");
-    let out = python()
+    let out = python::command()
         .arg(&script)
         .args([s(&log), &tb(&run), &tb(&bare)])
         .output()

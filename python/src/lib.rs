@@ -10,6 +10,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use smelt::backend::cpu::IGNORE_INDEX;
 use smelt::train::driver::{Command, Driver, Reply, Rows, next_token_targets};
 use smelt::train::loader::{Batch, DataSet, Loader};
 use smelt::train::schedule::Schedule;
@@ -81,6 +82,19 @@ impl Trainer {
             Some(t) => int32s(t, "targets")?,
             None => next_token_targets(&tokens, seq, mask),
         };
+        if targets.len() != tokens.len() {
+            return Err(SmeltError::new_err(format!(
+                "targets: {} values for {} tokens; give them the tokens' shape",
+                targets.len(),
+                tokens.len()
+            )));
+        }
+        let trained = |t: i32| t == IGNORE_INDEX || (t >= 0 && (t as usize) < vocab);
+        if let Some(bad) = targets.iter().find(|&&t| !trained(t)) {
+            return Err(SmeltError::new_err(format!(
+                "targets: {bad} is neither a token id of the model's vocabulary of {vocab} nor                  {IGNORE_INDEX} (not trained)"
+            )));
+        }
         Ok(Arc::new(Rows { tokens, targets }))
     }
 

@@ -10,17 +10,7 @@ OUT=${OUT:-.gpu/logs}
 mkdir -p "$OUT"
 STEPS=${STEPS:-30}
 data=$(mktemp -d)
-# Random tokens of Qwen2.5's vocabulary, as a BIN.TOK version 2 file.
-python3 - "$data/train.bin" <<'EOF'
-import struct, sys
-import numpy as np
-n, vocab = 4 << 20, 151936
-header = bytearray(1024)
-header[0:8] = b"BIN.TOK\n"
-struct.pack_into("<5i", header, 8, 2, 4, n, vocab, 0)
-tokens = np.random.default_rng(0).integers(0, vocab, n, dtype=np.int32)
-open(sys.argv[1], "wb").write(bytes(header) + tokens.tobytes())
-EOF
+python3 scripts/gpu/random_tokens.py "$data/train.bin"
 run() {
     ./.gpu/smelt train --model qwen2.5-0.5b --from-scratch --train-file "$data/train.bin" \
         --batch-size 16 --seq-len 1024 --steps "$STEPS" --warmup 5 "$@"

@@ -293,21 +293,15 @@ fn check_tokenizer(model_dir: Option<&Path>, vocab_size: usize) -> Result<()> {
 /// Creates `--out-dir` and checks that the trained model can be written there, so that a
 /// run does not find out only at its end.
 fn check_out_dir(o: &Options) -> Result<()> {
-    match o.out_dir.as_deref() {
-        Some(dir) => check_export_dir(o, dir, "--out-dir"),
-        None => Ok(()),
-    }
-}
-
-/// Creates `dir` (given by `flag`) for the trained model, once checked that it is new or
-/// empty and not the model directory the run started from.
-fn check_export_dir(o: &Options, dir: &Path, flag: &str) -> Result<()> {
+    let Some(dir) = o.out_dir.as_deref() else {
+        return Ok(());
+    };
     let model_dir = match &o.model {
         ModelSource::Dir { path, .. } => Some(path.as_path()),
         ModelSource::Config { .. } => None,
     };
     hf::check_export_dir(dir, model_dir)?;
-    io::create_writable_dir(dir, flag)
+    io::create_writable_dir(dir, "--out-dir")
 }
 
 pub struct Run<'a, B: Backend> {
@@ -1023,7 +1017,8 @@ impl<B: Backend> Run<'_, B> {
     pub fn export(&mut self, out: &Path) -> Result<()> {
         let (o, step) = (self.o, self.state.step);
         if self.comm.rank() == 0 && o.out_dir.as_deref() != Some(out) {
-            check_export_dir(o, out, "export")?;
+            hf::check_new_export_dir(out, self.model_dir.as_deref())?;
+            io::create_writable_dir(out, "export")?;
         }
         let Some(values) = self.gather_weights()? else {
             return Ok(());

@@ -2,6 +2,8 @@
 //! the `smelt` binary (also killed, or with a full disk), reading its log, and comparing runs.
 #![allow(dead_code)]
 
+pub mod python;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
