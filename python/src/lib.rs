@@ -16,7 +16,7 @@ use smelt::train::loader::{Batch, DataSet, Loader};
 use smelt::train::schedule::Schedule;
 
 create_exception!(
-    _smelt,
+    smelt,
     SmeltError,
     PyException,
     "An error smelt reports, with its message."
