@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 
+use super::compressed::Compression;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// Plain text: the whole file is one document, or pieces between separators.
@@ -15,12 +17,15 @@ pub enum Format {
 }
 
 impl Format {
+    /// The format of `path` by its extension, under a `.gz` or `.zst` one (text and JSONL:
+    /// Parquet compresses its own columns).
     fn of(path: &std::path::Path) -> Option<Format> {
-        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
-        match ext.as_str() {
-            "txt" | "text" | "md" => Some(Format::Text),
-            "jsonl" | "ndjson" => Some(Format::Jsonl),
-            "parquet" => Some(Format::Parquet),
+        let (compression, name) = Compression::of(path);
+        let ext = name.rsplit_once('.')?.1.to_ascii_lowercase();
+        match (ext.as_str(), compression) {
+            ("txt" | "text" | "md", _) => Some(Format::Text),
+            ("jsonl" | "ndjson", _) => Some(Format::Jsonl),
+            ("parquet", Compression::None) => Some(Format::Parquet),
             _ => None,
         }
     }
@@ -37,7 +42,9 @@ pub struct Input {
 /// come in sorted order, so the output does not depend on the directory listing.
 pub fn expand(patterns: &[String]) -> Result<Vec<Input>> {
     if patterns.is_empty() {
-        bail!("no input files: give globs of .txt, .jsonl or .parquet files");
+        bail!(
+            "no input files: give globs of .txt, .jsonl or .parquet files (.txt and .jsonl also as .gz or .zst)"
+        );
     }
     let mut inputs: Vec<Input> = Vec::new();
     for pattern in patterns {
@@ -53,7 +60,8 @@ pub fn expand(patterns: &[String]) -> Result<Vec<Input>> {
         for path in paths {
             let Some(format) = Format::of(&path) else {
                 bail!(
-                    "{}: unknown input type; smelt tokenize reads .txt/.md, .jsonl and .parquet files",
+                    "{}: unknown input type; smelt tokenize reads .txt/.md, .jsonl and .parquet \
+                     files, the first two also compressed (.gz, .zst)",
                     path.display()
                 );
             };

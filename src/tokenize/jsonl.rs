@@ -2,7 +2,6 @@
 //! chat/SFT data a prompt field and a response field, or a field holding a conversation's
 //! messages. Read line by line.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
@@ -10,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Map, Value};
 
 use super::chat_template::{ChatTemplate, Conversation, Turns};
+use super::compressed;
 use super::document::{Document, Sink};
 use super::shown::shown;
 
@@ -33,7 +33,7 @@ pub enum Fields {
 
 pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
     let name = path.display();
-    let file = File::open(path).with_context(|| format!("{name}: cannot open"))?;
+    let (file, position) = compressed::open(path)?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
     let (mut line, mut number, mut offset) = (String::new(), 0usize, 0u64);
     loop {
@@ -90,7 +90,7 @@ pub fn read(path: &Path, fields: &Fields, sink: &mut Sink) -> Result<()> {
                 Document::conversation(pieces)
             }
         };
-        sink(doc, offset)?;
+        sink(doc, position.on_disk(offset))?;
     }
 }
 

@@ -5,12 +5,14 @@
 //! the tokenizer's chat template renders each conversation, and only the assistant's messages
 //! are trained.
 //!
-//! Files: `inputs` (globs and formats), the readers `txt`, `jsonl`, `parquet`, `encoder` and
-//! `eos` (the tokenizer), `chat_template` (conversations into trained and untrained pieces),
-//! `outputs` (shards and the eval split), `pipeline` (threads and batches), `progress`,
-//! `summary`, and `shown` (a JSON value quoted in an error).
+//! Files: `inputs` (globs and formats), `compressed` (.gz and .zst inputs), the readers
+//! `txt`, `jsonl`, `parquet`, `encoder` and `eos` (the tokenizer), `chat_template`
+//! (conversations into trained and untrained pieces), `outputs` (shards and the eval split),
+//! `pipeline` (threads and batches), `progress`, `summary`, and `shown` (a JSON value quoted
+//! in an error).
 
 pub mod chat_template;
+mod compressed;
 mod document;
 pub mod encoder;
 pub mod eos;

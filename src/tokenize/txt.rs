@@ -1,12 +1,12 @@
 //! Plain-text inputs: a whole file is one document, or, with a separator, each piece between
 //! separators is one, read in blocks so that a file far larger than memory streams through.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
+use super::compressed;
 use super::document::{Document, Sink};
 
 /// The largest document accepted. Tokenizing holds ~30 bytes per input byte for a moment
@@ -16,20 +16,24 @@ const BLOCK_BYTES: usize = 1 << 20;
 
 pub fn read(path: &Path, separator: Option<&str>, sink: &mut Sink) -> Result<()> {
     let name = path.display();
-    let mut file = File::open(path).with_context(|| format!("{name}: cannot open"))?;
+    let (file, position) = compressed::open(path)?;
     let Some(separator) = separator else {
-        let bytes = file.metadata()?.len();
-        if bytes > MAX_DOCUMENT_BYTES as u64 {
+        // One byte more than a document may hold says that the file holds more.
+        let mut bytes = Vec::new();
+        (file
+            .take(MAX_DOCUMENT_BYTES as u64 + 1)
+            .read_to_end(&mut bytes))
+        .with_context(|| format!("{name}: cannot read"))?;
+        if bytes.len() > MAX_DOCUMENT_BYTES {
             bail!(
-                "{name}: {} MiB is too large for one document (at most {} MiB); split the file into documents with --separator",
-                bytes >> 20,
+                "{name}: more than {} MiB of text is too large for one document; split the file into documents with --separator",
                 MAX_DOCUMENT_BYTES >> 20
             );
         }
-        let mut text = String::new();
-        file.read_to_string(&mut text)
+        let end = bytes.len() as u64;
+        let text = String::from_utf8(bytes)
             .with_context(|| format!("{name}: cannot read as UTF-8 text"))?;
-        return sink(Document::text(text), bytes);
+        return sink(Document::text(text), position.on_disk(end));
     };
     split(
         file,
@@ -42,7 +46,7 @@ pub fn read(path: &Path, separator: Option<&str>, sink: &mut Sink) -> Result<()>
                     offset + e.utf8_error().valid_up_to() as u64
                 )
             })?;
-            sink(Document::text(text), end)
+            sink(Document::text(text), position.on_disk(end))
         },
     )
     .with_context(|| format!("{name}: reading documents separated by {separator:?}"))
