@@ -313,6 +313,8 @@ fn ranks_measure_and_skip_as_one() {
     assert_eq!(skipped(&whole).len(), 1);
     assert_eq!(ckpt(&whole, 2), ckpt(&whole, 3));
     // Sharded, each rank measures its own tensors: the same figures, bit for bit.
-    let (_, sharded) = run("sharded", "2");
-    assert_eq!(sharded, health);
+    for zero in ["2", "3"] {
+        let (_, sharded) = run(&format!("zero-{zero}"), zero);
+        assert_eq!(sharded, health, "--zero-level {zero}");
+    }
 }

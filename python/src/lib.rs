@@ -109,7 +109,8 @@ impl Trainer {
     /// `args`: `smelt train`'s flags, without the data.
     #[new]
     fn new(py: Python<'_>, args: Vec<String>) -> PyResult<Self> {
-        let driver = py.detach(|| Driver::start(args)).map_err(error)?;
+        let resolve = move || smelt::cli::train::resolve_without_data(&args);
+        let driver = py.detach(|| Driver::start(resolve)).map_err(error)?;
         let o = &driver.options;
         let (config, _) = o.model.config().map_err(error)?;
         let schedule = Schedule::of_run(o, o.steps.unwrap_or(1));

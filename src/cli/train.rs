@@ -23,7 +23,7 @@ use crate::plan::Request;
 use crate::tensor::DType;
 use crate::train::guard::{GuardOptions, OnSpike};
 use crate::train::inject::Injection;
-use crate::train::options::{Defaults, MemoryOptions, Offload, OptimizerOptions};
+use crate::train::options::{Defaults, MemoryOptions, Offload, OptimizerOptions, Resolved};
 use crate::train::schedule::Decay;
 use crate::train::{ModelSource, Options, Summary, demo};
 
@@ -293,18 +293,6 @@ pub struct TrainArgs {
         help_heading = "Health and guards"
     )]
     debug_inject: Vec<Injection>,
-}
-
-/// A run as the command line resolved it: its options, where its ranks come from and the
-/// device they start on.
-pub struct Resolved {
-    pub options: Options,
-    pub device: Device,
-    pub ranks: Ranks,
-    /// `--comm-timeout`.
-    pub timeout: Duration,
-    /// The GPUs to read with `--log-gpu-util`, on the process of rank 0.
-    pub telemetry: Option<Telemetry>,
 }
 
 /// `smelt train`'s flags without the data, parsed and checked as `smelt train` does: for a

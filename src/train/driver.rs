@@ -18,11 +18,11 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 
 use super::Options;
 use super::loader::Batch;
+use super::options::Resolved;
 use super::trainer::{Run, StepResult};
 use crate::backend::Backend;
 use crate::backend::cpu::IGNORE_INDEX;
 use crate::backend::telemetry::Telemetry;
-use crate::cli::train::{Resolved, resolve_without_data};
 use crate::comm::Comm;
 use crate::comm::ranks::{RankMain, Ranks, on_ranks};
 
@@ -69,14 +69,15 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// Starts the run that `args` (`smelt train`'s flags, without the data) describe: its
+    /// Starts the run that `resolve` gives (the command line's `resolve_without_data`): its
     /// weights made or read, its checkpoint continued from. Returns once every local rank
-    /// is ready, or with the first error. The ranks' devices are opened on their threads.
-    pub fn start(args: Vec<String>) -> Result<Driver> {
+    /// is ready, or with the first error. `resolve` runs on the thread that then runs the
+    /// ranks, since it opens a device, which stays on its thread.
+    pub fn start(resolve: impl FnOnce() -> Result<Resolved> + Send + 'static) -> Result<Driver> {
         let (setup, ready) = channel();
         let (reply, replies) = channel();
         let ranks = std::thread::spawn(move || {
-            let resolved = match resolve_without_data(&args) {
+            let resolved = match resolve() {
                 Ok(r) => r,
                 Err(e) => {
                     let message = format!("{e:#}");

@@ -3,6 +3,7 @@
 //! activations are kept and the optimizer's settings.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
@@ -11,6 +12,9 @@ use serde_json::Value;
 use super::guard::GuardOptions;
 use super::inject::Injection;
 use super::schedule::Decay;
+use crate::backend::select::Device;
+use crate::backend::telemetry::Telemetry;
+use crate::comm::ranks::Ranks;
 use crate::io::hf;
 use crate::io::hf_cache::{self, HubName};
 use crate::model::{
@@ -188,6 +192,18 @@ impl Options {
         "on_spike",
         "debug_inject",
     ];
+}
+
+/// A run as the command line resolved it: its options, where its ranks come from and the
+/// device they start on.
+pub struct Resolved {
+    pub options: Options,
+    pub device: Device,
+    pub ranks: Ranks,
+    /// `--comm-timeout`.
+    pub timeout: Duration,
+    /// The GPUs to read with `--log-gpu-util`, on the process of rank 0.
+    pub telemetry: Option<Telemetry>,
 }
 
 /// The settings that the demo and an ordinary run default differently.
