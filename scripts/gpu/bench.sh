@@ -8,8 +8,8 @@
 #
 # Environment: OUT (logs, default .gpu/logs); SKIP_TORCH=1 skips the baseline; BENCH_ROWS
 # replaces the rows ("model dtype batch target [smelt bench flags...]" separated by ';', dtype
-# bf16 or fp8, target "-" for none; a model directory is baselined as the torch_baseline.py
-# config of its name, e.g. scripts/gpu/models/llama-1b-blog); TORCH_BATCH and TORCH_FLAGS replace the baseline's batch
+# bf16 or fp8, target "-" for none; a model directory, e.g. scripts/gpu/models/llama-1b-blog,
+# is baselined from its config.json); TORCH_BATCH and TORCH_FLAGS replace the baseline's batch
 # and add to its flags (e.g. --ckpt); SMELT, DEVICE and SEQ (default .gpu/smelt, cuda, 1024)
 # let the script run elsewhere, e.g. on the CPU with a tiny model to check it.
 set -uo pipefail
@@ -33,8 +33,6 @@ torch_batch() {
 }
 # A safe file name for a model (a directory path may contain '/').
 slug() { printf %s "$1" | tr -c 'A-Za-z0-9._-' '_'; }
-# The baseline's config: a built-in name is the same there; a directory goes by its name.
-torch_model() { if [ -d "$1" ]; then basename "$1"; else printf %s "$1"; fi; }
 
 : > "$OUT/bench-rows.txt"
 rm -f "$OUT"/torch-*.txt # a skipped baseline must not leave an earlier call's figure
@@ -58,17 +56,17 @@ for row in "${rows[@]}"; do
     [[ " ${models[*]} " == *" $model "* ]] || models+=("$model")
 done
 
-if [ -z "${SKIP_TORCH:-}" ] && [ -f .gpu/bench/torch_baseline.py ] &&
-    python3 -c "import torch, transformers" 2>/dev/null; then
+if [ -z "${SKIP_TORCH:-}" ] && python3 -c "import torch, transformers" 2>/dev/null; then
     for model in "${models[@]}"; do
         echo "=== torch $model"
-        timeout "${TORCH_TIMEOUT:-300}" python3 .gpu/bench/torch_baseline.py "$(torch_model "$model")" \
+        # shellcheck disable=SC2086 # TORCH_FLAGS: one word per flag
+        SMELT="$SMELT" timeout "${TORCH_TIMEOUT:-300}" python3 scripts/torch_baseline.py "$model" \
             "$(torch_batch "$model")" "$SEQ" --compile ${TORCH_FLAGS:-} \
             > "$OUT/torch-$(slug "$model").txt" 2>&1
         tail -3 "$OUT/torch-$(slug "$model").txt"
     done
 else
-    echo "=== torch baseline skipped (SKIP_TORCH set, or no .gpu/bench/torch_baseline.py, or no torch)"
+    echo "=== torch baseline skipped (SKIP_TORCH set, or no torch and transformers)"
 fi
 
 python3 - "$OUT" "$SEQ" <<'PY' | tee "$OUT/bench-table.txt"

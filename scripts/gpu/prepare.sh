@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, here and without a GPU, the smelt binary and every test binary, and gathers them in
-# .gpu/ (git-ignored) with the benchmark scripts from ../shared/bench. Then one device call
+# .gpu/ (git-ignored) with the GEMM-ceiling script from ../shared/bench. Then one device call
 # that carries `.gpu` runs the GPU tests (`bash scripts/gpu/run.sh`), and one the performance
 # table (`bash scripts/gpu/bench.sh`, which runs `.gpu/smelt bench`).
 set -euo pipefail

@@ -6,6 +6,7 @@
 //! flag, so that its own check can name the flag and what it must be.
 
 mod bench;
+mod config;
 mod export;
 mod flags;
 mod plan;
@@ -31,6 +32,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Bench(bench::BenchArgs),
+    Config(config::ConfigArgs),
     /// Write a model, or the weights of a training checkpoint, as a HF directory (config.json
     /// + model.safetensors).
     Export(export::ExportArgs),
@@ -46,6 +48,7 @@ impl Cli {
     pub fn run(self) -> Result<()> {
         match self.command {
             Command::Bench(args) => args.run(),
+            Command::Config(args) => args.run(),
             Command::Export(args) => args.run(),
             Command::Train(args) => args.run(),
             Command::Plan(args) => args.run(),
