@@ -92,9 +92,7 @@ class Trainer:
         """Applies the step's gradients at rate `lr` (the run's schedule where None), unless
         its loss or gradient norm is not finite, or it is a spike skipped by `on_spike="skip"`.
         Returns the step's `step`, `loss`, `grad_norm`, `lr` and `skipped` (why, or None)."""
-        if lr is None:
-            lr = self.scheduled_lr(self.last["step"] if self.last else 0)
-        self.last = self._trainer.update(float(lr))
+        self.last = self._trainer.update(None if lr is None else float(lr))
         return self.last
 
     def eval(self, tokens, targets=None, mask=None):
@@ -106,6 +104,11 @@ class Trainer:
             None if mask is None else np.ascontiguousarray(np.asarray(mask), dtype=np.uint8).tobytes(),
         )
         return loss_sum / max(trained, 1), trained
+
+    @property
+    def steps_done(self):
+        """Steps done: those of the run it continues (`resume=True`), and this one's."""
+        return self._trainer.steps_done()
 
     def scheduled_lr(self, step):
         """The rate of step `step` (from 0) under the run's `lr`, `warmup`, `lr_schedule`,

@@ -130,8 +130,10 @@ impl Trainer {
         self.call(py, || Command::Step(rows.clone())).map(|_| ())
     }
 
-    /// The update of the last step at rate `lr`: (step, loss, norm, skipped or None).
-    fn update<'py>(&mut self, py: Python<'py>, lr: f64) -> PyResult<Bound<'py, PyDict>> {
+    /// The update of the last step at rate `lr` (the run's schedule's where `None`).
+    #[pyo3(signature = (lr=None))]
+    fn update<'py>(&mut self, py: Python<'py>, lr: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
+        let lr = lr.unwrap_or_else(|| self.schedule.lr(self.steps_done()));
         let Reply::Step(r) = self.call(py, || Command::Update(lr))? else {
             unreachable!("an update replies with its step")
         };
@@ -171,6 +173,11 @@ impl Trainer {
             unreachable!("memory replies with its table")
         };
         Ok(rows)
+    }
+
+    /// Steps done: those of the run it continues, and its own.
+    fn steps_done(&self) -> u64 {
+        self.driver.as_ref().map_or(0, |d| d.steps_done)
     }
 
     /// The rate of step `step` (from 0) under the run's schedule flags.

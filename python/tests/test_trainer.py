@@ -115,8 +115,10 @@ def test_checkpoints_export_and_generate(files, tmp_path):
             t.export(tmp_path / "out")
         continued = t.load_checkpoint()
     with continued:
+        assert continued.steps_done == 2
         continued.step(*loader.next(continued.sequences_per_step))
-        assert continued.update()["step"] == 3
+        result = continued.update()
+        assert result["step"] == 3 and result["lr"] == continued.scheduled_lr(2)
     assert (tmp_path / "out" / "model.safetensors").exists()
     text = smelt.generate("fn ", model=tmp_path / "out", max_new_tokens=4, device="cpu",
                           temperature=0)

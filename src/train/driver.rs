@@ -49,6 +49,8 @@ pub enum Command {
 }
 
 pub enum Reply {
+    /// The run has started, at this step.
+    Started(u64),
     Done,
     Step(StepResult),
     /// Loss summed over the trained targets, and their count.
@@ -63,6 +65,8 @@ pub struct Driver {
     local: usize,
     /// Ranks in the whole run.
     pub world: usize,
+    /// Steps the run has done (more than 0 for one continued from a checkpoint).
+    pub steps_done: u64,
     inboxes: Vec<Sender<Command>>,
     replies: Receiver<Result<Reply>>,
     ranks: Option<JoinHandle<Result<()>>>,
@@ -116,8 +120,11 @@ impl Driver {
             inboxes,
             replies,
             ranks: Some(ranks),
+            steps_done: 0,
         };
-        driver.collect()?;
+        if let Reply::Started(step) = driver.collect()? {
+            driver.steps_done = step;
+        }
         Ok(driver)
     }
 
@@ -128,7 +135,11 @@ impl Driver {
                 return Err(self.ended());
             }
         }
-        self.collect()
+        let reply = self.collect()?;
+        if let Reply::Step(r) = &reply {
+            self.steps_done = r.step;
+        }
+        Ok(reply)
     }
 
     /// One reply from each local rank.
@@ -207,7 +218,7 @@ impl RankMain for Driven {
                 bail!("{message}");
             }
         };
-        let _ = self.reply.send(Ok(Reply::Done));
+        let _ = self.reply.send(Ok(Reply::Started(run.steps_done())));
         for command in inbox {
             let reply = match command {
                 Command::Close => return Ok(()),

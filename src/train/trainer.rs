@@ -936,6 +936,11 @@ impl<B: Backend> Run<'_, B> {
         rows
     }
 
+    /// Steps done: those of the run it continues, and its own.
+    pub fn steps_done(&self) -> u64 {
+        self.state.step
+    }
+
     /// Writes a checkpoint of the step the run is at into `--checkpoint-dir`.
     pub fn checkpoint(&mut self) -> Result<PathBuf> {
         let (b, comm, dir) = (self.b, self.comm, &self.o.checkpoint_dir);
