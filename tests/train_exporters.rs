@@ -1,4 +1,5 @@
-//! The exporters of a run's scalars: `--tensorboard-dir`'s event file read back by
+//! The exporters of a run's scalars (of the tiny test model's run and of the built-in
+//! demo's): `--tensorboard-dir`'s event file read back by
 //! TensorBoard's own reader, and scripts/wandb_log.py following the log into an offline W&B
 //! run read back by wandb's (tests/python/check_exporters.py says what it checks); and a
 //! `--tensorboard-dir` that cannot be written, refused before anything is.
@@ -49,16 +50,33 @@ fn tensorboard_and_wandb_hold_every_scalar_of_the_log() {
     smelt_ok(&strs(&args));
     assert!(!bare.join("log.jsonl").exists());
 
+    // The built-in demo, with the same events.
+    let demo = set.root.join("demo");
+    let mut args = vec![
+        "train",
+        "--demo-dir",
+        s(&demo),
+        "--steps",
+        "4",
+        "--eval-num-steps",
+        "2",
+    ];
+    args.extend(flags.iter().skip(2)); // the demo has its own eval data
+    let demo_tb = tb(&demo);
+    args.extend(["--tensorboard-dir", &demo_tb]);
+    smelt_ok(&args);
+
+    check_exporters(&[s(&run.join("log.jsonl")), &tb(&run), &tb(&bare)]);
+    check_exporters(&[s(&demo.join("log.jsonl")), &demo_tb]);
+}
+
+/// tests/python/check_exporters.py on a log and event folders.
+fn check_exporters(args: &[&str]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_exporters.py");
-    let log = run.join("log.jsonl");
-    let out = python::command()
-        .arg(&script)
-        .args([s(&log), &tb(&run), &tb(&bare)])
-        .output()
-        .unwrap();
+    let out = python::command().arg(&script).args(args).output().unwrap();
     assert!(
         out.status.success(),
-        "check_exporters.py failed:\n{}\n{}",
+        "check_exporters.py {args:?} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
