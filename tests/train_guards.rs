@@ -113,23 +113,22 @@ fn steps_skipped_in_a_row_stop_the_run_on_a_checkpoint_that_continues() {
     assert!(dir.join("out/model.safetensors").exists());
 }
 
+/// Six steps, each checkpointed, a spike injected at step 5 and judged against a window of
+/// three, handled as `on_spike` says.
+#[rustfmt::skip]
+fn spiked_at_5(on_spike: &str) -> [&str; 10] {
+    [
+        "--ckpt-interval", "1", "--steps", "6", "--spike-window", "3", "--on-spike", on_spike,
+        "--debug-inject", "spike@5",
+    ]
+}
+
 #[test]
 fn a_spike_is_skipped_or_only_logged_as_on_spike_says() {
     let set = setup();
     let spiked = |on_spike: &str| {
         let dir = set.root.join(on_spike);
-        let extra = [
-            "--ckpt-interval",
-            "1",
-            "--steps",
-            "6",
-            "--spike-window",
-            "3",
-            "--on-spike",
-            on_spike,
-            "--debug-inject",
-            "spike@5",
-        ];
+        let extra = spiked_at_5(on_spike);
         smelt_ok(&strs(&run_args(&set, &dir, &extra)));
         let spikes: Vec<(u64, bool)> = (events(&dir.join("log.jsonl")).into_iter())
             .filter_map(|e| match e {
@@ -166,18 +165,7 @@ fn a_spike_is_skipped_or_only_logged_as_on_spike_says() {
 #[test]
 fn a_continued_run_judges_its_steps_as_the_uninterrupted_one() {
     let set = setup();
-    let flags = [
-        "--ckpt-interval",
-        "1",
-        "--steps",
-        "6",
-        "--spike-window",
-        "3",
-        "--on-spike",
-        "skip",
-        "--debug-inject",
-        "spike@5",
-    ];
+    let flags = spiked_at_5("skip");
     let full = set.root.join("full");
     smelt_ok(&strs(&run_args(&set, &full, &flags)));
     // Continued from step 4, whose window holds steps 2–4: the spike at 5 is judged by it.

@@ -4,11 +4,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Map, Value, json};
 
-use super::flags::{FloatDtype, check_floats};
+use super::flags::{FloatDtype, check_floats, parse_flags};
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::generate::{Codec, Generator, SampleOptions, Sampling, TextStream};
@@ -89,16 +89,9 @@ pub struct SampleArgs {
 /// What `smelt sample` would print for `args` (its flags, without `smelt sample`): the
 /// prompt and the text it goes on with, for callers that want it back (the Python package).
 pub fn generate_text(args: &[String]) -> Result<String> {
-    #[derive(clap::Parser)]
-    #[command(name = "smelt.generate", allow_negative_numbers = true)]
-    struct Flags {
-        #[command(flatten)]
-        sample: SampleArgs,
-    }
-    let all = std::iter::once("smelt.generate".to_string()).chain(args.iter().cloned());
-    let flags = <Flags as clap::Parser>::try_parse_from(all).map_err(|e| anyhow!("{e}"))?;
+    let flags: SampleArgs = parse_flags("smelt.generate", args)?;
     let mut text = Vec::new();
-    flags.sample.write_to(&mut text)?;
+    flags.write_to(&mut text)?;
     String::from_utf8(text).context("the generated text is not UTF-8")
 }
 

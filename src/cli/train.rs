@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, bail};
 use clap::Args;
 
 use super::flags::{
     FitMemoryFlag, OffloadFlags, Precision, PrecisionFlags, RecomputeFlags, SmallerBatch,
-    check_floats,
+    check_floats, parse_flags,
 };
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -298,19 +298,12 @@ pub struct TrainArgs {
 /// `smelt train`'s flags without the data, parsed and checked as `smelt train` does: for a
 /// caller that brings each batch itself (the Python package). `args` are the flags alone.
 pub fn resolve_without_data(args: &[String]) -> Result<Resolved> {
-    #[derive(clap::Parser)]
-    #[command(name = "smelt.Trainer", allow_negative_numbers = true)]
-    struct Flags {
-        #[command(flatten)]
-        train: TrainArgs,
-    }
-    let all = std::iter::once("smelt.Trainer".to_string()).chain(args.iter().cloned());
-    let mut flags = <Flags as clap::Parser>::try_parse_from(all).map_err(|e| anyhow!("{e}"))?;
-    if flags.train.train_file.is_some() {
+    let mut flags: TrainArgs = parse_flags("smelt.Trainer", args)?;
+    if flags.train_file.is_some() {
         bail!("train_file: the caller brings each batch; give the tokens to step() instead");
     }
-    flags.train.train_file = Some(String::new());
-    flags.train.resolve()
+    flags.train_file = Some(String::new());
+    flags.resolve()
 }
 
 impl TrainArgs {

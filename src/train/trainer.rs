@@ -674,7 +674,7 @@ impl<B: Backend> Run<'_, B> {
         let verdict = self.guard.judge(loss, norm);
         let seed = self.state.rng.next_u64();
         let health = match &verdict {
-            Verdict::Update { .. } => self.apply_update(lr, step, seed)?,
+            Verdict::Update { .. } => self.apply_update(lr, step, seed, norm)?,
             Verdict::Skip { .. } => None,
         };
         let seconds = start.elapsed().as_secs_f64();
@@ -762,15 +762,15 @@ impl<B: Backend> Run<'_, B> {
         self.log.write(Event::GpuUtil { step, gpus })
     }
 
-    /// Step `step`'s update, and its health when it is a `--health-every` step.
-    fn apply_update(&mut self, lr: f64, step: u64, seed: u64) -> Result<Option<Health>> {
+    /// Step `step`'s update, and its health when it is a `--health-every` step; `norm` is
+    /// the gradients' global norm, as read for the guard.
+    fn apply_update(&mut self, lr: f64, step: u64, seed: u64, norm: f64) -> Result<Option<Health>> {
         let (b, o, opt) = (self.b, self.o, self.opt());
         let measure = o.health_every > 0 && step.is_multiple_of(o.health_every);
         let weights = (opt.update(b, self.comm, &self.model, lr as f32, step, seed, measure))?;
         let Some(weights) = weights else {
             return Ok(None);
         };
-        let norm = opt.grad_norm(b)?;
         let grad_sq = opt.grad_sums_sq(b)?;
         let clip = opt.clip_scale(norm);
         Ok(Some(health::measure(

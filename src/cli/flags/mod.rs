@@ -9,7 +9,7 @@ mod offload;
 mod precision;
 mod recompute;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 
 pub use self::fit_memory::{FitMemoryFlag, SmallerBatch};
 pub use self::offload::OffloadFlags;
@@ -17,6 +17,21 @@ pub use self::precision::{FloatDtype, MatmulFlags, Precision, PrecisionFlags, St
 pub use self::recompute::RecomputeFlags;
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// A subcommand's flags parsed from `args` (the flags alone), for a caller outside the
+/// command line (the Python package), with the checks and messages the command line gives;
+/// `name` names the caller in clap's messages.
+pub fn parse_flags<A: clap::Args + clap::FromArgMatches>(
+    name: &'static str, args: &[String],
+) -> Result<A> {
+    let command = clap::Command::new(name)
+        .no_binary_name(true)
+        .allow_negative_numbers(true);
+    let matches = A::augment_args(command)
+        .try_get_matches_from(args)
+        .map_err(|e| anyhow!("{e}"))?;
+    A::from_arg_matches(&matches).map_err(|e| anyhow!("{e}"))
+}
 
 /// A float flag: its name, its value, whether the value meets the flag's rule, and the rule.
 pub type FloatFlag<'a> = (&'a str, f64, bool, &'a str);
