@@ -58,6 +58,11 @@ def _int32_bytes(array, name):
     return np.ascontiguousarray(values, dtype="<i4").tobytes()
 
 
+def _mask_bytes(mask):
+    """A loss mask (1 trains) as one byte per token."""
+    return None if mask is None else np.ascontiguousarray(np.asarray(mask), dtype=np.uint8).tobytes()
+
+
 class Trainer:
     """A training run of `model` (a HF directory, a Hub name in the local cache, or with
     `from_scratch=True` a built-in architecture such as "qwen2.5-0.5b"), with `smelt train`'s
@@ -85,7 +90,7 @@ class Trainer:
         self._trainer.step(
             _int32_bytes(tokens, "tokens"),
             _int32_bytes(targets, "targets"),
-            None if mask is None else np.ascontiguousarray(np.asarray(mask), dtype=np.uint8).tobytes(),
+            _mask_bytes(mask),
         )
 
     def update(self, lr=None):
@@ -101,7 +106,7 @@ class Trainer:
         loss_sum, trained = self._trainer.eval(
             _int32_bytes(tokens, "tokens"),
             _int32_bytes(targets, "targets"),
-            None if mask is None else np.ascontiguousarray(np.asarray(mask), dtype=np.uint8).tobytes(),
+            _mask_bytes(mask),
         )
         return loss_sum / max(trained, 1), trained
 
