@@ -20,6 +20,8 @@ pub enum DType {
     F16,
     E4M3,
     E5M2,
+    /// Signed 8-bit integers: INT8 matmuls' codes.
+    I8,
     I32,
 }
 
@@ -29,12 +31,12 @@ impl DType {
             DType::F64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::E4M3 | DType::E5M2 => 1,
+            DType::E4M3 | DType::E5M2 | DType::I8 => 1,
         }
     }
 
     pub fn is_float(self) -> bool {
-        self != DType::I32
+        !matches!(self, DType::I32 | DType::I8)
     }
 
     /// Whether this is one of the one-byte FP8 formats (e4m3, e5m2).
@@ -50,6 +52,7 @@ impl DType {
             "f16" | "fp16" | "float16" => DType::F16,
             "e4m3" | "fp8-e4m3" => DType::E4M3,
             "e5m2" | "fp8-e5m2" => DType::E5M2,
+            "i8" | "int8" => DType::I8,
             "i32" | "int32" => DType::I32,
             _ => return None,
         })
@@ -65,6 +68,7 @@ impl fmt::Display for DType {
             DType::F16 => "f16",
             DType::E4M3 => "e4m3",
             DType::E5M2 => "e5m2",
+            DType::I8 => "int8",
             DType::I32 => "i32",
         };
         f.write_str(name)

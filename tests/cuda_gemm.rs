@@ -289,25 +289,6 @@ fn with_own_gemm<T>(gpu: &Cuda, on: bool, op: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Milliseconds per call of `op`, the median of 20 calls after 3 warm-up calls, each timed
-/// by CUDA events (the op timer, summed over the ops one call makes).
-fn time_ms(gpu: &Cuda, op: impl Fn()) -> f64 {
-    for _ in 0..3 {
-        op();
-    }
-    let mut each: Vec<f64> = (0..20)
-        .map(|_| {
-            gpu.time_ops(true);
-            op();
-            let times = gpu.take_op_times().unwrap();
-            gpu.time_ops(false);
-            times.iter().map(|t| t.seconds).sum::<f64>() * 1e3
-        })
-        .collect();
-    each.sort_by(f64::total_cmp);
-    each[each.len() / 2]
-}
-
 /// SwiGLU's backward through the down projection: dy [m, h], the down weight w [h, f] and
 /// gate/up [m, 2f] (host values, uploaded afresh for each run: the op overwrites gate/up); in
 /// bf16, or with `fp8` set, dy in that format and w as its transposed e4m3 copy [f, h], each

@@ -1,7 +1,7 @@
 //! One full training step (forward and backward over two micro-batches, the gradients
 //! accumulated) of small Qwen2 and Llama models on the GPU against the CPU, on the same
-//! weights and batches: bf16 against f32, and FP8 against the CPU's emulation of the same FP8
-//! step (whose second micro-batch reuses the weights' FP8 copies).
+//! weights and batches: bf16 against f32, and FP8 and INT8 against the CPU's emulation of the
+//! same step (whose second micro-batch reuses the weights' quantized copies).
 
 mod common;
 
@@ -9,7 +9,9 @@ use common::gpu::*;
 use common::{batch, gradients, options, trained_tokens};
 use smelt::backend::cpu::Cpu;
 use smelt::model::Transformer;
-use smelt::model::{LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute};
+use smelt::model::{
+    Int8Options, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute,
+};
 use smelt::tensor::DType;
 
 const BATCH: usize = 2;
@@ -106,31 +108,42 @@ fn training_step_matches_the_cpu() {
     }
 }
 
-/// The GPU's FP8 step against the CPU's emulated FP8 step (bf16 storage,
-/// the same scales and roundings), loss within 2e-2 and gradient cosines at least 0.98.
-/// They differ where a bf16 value rounds differently on the two sides and then lands in
-/// another FP8 bucket, and in the order of the matmuls' sums.
+/// The GPU's FP8 and INT8 steps against the CPU's emulation of the same step (bf16 storage,
+/// the same scales and roundings), loss within 2e-2 and gradient cosines at least 0.98: FP8
+/// e4m3 with e4m3 and e5m2 gradients, INT8 with bf16 and with INT8 weight gradients (rounded
+/// to nearest and stochastically). They differ where a bf16 value rounds differently on the
+/// two sides upstream (the attention, the norms, SwiGLU's formula) and then lands in another
+/// bucket, and, for FP8, in the order of the matmuls' sums (INT8's quantizations and products
+/// are the CPU's bits, `cuda_int8`).
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn fp8_training_step_matches_the_cpu_emulation() {
+fn quantized_training_step_matches_the_cpu_emulation() {
+    let fp8 = |gradient| MatmulPrecision::Fp8 {
+        forward: DType::E4M3,
+        gradient,
+    };
+    let int8 = |weight_grad, stochastic| {
+        MatmulPrecision::Int8(Int8Options {
+            weight_grad,
+            stochastic,
+        })
+    };
+    let precisions = [
+        fp8(DType::E4M3),
+        fp8(DType::E5M2),
+        int8(false, false),
+        int8(true, false),
+        int8(true, true),
+    ];
     for (name, config) in small_configs() {
-        for gradient in [DType::E4M3, DType::E5M2] {
-            let fp8 = MatmulPrecision::Fp8 {
-                forward: DType::E4M3,
-                gradient,
-            };
+        for precision in precisions {
             let bounds = Bounds {
                 loss: 2e-2,
                 cosine: 0.98,
             };
-            let test = format!("fp8 e4m3/{gradient} step {name}");
-            compare(
-                &test,
-                &config,
-                opts(DType::BF16, fp8),
-                opts(DType::BF16, fp8),
-                bounds,
-            );
+            let test = format!("{} step {name}", precision.name());
+            let opts = opts(DType::BF16, precision);
+            compare(&test, &config, opts.clone(), opts, bounds);
         }
     }
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use smelt::backend::datasheet::datasheet;
 use smelt::io::hf;
-use smelt::model::{MatmulPrecision, ModelConfig, Recompute};
+use smelt::model::{Int8Options, MatmulPrecision, ModelConfig, Recompute};
 use smelt::plan::{Candidate, Choice, Request, candidates};
 use smelt::tensor::DType;
 use smelt::train::bench::bf16_adamw_options;
@@ -22,12 +22,35 @@ use train_support::*;
 
 /// The plan's figures for `choice`, for the tiny model at batch 2 × 16 on one GPU.
 fn planned(config: &ModelConfig, micro_steps: usize, fp8: bool, choice: Choice) -> Candidate {
-    planned_on(1, config, micro_steps, fp8, choice)
+    planned_in(
+        config,
+        micro_steps,
+        fp8.then(fp8_e4m3).unwrap_or_default(),
+        choice,
+    )
+}
+
+fn fp8_e4m3() -> MatmulPrecision {
+    MatmulPrecision::new(DType::E4M3, None, Int8Options::default()).unwrap()
+}
+
+/// `planned` with the blocks' matmuls in `matmul`.
+fn planned_in(
+    config: &ModelConfig, micro_steps: usize, matmul: MatmulPrecision, choice: Choice,
+) -> Candidate {
+    planned_matmul_on(1, config, micro_steps, matmul, choice)
 }
 
 /// `planned` on `gpus` GPUs: the figures of the GPU that needs the most.
 fn planned_on(
     gpus: usize, config: &ModelConfig, micro_steps: usize, fp8: bool, choice: Choice,
+) -> Candidate {
+    let matmul = fp8.then(fp8_e4m3).unwrap_or_default();
+    planned_matmul_on(gpus, config, micro_steps, matmul, choice)
+}
+
+fn planned_matmul_on(
+    gpus: usize, config: &ModelConfig, micro_steps: usize, matmul: MatmulPrecision, choice: Choice,
 ) -> Candidate {
     let request = Request {
         config: config.clone(),
@@ -35,10 +58,7 @@ fn planned_on(
         seq: 16,
         micro_steps,
         model_dtype: DType::BF16,
-        matmul: match fp8 {
-            true => MatmulPrecision::new(DType::E4M3, None).unwrap(),
-            false => MatmulPrecision::Native,
-        },
+        matmul,
         optimizer: OptimizerOptions {
             opt_m_dtype: DType::F32,
             opt_v_dtype: DType::F32,
@@ -235,10 +255,36 @@ fn the_plan_counts_what_training_allocates() {
             recomputing(Recompute { norm: true, ..none }),
         ),
     ];
-    for (i, (flags, micro_steps, fp8, choice)) in cases.into_iter().enumerate() {
+    let int8 = |weight_grad| {
+        MatmulPrecision::Int8(Int8Options {
+            weight_grad,
+            stochastic: false,
+        })
+    };
+    let cases = cases
+        .into_iter()
+        .map(|(flags, micro_steps, fp8, choice)| {
+            let matmul = fp8.then(fp8_e4m3).unwrap_or_default();
+            (flags, micro_steps, matmul, choice)
+        })
+        .chain([
+            (
+                &["--matmul-dtype", "int8", "--recompute-ffn"][..],
+                1,
+                int8(false),
+                recomputing(Recompute { ffn: true, ..none }),
+            ),
+            (
+                &["--matmul-dtype", "int8", "--int8-weight-grad"][..],
+                1,
+                int8(true),
+                recomputing(none),
+            ),
+        ]);
+    for (i, (flags, micro_steps, matmul, choice)) in cases.enumerate() {
         let log = setup.root.join(format!("log{i}.jsonl"));
         train(&setup, &log, flags);
-        let plan = planned(&config, micro_steps, fp8, choice);
+        let plan = planned_in(&config, micro_steps, matmul, choice);
         let (device, host) = logged(&log);
         assert_eq!(
             by_name(&plan.device),

@@ -8,7 +8,9 @@ mod common;
 use common::*;
 use smelt::backend::cpu::Cpu;
 use smelt::backend::prelude::*;
-use smelt::model::{LossOptions, MatmulPrecision, ModelConfig, Recompute, Transformer};
+use smelt::model::{
+    Int8Options, LossOptions, MatmulPrecision, ModelConfig, Recompute, Transformer,
+};
 use smelt::tensor::DType;
 
 type Precision = (DType, MatmulPrecision);
@@ -34,6 +36,13 @@ const FP8: MatmulPrecision = MatmulPrecision::Fp8 {
     forward: DType::E4M3,
     gradient: DType::E5M2,
 };
+
+fn int8(weight_grad: bool, stochastic: bool) -> MatmulPrecision {
+    MatmulPrecision::Int8(Int8Options {
+        weight_grad,
+        stochastic,
+    })
+}
 
 /// Per-token losses and gradients after two accumulated micro-steps.
 fn run(
@@ -90,6 +99,8 @@ fn recompute_is_bitwise_identical() {
             (DType::F32, MatmulPrecision::Native),
             (DType::BF16, MatmulPrecision::Native),
             (DType::BF16, FP8),
+            (DType::BF16, int8(false, false)),
+            (DType::BF16, int8(true, true)),
         ];
         for precision in precisions {
             let base = run(Recompute::default(), ON_DEVICE, precision, &config);

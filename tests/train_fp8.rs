@@ -6,38 +6,16 @@ mod train_support;
 use smelt::train::log::Event;
 use train_support::*;
 
-/// Final loss of a short run with `flags`, and its log's events.
+/// The mean loss of the first and last five steps of the tiny run with `flags`, and its log's
+/// events.
 fn train(root: &std::path::Path, name: &str, flags: &[&str]) -> (f64, f64, Vec<Event>) {
-    let model = tiny_model_dir(root);
-    let data = corpus_file(&root.join("data.bin"), 4000, false);
-    let log = root.join(format!("{name}.jsonl"));
-    let mut args = vec![
-        "train",
-        "--device",
-        "cpu",
-        "--model",
-        s(&model),
-        "--from-scratch",
-        "--train-file",
-        s(&data),
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "32",
-        "--steps",
-        "40",
-        "--lr",
-        "3e-3",
-        "--model-dtype",
-        "bf16",
-        "--log-file",
-        s(&log),
-    ];
-    args.extend(flags);
-    smelt_ok(&args);
-    let losses: Vec<f64> = steps(&log).into_iter().map(|(_, l, _)| l).collect();
-    let tail = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
-    (tail(&losses[..5]), tail(&losses[35..]), events(&log))
+    let log = tiny_run(
+        root,
+        name,
+        &[&["--model-dtype", "bf16"][..], flags].concat(),
+    );
+    let (first, last) = first_and_last_losses(&log);
+    (first, last, events(&log))
 }
 
 #[test]

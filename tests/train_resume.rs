@@ -66,6 +66,31 @@ fn fp8_resume_is_bitwise_exact() {
     );
 }
 
+/// INT8 keeps no state across steps either (its scales come from each row of each step's
+/// tensors, its weight codes from the weights, its rounding seeds from the step), so an INT8
+/// run resumes as exactly, with bf16 weight gradients and with INT8 ones rounded
+/// stochastically.
+#[test]
+fn int8_resume_is_bitwise_exact() {
+    let s = setup();
+    for (name, flags) in [
+        ("int8", &["--matmul-dtype", "int8"][..]),
+        (
+            "int8-sr",
+            &[
+                "--matmul-dtype",
+                "int8",
+                "--int8-weight-grad",
+                "--int8-stochastic-rounding",
+            ][..],
+        ),
+    ] {
+        let full = uninterrupted(&s, &format!("{name}-full"), flags);
+        let resumed = resumed_at_step_2(&s, &full, &format!("{name}-resumed"), flags);
+        assert_same_run(&full, &resumed, 2);
+    }
+}
+
 /// Where the optimizer state lives changes no bit, so a run may continue with other
 /// `--offload-*` flags and end as the uninterrupted run did. (On the CPU the state is in host
 /// memory either way; `tests/cuda_offload.rs` checks the same where it moves off the GPU.)

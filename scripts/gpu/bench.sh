@@ -8,7 +8,7 @@
 #
 # Environment: OUT (logs, default .gpu/logs); SKIP_TORCH=1 skips the baseline; BENCH_ROWS
 # replaces the rows ("model dtype batch target [smelt bench flags...]" separated by ';', dtype
-# bf16 or fp8, target "-" for none; a model directory, e.g. scripts/gpu/models/llama-1b-blog,
+# bf16, fp8, int8 or int8-wgrad (INT8 weight gradients too), target "-" for none; a model directory, e.g. scripts/gpu/models/llama-1b-blog,
 # is baselined from its config.json); TORCH_BATCH and TORCH_FLAGS replace the baseline's batch
 # and add to its flags (e.g. --ckpt); SMELT, DEVICE and SEQ (default .gpu/smelt, cuda, 1024)
 # let the script run elsewhere, e.g. on the CPU with a tiny model to check it.
@@ -40,7 +40,11 @@ models=()
 for row in "${rows[@]}"; do
     read -r model dtype batch target extra <<< "$row"
     read -r -a flags <<< "${extra:-}"
-    [ "$dtype" = fp8 ] && flags+=(--matmul-dtype e4m3 --gradient-dtype e5m2)
+    case $dtype in
+    fp8) flags+=(--matmul-dtype e4m3 --gradient-dtype e5m2) ;;
+    int8) flags+=(--matmul-dtype int8) ;;
+    int8-wgrad) flags+=(--matmul-dtype int8 --int8-weight-grad) ;;
+    esac
     # A row with a target is profiled too (a few steps after the timed ones), so that one
     # that falls short can say where its time goes.
     [ "$target" != - ] && flags+=(--op-times)
@@ -123,7 +127,7 @@ for line in open(os.path.join(out, "bench-rows.txt")):
 widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
 for row in [head] + rows:
     print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
-print(f"\nseq {seq}, bf16 weights and bf16 Adam states; MFU against the dense bf16 peak (fp8 rows too);")
+print(f"\nseq {seq}, bf16 weights and bf16 Adam states; MFU against the dense bf16 peak (fp8 and int8 rows too);")
 print("the phase split comes from separately synchronised steps (see `smelt bench --help`);")
 print("peak GiB: smelt's device allocations; torch: torch.compile, ratio = smelt / torch tok/s.")
 for n in notes:

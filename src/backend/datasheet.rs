@@ -24,12 +24,15 @@ pub struct Datasheet {
 
 impl Datasheet {
     /// The dense tensor-core peak for matmuls whose inputs are `dtype`: FP8 for e4m3 and
-    /// e5m2, bf16 for every other dtype (f32 matmuls have no tensor-core peak of their own,
-    /// and MFU is measured against bf16's as PyTorch's figures are).
+    /// e5m2; for int8 the FP8 figure where there is one (Ada, Hopper and Blackwell run INT8 at
+    /// FP8's rate), else twice bf16's (Ampere); bf16 for every other dtype (f32 matmuls have
+    /// no tensor-core peak of their own, and MFU is measured against bf16's as PyTorch's
+    /// figures are).
     pub fn peak_flops(&self, dtype: DType) -> Option<f64> {
-        match dtype.is_fp8() {
-            true => self.fp8_flops,
-            false => Some(self.bf16_flops),
+        match dtype {
+            d if d.is_fp8() => self.fp8_flops,
+            DType::I8 => Some(self.fp8_flops.unwrap_or(2.0 * self.bf16_flops)),
+            _ => Some(self.bf16_flops),
         }
     }
 }

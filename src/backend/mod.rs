@@ -1,7 +1,7 @@
 //! The contract between the transformer and the hardware.
 //!
 //! `Backend` is the sum of the op families in `ops/` (memory, embedding, norms, matmuls,
-//! RoPE, attention, SwiGLU, the loss, the optimizer, FP8 quantization), plus what describes
+//! RoPE, attention, SwiGLU, the loss, the optimizer, FP8 and INT8 quantization), plus what describes
 //! and profiles the device. The methods are the fused operations a Llama/Qwen training step
 //! needs, not general tensor algebra. Each family is implemented once per backend, in the
 //! file of its name under `cpu/` (the reference every other backend is tested against) and
@@ -32,6 +32,7 @@ pub use self::ops::attention::{AttentionOps, AttnShape};
 pub use self::ops::classifier::ClassifierOps;
 pub use self::ops::embedding::EmbeddingOps;
 pub use self::ops::fp8::{Fused, QuantizeOps, fp8_max};
+pub use self::ops::int8::{INT8_MAX, INT8_MAX_K, Int8Layout, Int8Ops, Int8Rounding};
 pub use self::ops::matmul::{Fp8Sum, Matmul, MatmulOps, Operand};
 pub use self::ops::memory::MemoryOps;
 pub use self::ops::rmsnorm::{NormOps, ResidualAdd};
@@ -57,6 +58,7 @@ pub trait Backend:
     + ClassifierOps
     + OptimizerOps
     + QuantizeOps
+    + Int8Ops
 {
     /// One line for logs: the device and its precision.
     fn describe(&self) -> String;
@@ -85,7 +87,7 @@ pub trait Backend:
 /// The traits a caller brings into scope to call ops on a named backend type.
 pub mod prelude {
     pub use super::{
-        AttentionOps, Backend, ClassifierOps, EmbeddingOps, MatmulOps, MemoryOps, NormOps,
+        AttentionOps, Backend, ClassifierOps, EmbeddingOps, Int8Ops, MatmulOps, MemoryOps, NormOps,
         OptimizerOps, QuantizeOps, RopeOps, SwigluOps,
     };
 }

@@ -9,7 +9,7 @@ use super::flags::{FitMemoryFlag, MatmulFlags, OffloadFlags, RecomputeFlags, Sma
 use crate::backend::op_times::{OpTime, by_family};
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::comm::ranks::Ranks;
-use crate::model::{MatmulPrecision, Recompute};
+use crate::model::Recompute;
 use crate::plan::Request;
 use crate::train::ModelSource;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
@@ -143,10 +143,7 @@ impl BenchArgs {
                 Ok(Some(report.categories.iter().map(|c| c.1 as u64).sum()))
             }),
         }?;
-        let dtype = match matmul {
-            MatmulPrecision::Native => "bf16".to_string(),
-            MatmulPrecision::Fp8 { forward, gradient } => format!("{forward}/{gradient}"),
-        };
+        let dtype = matmul.name();
         if self.json {
             println!("{}", self.json_line(&report, &dtype, &device.describe()));
         } else {

@@ -18,7 +18,7 @@ use crate::comm::Comm;
 use crate::comm::ranks::{RankMain, Ranks, on_ranks};
 use crate::generate::{Generator, SampleOptions, Sampling};
 use crate::io::hf;
-use crate::model::{MatmulPrecision, Recompute};
+use crate::model::Recompute;
 use crate::plan::Request;
 use crate::tensor::DType;
 use crate::train::guard::{GuardOptions, OnSpike};
@@ -405,7 +405,7 @@ impl TrainArgs {
             opt_m_dtype,
             opt_v_dtype,
         } = self.precision.resolve(d.model_dtype)?;
-        if self.debug_log_abs_max > 0 && matmul == MatmulPrecision::Native {
+        if self.debug_log_abs_max > 0 && !matmul.is_fp8() {
             bail!("--debug-log-abs-max logs FP8 statistics; it needs --matmul-dtype e4m3");
         }
         if self.offload_master && master_dtype.is_none() {

@@ -61,6 +61,19 @@ pub enum MatmulPrecision {
     /// FP8: inputs and weights in `forward` (e4m3), output gradients in `gradient` (e4m3 or
     /// e5m2), each tensor scaled by its own current abs-max.
     Fp8 { forward: DType, gradient: DType },
+    /// INT8 with a scale per row (`int8.rs`).
+    Int8(Int8Options),
+}
+
+/// What INT8 matmuls quantize, and how.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Int8Options {
+    /// The weight gradients in INT8 too (else bf16); the forward and the input gradients
+    /// always are.
+    pub weight_grad: bool,
+    /// The backward's operands (output gradients, and with `weight_grad` the activations
+    /// for it) rounded stochastically rather than to nearest.
+    pub stochastic: bool,
 }
 
 impl MatmulPrecision {
@@ -68,9 +81,37 @@ impl MatmulPrecision {
         matches!(self, MatmulPrecision::Fp8 { .. })
     }
 
-    /// From `--matmul-dtype` (bf16 or e4m3) and `--gradient-dtype` (e4m3 or e5m2, for
-    /// e4m3 matmuls only).
-    pub fn new(matmul: DType, gradient: Option<DType>) -> Result<Self> {
+    pub fn is_int8(self) -> bool {
+        matches!(self, MatmulPrecision::Int8(_))
+    }
+
+    /// Whether the model keeps quantized copies of the blocks' weights (FP8 and INT8), which
+    /// live whole on the device.
+    pub fn copies_weights(self) -> bool {
+        self != MatmulPrecision::Native
+    }
+
+    /// The name the step line and `smelt bench` give it.
+    pub fn name(self) -> String {
+        match self {
+            MatmulPrecision::Native => "bf16".into(),
+            MatmulPrecision::Fp8 { forward, gradient } => format!("{forward}/{gradient}"),
+            MatmulPrecision::Int8(o) => {
+                let weights = if o.weight_grad { "int8" } else { "bf16" };
+                let rounding = if o.stochastic {
+                    ", stochastic rounding"
+                } else {
+                    ""
+                };
+                format!("int8 ({weights} weight gradients{rounding})")
+            }
+        }
+    }
+
+    /// From `--matmul-dtype` (bf16, e4m3 or int8), `--gradient-dtype` (e4m3 or e5m2, for
+    /// e4m3 matmuls only) and `--int8-weight-grad` and `--int8-stochastic-rounding` (for
+    /// int8 only).
+    pub fn new(matmul: DType, gradient: Option<DType>, int8: Int8Options) -> Result<Self> {
         let check = |flag: &str, d: DType, allowed: &[DType]| match allowed.contains(&d) {
             true => Ok(d),
             false => bail!(
@@ -82,7 +123,26 @@ impl MatmulPrecision {
                     .join(", ")
             ),
         };
-        match check("--matmul-dtype", matmul, &[DType::BF16, DType::E4M3])? {
+        let matmul = check(
+            "--matmul-dtype",
+            matmul,
+            &[DType::BF16, DType::E4M3, DType::I8],
+        )?;
+        for (flag, on) in [
+            ("--int8-weight-grad", int8.weight_grad),
+            ("--int8-stochastic-rounding", int8.stochastic),
+        ] {
+            if on && matmul != DType::I8 {
+                bail!("{flag} needs --matmul-dtype int8, not {matmul}");
+            }
+        }
+        if let Some(g) = gradient.filter(|_| matmul != DType::E4M3) {
+            bail!(
+                "--gradient-dtype {g} needs --matmul-dtype e4m3; {matmul} matmuls take bf16 \
+                 gradients"
+            );
+        }
+        match matmul {
             DType::E4M3 => Ok(MatmulPrecision::Fp8 {
                 forward: DType::E4M3,
                 gradient: check(
@@ -91,12 +151,8 @@ impl MatmulPrecision {
                     &[DType::E4M3, DType::E5M2],
                 )?,
             }),
-            _ => match gradient {
-                Some(g) => bail!(
-                    "--gradient-dtype {g} needs --matmul-dtype e4m3; bf16 matmuls take bf16 gradients"
-                ),
-                None => Ok(MatmulPrecision::Native),
-            },
+            DType::I8 => Ok(MatmulPrecision::Int8(int8)),
+            _ => Ok(MatmulPrecision::Native),
         }
     }
 
@@ -106,6 +162,7 @@ impl MatmulPrecision {
         match self {
             MatmulPrecision::Native => model_dtype,
             MatmulPrecision::Fp8 { forward, .. } => forward,
+            MatmulPrecision::Int8(_) => DType::I8,
         }
     }
 }

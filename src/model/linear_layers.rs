@@ -1,29 +1,37 @@
 //! The blocks' linear layers, run forward and backward: in the model's dtype by plain
-//! matmuls, or in FP8 through the copies and scales `fp8.rs` keeps. Everything FP8 changes
-//! about a block stays behind these calls and the norm outputs they ask for.
+//! matmuls, in FP8 through the copies and scales `fp8.rs` keeps, or in INT8 through
+//! `int8.rs`'s. Everything FP8 and INT8 change about a block stays behind these calls and the
+//! norm outputs they ask for.
 
 use anyhow::Result;
 
 use super::fp8::Fp8State;
+use super::int8::Int8State;
 use super::linear::{Input, Linear};
 use super::params::{LayerParams, Params};
 use crate::backend::{Backend, Matmul};
 use crate::tensor::Tensor;
 
-pub(crate) struct LinearLayers<B: Backend> {
-    /// The FP8 copies, statistics and scratch, when the linear layers run in FP8.
-    fp8: Option<Fp8State<B>>,
+/// What the linear layers multiply in, with the state each quantized form keeps.
+pub(crate) enum LinearLayers<B: Backend> {
+    Native,
+    Fp8(Fp8State<B>),
+    Int8(Int8State<B>),
 }
 
 impl<B: Backend> LinearLayers<B> {
-    pub fn new(fp8: Option<Fp8State<B>>) -> Self {
-        LinearLayers { fp8 }
+    fn fp8(&self) -> Option<&Fp8State<B>> {
+        match self {
+            LinearLayers::Fp8(f) => Some(f),
+            _ => None,
+        }
     }
 
-    /// Whether they multiply in the model's dtype: then the backward reads the norms' and
-    /// SwiGLU's outputs again (FP8's reads the quantized copies its forward made).
+    /// Whether the backward reads the norms' and SwiGLU's outputs again, as stored in the
+    /// model's dtype: with plain and INT8 matmuls (FP8's reads the quantized copies its
+    /// forward made).
     pub fn native(&self) -> bool {
-        self.fp8.is_none()
+        self.fp8().is_none()
     }
 
     /// Where a norm before a linear stores its output: nowhere with FP8 (`Input`).
@@ -33,13 +41,13 @@ impl<B: Backend> LinearLayers<B> {
 
     /// Where the op that produces layer `l`'s input to `lin` reports its abs-max, with FP8.
     pub fn input_amax(&self, l: usize, lin: Linear) -> Option<Tensor<B>> {
-        self.fp8.as_ref().map(|f| f.input_amax(l, lin))
+        self.fp8().map(|f| f.input_amax(l, lin))
     }
 
     /// Where the op that produces layer `l`'s output gradient of `lin` reports its abs-max,
     /// with FP8.
     pub fn grad_amax(&self, l: usize, lin: Linear) -> Option<Tensor<B>> {
-        self.fp8.as_ref().map(|f| f.grad_amax(l, lin))
+        self.fp8().map(|f| f.grad_amax(l, lin))
     }
 
     /// Whether `lin`'s bias gradient comes with RoPE's backward (in the one pass over the
@@ -49,17 +57,18 @@ impl<B: Backend> LinearLayers<B> {
         lin == Linear::Qkv && self.native()
     }
 
-    /// At the start of every forward: FP8 makes its weight copies current.
+    /// At the start of every forward: FP8 and INT8 make their weight copies current.
     pub fn begin_forward(&self, b: &B, params: &Params<Tensor<B>>) -> Result<()> {
-        match &self.fp8 {
-            Some(fp8) => fp8.begin_forward(b, params),
-            None => Ok(()),
+        match self {
+            LinearLayers::Native => Ok(()),
+            LinearLayers::Fp8(fp8) => fp8.begin_forward(b, params),
+            LinearLayers::Int8(int8) => int8.begin_forward(b, params),
         }
     }
 
     /// At the start of every backward: FP8 zeroes its gradient abs-maxes.
     pub fn begin_backward(&self, b: &B) -> Result<()> {
-        match &self.fp8 {
+        match self.fp8() {
             Some(fp8) => fp8.begin_backward(b),
             None => Ok(()),
         }
@@ -71,9 +80,10 @@ impl<B: Backend> LinearLayers<B> {
         x: Input<'_, B>,
     ) -> Result<()> {
         let bias = lin.bias(w);
-        match &self.fp8 {
-            Some(fp8) => fp8.forward(b, (l, lin), out, x, bias),
-            None => b.matmul(out, x.stored(), lin.weight(w), bias, Matmul::FORWARD),
+        match self {
+            LinearLayers::Native => b.matmul(out, x.stored(), lin.weight(w), bias, Matmul::FORWARD),
+            LinearLayers::Fp8(fp8) => fp8.forward(b, (l, lin), out, x, bias),
+            LinearLayers::Int8(int8) => int8.forward(b, (l, lin), out, x, bias),
         }
     }
 
@@ -83,9 +93,10 @@ impl<B: Backend> LinearLayers<B> {
         &self, b: &B, (l, w): (usize, &LayerParams<Tensor<B>>),
         (gate_up, swiglu): (&Tensor<B>, &Tensor<B>), x: Input<'_, B>,
     ) -> Result<()> {
-        match &self.fp8 {
-            Some(fp8) => fp8.gate_up_swiglu(b, l, gate_up, swiglu, x),
-            None => b.gate_up_swiglu(gate_up, swiglu, x.stored(), &w.gate_up, None),
+        match self {
+            LinearLayers::Native => b.gate_up_swiglu(gate_up, swiglu, x.stored(), &w.gate_up, None),
+            LinearLayers::Fp8(fp8) => fp8.gate_up_swiglu(b, l, gate_up, swiglu, x),
+            LinearLayers::Int8(int8) => int8.gate_up_swiglu(b, l, gate_up, swiglu, x),
         }
     }
 
@@ -105,12 +116,20 @@ impl<B: Backend> LinearLayers<B> {
         dx: &Tensor<B>, dy: &Tensor<B>, x: &Tensor<B>, accumulate: bool,
     ) -> Result<()> {
         let (dw, db) = (lin.weight(g), lin.bias(g));
-        match &self.fp8 {
-            Some(fp8) => fp8.backward(b, (l, lin), dx, (dw, db), dy, accumulate),
-            None => {
-                if let Some(db) = db.filter(|_| !self.bias_with_rope(lin)) {
-                    b.bias_backward(db, dy, accumulate)?;
-                }
+        if let LinearLayers::Fp8(fp8) = self {
+            return fp8.backward(b, (l, lin), dx, (dw, db), dy, accumulate);
+        }
+        if let Some(db) = db.filter(|_| !self.bias_with_rope(lin)) {
+            b.bias_backward(db, dy, accumulate)?;
+        }
+        match self {
+            LinearLayers::Int8(int8) => {
+                int8.weight_gradient(b, (l, lin), dw, dy, x, accumulate)?;
+                int8.with_gradient(b, (l, lin), dy, |dy8, w8| {
+                    b.matmul(dx, dy8, w8, None, Matmul::FORWARD)
+                })
+            }
+            _ => {
                 b.matmul(dw, dy, x, None, Matmul::backward_weight(accumulate))?;
                 b.matmul(dx, dy, lin.weight(w), None, Matmul::BACKWARD_INPUT)
             }
@@ -128,38 +147,53 @@ impl<B: Backend> LinearLayers<B> {
         (gate_up, swiglu, dh): (&Tensor<B>, &Tensor<B>, &Tensor<B>), dy: &Tensor<B>,
         accumulate: bool,
     ) -> Result<()> {
-        match &self.fp8 {
-            Some(fp8) => fp8.down_swiglu_backward(b, l, (gate_up, dh), &g.down, dy, accumulate),
-            None => {
+        match self {
+            LinearLayers::Native => {
                 let spec = Matmul::backward_weight(accumulate);
                 b.matmul(&g.down, dy, swiglu, None, spec)?;
                 b.swiglu_backward_through_down(gate_up, dh, dy, &w.down, None)
             }
+            LinearLayers::Fp8(fp8) => {
+                fp8.down_swiglu_backward(b, l, (gate_up, dh), &g.down, dy, accumulate)
+            }
+            LinearLayers::Int8(int8) => {
+                int8.weight_gradient(b, (l, Linear::Down), &g.down, dy, swiglu, accumulate)?;
+                int8.with_gradient(b, (l, Linear::Down), dy, |dy8, w8| {
+                    b.swiglu_backward_through_down(gate_up, dh, dy8, w8, None)
+                })
+            }
         }
     }
 
-    /// The weights were written other than by the optimizer (initialised, loaded): FP8
-    /// remakes its copies from scratch at the next forward.
+    /// The weights were written other than by the optimizer (initialised, loaded): FP8 and
+    /// INT8 remake their copies from scratch at the next forward.
     pub fn weights_changed(&self) {
-        if let Some(fp8) = &self.fp8 {
-            fp8.weights_changed();
+        match self {
+            LinearLayers::Native => {}
+            LinearLayers::Fp8(fp8) => fp8.weights_changed(),
+            LinearLayers::Int8(int8) => int8.weights_changed(),
+        }
+    }
+
+    /// The seed of INT8's stochastic roundings until the next call (each micro-batch's).
+    pub fn set_rounding_seed(&self, seed: u64) {
+        if let LinearLayers::Int8(int8) = self {
+            int8.set_seed(seed);
         }
     }
 
     /// Before an optimizer step: where its update of each parameter (in `Params` order)
-    /// reports the abs-max that scales the weight's FP8 copy. `None` without FP8.
+    /// reports the abs-max that scales the weight's FP8 copy. `None` without FP8. INT8's
+    /// codes, scaled per row, are remade from the updated weights at the next forward.
     pub fn weight_amax_slots(&self, b: &B) -> Result<Option<Vec<Tensor<B>>>> {
-        self.fp8
-            .as_ref()
-            .map(|fp8| fp8.weight_amax_slots(b))
-            .transpose()
+        if let LinearLayers::Int8(int8) = self {
+            int8.weights_changed();
+        }
+        self.fp8().map(|fp8| fp8.weight_amax_slots(b)).transpose()
     }
 
     /// Every FP8 abs-max statistic by name (`None` without FP8). Waits for the device.
     pub fn abs_max_report(&self, b: &B) -> Result<Option<Vec<(String, f32)>>> {
-        self.fp8
-            .as_ref()
-            .map(|fp8| fp8.abs_max_report(b))
-            .transpose()
+        self.fp8().map(|fp8| fp8.abs_max_report(b)).transpose()
     }
 }

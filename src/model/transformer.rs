@@ -6,6 +6,7 @@ use anyhow::{Result, ensure};
 use super::activations::{ActivationOffload, ActivationPlan, ActivationShape, Activations};
 use super::config::ModelConfig;
 use super::fp8::{Fp8Plan, Fp8Shape};
+use super::int8::{Int8Plan, Int8Shape};
 use super::linear::MatmulPrecision;
 use super::linear_layers::LinearLayers;
 use super::params::{ParamSpec, Params};
@@ -140,6 +141,7 @@ pub struct ModelPlan {
     activations: ActivationPlan,
     rope: TensorSpec,
     fp8: Option<Fp8Plan>,
+    int8: Option<Int8Plan>,
 }
 
 impl ModelPlan {
@@ -170,7 +172,7 @@ impl ModelPlan {
                 options.ffn_chunks
             );
             ensure!(
-                options.matmul == MatmulPrecision::Native,
+                !options.matmul.is_fp8(),
                 "--ffn-chunks {} cannot be used with FP8 matmuls, which scale by the abs-max of \
                  the whole MLP input; leave one of them out",
                 options.ffn_chunks
@@ -179,7 +181,7 @@ impl ModelPlan {
         if options.matmul != MatmulPrecision::Native {
             ensure!(
                 options.dtype == DType::BF16,
-                "FP8 matmuls write bf16 outputs; the model dtype must be bf16, not {}",
+                "FP8 and INT8 matmuls write bf16 outputs; the model dtype must be bf16, not {}",
                 options.dtype
             );
         }
@@ -202,9 +204,9 @@ impl ModelPlan {
         }
         if options.weights.kept().is_some() {
             ensure!(
-                !options.matmul.is_fp8(),
-                "--zero-level 3 cannot be used with FP8 matmuls yet: their FP8 copies of every \
-                 block's weights would be made on every GPU; leave one of them out"
+                !options.matmul.copies_weights(),
+                "--zero-level 3 cannot be used with FP8 or INT8 matmuls yet: their copies of \
+                 every block's weights would be made on every GPU; leave one of them out"
             );
             ensure!(
                 !options.offload_weights,
@@ -212,9 +214,9 @@ impl ModelPlan {
             );
         }
         ensure!(
-            !(options.offload_weights && options.matmul.is_fp8()),
-            "--offload-weights cannot be used with FP8 matmuls yet: their FP8 copies of the \
-             weights would stay on the GPU whole; leave one of them out"
+            !(options.offload_weights && options.matmul.copies_weights()),
+            "--offload-weights cannot be used with FP8 or INT8 matmuls yet: their copies of \
+             the weights would stay on the GPU whole; leave one of them out"
         );
         ensure!(
             !(options.offload_gradients && options.gradients.kept().is_some()),
@@ -280,6 +282,12 @@ impl ModelPlan {
             recompute: options.recompute,
         };
         let fp8 = Fp8Plan::new(options.matmul, &fp8_shape, &layout);
+        let int8_shape = Int8Shape {
+            tokens: n,
+            max_in: fp8_shape.max_in,
+            max_out: fp8_shape.max_out,
+        };
+        let int8 = Int8Plan::new(options.matmul, &int8_shape, &layout);
         Ok(ModelPlan {
             layout,
             weights,
@@ -287,6 +295,7 @@ impl ModelPlan {
             activations,
             rope,
             fp8,
+            int8,
         })
     }
 
@@ -304,6 +313,7 @@ impl ModelPlan {
         memory.extend(self.grads.as_ref().map(|g| ("gradients", g.device.clone())));
         memory.push(("activations", activations));
         memory.extend(self.fp8.as_ref().map(|f| ("fp8", f.specs.clone())));
+        memory.extend(self.int8.as_ref().map(|i| ("int8", i.specs.clone())));
         memory
     }
 
@@ -381,17 +391,18 @@ impl<B: Backend> Transformer<B> {
         let mut act_tensors = next()?;
         let rope = act_tensors.pop().expect("the rope table was planned last");
         backend.upload(&rope, &rope_table(&config, options.seq))?;
-        let fp8 = match &plan.fp8 {
-            Some(f) => Some(f.build(next()?)),
-            None => None,
+        let linears = match (&plan.fp8, &plan.int8) {
+            (Some(f), _) => LinearLayers::Fp8(f.build(next()?)),
+            (_, Some(i)) => LinearLayers::Int8(i.build(next()?)),
+            _ => LinearLayers::Native,
         };
         let recompute =
-            RecomputePlan::new(options.recompute, fp8.is_none(), options.ffn_chunks > 1);
+            RecomputePlan::new(options.recompute, linears.native(), options.ffn_chunks > 1);
         Ok(Transformer {
             acts: plan.activations.build(act_tensors, in_host("activations")),
             memory,
             offloaded,
-            linears: LinearLayers::new(fp8),
+            linears,
             recompute,
             streams: Streams {
                 weights: weight_ring,
@@ -453,6 +464,12 @@ impl<B: Backend> Transformer<B> {
     /// loaded), so that FP8 copies are remade from scratch at the next forward.
     pub fn weights_changed(&self) {
         self.linears.weights_changed();
+    }
+
+    /// The seed of the stochastic roundings of the micro-batch that follows (INT8's, with
+    /// `--int8-stochastic-rounding`); the trainer derives one per micro-batch of each step.
+    pub fn set_rounding_seed(&self, seed: u64) {
+        self.linears.set_rounding_seed(seed);
     }
 
     /// Before an optimizer step: where its update of each parameter (in `Params` order) reports

@@ -285,14 +285,14 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     let streaming: Vec<(bool, bool)> = match r.gpus {
         1 => [(false, false), (false, true), (true, false), (true, true)]
             .into_iter()
-            .filter(|&(weights, _)| !(weights && r.matmul.is_fp8()))
+            .filter(|&(weights, _)| !(weights && r.matmul.copies_weights()))
             .collect(),
         _ => vec![(false, false)],
     };
     let mut models = vec![];
     for recompute in recompute_choices() {
         // MLP chunks shrink only recomputed intermediates, and FP8 scales by whole tensors.
-        let chunkable = recompute.gate_up() && r.matmul == MatmulPrecision::Native;
+        let chunkable = recompute.gate_up() && !r.matmul.is_fp8();
         let ffn_chunks = match (r.ffn_chunks, chunkable) {
             (Some(n), true) => vec![n],
             (Some(1) | None, false) => vec![1],
@@ -323,11 +323,13 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     let layout = Params::layout(&r.config, r.model_dtype);
     let mut states = vec![];
     // ZeRO-2 and -3 with micro-steps send every micro-batch's block gradients, a cost `cost`
-    // does not know; they are offered only without. ZeRO-3 not with FP8, whose copies of
-    // every block's weights would be made on every GPU.
+    // does not know; they are offered only without. ZeRO-3 not with FP8 or INT8, whose copies
+    // of every block's weights would be made on every GPU.
     let zero_levels = match r.gpus {
         1 => vec![0],
-        _ if r.allow_zero_2 && r.micro_steps == 1 && !r.matmul.is_fp8() => vec![0, 1, 2, 3],
+        _ if r.allow_zero_2 && r.micro_steps == 1 && !r.matmul.copies_weights() => {
+            vec![0, 1, 2, 3]
+        }
         _ if r.allow_zero_2 && r.micro_steps == 1 => vec![0, 1, 2],
         _ => vec![0, 1],
     };

@@ -43,6 +43,10 @@ use crate::model::{BlockEvent, Gradients, LossOptions, MatmulFlops, Params, Tran
 use crate::rng::Rng;
 use crate::tensor::{DType, Tensor};
 
+/// Mixed into the run's seed for the stream of per-micro-batch rounding seeds
+/// (`Transformer::set_rounding_seed`), apart from the other streams drawn from it.
+const ROUNDING_SEEDS: u64 = 0x1A78_5EED_0F1A_2B3C;
+
 /// What a finished run reports to its caller.
 #[derive(Clone, Debug)]
 pub struct Summary {
@@ -600,6 +604,9 @@ impl<B: Backend> Run<'_, B> {
                 accumulate: k > 0,
             };
             let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, &block_owners, event);
+            let micro_batch = self.state.step * batches.len() as u64 + k as u64;
+            let rounding = Rng::derived(o.seed ^ ROUNDING_SEEDS, micro_batch).next_u64();
+            self.model.set_rounding_seed(rounding);
             self.model
                 .forward_hidden_with(b, &batch.tokens, &mut weights)?;
             let sum_now = overlap && k == last;

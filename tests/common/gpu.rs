@@ -76,6 +76,25 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Milliseconds per call of `op`, the median of 20 calls after 3 warm-up calls, each timed
+/// by CUDA events (the op timer, summed over the ops one call makes).
+pub fn time_ms(gpu: &Cuda, op: impl Fn()) -> f64 {
+    for _ in 0..3 {
+        op();
+    }
+    let mut each: Vec<f64> = (0..20)
+        .map(|_| {
+            gpu.time_ops(true);
+            op();
+            let times = gpu.take_op_times().unwrap();
+            gpu.time_ops(false);
+            times.iter().map(|t| t.seconds).sum::<f64>() * 1e3
+        })
+        .collect();
+    each.sort_by(f64::total_cmp);
+    each[each.len() / 2]
+}
+
 /// Named outputs of one run of an op.
 pub type Outputs = Vec<(&'static str, Vec<f32>)>;
 

@@ -52,6 +52,53 @@ pub fn corpus_file(path: &Path, n: usize, masked: bool) -> PathBuf {
     w.finish().unwrap()
 }
 
+/// The arguments of a short `smelt train` of the tiny model from scratch on the CPU: 40 steps
+/// of 4 × 32 tokens of the first 4000 bytes of the demo corpus at --lr 3e-3, logged to
+/// `<root>/<name>.jsonl`, with `flags` added.
+pub fn tiny_run_args(root: &Path, name: &str, flags: &[&str]) -> Vec<String> {
+    let model = tiny_model_dir(root);
+    let data = corpus_file(&root.join("data.bin"), 4000, false);
+    let log = root.join(format!("{name}.jsonl"));
+    let mut args: Vec<String> = [
+        "train",
+        "--device",
+        "cpu",
+        "--model",
+        s(&model),
+        "--from-scratch",
+        "--train-file",
+        s(&data),
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--steps",
+        "40",
+        "--lr",
+        "3e-3",
+        "--log-file",
+        s(&log),
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(flags.iter().map(|f| f.to_string()));
+    args
+}
+
+/// Runs `tiny_run_args` and returns its log's path.
+pub fn tiny_run(root: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let args = tiny_run_args(root, name, flags);
+    smelt_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    root.join(format!("{name}.jsonl"))
+}
+
+/// The mean loss of the first and of the last five steps of a run's log.
+pub fn first_and_last_losses(log: &Path) -> (f64, f64) {
+    let losses: Vec<f64> = steps(log).into_iter().map(|(_, l, _)| l).collect();
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    (mean(&losses[..5]), mean(&losses[losses.len() - 5..]))
+}
+
 /// Runs `smelt` with `args`.
 pub fn smelt(args: &[&str]) -> Output {
     Command::new(SMELT).args(args).output().unwrap()

@@ -2,9 +2,10 @@
 
 use anyhow::{Result, bail, ensure};
 
+use super::int8::{check_int8_operand, int8_matmul};
 use super::{Cpu, Scalar, add_column_sums};
 use crate::backend::{Matmul, MatmulOps, Operand};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// Row-major strides of `op(x)` for an `[rows, cols]` matrix: `(rows_of_op, cols_of_op, rs, cs)`.
 fn op_view(rows: usize, cols: usize, transpose: bool) -> (usize, usize, isize, isize) {
@@ -97,6 +98,42 @@ impl<T: Scalar> MatmulOps for Cpu<T> {
                 );
                 self.update(out, |o| {
                     matmul(o, &a_v, a.cols(), &b_v, b.cols(), bias.as_deref(), spec)
+                })
+            }
+            (Some(da), Some(db)) if a.data.dtype == DType::I8 || b.data.dtype == DType::I8 => {
+                let (qa, qb) = (a.data, b.data);
+                check_int8_operand("a", qa, da)?;
+                check_int8_operand("b", qb, db)?;
+                let k = qa.cols();
+                ensure!(
+                    !spec.trans_a
+                        && spec.trans_b
+                        && qb.cols() == k
+                        && out.numel() == qa.matrix_rows() * qb.matrix_rows(),
+                    "INT8 matmul: a {:?} · b {:?}ᵀ into {:?} ({spec:?}; INT8 operands take K \
+                     contiguous in both)",
+                    qa.shape,
+                    qb.shape,
+                    out.shape
+                );
+                let f32s = |t: &Tensor<Self>| -> Result<Vec<f32>> {
+                    Ok(self.floats(t)?.iter().map(|x| x.f64() as f32).collect())
+                };
+                let bias = bias.map(|b| b.iter().map(|x| x.f64() as f32).collect::<Vec<_>>());
+                let old = spec.accumulate.then(|| f32s(out)).transpose()?;
+                let values = int8_matmul(
+                    &f32s(qa)?,
+                    &f32s(da)?,
+                    &f32s(qb)?,
+                    &f32s(db)?,
+                    k,
+                    bias.as_deref(),
+                    old.as_deref(),
+                );
+                self.update(out, |o| {
+                    o.iter_mut()
+                        .zip(&values)
+                        .for_each(|(o, &v)| *o = T::of(v as f64))
                 })
             }
             (Some(da), Some(db)) => {

@@ -10,6 +10,7 @@ mod attention;
 mod classifier;
 mod embedding;
 mod fp8;
+pub mod int8;
 mod matmul;
 mod memory;
 mod rmsnorm;

@@ -2,7 +2,7 @@
 //! row-major `out (+)= op(a) · op(b) (+ bias)` in bf16 or f32 with f32 accumulation
 //! (CUBLAS_COMPUTE_32F: no TF32, so f32 results are tight enough for tests), and the FP8 form
 //! `out (+)= (a · da) · (b · db)ᵀ (+ bias)` with e4m3/e5m2 operands, bf16 out and bias, and
-//! per-tensor descales read from device pointers.
+//! per-tensor descales read from device pointers; and INT8 operands summed into int32 (IMMA).
 //! Descriptors, layouts and the algorithm (`matmul_algos`) are chosen once per shape and kept.
 
 use std::cell::RefCell;
@@ -49,6 +49,8 @@ struct Plan {
     candidates: Vec<sys::cublasLtMatmulAlgo_t>,
     /// Which candidate the calls use.
     chosen: usize,
+    /// Whether alpha and beta are int32 (INT8's sums) rather than f32.
+    int_scale: bool,
 }
 
 impl Drop for Plan {
@@ -87,6 +89,8 @@ fn data_type(dtype: DType) -> Result<sys::cudaDataType> {
         DType::F32 => sys::cudaDataType::CUDA_R_32F,
         DType::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
         DType::E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
+        DType::I8 => sys::cudaDataType::CUDA_R_8I,
+        DType::I32 => sys::cudaDataType::CUDA_R_32I,
         other => bail!("cuda matmul: unsupported dtype {other}"),
     })
 }
@@ -153,14 +157,23 @@ impl Blas {
         let [a_type, b_type, out_type] = key.dtypes.map(data_type);
         let (a_type, b_type, out_type) = (a_type?, b_type?, out_type?);
         let fp8 = key.dtypes[..2].iter().any(|d| d.is_fp8());
+        // INT8 sums in int32 (IMMA), with int32 alpha and beta.
+        let int_scale = key.dtypes[0] == DType::I8;
+        let (compute, scale) = match int_scale {
+            true => (
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+                sys::cudaDataType::CUDA_R_32I,
+            ),
+            false => (
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType::CUDA_R_32F,
+            ),
+        };
         // The plan owns each handle from its creation, so that an error below frees the
         // ones created before it.
         let mut plan = Plan {
-            desc: result::create_matmul_desc(
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cudaDataType::CUDA_R_32F,
-            )
-            .map_err(err("create matmul desc"))?,
+            desc: result::create_matmul_desc(compute, scale).map_err(err("create matmul desc"))?,
+            int_scale,
             layouts: [std::ptr::null_mut(); 3],
             candidates: Vec::new(),
             chosen: 0,
@@ -376,7 +389,18 @@ impl Blas {
     fn launch(
         &self, plan: &Plan, algo: usize, ptrs: &GemmPtrs, out: u64, accumulate: bool,
     ) -> Result<(), result::CublasError> {
-        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
+        let (alpha_f, beta_f) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
+        let (alpha_i, beta_i) = (1i32, accumulate as i32);
+        let (alpha, beta) = match plan.int_scale {
+            true => (
+                &alpha_i as *const i32 as *const c_void,
+                &beta_i as *const i32 as *const c_void,
+            ),
+            false => (
+                &alpha_f as *const f32 as *const c_void,
+                &beta_f as *const f32 as *const c_void,
+            ),
+        };
         // SAFETY: the plan's descriptors match the key it was made for, which the caller
         // derived from the tensors behind `ptrs`; `out` has the output's size; the workspace
         // is WORKSPACE_BYTES of device memory.
@@ -384,8 +408,8 @@ impl Blas {
             result::matmul(
                 self.handle,
                 plan.desc,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
+                alpha,
+                beta,
                 ptrs.b as *const c_void,
                 plan.layouts[0],
                 ptrs.a as *const c_void,

@@ -6,7 +6,7 @@
 //! main loop against cuBLASLt's. `SMELT_GEMM=cublaslt` runs cuBLASLt and the separate SwiGLU
 //! kernels instead (on an H100, the same bits, slower).
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 
 use super::fp8::descale_ptr;
 use super::kernels::{Arg, GEMM_EPI_BUFS, GEMM_STAGES, GEMM_THREADS, GemmKind, KArg, Kernel};
@@ -81,11 +81,13 @@ fn fits(dtype: DType, tensors: &[&Tensor<Cuda>]) -> bool {
     })
 }
 
-/// The FP8 operands' descales, and where SwiGLU's output reports its abs-max.
-struct Fp8Scales {
+/// The scaled operands' descales (FP8: one each; INT8: one per row of each), where FP8's
+/// SwiGLU output reports its abs-max, and INT8's bias.
+struct Scales {
     a: u64,
     b: u64,
     amax: u64,
+    bias: u64,
 }
 
 impl Cuda {
@@ -150,12 +152,42 @@ impl Cuda {
         &self, out: &Tensor<Cuda>, swiglu: Option<&Tensor<Cuda>>, x: Operand<'_, Cuda>,
         w: Operand<'_, Cuda>, amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
-        let scales = Fp8Scales {
+        let scales = Scales {
             a: descale_ptr("gemm", &x)?,
             b: descale_ptr("gemm", &w)?,
             amax: amax_ptr("gate_up_swiglu", amax)?,
+            bias: 0,
         };
         self.gemm_tn(out, swiglu, x.data, w.data, Some(scales))
+    }
+
+    /// Whether an INT8 product runs in our kernel on these operands: bf16 output and bias,
+    /// int8 codes, 16-byte aligned with rows of a multiple of 16 bytes.
+    pub(super) fn fuses_int8(
+        &self, outputs: &[&Tensor<Cuda>], a: &Tensor<Cuda>, b: &Tensor<Cuda>,
+        bias: Option<&Tensor<Cuda>>,
+    ) -> bool {
+        self.own_gemm()
+            && fits(DType::BF16, outputs)
+            && fits(DType::I8, &[a, b])
+            && bias.is_none_or(|t| fits(DType::BF16, &[t]))
+    }
+
+    /// `out = f32(x · wᵀ) · x.descale[row] · w.descale[column] (+ bias)` of INT8 operands by
+    /// smelt's own kernel. The caller has checked the operands (`int8_operands`,
+    /// `fuses_int8`).
+    pub(super) fn gemm_int8(
+        &self, out: &Tensor<Cuda>, x: Operand<'_, Cuda>, w: Operand<'_, Cuda>,
+        bias: Option<&Tensor<Cuda>>,
+    ) -> Result<()> {
+        let descale = |o: &Operand<'_, Cuda>| o.descale.map_or(0, ptr);
+        let scales = Scales {
+            a: descale(&x),
+            b: descale(&w),
+            amax: 0,
+            bias: bias.map_or(0, ptr),
+        };
+        self.gemm_tn(out, None, x.data, w.data, Some(scales))
     }
 
     /// `out = a · bᵀ` (bf16), and with `swiglu` also `swiglu = SwiGLU(out)`.
@@ -169,7 +201,7 @@ impl Cuda {
     /// `gemm`, in bf16, or FP8 with `scales`.
     fn gemm_tn(
         &self, out: &Tensor<Cuda>, swiglu: Option<&Tensor<Cuda>>, a: &Tensor<Cuda>,
-        b: &Tensor<Cuda>, scales: Option<Fp8Scales>,
+        b: &Tensor<Cuda>, scales: Option<Scales>,
     ) -> Result<()> {
         let (m, k, n) = (a.matrix_rows(), a.cols(), b.matrix_rows());
         ensure!(
@@ -199,15 +231,19 @@ impl Cuda {
         ]);
         // A tile is 128 rows by 192 columns, or for SwiGLU 96 gate and 96 up columns.
         let span = if swiglu.is_some() { n / 2 } else { n };
-        let kind = match (scales.is_some(), swiglu.is_some()) {
-            (false, false) => GemmKind::Plain,
-            (false, true) => GemmKind::SwiGlu,
-            (true, false) => GemmKind::Fp8Plain,
-            (true, true) => GemmKind::Fp8SwiGlu,
+        let int8 = a.dtype == DType::I8;
+        let kind = match (scales.is_some(), int8, swiglu.is_some()) {
+            (false, _, false) => GemmKind::Plain,
+            (false, _, true) => GemmKind::SwiGlu,
+            (true, false, false) => GemmKind::Fp8Plain,
+            (true, false, true) => GemmKind::Fp8SwiGlu,
+            (true, true, false) => GemmKind::Int8Plain,
+            (true, true, true) => bail!("gemm: INT8 has no SwiGLU epilogue"),
         };
         // SAFETY: the maps describe a, b, out and swiglu, [m, k], [n, k], [m, n] and
-        // [m, n / 2] (checked above), every one 16-byte aligned (`fits`); the scales point at
-        // one f32 each (`descale_ptr`, `amax_ptr`).
+        // [m, n / 2] (checked above), every one 16-byte aligned (`fits`); FP8's scales point at
+        // one f32 each (`descale_ptr`, `amax_ptr`), INT8's at one per row of a and of b, and
+        // its bias at n values (`int8_operands`).
         unsafe { self.launch_gemm(maps, kind, (m, span, k), n, scales) }
     }
 
@@ -254,10 +290,11 @@ impl Cuda {
             dy.data.shape,
             w.data.shape
         );
-        let scales = Fp8Scales {
+        let scales = Scales {
             a: descale_ptr("fused_swiglu_backward_scaled", &dy)?,
             b: descale_ptr("fused_swiglu_backward_scaled", &w)?,
             amax: amax_ptr("swiglu_backward_through_down", amax)?,
+            bias: 0,
         };
         let kind = GemmKind::Fp8DSwiGlu(dy.data.dtype);
         let w_map = operand_map(w.data, TILE_COLS / 2)?;
@@ -272,7 +309,7 @@ impl Cuda {
     /// `w_map` must describe a live weight of `f` by dy's columns, in the layout `kind` reads.
     unsafe fn launch_dswiglu(
         &self, gate_up: &Tensor<Cuda>, dy: &Tensor<Cuda>, (w_map, f): (TensorMap, usize),
-        kind: GemmKind, scales: Option<Fp8Scales>,
+        kind: GemmKind, scales: Option<Scales>,
     ) -> Result<()> {
         let (m, k) = (dy.matrix_rows(), dy.cols());
         ensure!(
@@ -299,7 +336,7 @@ impl Cuda {
     /// The maps must describe live tensors of the shapes the kernel reads and writes.
     unsafe fn launch_gemm(
         &self, maps: TensorMaps4, kind: GemmKind, (m, span, k): (usize, usize, usize), n: usize,
-        scales: Option<Fp8Scales>,
+        scales: Option<Scales>,
     ) -> Result<()> {
         ensure!(
             [m, n, k].iter().all(|&d| i32::try_from(d).is_ok()),
@@ -333,6 +370,7 @@ impl Cuda {
             scales.as_ref().map_or(0, |s| s.a).into(),
             scales.as_ref().map_or(0, |s| s.b).into(),
             scales.as_ref().map_or(0, |s| s.amax).into(),
+            scales.as_ref().map_or(0, |s| s.bias).into(),
         ];
         // SAFETY: the caller's maps; smem is the ring, the epilogue's buffers and the barriers.
         unsafe {

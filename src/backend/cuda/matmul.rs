@@ -37,6 +37,14 @@ impl MatmulOps for Cuda {
                     self.time_op_named(|| matmul_name(out.matrix_rows(), out.cols(), k))?;
                 self.matmul_plain(out, a.data, b.data, bias, spec)
             }
+            (Some(_), Some(_)) if a.data.dtype == DType::I8 || b.data.dtype == DType::I8 => {
+                ensure!(
+                    !spec.trans_a && spec.trans_b,
+                    "matmul: INT8 operands take K contiguous in both (Matmul::FORWARD's \
+                     layouts), not {spec:?}"
+                );
+                self.matmul_int8(out, a, b, bias, spec.accumulate)
+            }
             (Some(_), Some(_)) => {
                 ensure!(
                     !spec.trans_a && spec.trans_b,

@@ -54,6 +54,11 @@ impl MemoryOps for Cuda {
                 let v: Vec<u8> = src.par_iter().map(|&x| fp8::encode(x, fp8)).collect();
                 self.copy_in(dst, &v)
             }
+            DType::I8 => {
+                // Codes are whole numbers in ±127; `as` saturates anything else.
+                let v: Vec<i8> = src.par_iter().map(|&x| x.round_ties_even() as i8).collect();
+                self.copy_in(dst, &v)
+            }
             other => anyhow::bail!("upload of f32 values into a {other} tensor {:?}", dst.shape),
         }
     }
@@ -81,6 +86,11 @@ impl MemoryOps for Cuda {
                 .copy_out::<u8>(src)?
                 .into_par_iter()
                 .map(|code| fp8::decode(code, fp8))
+                .collect(),
+            DType::I8 => self
+                .copy_out::<i8>(src)?
+                .into_iter()
+                .map(f32::from)
                 .collect(),
             DType::I32 => self
                 .copy_out::<i32>(src)?

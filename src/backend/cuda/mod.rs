@@ -25,6 +25,7 @@ mod embedding;
 mod fp8;
 mod gemm;
 mod gemv;
+mod int8;
 pub mod kernel_choice;
 pub mod kernels;
 mod matmul;
@@ -239,7 +240,7 @@ impl Cuda {
         for spec in specs {
             if !matches!(
                 spec.dtype,
-                DType::F32 | DType::BF16 | DType::E4M3 | DType::E5M2 | DType::I32
+                DType::F32 | DType::BF16 | DType::E4M3 | DType::E5M2 | DType::I8 | DType::I32
             ) {
                 return Err(unsupported_dtype("allocate", vec![spec.dtype]));
             }

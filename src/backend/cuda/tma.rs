@@ -19,7 +19,7 @@ use crate::tensor::DType;
 pub struct TensorMap(sys::CUtensorMap);
 
 impl TensorMap {
-    /// The map of a tensor of `dtype` (bf16, or FP8 as bytes) at `address` of `dims` elements
+    /// The map of a tensor of `dtype` (bf16, or FP8 or INT8 as bytes) at `address` of `dims` elements
     /// (innermost first) with `strides` bytes between consecutive indices of each outer
     /// dimension, copied in boxes of `boxes` elements into shared memory swizzled across a box's
     /// rows: a box row is 128 bytes (the 128-byte swizzle) or 64 (the 64-byte one). Boxes
@@ -30,8 +30,8 @@ impl TensorMap {
         assert_eq!(strides.len() + 1, RANK, "one stride per outer dimension");
         let element = match dtype {
             DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            d if d.is_fp8() => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            d => bail!("a TMA map of {d}: bf16 or FP8 only"),
+            d if d.is_fp8() || d == DType::I8 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            d => bail!("a TMA map of {d}: bf16, FP8 or INT8 only"),
         };
         let swizzle = match boxes[0] as usize * dtype.size_bytes() {
             128 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,

@@ -10,6 +10,7 @@ pub mod attention;
 pub mod classifier;
 pub mod embedding;
 pub mod fp8;
+pub mod int8;
 pub mod matmul;
 pub mod memory;
 pub mod rmsnorm;

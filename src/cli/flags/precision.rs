@@ -6,7 +6,7 @@
 use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 
-use crate::model::MatmulPrecision;
+use crate::model::{Int8Options, MatmulPrecision};
 use crate::tensor::DType;
 
 /// The dtype of weights, activations, master weights or Adam's moments.
@@ -25,6 +25,8 @@ pub enum MatmulDtype {
     Bf16,
     #[value(alias = "fp8-e4m3")]
     E4m3,
+    #[value(alias = "i8")]
+    Int8,
 }
 
 /// The dtype of the output gradients FP8 matmuls take in the backward.
@@ -61,6 +63,7 @@ impl From<MatmulDtype> for DType {
         match d {
             MatmulDtype::Bf16 => DType::BF16,
             MatmulDtype::E4m3 => DType::E4M3,
+            MatmulDtype::Int8 => DType::I8,
         }
     }
 }
@@ -84,11 +87,13 @@ impl From<StorageDtype> for DType {
     }
 }
 
-/// `--matmul-dtype` and `--gradient-dtype`.
+/// `--matmul-dtype`, `--gradient-dtype` and `--int8-weight-grad`.
 #[derive(Args, Debug)]
 pub struct MatmulFlags {
-    /// Dtype the blocks' linear layers multiply in: bf16, or e4m3 (FP8 with per-tensor
-    /// scaling; needs --model-dtype bf16). The embeddings and the LM head stay bf16.
+    /// Dtype the blocks' linear layers multiply in: bf16, e4m3 (FP8 with per-tensor
+    /// scaling) or int8 (a scale per token and per channel; the weight gradients stay bf16
+    /// unless --int8-weight-grad). Both need --model-dtype bf16. The embeddings and the LM
+    /// head stay bf16.
     #[arg(long, value_enum, ignore_case = true, value_name = "DTYPE", default_value_t = MatmulDtype::Bf16, help_heading = "Precision")]
     matmul_dtype: MatmulDtype,
     /// Dtype of the output gradients those matmuls take in the backward, with
@@ -101,14 +106,28 @@ pub struct MatmulFlags {
         help_heading = "Precision"
     )]
     gradient_dtype: Option<GradientDtype>,
+    /// With --matmul-dtype int8: the weight gradients in INT8 too, activations and output
+    /// gradients each scaled per channel over the tokens.
+    #[arg(long, help_heading = "Precision")]
+    int8_weight_grad: bool,
+    /// With --matmul-dtype int8: the backward's operands rounded stochastically (unbiased)
+    /// rather than to nearest. Costs no memory: the random bits are a hash of each element's
+    /// index.
+    #[arg(long, help_heading = "Precision")]
+    int8_stochastic_rounding: bool,
 }
 
 impl MatmulFlags {
-    /// The matmul precision; a --gradient-dtype without FP8 matmuls is refused.
+    /// The matmul precision; a --gradient-dtype without FP8 matmuls, or an --int8-* flag
+    /// without INT8 ones, is refused.
     pub fn resolve(&self) -> Result<MatmulPrecision> {
         MatmulPrecision::new(
             self.matmul_dtype.into(),
             self.gradient_dtype.map(DType::from),
+            Int8Options {
+                weight_grad: self.int8_weight_grad,
+                stochastic: self.int8_stochastic_rounding,
+            },
         )
     }
 }
@@ -160,11 +179,10 @@ impl PrecisionFlags {
     pub fn resolve(&self, default_model_dtype: DType) -> Result<Precision> {
         let model_dtype = self.model_dtype.map_or(default_model_dtype, DType::from);
         let matmul = self.matmul.resolve()?;
-        if let MatmulPrecision::Fp8 { forward, .. } = matmul
-            && model_dtype != DType::BF16
-        {
+        if matmul != MatmulPrecision::Native && model_dtype != DType::BF16 {
             bail!(
-                "--matmul-dtype {forward}: FP8 matmuls write bf16, so they need --model-dtype bf16 (not {model_dtype})"
+                "--matmul-dtype {}: FP8 and INT8 matmuls write bf16, so they need --model-dtype bf16 (not {model_dtype})",
+                matmul.input_dtype(model_dtype)
             );
         }
         let master_dtype = match self.master_dtype.map_or(DType::F32, DType::from) {

@@ -20,18 +20,6 @@
 // index, so every width writes the same bits.
 #include "common.cuh"
 
-// The CPU's `hash_u32` (rounding.rs): the seed folded to 32 bits, index·φ, then the
-// "lowbias32" finalizer, in 32-bit integer arithmetic (64-bit multiplies are emulated).
-__device__ __forceinline__ u32 hash_u32(u64 seed, u64 index) {
-    const u32 folded = (u32)seed ^ __funnelshift_l((u32)(seed >> 32), (u32)(seed >> 32), 16);
-    u32 z = folded ^ ((u32)index * 0x9E3779B9u);
-    z ^= z >> 16;
-    z *= 0x7FEB352Du;
-    z ^= z >> 15;
-    z *= 0x846CA68Bu;
-    return z ^ (z >> 16);
-}
-
 // The CPU's `stochastic_round_bf16`: add 16 random bits below bf16's mantissa, truncate.
 __device__ __forceinline__ bf16 stochastic_round_bf16(float x, u32 noise) {
     if (!isfinite(x)) return __float2bfloat16_rn(x);

@@ -141,6 +141,18 @@ __device__ __forceinline__ void report_amax(float* amax, float x) {
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(x));
 }
 
+// The CPU's `hash_u32` (rounding.rs), for stochastic rounding: the seed folded to 32 bits, index·φ, then the
+// "lowbias32" finalizer, in 32-bit integer arithmetic (64-bit multiplies are emulated).
+__device__ __forceinline__ u32 hash_u32(u64 seed, u64 index) {
+    const u32 folded = (u32)seed ^ __funnelshift_l((u32)(seed >> 32), (u32)(seed >> 32), 16);
+    u32 z = folded ^ ((u32)index * 0x9E3779B9u);
+    z ^= z >> 16;
+    z *= 0x7FEB352Du;
+    z ^= z >> 15;
+    z *= 0x846CA68Bu;
+    return z ^ (z >> 16);
+}
+
 // The raw word that W values of T fill, for accesses of 16 or 8 bytes.
 template <int BYTES> struct raw_word;
 template <> struct raw_word<16> { using type = uint4; };

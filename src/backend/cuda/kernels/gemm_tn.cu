@@ -9,7 +9,11 @@
 //   with its gradient, so that dh is never written or read (`dswiglu_piece`).
 // Each also runs in FP8 (e4m3 operands; SwiGLU's backward takes dy in the gradient's format
 // and the weight's transposed copy, [N, K]), where the epilogue also reports the abs-max of
-// what the FP8 step quantizes next.
+// what the FP8 step quantizes next. The plain product also runs in INT8 (int8 operands summed
+// in int32, each row of a and of b with its own descale, and a bias), the epilogue
+// ops/int8.rs states. (INT8 with SwiGLU in the epilogue ran no faster than bf16's: at these
+// rates the epilogue, not the products, bounds it, and the product and swiglu.cu apart beat
+// it.)
 //
 // The design is that of CUTLASS's warp-specialised Hopper kernels, written small. A persistent
 // grid of clusters of two blocks (a block per SM) walks the output tiles, 128 rows by 192
@@ -63,10 +67,19 @@ constexpr int CLUSTER = 2;  // blocks sharing a B tile
 constexpr int READERS = 4;  // warps reading each stage in each block: one consumer's
 static_assert(GEMM_THREADS == 3 * 128, "a producer warpgroup and two consumers");
 
-// What a launch computes (gemm.rs's `GemmKind`): bf16 or FP8 operands, and the epilogue: none,
-// SwiGLU, or SwiGLU's backward. FP8 operands are e4m3 but for SwiGLU's backward's dy, which is
-// in the gradient's format.
-enum class Kind { PLAIN, SWIGLU, DSWIGLU, FP8_PLAIN, FP8_SWIGLU, FP8_DSWIGLU_E4M3, FP8_DSWIGLU_E5M2 };
+// What a launch computes (gemm.rs's `GemmKind`): bf16, FP8 or INT8 operands, and the epilogue:
+// none, SwiGLU, or SwiGLU's backward. FP8 operands are e4m3 but for SwiGLU's backward's dy,
+// which is in the gradient's format.
+enum class Kind {
+    PLAIN,
+    SWIGLU,
+    DSWIGLU,
+    FP8_PLAIN,
+    FP8_SWIGLU,
+    FP8_DSWIGLU_E4M3,
+    FP8_DSWIGLU_E5M2,
+    INT8_PLAIN
+};
 
 // A CUtensorMap, opaque: only its address reaches the TMA instructions.
 struct alignas(64) TensorMap {
@@ -234,6 +247,25 @@ __device__ __forceinline__ void mma_64x192_fp8(float (&d)[96], u64 a, u64 b, int
 #undef GEMM_MMA_FP8
 #undef GEMM_ACC48
 #undef GEMM_ACC8
+
+#define GEMM_ACC8_S32(i)                                                                                       \
+    "+r"(d[8 * (i) + 0]), "+r"(d[8 * (i) + 1]), "+r"(d[8 * (i) + 2]), "+r"(d[8 * (i) + 3]), "+r"(d[8 * (i) + 4]), \
+        "+r"(d[8 * (i) + 5]), "+r"(d[8 * (i) + 6]), "+r"(d[8 * (i) + 7])
+#define GEMM_ACC48_S32(i)                                                                                           \
+    GEMM_ACC8_S32(6 * (i) + 0), GEMM_ACC8_S32(6 * (i) + 1), GEMM_ACC8_S32(6 * (i) + 2), GEMM_ACC8_S32(6 * (i) + 3), \
+        GEMM_ACC8_S32(6 * (i) + 4), GEMM_ACC8_S32(6 * (i) + 5)
+// As `mma_64x192`, in INT8 over k = 32, both operands K-major s8, into s32 accumulators.
+__device__ __forceinline__ void mma_64x192_s8(int (&d)[96], u64 a, u64 b, int add) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.s32.s8.s8 {"
+        GEMM_D96 "}, "
+        "%96, %97, p;\n}\n"
+        : GEMM_ACC48_S32(0), GEMM_ACC48_S32(1)
+        : "l"(a), "l"(b), "r"(add));
+}
+#undef GEMM_ACC48_S32
+#undef GEMM_ACC8_S32
 #undef GEMM_D96
 
 template <int N>
@@ -471,6 +503,55 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* ready, u
 }
 #endif
 
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+// The consumers' accumulators: f32, or INT8's s32; and an accumulator's value, f32 as it is or
+// the f32 bits INT8's epilogue stored in an s32.
+template <bool INT8> struct Accumulator { using type = float; };
+template <> struct Accumulator<true> { using type = int; };
+__device__ __forceinline__ float acc_value(float x) { return x; }
+__device__ __forceinline__ float acc_value(int x) { return __int_as_float(x); }
+
+// INT8's products of tile t: d = f32(sum) · a_descale[row] · b_descale[column] (+ bias[column]),
+// each step rounded on its own, as ops/int8.rs states, the f32 results' bits stored over the
+// s32 sums (`acc_value` reads them). This thread's accumulators 4i..4i+3 of rows 64m.. lie in
+// rows 16·warp + lane/4 (+8 for the last two) and columns 8i + 2(lane % 4) (+1 for the odd
+// ones). A column pair's descales (and bias) are one load, and pairs past N read as 0 (those
+// columns are not stored; N is even).
+__device__ __forceinline__ void int8_epilogue(int (&d)[2][96], int t, int pairs_m, int tiles_n, int M, int N,
+                                              const float* a_descale, const float* b_descale,
+                                              const bf16* bias) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    int pm, tn;
+    tile_at(t, pairs_m, tiles_n, pm, tn);
+    const int row0 = (CLUSTER * pm + static_cast<int>(blockIdx.x % CLUSTER)) * BM + 16 * warp + lane / 4;
+    float rows[2][2];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = row0 + 64 * m + 8 * half;
+            rows[m][half] = r < M ? a_descale[r] : 0.0f;
+        }
+#pragma unroll
+    for (int i = 0; i < 24; ++i) {
+        const int col = tn * BN + 8 * i + 2 * (lane % 4);
+        const bool inside = col < N;
+        const float2 cs = inside ? *reinterpret_cast<const float2*>(b_descale + col) : make_float2(0.0f, 0.0f);
+        const Pair bias_pair = (bias != nullptr && inside) ? *reinterpret_cast<const Pair*>(bias + col) : 0u;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int c = 4 * i + e;
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                float v = __fmul_rn(__fmul_rn(__int2float_rn(d[m][c]), rows[m][e / 2]), e % 2 ? cs.y : cs.x);
+                if (bias != nullptr) v = __fadd_rn(v, e % 2 ? bf16_high(bias_pair) : bf16_low(bias_pair));
+                d[m][c] = __float_as_int(v);
+            }
+        }
+    }
+}
+#endif
+
 }  // namespace gemm
 
 // out [M, N] = a [M, K] · b [N, K]ᵀ (a_map and b_map: 2-D maps of a and b with boxes of one
@@ -478,7 +559,8 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* ready, u
 // SwiGLU. N even, K a multiple of 16 bytes (TMA's strides); TMA fills what lies past K with
 // zeros. FP8: a and b e4m3 (a in the gradient's format for SwiGLU's backward), each scaled by
 // its descale, and `amax` (if not null) raised to the largest |value| of what the FP8 step
-// quantizes next: h with SWIGLU, gate/up's gradient with DSWIGLU.
+// quantizes next: h with SWIGLU, gate/up's gradient with DSWIGLU. INT8: a_descale [M] and
+// b_descale [N] hold a descale per row of each, and `bias` (if not null) [N].
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
 #define GEMM_CLUSTER __cluster_dims__(2, 1, 1)
 #else
@@ -488,15 +570,16 @@ __device__ __forceinline__ void dswiglu_piece(unsigned char* bufs, u64* ready, u
 template <gemm::Kind KIND>
 __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
     gemm_tn(const __grid_constant__ gemm::Maps maps, int M, int N, int K, const float* a_descale,
-            const float* b_descale, float* amax) {
+            const float* b_descale, float* amax, const bf16* bias) {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     using namespace gemm;
     constexpr bool A_E5M2 = KIND == Kind::FP8_DSWIGLU_E5M2;
     constexpr bool DSWIGLU = KIND == Kind::DSWIGLU || KIND == Kind::FP8_DSWIGLU_E4M3 || A_E5M2;
-    constexpr bool FP8 = KIND != Kind::PLAIN && KIND != Kind::SWIGLU && KIND != Kind::DSWIGLU;
+    constexpr bool INT8 = KIND == Kind::INT8_PLAIN;
+    constexpr bool FP8 = KIND == Kind::FP8_PLAIN || KIND == Kind::FP8_SWIGLU || KIND == Kind::FP8_DSWIGLU_E4M3 || A_E5M2;
     constexpr bool SWIGLU = KIND == Kind::SWIGLU || KIND == Kind::FP8_SWIGLU;
     constexpr bool B_MN_MAJOR = DSWIGLU && !FP8;  // the bf16 down weight as stored
-    constexpr int BK = FP8 ? LINE : LINE / 2;  // k-block: elements of one line
+    constexpr int BK = FP8 || INT8 ? LINE : LINE / 2;  // k-block: elements of one line
     unsigned char* epilogue = smem + STAGES * STAGE_BYTES;  // EPI_BUFS pieces per consumer
     u64* full = reinterpret_cast<u64*>(epilogue + 2 * EPI_BUFS * PIECE_BYTES);
     u64* empty = full + STAGES;
@@ -578,7 +661,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
         asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
         const int consumer = warpgroup - 1;
         const bool warp_leader = threadIdx.x % 32 == 0;
-        float d[2][96];  // rows 0..63 and 64..127 of the tile
+        // Rows 0..63 and 64..127 of the tile: f32, or INT8's s32 sums, over which its
+        // epilogue stores the products' f32 bits (a second array would not fit beside them).
+        typename Accumulator<INT8>::type d[2][96];
         // FP8: the accumulators times both operands' descales are the product.
         const float scale = FP8 ? *a_descale * *b_descale : 1.0f;
         // FP8 with an epilogue: the largest |output| as stored in each half of a pair, for `amax`.
@@ -599,11 +684,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                 const unsigned char* b = a + A_BYTES;
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-                for (int kk = 0; kk < 4; ++kk)    // 16 bf16 or 32 FP8 columns: 32 bytes of each line
+                for (int kk = 0; kk < 4; ++kk)    // 16 bf16 or 32 FP8/INT8 columns: 32 bytes of each line
 #pragma unroll
                     for (int m = 0; m < 2; ++m) {  // A's rows 64m..: 8 KB on
                         const u64 a_desc = k_major(a + m * (64 * 128) + kk * 32);
-                        if constexpr (FP8)
+                        if constexpr (INT8)
+                            mma_64x192_s8(d[m], a_desc, k_major(b + kk * 32), kb > 0 || kk > 0);
+                        else if constexpr (FP8)
                             mma_64x192_fp8<A_E5M2>(d[m], a_desc, k_major(b + kk * 32), kb > 0 || kk > 0);
                         else if constexpr (B_MN_MAJOR)  // 16 rows of each slab: 2 KB
                             mma_64x192<true>(d[m], a_desc, mn_major(b + kk * 2048), kb > 0 || kk > 0);
@@ -626,11 +713,12 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                 for (int m = 0; m < 2; ++m)
 #pragma unroll
                     for (int c = 0; c < 96; ++c) d[m][c] *= scale;
+            if constexpr (INT8) int8_epilogue(d, t, pairs_m, tiles_n, M, N, a_descale, b_descale, bias);
             // Accumulator blocks first.. of rows 64m..
             auto pairs = [&](int m, int first) {
                 return [&d, m, first](int i, int half) {
                     const int c = 4 * (first + i) + 2 * half;
-                    return bf16_pair(d[m][c], d[m][c + 1]);
+                    return bf16_pair(acc_value(d[m][c]), acc_value(d[m][c + 1]));
                 };
             };
 #pragma unroll
@@ -645,7 +733,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1) GEMM_CLUSTER
                         // Gate and up rounded one at a time: rounded as pairs, ptxas shares them
                         // with the pieces above and keeps them live across both, which spills.
                         auto value = [&](int e) {
-                            return swiglu<bf16>(rounded<bf16>(d[m][c + e]), rounded<bf16>(d[m][c + e + 48]));
+                            return swiglu<bf16>(rounded<bf16>(acc_value(d[m][c + e])),
+                                                rounded<bf16>(acc_value(d[m][c + e + 48])));
                         };
                         const Pair h = bf16_pair(value(0), value(1));
                         if constexpr (FP8) largest = raise_abs_max(largest, h);

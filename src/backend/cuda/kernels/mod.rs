@@ -134,6 +134,23 @@ pub static FP8: Source = Source {
     ],
 };
 
+/// The tile edge and threads per block of `quantize_i8_cols`, and the rows each block of
+/// `abs_max_cols` walks (int8.cu compiles with these), and its threads per block.
+pub const INT8_COL_TILE: usize = 64;
+pub const INT8_COL_THREADS: u32 = 256;
+pub const INT8_COL_ROWS: usize = 64;
+pub const INT8_AMAX_THREADS: u32 = 128;
+pub static INT8: Source = Source {
+    name: "int8.cu",
+    text: include_str!("int8.cu"),
+    options: &[],
+    defines: &[
+        ("COL_TILE", INT8_COL_TILE),
+        ("COL_THREADS", INT8_COL_THREADS as usize),
+        ("COL_ROWS", INT8_COL_ROWS),
+    ],
+};
+
 /// The ring of shared buffers the producer fills ahead of the products, 40 KB each.
 pub const GEMM_STAGES: usize = 4;
 /// A producer warpgroup and two consumers.
@@ -151,7 +168,7 @@ pub static GEMM: Source = Source {
     ],
 };
 
-pub static SOURCES: [&Source; 13] = [
+pub static SOURCES: [&Source; 14] = [
     &MEMORY,
     &EMBEDDING,
     &RMSNORM,
@@ -164,6 +181,7 @@ pub static SOURCES: [&Source; 13] = [
     &CLASSIFIER,
     &ADAMW,
     &FP8,
+    &INT8,
     &GEMM,
 ];
 
@@ -208,10 +226,12 @@ pub enum GemmKind {
     Fp8SwiGlu,
     /// `DSwiGlu` in FP8, dy in this format (the gradient's).
     Fp8DSwiGlu(DType),
+    /// INT8 operands with a descale per row of each (and a bias).
+    Int8Plain,
 }
 
 impl GemmKind {
-    pub const ALL: [GemmKind; 7] = [
+    pub const ALL: [GemmKind; 8] = [
         GemmKind::Plain,
         GemmKind::SwiGlu,
         GemmKind::DSwiGlu,
@@ -219,6 +239,7 @@ impl GemmKind {
         GemmKind::Fp8SwiGlu,
         GemmKind::Fp8DSwiGlu(DType::E4M3),
         GemmKind::Fp8DSwiGlu(DType::E5M2),
+        GemmKind::Int8Plain,
     ];
 
     fn spelled(self) -> &'static str {
@@ -230,6 +251,7 @@ impl GemmKind {
             GemmKind::Fp8SwiGlu => "gemm::Kind::FP8_SWIGLU",
             GemmKind::Fp8DSwiGlu(DType::E5M2) => "gemm::Kind::FP8_DSWIGLU_E5M2",
             GemmKind::Fp8DSwiGlu(_) => "gemm::Kind::FP8_DSWIGLU_E4M3",
+            GemmKind::Int8Plain => "gemm::Kind::INT8_PLAIN",
         }
     }
 }
@@ -363,6 +385,10 @@ kernel_table! {
     AbsMax => FP8, "abs_max", [Float, Flag];
     Quantize => FP8, "quantize", [Float, Fp8, Flag];
     QuantizeTransposed => FP8, "quantize_transposed", [Float, Fp8, Flag, Flag, Flag];
+    QuantizeI8Rows => INT8, "quantize_i8_rows", [Float, Flag, Flag];
+    AbsMaxCols => INT8, "abs_max_cols", [Float, Flag];
+    QuantizeI8Cols => INT8, "quantize_i8_cols", [Float, Flag, Flag];
+    DequantizeI32 => INT8, "dequantize_i32", [Float, Flag, Flag];
     GemmTn => GEMM, "gemm_tn", [Gemm];
 }
 

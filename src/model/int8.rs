@@ -1,0 +1,313 @@
+//! INT8 linear layers with row-wise scales (SwitchBack): every token's activations and output
+//! gradients, and every output and input channel of a weight, get their own scale, so that
+//! quantization needs no statistics from other kernels and an outlier costs precision in its
+//! own row only.
+//!
+//! - forward: `y = x · wᵀ`, x quantized per token and w per output channel;
+//! - input gradient: `dx = dy · w`, dy per token and w per input channel (its transposed
+//!   copy, made with the other once per optimizer step);
+//! - weight gradient: `dw = dyᵀ · x` in bf16 from the activations the forward kept, or with
+//!   `weight_grad` in INT8, dy and x each per channel along the tokens.
+//!
+//! The forward rounds to nearest; with `stochastic` the backward's operands round
+//! stochastically, from seeds derived from the one `set_seed` gives (each micro-batch's) and
+//! the operand's layer, linear and role, so that a run and its resumption round alike.
+//!
+//! The activations are those of a bf16 model: INT8 changes the matmuls only.
+
+use std::cell::Cell;
+
+use anyhow::Result;
+
+use super::linear::{Input, Int8Options, Linear};
+use super::params::{ParamSpec, Params};
+use crate::backend::{Backend, Int8Layout, Int8Rounding, Matmul, Operand};
+use crate::rng::Rng;
+use crate::tensor::{DType, Tensor, TensorSpec};
+
+/// A weight's INT8 codes: `[out, in]` per output channel, for the forward, and `[in, out]`
+/// per input channel, for the input gradient.
+struct WeightCodes<B: Backend> {
+    rows: Tensor<B>,
+    row_descale: Tensor<B>,
+    cols: Tensor<B>,
+    col_descale: Tensor<B>,
+}
+
+/// Scratch codes of one operand and their descales, as flat buffers viewed per call.
+struct Scratch<B: Backend> {
+    codes: Tensor<B>,
+    descale: Tensor<B>,
+}
+
+impl<B: Backend> Scratch<B> {
+    /// The first `rows · cols` codes as `[rows, cols]` and their `rows` descales.
+    fn view(&self, rows: usize, cols: usize) -> (Tensor<B>, Tensor<B>) {
+        let codes = self
+            .codes
+            .narrow_rows(0, rows * cols)
+            .reshape(&[rows, cols]);
+        (codes, self.descale.narrow_rows(0, rows))
+    }
+
+    /// `x` quantized in `layout` into the scratch.
+    fn quantize(
+        &self, b: &B, x: &Tensor<B>, layout: Int8Layout, rounding: Int8Rounding,
+    ) -> Result<(Tensor<B>, Tensor<B>)> {
+        let [rows, cols] = layout.codes_shape(x.matrix_rows(), x.cols());
+        let (codes, descale) = self.view(rows, cols);
+        b.quantize_i8(&codes, &descale, x, layout, rounding)?;
+        Ok((codes, descale))
+    }
+}
+
+/// What a backward quantization rounds: its seed's index among a layer's linear's operands.
+#[derive(Clone, Copy)]
+enum Role {
+    /// The output gradient, per token (the input gradient's operand).
+    Grad = 0,
+    /// The output gradient and the input, each per channel: an INT8 weight gradient's.
+    GradCols = 1,
+    InputCols = 2,
+}
+
+/// Everything INT8 adds to a transformer: the weights' codes and scratch for quantized
+/// activations and gradients.
+pub(crate) struct Int8State<B: Backend> {
+    /// Per block, its four linears' codes, in `Linear::ALL` order.
+    weights: Vec<[WeightCodes<B>; 4]>,
+    /// Whether the codes match the weights; the optimizer and loads make them stale.
+    current: Cell<bool>,
+    options: Int8Options,
+    /// The seed stochastic rounding derives its seeds from (`set_seed`).
+    seed: Cell<u64>,
+    /// A linear's input (rows in the forward; columns for an INT8 weight gradient).
+    input: Scratch<B>,
+    /// An output gradient (columns for an INT8 weight gradient, then rows).
+    grad: Scratch<B>,
+}
+
+/// The shapes `Int8State` is planned for.
+pub(crate) struct Int8Shape {
+    pub tokens: usize,
+    /// Largest input width (K) and output width (N) of the four linears.
+    pub max_in: usize,
+    pub max_out: usize,
+}
+
+/// The INT8 buffers' specs.
+pub(crate) struct Int8Plan {
+    pub specs: Vec<TensorSpec>,
+    layers: usize,
+    options: Int8Options,
+}
+
+impl Int8Plan {
+    /// The specs of every buffer; `None` when the matmuls are not INT8.
+    pub fn new(
+        precision: super::MatmulPrecision, shape: &Int8Shape, layout: &Params<ParamSpec>,
+    ) -> Option<Self> {
+        let super::MatmulPrecision::Int8(options) = precision else {
+            return None;
+        };
+        let weight_grad = options.weight_grad;
+        let descales = |name: &str, n: usize| TensorSpec::new(name, &[n], DType::F32);
+        // With an INT8 weight gradient the scratch also holds x and dy transposed, with a
+        // descale per channel.
+        let (n, in_rows, out_rows) = (
+            shape.tokens,
+            shape.tokens.max(if weight_grad { shape.max_in } else { 0 }),
+            shape
+                .tokens
+                .max(if weight_grad { shape.max_out } else { 0 }),
+        );
+        let mut specs = vec![
+            TensorSpec::new("int8.input", &[n * shape.max_in], DType::I8),
+            descales("int8.input.descale", in_rows),
+            TensorSpec::new("int8.grad", &[n * shape.max_out], DType::I8),
+            descales("int8.grad.descale", out_rows),
+        ];
+        for (l, layer) in layout.layers.iter().enumerate() {
+            for lin in Linear::ALL {
+                let w = &lin.weight(layer).tensor;
+                let (out, inp) = (w.shape[0], w.shape[1]);
+                let name = format!("int8.layers.{l}.{}", lin.name());
+                specs.push(TensorSpec::new(name.clone(), &[out, inp], DType::I8));
+                specs.push(descales(&format!("{name}.descale"), out));
+                specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], DType::I8));
+                specs.push(descales(&format!("{name}.t.descale"), inp));
+            }
+        }
+        Some(Int8Plan {
+            specs,
+            layers: layout.layers.len(),
+            options,
+        })
+    }
+
+    /// The state, from tensors allocated for `specs` in their order.
+    pub fn build<B: Backend>(&self, t: Vec<Tensor<B>>) -> Int8State<B> {
+        let mut t = t.into_iter();
+        let mut take = || t.next().expect("one tensor per planned spec");
+        let input = Scratch {
+            codes: take(),
+            descale: take(),
+        };
+        let grad = Scratch {
+            codes: take(),
+            descale: take(),
+        };
+        let weights = (0..self.layers)
+            .map(|_| {
+                Linear::ALL.map(|_| WeightCodes {
+                    rows: take(),
+                    row_descale: take(),
+                    cols: take(),
+                    col_descale: take(),
+                })
+            })
+            .collect();
+        Int8State {
+            weights,
+            current: Cell::new(false),
+            options: self.options,
+            seed: Cell::new(0),
+            input,
+            grad,
+        }
+    }
+}
+
+impl<B: Backend> Int8State<B> {
+    /// The weights were written (by the optimizer, or initialised or loaded): the codes are
+    /// remade at the next forward.
+    pub fn weights_changed(&self) {
+        self.current.set(false);
+    }
+
+    /// At the start of every forward: makes the weights' codes current (once per optimizer
+    /// step: later micro-steps reuse them).
+    pub fn begin_forward(&self, b: &B, params: &Params<Tensor<B>>) -> Result<()> {
+        if self.current.get() {
+            return Ok(());
+        }
+        for (layer, codes) in params.layers.iter().zip(&self.weights) {
+            for lin in Linear::ALL {
+                let (w, c) = (lin.weight(layer), &codes[lin as usize]);
+                b.quantize_i8(
+                    &c.rows,
+                    &c.row_descale,
+                    w,
+                    Int8Layout::Rows,
+                    Int8Rounding::Nearest,
+                )?;
+                b.quantize_i8(
+                    &c.cols,
+                    &c.col_descale,
+                    w,
+                    Int8Layout::Cols,
+                    Int8Rounding::Nearest,
+                )?;
+            }
+        }
+        self.current.set(true);
+        Ok(())
+    }
+
+    /// The seed of the stochastic roundings that follow, until the next call.
+    pub fn set_seed(&self, seed: u64) {
+        self.seed.set(seed);
+    }
+
+    fn weight(&self, l: usize, lin: Linear) -> &WeightCodes<B> {
+        &self.weights[l][lin as usize]
+    }
+
+    /// How the backward rounds layer `l`'s `lin` operand `role`.
+    fn rounding(&self, (l, lin): (usize, Linear), role: Role) -> Int8Rounding {
+        if !self.options.stochastic {
+            return Int8Rounding::Nearest;
+        }
+        let index = (4 * l + lin as usize) * 3 + role as usize;
+        Int8Rounding::Stochastic {
+            seed: Rng::derived(self.seed.get(), index as u64).next_u64(),
+        }
+    }
+
+    /// `out = x · wᵀ (+ bias)`, x quantized per token.
+    pub fn forward(
+        &self, b: &B, (l, lin): (usize, Linear), out: &Tensor<B>, x: Input<'_, B>,
+        bias: Option<&Tensor<B>>,
+    ) -> Result<()> {
+        let (xq, xd) =
+            self.input
+                .quantize(b, x.stored(), Int8Layout::Rows, Int8Rounding::Nearest)?;
+        let w = self.weight(l, lin);
+        b.matmul(
+            out,
+            Operand::scaled(&xq, &xd),
+            Operand::scaled(&w.rows, &w.row_descale),
+            bias,
+            Matmul::FORWARD,
+        )
+    }
+
+    /// The gate/up projection of `x` (as `forward`) and SwiGLU of it into `swiglu`; the
+    /// backend may do both in one kernel.
+    pub fn gate_up_swiglu(
+        &self, b: &B, l: usize, gate_up: &Tensor<B>, swiglu: &Tensor<B>, x: Input<'_, B>,
+    ) -> Result<()> {
+        let (xq, xd) =
+            self.input
+                .quantize(b, x.stored(), Int8Layout::Rows, Int8Rounding::Nearest)?;
+        let w = self.weight(l, Linear::GateUp);
+        b.gate_up_swiglu(
+            gate_up,
+            swiglu,
+            Operand::scaled(&xq, &xd),
+            Operand::scaled(&w.rows, &w.row_descale),
+            None,
+        )
+    }
+
+    /// `dw (+)= dyᵀ · x`: in bf16, or in INT8 with dy and x quantized per channel along the
+    /// tokens.
+    pub fn weight_gradient(
+        &self, b: &B, linear: (usize, Linear), dw: &Tensor<B>, dy: &Tensor<B>, x: &Tensor<B>,
+        accumulate: bool,
+    ) -> Result<()> {
+        if !self.options.weight_grad {
+            return b.matmul(dw, dy, x, None, Matmul::backward_weight(accumulate));
+        }
+        let dy_rounding = self.rounding(linear, Role::GradCols);
+        let (dyt, dyd) = self.grad.quantize(b, dy, Int8Layout::Cols, dy_rounding)?;
+        let x_rounding = self.rounding(linear, Role::InputCols);
+        let (xt, xd) = self.input.quantize(b, x, Int8Layout::Cols, x_rounding)?;
+        let spec = Matmul {
+            accumulate,
+            ..Matmul::FORWARD
+        };
+        b.matmul(
+            dw,
+            Operand::scaled(&dyt, &dyd),
+            Operand::scaled(&xt, &xd),
+            None,
+            spec,
+        )
+    }
+
+    /// dy quantized per token, and layer `l`'s `lin` weight per input channel: the operands
+    /// of `dx = dy · w`, which `input_gradient` runs.
+    pub fn with_gradient(
+        &self, b: &B, (l, lin): (usize, Linear), dy: &Tensor<B>,
+        input_gradient: impl FnOnce(Operand<'_, B>, Operand<'_, B>) -> Result<()>,
+    ) -> Result<()> {
+        let rounding = self.rounding((l, lin), Role::Grad);
+        let (dyq, dyd) = self.grad.quantize(b, dy, Int8Layout::Rows, rounding)?;
+        let w = self.weight(l, lin);
+        input_gradient(
+            Operand::scaled(&dyq, &dyd),
+            Operand::scaled(&w.cols, &w.col_descale),
+        )
+    }
+}
