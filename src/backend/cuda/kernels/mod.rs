@@ -134,8 +134,8 @@ pub static FP8: Source = Source {
     ],
 };
 
-/// The tile edge and threads per block of `quantize_i8_cols`, and the rows each block of
-/// `abs_max_cols` walks (int8.cu compiles with these), and its threads per block.
+/// The tile edge of `quantize_i8_cols` and the rows each block of `abs_max_cols` walks
+/// (int8.cu compiles with these), and the threads per block the host launches each with.
 pub const INT8_COL_TILE: usize = 64;
 pub const INT8_COL_THREADS: u32 = 256;
 pub const INT8_COL_ROWS: usize = 64;
@@ -146,7 +146,6 @@ pub static INT8: Source = Source {
     options: &[],
     defines: &[
         ("COL_TILE", INT8_COL_TILE),
-        ("COL_THREADS", INT8_COL_THREADS as usize),
         ("COL_ROWS", INT8_COL_ROWS),
     ],
 };
