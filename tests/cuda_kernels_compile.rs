@@ -1,5 +1,8 @@
-//! Compiles every kernel of the table, with every instantiation, for sm_80, sm_89 and sm_90a
-//! with NVRTC, on a machine without a GPU.
+//! Compiles every kernel of the table, with every instantiation, for every architecture smelt
+//! runs on (Ampere's sm_80 and sm_86, Ada's sm_89, Hopper's sm_90a, Blackwell's sm_100 and
+//! sm_120) with the NVRTC that loads, on a machine without a GPU. CI runs it once with CUDA
+//! 13's NVRTC and once with CUDA 12's; `SMELT_EXPECT_NVRTC=12` (or 13) makes it fail unless
+//! that major version is the one loaded.
 //!
 //! Its own harness (`harness = false` in Cargo.toml), so that `cargo test` shows what it did:
 //! where NVRTC is missing it prints that it skipped the kernels and how to compile them,
@@ -13,7 +16,7 @@ use smelt::backend::cuda::kernels::{SOURCES, all_names};
 use smelt::backend::cuda::nvrtc;
 
 const NAME: &str = "every_kernel_compiles_for_every_arch";
-const ARCHES: [&str; 3] = ["sm_80", "sm_89", "sm_90a"];
+const ARCHES: [&str; 6] = ["sm_80", "sm_86", "sm_89", "sm_90a", "sm_100", "sm_120"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -50,9 +53,22 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let include = nvrtc::include_dirs().expect("checked above");
+    let (major, minor) = nvrtc::version().expect("checked above");
+    if let Some(expected) = std::env::var_os("SMELT_EXPECT_NVRTC")
+        && expected.to_string_lossy() != major.to_string()
+    {
+        eprintln!(
+            "{NAME}: FAILED: NVRTC {major}.{minor} loaded where SMELT_EXPECT_NVRTC asks for {}",
+            expected.to_string_lossy()
+        );
+        return ExitCode::FAILURE;
+    }
     let (kernels, failures) = compile_all(&include);
     if failures.is_empty() {
-        println!("{NAME}: ok, {kernels} kernel instantiations for each of {ARCHES:?}");
+        println!(
+            "{NAME}: ok, NVRTC {major}.{minor}, {kernels} kernel instantiations for each of \
+             {ARCHES:?}"
+        );
         ExitCode::SUCCESS
     } else {
         eprintln!("{NAME}: FAILED\n{}", failures.join("\n\n"));

@@ -310,7 +310,7 @@ fn flags_that_are_not_implemented_or_incomplete() {
         // The values a dtype flag takes are listed, in its --help too.
         (
             &["--matmul-dtype", "e5m2"],
-            "invalid value 'e5m2' for '--matmul-dtype <DTYPE>'\n  [possible values: bf16, e4m3]",
+            "invalid value 'e5m2' for '--matmul-dtype <DTYPE>'\n  [possible values: bf16, e4m3, int8]",
         ),
         (
             &["--model-dtype", "f16"],

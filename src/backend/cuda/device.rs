@@ -24,11 +24,30 @@ pub fn ensure_libraries() -> Result<()> {
     // SAFETY: as above.
     if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
         bail!(
-            "cannot load libcublasLt.so.13 (cuBLASLt): install the CUDA 13 toolkit or \
-             `pip install nvidia-cublas`, and put its lib directory on LD_LIBRARY_PATH"
+            "cannot load libcublasLt.so.13 or .so.12 (cuBLASLt): install the CUDA 13 or 12 \
+             toolkit, or `pip install nvidia-cublas` (or `nvidia-cublas-cu12`), and put its lib \
+             directory on LD_LIBRARY_PATH"
         );
     }
     Ok(())
+}
+
+/// What smelt runs on, for the logs: the driver's CUDA version and the NVRTC and cuBLASLt
+/// that loaded, e.g. `driver CUDA 13.0, NVRTC 13.0, cuBLASLt 130000`.
+pub fn toolchain() -> Result<String> {
+    let mut driver = 0;
+    // SAFETY: one valid out-pointer; the driver library is loaded (`ensure_libraries`).
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+        .result()
+        .map_err(|e| anyhow::anyhow!("cuDriverGetVersion: {e}"))?;
+    let (major, minor) = super::nvrtc::version()?;
+    // SAFETY: a plain query with no arguments.
+    let blas = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
+    Ok(format!(
+        "driver CUDA {}.{}, NVRTC {major}.{minor}, cuBLASLt {blas}",
+        driver / 1000,
+        driver % 1000 / 10
+    ))
 }
 
 /// The number of CUDA devices the driver reports (0 when it reports none).

@@ -129,8 +129,9 @@ impl Cuda {
         let (major, minor) = self.compute_capability;
         ensure!(
             (major, minor) >= (8, 9),
-            "FP8 matmuls need an Ada or Hopper GPU (compute capability 8.9 or newer), and {} is \
-             {major}.{minor}: train with --matmul-dtype bf16",
+            "FP8 matmuls need an Ada, Hopper or Blackwell GPU (compute capability 8.9 or newer), \
+             and {} is {major}.{minor}: train with --matmul-dtype int8 (INT8 runs at twice bf16's \
+             rate there) or bf16",
             self.name
         );
         let (m, n, k) = (a.data.matrix_rows(), b.data.matrix_rows(), a.data.cols());

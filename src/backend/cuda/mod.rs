@@ -69,6 +69,8 @@ pub struct Cuda {
     memory: Memory,
     name: String,
     compute_capability: (i32, i32),
+    /// The driver's CUDA version and the NVRTC and cuBLASLt that loaded (`device::toolchain`).
+    toolchain: String,
     multiprocessors: u32,
     attention: Cell<AttentionKernels>,
     /// Whether smelt's own matmul (gemm.rs) may run where the GPU has it.
@@ -206,6 +208,7 @@ impl Cuda {
             format!("sm_{major}{minor}")
         };
         let name = ctx.name()?;
+        let toolchain = device::toolchain()?;
         let multiprocessors =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let memory = Memory::new(ctx.clone());
@@ -221,6 +224,7 @@ impl Cuda {
             memory,
             name,
             compute_capability: (major, minor),
+            toolchain,
             multiprocessors,
             attention: Cell::new(AttentionKernels::from_env()?),
             own_gemm: Cell::new(kernel_choice::own_gemm_from_env()?),
@@ -318,7 +322,12 @@ impl Cuda {
 
 impl Backend for Cuda {
     fn describe(&self) -> String {
-        format!("cuda ({}, {})", self.name, self.kernels.arch())
+        format!(
+            "cuda ({}, {}; {})",
+            self.name,
+            self.kernels.arch(),
+            self.toolchain
+        )
     }
 
     fn peak_flops(&self, dtype: DType) -> Option<f64> {

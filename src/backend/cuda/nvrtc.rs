@@ -43,9 +43,11 @@ pub fn ensure_available() -> Result<()> {
         Ok(())
     } else {
         bail!(
-            "cannot load libnvrtc.so.13 (NVRTC, the CUDA runtime compiler): install the CUDA 13 \
-             toolkit, or `pip install nvidia-cuda-nvrtc==13.0.88`, and put its lib directory \
-             (e.g. /usr/local/cuda/lib64 or site-packages/nvidia/cu13/lib) on LD_LIBRARY_PATH"
+            "cannot load libnvrtc.so.13 or libnvrtc.so.12 (NVRTC, the CUDA runtime compiler): \
+             install the CUDA 13 or 12 toolkit, or `pip install nvidia-cuda-nvrtc==13.0.88` (or \
+             `nvidia-cuda-nvrtc-cu12`), and put its lib directory (e.g. /usr/local/cuda/lib64, \
+             site-packages/nvidia/cu13/lib or site-packages/nvidia/cuda_nvrtc/lib) on \
+             LD_LIBRARY_PATH"
         )
     }
 }
@@ -64,25 +66,44 @@ pub fn version() -> Result<(i32, i32)> {
 /// The headers the kernels include, all in the CUDA include directory.
 const HEADERS: [&str; 2] = ["cuda_bf16.h", "cuda_fp8.h"];
 
-/// The directories holding `cuda_bf16.h` and `cuda_fp8.h` (and CCCL's headers, which they
-/// include).
+/// The CUDA major version of the headers in `dir`, from `cuda_runtime_api.h`'s
+/// `CUDART_VERSION` (12090 for 12.9).
+fn headers_major(dir: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(dir.join("cuda_runtime_api.h")).ok()?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("#define CUDART_VERSION"))?;
+    let version: i32 = line.split_whitespace().nth(2)?.parse().ok()?;
+    Some(version / 1000)
+}
+
+/// The directories holding `cuda_bf16.h` and `cuda_fp8.h` and CCCL's headers, which they
+/// include, of the CUDA version of the loaded NVRTC (headers of another major version are
+/// passed over: NVRTC 12 cannot compile CUDA 13's). Looked for in `CUDA_HOME`, `CUDA_PATH`
+/// and /usr/local/cuda, then in the pip wheels: CUDA 13's `nvidia/cu13/include` (CCCL under
+/// `cccl/`), CUDA 12's `nvidia/cuda_runtime/include` beside `nvidia/cuda_cccl/include`.
 pub fn include_dirs() -> Result<Vec<PathBuf>> {
-    let mut candidates: Vec<PathBuf> = vec![];
+    let major = version()?.0;
+    let mut candidates: Vec<(PathBuf, Option<PathBuf>)> = vec![];
     for var in ["CUDA_HOME", "CUDA_PATH"] {
         if let Some(dir) = std::env::var_os(var) {
-            candidates.push(PathBuf::from(dir).join("include"));
+            candidates.push((PathBuf::from(dir).join("include"), None));
         }
     }
-    candidates.push(PathBuf::from("/usr/local/cuda/include"));
-    let found = |dirs: &[PathBuf]| {
-        dirs.iter()
-            .find(|d| HEADERS.iter().all(|h| d.join(h).is_file()))
-            .map(|dir| {
+    candidates.push((PathBuf::from("/usr/local/cuda/include"), None));
+    let found = |candidates: &[(PathBuf, Option<PathBuf>)]| {
+        candidates
+            .iter()
+            .find(|(d, _)| {
+                HEADERS.iter().all(|h| d.join(h).is_file()) && headers_major(d) == Some(major)
+            })
+            .map(|(dir, cccl)| {
                 let mut dirs = vec![dir.clone()];
                 // CUDA 13 moved CCCL (`nv/target`, `cuda/std`) under include/cccl.
                 if dir.join("cccl").is_dir() {
                     dirs.push(dir.join("cccl"));
                 }
+                dirs.extend(cccl.clone());
                 dirs
             })
     };
@@ -90,21 +111,28 @@ pub fn include_dirs() -> Result<Vec<PathBuf>> {
         return Ok(dirs);
     }
     // Only then ask python where pip put the wheels.
-    candidates.extend(
-        python_site_dirs()
-            .into_iter()
-            .map(|d| d.join("nvidia/cu13/include")),
-    );
+    for site in python_site_dirs() {
+        let nvidia = site.join("nvidia");
+        candidates.push((nvidia.join("cu13/include"), None));
+        candidates.push((
+            nvidia.join("cuda_runtime/include"),
+            Some(nvidia.join("cuda_cccl/include")),
+        ));
+    }
     if let Some(dirs) = found(&candidates) {
         return Ok(dirs);
     }
+    let wheels = match major {
+        12 => "`pip install nvidia-cuda-runtime-cu12 nvidia-cuda-cccl-cu12`",
+        _ => "`pip install nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85`",
+    };
     bail!(
-        "no CUDA include directory with {} found; looked in: {}. Set CUDA_HOME to a CUDA 13 \
-         toolkit, or `pip install nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85`",
+        "no CUDA {major} include directory with {} found (NVRTC {major} needs its own \
+         version's headers); looked in: {}. Set CUDA_HOME to a CUDA {major} toolkit, or {wheels}",
         HEADERS.join(" and "),
         candidates
             .iter()
-            .map(|p| p.display().to_string())
+            .map(|(p, _)| p.display().to_string())
             .collect::<Vec<_>>()
             .join(", ")
     )

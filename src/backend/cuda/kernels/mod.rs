@@ -144,10 +144,7 @@ pub static INT8: Source = Source {
     name: "int8.cu",
     text: include_str!("int8.cu"),
     options: &[],
-    defines: &[
-        ("COL_TILE", INT8_COL_TILE),
-        ("COL_ROWS", INT8_COL_ROWS),
-    ],
+    defines: &[("COL_TILE", INT8_COL_TILE), ("COL_ROWS", INT8_COL_ROWS)],
 };
 
 /// The ring of shared buffers the producer fills ahead of the products, 40 KB each.
