@@ -33,7 +33,8 @@ pub fn ensure_libraries() -> Result<()> {
 }
 
 /// What smelt runs on, for the logs: the driver's CUDA version and the NVRTC and cuBLASLt
-/// that loaded, e.g. `driver CUDA 13.0, NVRTC 13.0, cuBLASLt 130000`.
+/// that loaded, e.g. `driver CUDA 13.0, NVRTC 13.0, cuBLASLt 130000`; an NVRTC newer than
+/// the driver is refused.
 pub fn toolchain() -> Result<String> {
     let mut driver = 0;
     // SAFETY: one valid out-pointer; the driver library is loaded (`ensure_libraries`).
@@ -41,6 +42,19 @@ pub fn toolchain() -> Result<String> {
         .result()
         .map_err(|e| anyhow::anyhow!("cuDriverGetVersion: {e}"))?;
     let (major, minor) = super::nvrtc::version()?;
+    // A driver loads the CUBIN of any NVRTC of its own major version or older, not newer.
+    if major > driver / 1000 {
+        bail!(
+            "NVRTC {major}.{minor} loaded, but the driver supports CUDA {}.{} only, and cannot \
+             load what NVRTC {major} compiles: put CUDA {}'s NVRTC (a toolkit's lib64, or the \
+             nvidia-cuda-nvrtc-cu{} wheel's nvidia/cuda_nvrtc/lib) first on LD_LIBRARY_PATH, or \
+             update the driver",
+            driver / 1000,
+            driver % 1000 / 10,
+            driver / 1000,
+            driver / 1000
+        );
+    }
     // SAFETY: a plain query with no arguments.
     let blas = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
     Ok(format!(
