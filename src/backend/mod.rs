@@ -32,7 +32,9 @@ pub use self::ops::attention::{AttentionOps, AttnShape};
 pub use self::ops::classifier::ClassifierOps;
 pub use self::ops::embedding::EmbeddingOps;
 pub use self::ops::fp8::{Fused, QuantizeOps, fp8_max};
-pub use self::ops::int8::{INT8_MAX, INT8_MAX_K, Int8Layout, Int8Ops, Int8Rounding};
+pub use self::ops::int8::{
+    INT8_MAX, INT8_MAX_K, Int8Layout, Int8Ops, Int8Rounding, check_int8_product,
+};
 pub use self::ops::matmul::{Fp8Sum, Matmul, MatmulOps, Operand};
 pub use self::ops::memory::MemoryOps;
 pub use self::ops::rmsnorm::{NormOps, ResidualAdd};

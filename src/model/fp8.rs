@@ -4,7 +4,7 @@ use std::cell::Cell;
 
 use anyhow::Result;
 
-use super::linear::{Input, Linear, MatmulPrecision};
+use super::linear::{Input, Linear, MatmulPrecision, QuantizedShape};
 use super::params::{ParamSpec, Params};
 use super::recompute::Recompute;
 use crate::backend::{Backend, Fp8Sum, Fused, Matmul, Operand};
@@ -95,17 +95,6 @@ pub(crate) struct Fp8State<B: Backend> {
     grad_descale: Tensor<B>,
 }
 
-/// The shapes `Fp8State` is planned for.
-pub(crate) struct Fp8Shape {
-    pub tokens: usize,
-    pub layers: usize,
-    /// Largest input width (K) and output width (N) of the four linears.
-    pub max_in: usize,
-    pub max_out: usize,
-    /// What the backward recomputes (`rerun_by`).
-    pub recompute: Recompute,
-}
-
 /// The FP8 buffers' specs, and which abs-max slot each layer's weights report into.
 pub(crate) struct Fp8Plan {
     pub specs: Vec<TensorSpec>,
@@ -117,7 +106,7 @@ pub(crate) struct Fp8Plan {
 impl Fp8Plan {
     /// The specs of every buffer for `precision`; `None` when the matmuls are not FP8.
     pub fn new(
-        precision: MatmulPrecision, shape: &Fp8Shape, layout: &Params<ParamSpec>,
+        precision: MatmulPrecision, shape: &QuantizedShape, layout: &Params<ParamSpec>,
     ) -> Option<Self> {
         let MatmulPrecision::Fp8 { forward, gradient } = precision else {
             return None;

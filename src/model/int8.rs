@@ -19,7 +19,7 @@ use std::cell::Cell;
 
 use anyhow::Result;
 
-use super::linear::{Input, Int8Options, Linear};
+use super::linear::{Input, Int8Options, Linear, QuantizedShape};
 use super::params::{ParamSpec, Params};
 use crate::backend::{Backend, Int8Layout, Int8Rounding, Matmul, Operand};
 use crate::rng::Rng;
@@ -87,14 +87,6 @@ pub(crate) struct Int8State<B: Backend> {
     grad: Scratch<B>,
 }
 
-/// The shapes `Int8State` is planned for.
-pub(crate) struct Int8Shape {
-    pub tokens: usize,
-    /// Largest input width (K) and output width (N) of the four linears.
-    pub max_in: usize,
-    pub max_out: usize,
-}
-
 /// The INT8 buffers' specs.
 pub(crate) struct Int8Plan {
     pub specs: Vec<TensorSpec>,
@@ -105,7 +97,7 @@ pub(crate) struct Int8Plan {
 impl Int8Plan {
     /// The specs of every buffer; `None` when the matmuls are not INT8.
     pub fn new(
-        precision: super::MatmulPrecision, shape: &Int8Shape, layout: &Params<ParamSpec>,
+        precision: super::MatmulPrecision, shape: &QuantizedShape, layout: &Params<ParamSpec>,
     ) -> Option<Self> {
         let super::MatmulPrecision::Int8(options) = precision else {
             return None;

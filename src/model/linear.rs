@@ -5,6 +5,7 @@ use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::params::LayerParams;
+use super::recompute::Recompute;
 use crate::backend::Backend;
 use crate::tensor::{DType, Tensor};
 
@@ -79,10 +80,6 @@ pub struct Int8Options {
 impl MatmulPrecision {
     pub fn is_fp8(self) -> bool {
         matches!(self, MatmulPrecision::Fp8 { .. })
-    }
-
-    pub fn is_int8(self) -> bool {
-        matches!(self, MatmulPrecision::Int8(_))
     }
 
     /// Whether the model keeps quantized copies of the blocks' weights (FP8 and INT8), which
@@ -165,6 +162,17 @@ impl MatmulPrecision {
             MatmulPrecision::Int8(_) => DType::I8,
         }
     }
+}
+
+/// The shapes the quantized linear layers' buffers (`Fp8Plan`, `Int8Plan`) are planned for.
+pub(crate) struct QuantizedShape {
+    pub tokens: usize,
+    pub layers: usize,
+    /// Largest input width (K) and output width (N) of the four linears.
+    pub max_in: usize,
+    pub max_out: usize,
+    /// What the backward recomputes (FP8's `rerun_by`).
+    pub recompute: Recompute,
 }
 
 /// What a linear layer reads: a tensor, or a norm's output. A norm stores its output in

@@ -5,9 +5,9 @@ use anyhow::{Result, ensure};
 
 use super::activations::{ActivationOffload, ActivationPlan, ActivationShape, Activations};
 use super::config::ModelConfig;
-use super::fp8::{Fp8Plan, Fp8Shape};
-use super::int8::{Int8Plan, Int8Shape};
-use super::linear::MatmulPrecision;
+use super::fp8::Fp8Plan;
+use super::int8::Int8Plan;
+use super::linear::{MatmulPrecision, QuantizedShape};
 use super::linear_layers::LinearLayers;
 use super::params::{ParamSpec, Params};
 use super::recompute::{Recompute, RecomputePlan};
@@ -268,7 +268,7 @@ impl ModelPlan {
             stat_dtype,
         );
         let rope = TensorSpec::new("rope", &[options.seq, config.head_dim / 2, 2], stat_dtype);
-        let fp8_shape = Fp8Shape {
+        let quantized = QuantizedShape {
             tokens: n,
             layers: config.num_layers,
             max_in: config
@@ -281,13 +281,8 @@ impl ModelPlan {
                 .max(2 * config.intermediate_size),
             recompute: options.recompute,
         };
-        let fp8 = Fp8Plan::new(options.matmul, &fp8_shape, &layout);
-        let int8_shape = Int8Shape {
-            tokens: n,
-            max_in: fp8_shape.max_in,
-            max_out: fp8_shape.max_out,
-        };
-        let int8 = Int8Plan::new(options.matmul, &int8_shape, &layout);
+        let fp8 = Fp8Plan::new(options.matmul, &quantized, &layout);
+        let int8 = Int8Plan::new(options.matmul, &quantized, &layout);
         Ok(ModelPlan {
             layout,
             weights,

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::rounding::hash_u32;
 use super::{Cpu, Scalar};
-use crate::backend::{INT8_MAX, INT8_MAX_K, Int8Layout, Int8Ops, Int8Rounding};
+use crate::backend::{INT8_MAX, Int8Layout, Int8Ops, Int8Rounding};
 use crate::tensor::{DType, Tensor};
 
 /// `s = 127 / amax` in f32, or 1 where there is nothing sensible to scale by.
@@ -96,31 +96,6 @@ pub fn int8_matmul(
             }
         });
     out
-}
-
-/// Checks an INT8 operand: codes `[rows, k]` and one descale per row.
-pub fn check_int8_operand<B>(name: &str, q: &Tensor<B>, descale: &Tensor<B>) -> Result<()>
-where
-    B: crate::backend::MemoryOps,
-{
-    ensure!(
-        q.dtype == DType::I8 && descale.dtype == DType::F32,
-        "INT8 matmul: {name} is {} with a {} descale; it takes int8 codes and f32 descales",
-        q.dtype,
-        descale.dtype
-    );
-    ensure!(
-        descale.numel() == q.matrix_rows(),
-        "INT8 matmul: {name} {:?} has {} descales, not one per row",
-        q.shape,
-        descale.numel()
-    );
-    ensure!(
-        q.cols() <= INT8_MAX_K,
-        "INT8 matmul: K = {} is past the {INT8_MAX_K} that a 32-bit accumulator sums exactly",
-        q.cols()
-    );
-    Ok(())
 }
 
 impl<T: Scalar> Int8Ops for Cpu<T> {

@@ -2,9 +2,9 @@
 
 use anyhow::{Result, bail, ensure};
 
-use super::int8::{check_int8_operand, int8_matmul};
+use super::int8::int8_matmul;
 use super::{Cpu, Scalar, add_column_sums};
-use crate::backend::{Matmul, MatmulOps, Operand};
+use crate::backend::{Matmul, MatmulOps, Operand, check_int8_product};
 use crate::tensor::{DType, Tensor};
 
 /// Row-major strides of `op(x)` for an `[rows, cols]` matrix: `(rows_of_op, cols_of_op, rs, cs)`.
@@ -101,21 +101,8 @@ impl<T: Scalar> MatmulOps for Cpu<T> {
                 })
             }
             (Some(da), Some(db)) if a.data.dtype == DType::I8 || b.data.dtype == DType::I8 => {
-                let (qa, qb) = (a.data, b.data);
-                check_int8_operand("a", qa, da)?;
-                check_int8_operand("b", qb, db)?;
-                let k = qa.cols();
-                ensure!(
-                    !spec.trans_a
-                        && spec.trans_b
-                        && qb.cols() == k
-                        && out.numel() == qa.matrix_rows() * qb.matrix_rows(),
-                    "INT8 matmul: a {:?} · b {:?}ᵀ into {:?} ({spec:?}; INT8 operands take K \
-                     contiguous in both)",
-                    qa.shape,
-                    qb.shape,
-                    out.shape
-                );
+                check_int8_product(out, a, b, spec)?;
+                let (qa, qb, k) = (a.data, b.data, a.data.cols());
                 let f32s = |t: &Tensor<Self>| -> Result<Vec<f32>> {
                     Ok(self.floats(t)?.iter().map(|x| x.f64() as f32).collect())
                 };

@@ -174,8 +174,7 @@ impl Cuda {
     }
 
     /// `out = f32(x · wᵀ) · x.descale[row] · w.descale[column] (+ bias)` of INT8 operands by
-    /// smelt's own kernel. The caller has checked the operands (`int8_operands`,
-    /// `fuses_int8`).
+    /// smelt's own kernel. The caller has checked the operands (`matmul_int8`, `fuses_int8`).
     pub(super) fn gemm_int8(
         &self, out: &Tensor<Cuda>, x: Operand<'_, Cuda>, w: Operand<'_, Cuda>,
         bias: Option<&Tensor<Cuda>>,
@@ -243,7 +242,7 @@ impl Cuda {
         // SAFETY: the maps describe a, b, out and swiglu, [m, k], [n, k], [m, n] and
         // [m, n / 2] (checked above), every one 16-byte aligned (`fits`); FP8's scales point at
         // one f32 each (`descale_ptr`, `amax_ptr`), INT8's at one per row of a and of b, and
-        // its bias at n values (`int8_operands`).
+        // its bias at n values (`matmul_int8`).
         unsafe { self.launch_gemm(maps, kind, (m, span, k), n, scales) }
     }
 

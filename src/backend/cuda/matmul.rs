@@ -9,7 +9,7 @@ use super::fp8::descale_ptr;
 use super::matmul_algos::GemmKey;
 use super::{Cuda, ensure_same_dtype, gemv, ptr, unsupported_dtype};
 use crate::backend::op_times::matmul_name;
-use crate::backend::{Fp8Sum, Matmul, MatmulOps, Operand};
+use crate::backend::{Fp8Sum, Matmul, MatmulOps, Operand, check_int8_product};
 use crate::tensor::{DType, Tensor};
 
 /// The `[rows, cols]` of `op(t)`: `t` read as a matrix, transposed when `trans`.
@@ -38,11 +38,7 @@ impl MatmulOps for Cuda {
                 self.matmul_plain(out, a.data, b.data, bias, spec)
             }
             (Some(_), Some(_)) if a.data.dtype == DType::I8 || b.data.dtype == DType::I8 => {
-                ensure!(
-                    !spec.trans_a && spec.trans_b,
-                    "matmul: INT8 operands take K contiguous in both (Matmul::FORWARD's \
-                     layouts), not {spec:?}"
-                );
+                check_int8_product(out, a, b, spec)?;
                 self.matmul_int8(out, a, b, bias, spec.accumulate)
             }
             (Some(_), Some(_)) => {

@@ -8,10 +8,11 @@
 //! `f32(dot) · descale_a[m] · descale_b[n] (+ bias[n]) (+ out[m, n] when accumulating)`,
 //! rounded once to the output's dtype.
 
-use anyhow::Result;
+use anyhow::{Result, bail, ensure};
 
+use super::matmul::{Matmul, Operand};
 use super::memory::MemoryOps;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// The largest INT8 magnitude quantization uses: the range is kept symmetric (±127), so that
 /// negating a tensor negates its codes.
@@ -51,6 +52,48 @@ pub enum Int8Rounding {
     /// rounding is unbiased: `floor(v + u)`, u uniform in [0, 1) from `hash_u32(seed, i)` of
     /// the output element's index i (`cpu::rounding`), the same bits on every backend.
     Stochastic { seed: u64 },
+}
+
+/// Checks an INT8 product `out = a · bᵀ` as every backend takes it: both operands int8 codes
+/// `[rows, K]` with one f32 descale per row, K contiguous in both (`Matmul::FORWARD`'s
+/// layouts) and within `INT8_MAX_K`, and out `[M, N]`.
+pub fn check_int8_product<B: MemoryOps>(
+    out: &Tensor<B>, a: Operand<'_, B>, b: Operand<'_, B>, spec: Matmul,
+) -> Result<()> {
+    for (name, operand) in [("a", a), ("b", b)] {
+        let (q, Some(descale)) = (operand.data, operand.descale) else {
+            bail!(
+                "INT8 matmul: {name} {:?} has no descales",
+                operand.data.shape
+            );
+        };
+        ensure!(
+            q.dtype == DType::I8 && descale.dtype == DType::F32,
+            "INT8 matmul: {name} is {} with a {} descale; it takes int8 codes and f32 descales",
+            q.dtype,
+            descale.dtype
+        );
+        ensure!(
+            descale.numel() == q.matrix_rows(),
+            "INT8 matmul: {name} {:?} has {} descales, not one per row",
+            q.shape,
+            descale.numel()
+        );
+    }
+    let (m, n, k) = (a.data.matrix_rows(), b.data.matrix_rows(), a.data.cols());
+    ensure!(
+        k <= INT8_MAX_K,
+        "INT8 matmul: K = {k} is past the {INT8_MAX_K} that a 32-bit accumulator sums exactly"
+    );
+    ensure!(
+        !spec.trans_a && spec.trans_b && b.data.cols() == k && out.numel() == m * n,
+        "INT8 matmul: a {:?} · b {:?}ᵀ into {:?} ({spec:?}; INT8 operands take K contiguous in \
+         both)",
+        a.data.shape,
+        b.data.shape,
+        out.shape
+    );
+    Ok(())
 }
 
 pub trait Int8Ops: MemoryOps {
