@@ -23,6 +23,9 @@ pub enum DType {
     /// Signed 8-bit integers: INT8 matmuls' codes.
     I8,
     I32,
+    /// Unsigned 8-bit indices into a 256-entry dynamic map, each block of elements scaled by
+    /// an f32 abs-max kept beside it: the 8-bit Adam moments (`backend::ops::adam8bit`).
+    Q8,
 }
 
 impl DType {
@@ -31,12 +34,12 @@ impl DType {
             DType::F64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::E4M3 | DType::E5M2 | DType::I8 => 1,
+            DType::E4M3 | DType::E5M2 | DType::I8 | DType::Q8 => 1,
         }
     }
 
     pub fn is_float(self) -> bool {
-        !matches!(self, DType::I32 | DType::I8)
+        !matches!(self, DType::I32 | DType::I8 | DType::Q8)
     }
 
     /// Whether this is one of the one-byte FP8 formats (e4m3, e5m2).
@@ -54,6 +57,7 @@ impl DType {
             "e5m2" | "fp8-e5m2" => DType::E5M2,
             "i8" | "int8" => DType::I8,
             "i32" | "int32" => DType::I32,
+            "q8" => DType::Q8,
             _ => return None,
         })
     }
@@ -70,6 +74,7 @@ impl fmt::Display for DType {
             DType::E5M2 => "e5m2",
             DType::I8 => "int8",
             DType::I32 => "i32",
+            DType::Q8 => "q8",
         };
         f.write_str(name)
     }

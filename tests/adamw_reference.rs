@@ -126,6 +126,7 @@ fn adamw_matches_pytorch() {
                 grad,
                 m,
                 v,
+                scales: None,
                 decays: decays.contains(n),
                 seed: 0,
                 amax: None,

@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use common::gpu::*;
 use common::options;
 use smelt::backend::cuda::Cuda;
@@ -20,12 +22,15 @@ use smelt::train::options::{Offload, OptimizerOptions};
 
 const STEPS: u64 = 5;
 
-/// The benchmark's optimizer with an f32 master copy of the bf16 weights: every category the
-/// flags can offload exists, and the moments round stochastically.
-fn optimizer_options(offload: Offload) -> OptimizerOptions {
+/// The benchmark's optimizer with an f32 master copy of the bf16 weights and moments of
+/// `moments`: every category the flags can offload exists, and bf16 moments round
+/// stochastically.
+fn optimizer_options(offload: Offload, moments: DType) -> OptimizerOptions {
     OptimizerOptions {
         master_dtype: Some(DType::F32),
         offload,
+        opt_m_dtype: moments,
+        opt_v_dtype: moments,
         ..bench::bf16_adamw_options()
     }
 }
@@ -35,24 +40,28 @@ fn values<'a>(gpu: &Cuda, tensors: impl Iterator<Item = &'a Tensor<Cuda>>) -> Ve
 }
 
 /// Per-token losses of every step, then the weights and each optimizer category, flattened.
-fn train(gpu: &Cuda, offload: Offload) -> Vec<(String, Vec<f32>)> {
+fn train(gpu: &Cuda, offload: Offload, moments: DType) -> Vec<(String, Vec<f32>)> {
     let config = small_configs()[0].1.clone();
     let o = options(2, 256, DType::BF16, Recompute::default(), 2);
     let mut model = Transformer::new(gpu, config, o).unwrap();
     upload_weights(gpu, &model, &host_weights(&model, 3, 0.05));
-    let opt = AdamWState::new(gpu, &Solo, &model, optimizer_options(offload)).unwrap();
-    // Each offloaded category is in pinned host memory, and only those.
-    let pinned = gpu.memory_report().unwrap().pinned_host;
-    let planned: Vec<(&str, usize)> = opt
-        .offloaded
-        .iter()
-        .map(|(name, specs)| (*name, specs.iter().map(|s| s.bytes()).sum()))
+    let opt = AdamWState::new(gpu, &Solo, &model, optimizer_options(offload, moments)).unwrap();
+    // Each offloaded category is in pinned host memory, and only those (the report lists
+    // categories in the order the process first made them, so by name here).
+    let pinned: BTreeMap<String, usize> = gpu
+        .memory_report()
+        .unwrap()
+        .pinned_host
+        .into_iter()
+        .collect();
+    let planned: BTreeMap<String, usize> = (opt.offloaded.iter())
+        .map(|(name, specs)| (name.to_string(), specs.iter().map(|s| s.bytes()).sum()))
         .collect();
     assert_eq!(
-        pinned.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
-        planned.iter().map(|p| p.0).collect::<Vec<_>>()
+        pinned.keys().collect::<Vec<_>>(),
+        planned.keys().collect::<Vec<_>>()
     );
-    for ((name, bytes), (_, want)) in pinned.iter().zip(&planned) {
+    for ((name, bytes), want) in pinned.iter().zip(planned.values()) {
         assert!(bytes >= want, "{name}: {bytes} bytes pinned for {want}");
     }
     let losses = train_steps(gpu, &mut model, &opt, STEPS);
@@ -88,43 +97,46 @@ fn train(gpu: &Cuda, offload: Offload) -> Vec<(String, Vec<f32>)> {
 fn offloaded_optimizer_state_is_bitwise_identical_on_the_gpu() {
     let gpu = cuda();
     let test = "offload";
-    let base = train(&gpu, Offload::default());
     let all = Offload {
         master: true,
         opt_m: true,
         opt_v: true,
     };
-    for offload in [
-        all,
-        Offload {
-            opt_v: false,
-            ..all
-        },
-    ] {
-        let runs = train(&gpu, offload);
-        for ((name, got), (_, want)) in runs.iter().zip(&base) {
-            assert!(
-                got.iter().all(|x| x.is_finite()),
-                "{test}: {name} not finite"
-            );
-            assert!(
-                same_bits(got, want),
-                "{test} {offload:?}: {name} differs from keeping the state on the device"
-            );
+    // bf16 moments, and 8-bit ones with their scales.
+    for moments in [DType::BF16, DType::Q8] {
+        let base = train(&gpu, Offload::default(), moments);
+        for offload in [
+            all,
+            Offload {
+                opt_v: false,
+                ..all
+            },
+        ] {
+            let runs = train(&gpu, offload, moments);
+            for ((name, got), (_, want)) in runs.iter().zip(&base) {
+                assert!(
+                    got.iter().all(|x| x.is_finite()),
+                    "{test}: {name} not finite"
+                );
+                assert!(
+                    same_bits(got, want),
+                    "{test} {offload:?} {moments} moments: {name} differs from keeping the \
+                     state on the device"
+                );
+            }
         }
+        let values: usize = (base.iter())
+            .filter(|(n, _)| (n.starts_with("adam_") || n == "master") && !n.ends_with(" reloaded"))
+            .map(|(_, v)| v.len())
+            .sum();
+        figure(
+            test,
+            format!(
+                "master and {moments} moments ({values} values) in pinned host memory: losses, \
+                 weights and state bitwise equal over {STEPS} steps and a save/load"
+            ),
+        );
     }
-    let moments: usize = base
-        .iter()
-        .filter(|(n, _)| n == "adam_m" || n == "adam_v" || n == "master")
-        .map(|(_, v)| v.len())
-        .sum();
-    figure(
-        test,
-        format!(
-            "master, m and v ({moments} values) in pinned host memory: losses, weights and state \
-             bitwise equal over {STEPS} steps and a save/load"
-        ),
-    );
 }
 
 /// `start_copy` runs on a copy engine beside the compute stream, and `wait_for_copies_of` a

@@ -8,6 +8,7 @@ use common::gpu::*;
 use smelt::backend::telemetry::Telemetry;
 use smelt::model::presets::preset;
 use smelt::model::{MatmulPrecision, Recompute};
+use smelt::tensor::DType;
 use smelt::train::bench::{self, BenchOptions};
 use smelt::train::options::{MemoryOptions, Offload};
 
@@ -34,6 +35,7 @@ fn op_times_account_for_the_step() {
             offload_gradients: false,
         },
         offload: Offload::default(),
+        moments: [DType::BF16; 2],
         op_times: true,
     };
     let report = bench::run(&gpu, config, &options, |_| Ok(None)).unwrap();

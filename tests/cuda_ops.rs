@@ -12,8 +12,11 @@ mod common;
 use common::gpu::*;
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::backend::cuda::kernel_choice::AttentionKernels;
+use smelt::backend::ops::adam8bit::absmax_len;
 use smelt::backend::prelude::*;
-use smelt::backend::{AdamW, AdamWTensor, AttnShape, Fp8Sum, Fused, Matmul, Operand, ResidualAdd};
+use smelt::backend::{
+    AdamW, AdamWTensor, AttnShape, Fp8Sum, Fused, Matmul, MomentScales, Operand, ResidualAdd,
+};
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor};
 
@@ -1003,6 +1006,26 @@ fn adamw_matches_the_cpu_bit_for_bit() {
             moments: DType::BF16,
             master: true,
         },
+        // 8-bit moments (n is 3,906 blocks of 256 and a partial one), with and without a
+        // master copy.
+        Case {
+            param: DType::BF16,
+            grad: DType::BF16,
+            moments: DType::Q8,
+            master: false,
+        },
+        Case {
+            param: DType::BF16,
+            grad: DType::BF16,
+            moments: DType::Q8,
+            master: true,
+        },
+        Case {
+            param: DType::F32,
+            grad: DType::F32,
+            moments: DType::Q8,
+            master: false,
+        },
     ];
     /// `values` viewed `skip` elements into a fresh tensor that has a guard element after
     /// them too: (the view, the whole tensor).
@@ -1025,6 +1048,11 @@ fn adamw_matches_the_cpu_bit_for_bit() {
     const SKIPS: [(usize, usize); 3] = [(0, 0), (3, 3), (1, 0)];
     const PARAMS: [&str; 3] = ["param 0", "param 1", "param 2"];
     const AMAXES: [&str; 2] = ["param 0 amax", "param 1 amax"];
+    const SCALES: [[&str; 2]; 3] = [
+        ["m absmax 0", "v absmax 0"],
+        ["m absmax 1", "v absmax 1"],
+        ["m absmax 2", "v absmax 2"],
+    ];
     const WHOLES: [[&str; 4]; 3] = [
         ["whole param 0", "whole m 0", "whole v 0", "whole master 0"],
         ["whole param 1", "whole m 1", "whole v 1", "whole master 1"],
@@ -1039,6 +1067,7 @@ fn adamw_matches_the_cpu_bit_for_bit() {
             master: Option<(Tensor<B>, Tensor<B>)>,
             m: (Tensor<B>, Tensor<B>),
             v: (Tensor<B>, Tensor<B>),
+            scales: Option<[(Tensor<B>, Tensor<B>); 2]>,
             amaxes: [Tensor<B>; 2],
         }
         let states: Vec<State<B>> = SKIPS
@@ -1048,6 +1077,10 @@ fn adamw_matches_the_cpu_bit_for_bit() {
                 master: c.master.then(|| guarded(b, DType::F32, skip, p0)),
                 m: guarded(b, c.moments, skip, &vec![0.0; n]),
                 v: guarded(b, c.moments, skip, &vec![0.0; n]),
+                scales: (c.moments == DType::Q8).then(|| {
+                    let zeros = vec![0.0; absmax_len(n)];
+                    [0, 1].map(|_| guarded(b, DType::F32, skip, &zeros))
+                }),
                 amaxes: [amax(b), amax(b)],
             })
             .collect();
@@ -1078,6 +1111,10 @@ fn adamw_matches_the_cpu_bit_for_bit() {
                     grad,
                     m: &s.m.0,
                     v: &s.v.0,
+                    scales: s
+                        .scales
+                        .as_ref()
+                        .map(|[m, v]| MomentScales { m: &m.0, v: &v.0 }),
                     decays: k != 1,
                     seed: 0x5EED + 16 * k as u64 + step as u64,
                     amax: (k < AMAXES.len()).then(|| &s.amaxes[step]),
@@ -1098,6 +1135,10 @@ fn adamw_matches_the_cpu_bit_for_bit() {
                 if let Some(whole) = whole {
                     out.push((*name, download(b, whole)));
                 }
+            }
+            if let Some([m, v]) = &s.scales {
+                out.push((SCALES[k][0], download(b, &m.1)));
+                out.push((SCALES[k][1], download(b, &v.1)));
             }
         }
         out

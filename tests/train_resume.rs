@@ -91,6 +91,35 @@ fn int8_resume_is_bitwise_exact() {
     }
 }
 
+/// 8-bit moments resume as exactly: their codes and their blocks' abs-maxes are saved (as
+/// u8 and f32) beside the other state, and read back into the same bits. (Of the tiny model's
+/// tensors, the embeddings and the head have the 4,096 elements 8-bit moments need.)
+#[test]
+fn q8_moments_resume_is_bitwise_exact() {
+    let s = setup();
+    // `resume_args` with q8 moments in place of bf16 ones.
+    let args = |dir: &Path| -> Vec<String> {
+        let mut args = resume_args(dir, &s.model, &s.data);
+        set_flags(&mut args, &MOMENT_FLAGS, "q8");
+        args
+    };
+    let (full, resumed) = (s.root.join("full"), s.root.join("resumed"));
+    run_with(&args(&full), &[]);
+    copy_checkpoint(&full.join("ckpt"), 2, &resumed.join("ckpt"));
+    run_with(&args(&resumed), &["--continue"]);
+    assert_same_run(&full, &resumed, 2);
+    let saved = checkpoint_files(&checkpoint::step_dir(&full.join("ckpt"), 2));
+    for file in ["adam_m_absmax.safetensors", "adam_v_absmax.safetensors"] {
+        assert!(saved.iter().any(|(name, _)| name == file), "no {file}");
+    }
+    // And it is not the run with bf16 moments.
+    let bf16 = uninterrupted(&s, "bf16", &[]);
+    assert_ne!(
+        steps(&full.join("log.jsonl")),
+        steps(&bf16.join("log.jsonl"))
+    );
+}
+
 /// Where the optimizer state lives changes no bit, so a run may continue with other
 /// `--offload-*` flags and end as the uninterrupted run did. (On the CPU the state is in host
 /// memory either way; `tests/cuda_offload.rs` checks the same where it moves off the GPU.)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The convergence check of the quantized matmuls, docs/fp8.md and docs/int8.md (run on the GPU
-# machine from the repo root, .gpu carried, with .gpu/data holding Shakespeare tokenized by the
-# Qwen2.5 tokenizer as for e2e.sh): qwen2-100m (~104M non-embedding parameters) from scratch
-# for 1,000 steps in bf16 and in each run named on the command line, same seed and data; then
-# all curves on one plot and each final full eval loss compared with bf16's (within 1%).
+# The convergence check of the quantized matmuls and moments (docs/fp8.md, docs/int8.md, and
+# 8-bit Adam in docs/training.md), run on the GPU machine from the repo root, .gpu carried,
+# with .gpu/data holding Shakespeare tokenized by the Qwen2.5 tokenizer as for e2e.sh:
+# qwen2-100m (~104M non-embedding parameters) from scratch for 1,000 steps in bf16 and in each
+# run named on the command line, same seed and data; then all curves on one plot and each
+# final full eval loss compared with bf16's (within 1%).
 #
 # Runs: fp8 (e4m3 forward, e5m2 gradients), int8 (bf16 weight gradients), int8-wgrad (INT8
-# weight gradients too); default fp8. Logs and the plot go to $OUT/convergence.
+# weight gradients too), adam8bit (8-bit Adam moments, against bf16's f32 ones); default fp8.
+# Logs and the plot go to $OUT/convergence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/logs}
@@ -19,7 +21,8 @@ for run in bf16 "${runs[@]}"; do
     fp8) flags=(--matmul-dtype e4m3 --gradient-dtype e5m2 --debug-log-abs-max 100) ;;
     int8) flags=(--matmul-dtype int8) ;;
     int8-wgrad) flags=(--matmul-dtype int8 --int8-weight-grad) ;;
-    *) echo "error: unknown run $run (fp8, int8 or int8-wgrad)" >&2; exit 2 ;;
+    adam8bit) flags=(--opt-m-dtype q8 --opt-v-dtype q8) ;;
+    *) echo "error: unknown run $run (fp8, int8, int8-wgrad or adam8bit)" >&2; exit 2 ;;
     esac
     echo "=== $run"
     ./.gpu/smelt train --model qwen2-100m --from-scratch --device cuda \

@@ -27,7 +27,7 @@ pub mod ops;
 pub mod select;
 pub mod telemetry;
 
-pub use self::ops::adamw::{AdamW, AdamWTensor, OptimizerOps};
+pub use self::ops::adamw::{AdamW, AdamWTensor, MomentScales, OptimizerOps};
 pub use self::ops::attention::{AttentionOps, AttnShape};
 pub use self::ops::classifier::ClassifierOps;
 pub use self::ops::embedding::EmbeddingOps;

@@ -5,12 +5,15 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
-use super::flags::{FitMemoryFlag, MatmulFlags, OffloadFlags, RecomputeFlags, SmallerBatch};
+use super::flags::{
+    FitMemoryFlag, MatmulFlags, MomentFlags, OffloadFlags, RecomputeFlags, SmallerBatch,
+};
 use crate::backend::op_times::{OpTime, by_family};
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::comm::ranks::Ranks;
 use crate::model::Recompute;
 use crate::plan::Request;
+use crate::tensor::DType;
 use crate::train::ModelSource;
 use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 use crate::train::console::gib;
@@ -27,7 +30,7 @@ const LMHEAD_CHUNK_TOKENS: usize = 32_768;
     allow_negative_numbers = true,
     about = "Measure training throughput: tok/s, MFU, peak memory and the time of each phase",
     after_help = "Trains --model from random weights on random tokens, in bf16 with bf16 Adam \
-states. After --warmup steps, the median of --steps steps (each ending with one wait for the \
+states (--opt-m-dtype and --opt-v-dtype choose others). After --warmup steps, the median of --steps steps (each ending with one wait for the \
 device) gives tok/s and MFU. Then a few more steps wait for the device after every phase \
 (forward, backward, optimizer, other) to split the step's time. With --op-times, a few more \
 steps time every op on the GPU with CUDA events, by name (a matmul by its M×N×K), and two tables \
@@ -53,6 +56,8 @@ pub struct BenchArgs {
     warmup: usize,
     #[command(flatten)]
     matmul: MatmulFlags,
+    #[command(flatten)]
+    moments: MomentFlags,
     #[command(flatten)]
     recompute: RecomputeFlags,
     #[command(flatten)]
@@ -85,6 +90,7 @@ impl BenchArgs {
             bail!("--batch-size and --seq-len must be at least 1");
         }
         let matmul = self.matmul.resolve()?;
+        let moments = self.moments.resolve(DType::BF16)?;
         // Under a launcher, the GPU its LOCAL_RANK names.
         let ranks = Ranks::new(1)?;
         if ranks.world() > 1 {
@@ -124,6 +130,7 @@ impl BenchArgs {
                 ffn_chunks: self.ffn_chunks,
             },
             offload,
+            moments,
             op_times: self.op_times,
         };
         let request = || Ok(Request::for_bench(config.clone(), &options));
@@ -143,16 +150,19 @@ impl BenchArgs {
                 Ok(Some(report.categories.iter().map(|c| c.1 as u64).sum()))
             }),
         }?;
-        let dtype = matmul.name();
+        let dtypes = Dtypes {
+            matmul: matmul.name(),
+            moments: moments_name(moments),
+        };
         if self.json {
-            println!("{}", self.json_line(&report, &dtype, &device.describe()));
+            println!("{}", self.json_line(&report, &dtypes, &device.describe()));
         } else {
-            self.print_table(&report, &dtype, &device.describe());
+            self.print_table(&report, &dtypes, &device.describe());
         }
         Ok(())
     }
 
-    fn json_line(&self, r: &BenchReport, dtype: &str, device: &str) -> String {
+    fn json_line(&self, r: &BenchReport, dtypes: &Dtypes, device: &str) -> String {
         let ms = |s: f64| s * 1e3;
         let phases: serde_json::Map<String, serde_json::Value> = PHASES
             .iter()
@@ -162,7 +172,8 @@ impl BenchArgs {
         json!({
             "model": self.model,
             "device": device,
-            "dtype": dtype,
+            "dtype": dtypes.matmul,
+            "moments": dtypes.moments,
             "batch": self.batch_size,
             "seq": self.seq_len,
             "steps": self.steps,
@@ -192,10 +203,10 @@ impl BenchArgs {
         .to_string()
     }
 
-    fn print_table(&self, r: &BenchReport, dtype: &str, device: &str) {
+    fn print_table(&self, r: &BenchReport, dtypes: &Dtypes, device: &str) {
         println!(
-            "smelt bench: {}, batch {} × {}, matmul {dtype}, on {device}",
-            self.model, self.batch_size, self.seq_len
+            "smelt bench: {}, batch {} × {}, matmul {}, Adam moments {}, on {device}",
+            self.model, self.batch_size, self.seq_len, dtypes.matmul, dtypes.moments
         );
         let mfu = r
             .mfu
@@ -245,6 +256,21 @@ impl BenchArgs {
         if self.op_times {
             print_op_times(r);
         }
+    }
+}
+
+/// What a report names the run's dtypes by.
+struct Dtypes {
+    matmul: String,
+    moments: String,
+}
+
+/// `q8`, or `f32/bf16` where the two moments differ.
+fn moments_name([m, v]: [DType; 2]) -> String {
+    if m == v {
+        m.to_string()
+    } else {
+        format!("{m}/{v}")
     }
 }
 

@@ -94,6 +94,11 @@ pub fn encode(values: &[f32], dtype: DType) -> Result<(Dtype, Vec<u8>)> {
                 .flat_map(|v| f16::from_f32(*v).to_le_bytes())
                 .collect(),
         ),
+        // Codes are whole numbers in 0..=255; `as` saturates anything else.
+        DType::Q8 => (
+            Dtype::U8,
+            values.iter().map(|&v| v.round_ties_even() as u8).collect(),
+        ),
         other => {
             bail!("cannot store tensors as {other} in safetensors files; choose f32, bf16 or f16")
         }
@@ -196,6 +201,7 @@ fn stored<'a, B: Backend>(
         Dtype::F32 => DType::F32,
         Dtype::BF16 => DType::BF16,
         Dtype::F16 => DType::F16,
+        Dtype::U8 => DType::Q8,
         other => bail!(
             "{}: tensor `{name}` has unsupported dtype {other:?}",
             path.display()
@@ -283,7 +289,12 @@ impl TensorFiles {
             let &i = self.holder.get(name).ok_or_else(|| self.missing(name))?;
             let path = &self.files[i].0;
             let view = stored(&parsed[i], path, name, t)?;
-            b.upload(t, &decode(&view, path, name)?)?;
+            let values = match view.dtype() {
+                // The codes of 8-bit Adam moments, which `stored` found a Q8 tensor for.
+                Dtype::U8 => view.data().iter().map(|&c| f32::from(c)).collect(),
+                _ => decode(&view, path, name)?,
+            };
+            b.upload(t, &values)?;
         }
         Ok(())
     }

@@ -70,7 +70,7 @@ impl Request {
     }
 
     /// What `--fit-memory` asks for the run `bench::run` makes: bf16 weights and the
-    /// benchmark's optimizer, on one GPU.
+    /// benchmark's optimizer with its moments, on one GPU.
     pub fn for_bench(config: ModelConfig, options: &BenchOptions) -> Request {
         Request {
             config,
@@ -79,7 +79,7 @@ impl Request {
             micro_steps: 1,
             model_dtype: DType::BF16,
             matmul: options.matmul,
-            optimizer: bench::bf16_adamw_options(),
+            optimizer: bench::adamw_options(options),
             gpus: 1,
             lmhead_chunks: None,
             ffn_chunks: None,

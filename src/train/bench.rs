@@ -47,6 +47,8 @@ pub struct BenchOptions {
     pub memory: MemoryOptions,
     /// The optimizer state in host memory.
     pub offload: Offload,
+    /// The dtypes of Adam's first and second moments.
+    pub moments: [DType; 2],
     /// Also time each op (`BenchReport::ops`).
     pub op_times: bool,
 }
@@ -103,6 +105,16 @@ pub fn bf16_adamw_options() -> OptimizerOptions {
     }
 }
 
+/// The benchmark's optimizer with `o`'s moments, its state on the device.
+pub fn adamw_options(o: &BenchOptions) -> OptimizerOptions {
+    let [opt_m_dtype, opt_v_dtype] = o.moments;
+    OptimizerOptions {
+        opt_m_dtype,
+        opt_v_dtype,
+        ..bf16_adamw_options()
+    }
+}
+
 /// Benchmarks `config` on `b`. `device_bytes` reads the device's own count of what is
 /// allocated, where it keeps one (it is called while everything is still allocated).
 pub fn run<B: Backend>(
@@ -117,7 +129,7 @@ pub fn run<B: Backend>(
     model.init_weights(b, SEED)?;
     let optimizer = OptimizerOptions {
         offload: o.offload,
-        ..bf16_adamw_options()
+        ..adamw_options(o)
     };
     let opt = AdamWState::new(b, &Solo, &model, optimizer)?;
     let mut bench = Bench {

@@ -570,16 +570,18 @@ pub fn load<B: Backend>(
     let names: Vec<&str> = (model.layout.iter())
         .map(|p| p.tensor.name.as_str())
         .collect();
-    let read = |paths: &[PathBuf], tensors: &Named<B>| -> Result<()> {
+    let read = |paths: &[PathBuf], names: &[&str], tensors: &Named<B>| -> Result<()> {
         let files = TensorFiles::open(paths)?;
-        files.check_names(&names)?;
+        files.check_names(names)?;
         files.load(b, tensors)
     };
-    let weights = (saved.weight_files(checkpoint), weights(model));
-    let state = (opt.categories(model).into_iter())
-        .map(|(category, tensors)| (saved.state_files(checkpoint, category), tensors));
-    for (paths, tensors) in std::iter::once(weights).chain(state) {
-        read(&paths, &tensors).with_context(|| {
+    let weights = (saved.weight_files(checkpoint), names, weights(model));
+    let state = (opt.categories(model).into_iter()).map(|(category, tensors)| {
+        let held = opt.held_by(category, model);
+        (saved.state_files(checkpoint, category), held, tensors)
+    });
+    for (paths, names, tensors) in std::iter::once(weights).chain(state) {
+        read(&paths, &names, &tensors).with_context(|| {
             format!(
                 "--continue: checkpoint {} is damaged; to continue from an earlier one, write its step-N name into {}",
                 checkpoint.display(),

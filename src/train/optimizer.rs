@@ -3,7 +3,9 @@
 //! The first and second moments (and, when the weights are narrower than the master dtype,
 //! a master copy of the weights) are one allocation per category, laid out like the
 //! parameters, on the device or, offloaded, in host memory that the update reaches over the
-//! bus. A step sums the squared gradients into a device scalar and hands it to every
+//! bus. Q8 moments (`--opt-m-dtype q8 --opt-v-dtype q8`, `backend::ops::adam8bit`) have
+//! their blocks' abs-maxes beside them, two more categories that offload with their moments;
+//! tensors too small for 8 bits keep f32 moments. A step sums the squared gradients into a device scalar and hands it to every
 //! update, which clips on the device: nothing is read back unless the caller asks for the
 //! norm to log it. Weight decay applies only where `ParamKind::decays()` says so.
 //!
@@ -17,7 +19,8 @@ use anyhow::Result;
 
 use super::options::OptimizerOptions;
 use super::zero;
-use crate::backend::{AdamW, AdamWTensor, Backend, Range};
+use crate::backend::ops::adam8bit::{absmax_len, moment_dtype};
+use crate::backend::{AdamW, AdamWTensor, Backend, MomentScales, Range};
 use crate::comm::Comm;
 use crate::io::tensors::Named;
 use crate::model::params::ParamSpec;
@@ -38,6 +41,9 @@ pub struct AdamWState<B: Backend> {
     kept: Vec<usize>,
     pub m: Vec<Tensor<B>>,
     pub v: Vec<Tensor<B>>,
+    /// The abs-maxes of the Q8 moments, m's and v's, for the kept tensors whose moments are
+    /// Q8 (`adam8bit`), in order; `None` unless q8 was asked for.
+    scales: Option<[Vec<Tensor<B>>; 2]>,
     pub master: Option<Vec<Tensor<B>>>,
     /// `[parameters]` f32: each gradient's Σ g², summed on the device each step.
     sums_sq: Tensor<B>,
@@ -81,23 +87,36 @@ impl StatePlan {
             kept.iter()
                 .map(|&i| {
                     let t = &specs[i].tensor;
+                    let dtype = moment_dtype(dtype, t.numel());
                     TensorSpec::new(format!("{category}.{}", t.name), &t.shape, dtype)
                 })
                 .collect()
         };
+        // The abs-maxes of the Q8 moments among them (none unless q8 was asked for).
+        let scales_of = |category: &str, moments: &[TensorSpec]| -> Vec<TensorSpec> {
+            (kept.iter().zip(moments))
+                .filter(|(_, m)| m.dtype == DType::Q8)
+                .map(|(&i, _)| {
+                    let t = &specs[i].tensor;
+                    let shape = [absmax_len(t.numel())];
+                    TensorSpec::new(format!("{category}.{}", t.name), &shape, DType::F32)
+                })
+                .collect()
+        };
         let offload = options.offload;
-        let mut categories = vec![
-            (
-                "adam_m",
-                like_kept("adam_m", options.opt_m_dtype),
-                offload.opt_m,
-            ),
-            (
-                "adam_v",
-                like_kept("adam_v", options.opt_v_dtype),
-                offload.opt_v,
-            ),
-        ];
+        let (m, v) = (
+            like_kept("adam_m", options.opt_m_dtype),
+            like_kept("adam_v", options.opt_v_dtype),
+        );
+        let (m_scales, v_scales) = (
+            scales_of("adam_m_absmax", &m),
+            scales_of("adam_v_absmax", &v),
+        );
+        let mut categories = vec![("adam_m", m, offload.opt_m), ("adam_v", v, offload.opt_v)];
+        if !m_scales.is_empty() {
+            categories.push(("adam_m_absmax", m_scales, offload.opt_m));
+            categories.push(("adam_v_absmax", v_scales, offload.opt_v));
+        }
         if let Some(dtype) = options.master_dtype {
             categories.push(("master", like_kept("master", dtype), offload.master));
         }
@@ -154,6 +173,10 @@ impl<B: Backend> AdamWState<B> {
         };
         let m = next()?;
         let v = next()?;
+        let scales = match m.iter().any(|t| t.dtype == DType::Q8) {
+            true => Some([next()?, next()?]),
+            false => None,
+        };
         let master = match options.master_dtype {
             Some(_) => Some(next()?),
             None => None,
@@ -161,7 +184,7 @@ impl<B: Backend> AdamWState<B> {
         let mut norm = b.allocate("optimizer", &plan.norm)?.into_iter();
         let mut next_norm = || norm.next().expect("two norm tensors were planned");
         let (sums_sq, norm_sq) = (next_norm(), next_norm());
-        for t in m.iter().chain(v.iter()) {
+        for t in m.iter().chain(&v).chain(scales.iter().flatten().flatten()) {
             b.fill(t, 0.0)?;
         }
         let state = AdamWState {
@@ -174,6 +197,7 @@ impl<B: Backend> AdamWState<B> {
             kept: plan.kept,
             m,
             v,
+            scales,
             master,
             sums_sq,
             norm_sq,
@@ -204,8 +228,30 @@ impl<B: Backend> AdamWState<B> {
                 .collect()
         };
         let mut out = vec![("adam_m", named(&self.m)), ("adam_v", named(&self.v))];
+        if let Some([m_scales, v_scales]) = &self.scales {
+            let q8: Vec<&String> = (self.kept.iter().zip(&self.m))
+                .filter(|(_, m)| m.dtype == DType::Q8)
+                .map(|(&i, _)| names[i])
+                .collect();
+            let named = |set: &'a Vec<Tensor<B>>| q8.iter().map(|&n| n.clone()).zip(set).collect();
+            out.push(("adam_m_absmax", named(m_scales)));
+            out.push(("adam_v_absmax", named(v_scales)));
+        }
         out.extend(self.master.as_ref().map(|m| ("master", named(m))));
         out
+    }
+
+    /// The names of the tensors of `model` that have a state of `category` on some rank:
+    /// all of them, but for the abs-maxes of Q8 moments, which only the tensors large enough
+    /// for them have.
+    pub fn held_by<'m>(&self, category: &str, model: &'m Transformer<B>) -> Vec<&'m str> {
+        let scales = matches!(category, "adam_m_absmax" | "adam_v_absmax");
+        (model.layout.iter())
+            .filter(|p| {
+                !scales || moment_dtype(self.options.opt_m_dtype, p.tensor.numel()) == DType::Q8
+            })
+            .map(|p| p.tensor.name.as_str())
+            .collect()
     }
 
     /// One update of every parameter of `model` from its gradients: `measure_gradients`,
@@ -261,6 +307,7 @@ impl<B: Backend> AdamWState<B> {
         let amax_slots = model.weight_amax_slots(b)?;
         let specs: Vec<&ParamSpec> = model.layout.iter().collect();
         let params: Vec<&Tensor<B>> = model.params.iter().collect();
+        let mut scales = self.scales.as_ref().map(|[m, v]| m.iter().zip(v));
         let tensors = (self.kept.iter().enumerate())
             .map(|(j, &i)| AdamWTensor {
                 param: params[i],
@@ -268,6 +315,13 @@ impl<B: Backend> AdamWState<B> {
                 grad: grads[i],
                 m: &self.m[j],
                 v: &self.v[j],
+                scales: match self.m[j].dtype {
+                    DType::Q8 => scales
+                        .as_mut()
+                        .and_then(|s| s.next())
+                        .map(|(m, v)| MomentScales { m, v }),
+                    _ => None,
+                },
                 decays: specs[i].kind.decays(),
                 seed: Rng::derived(seed, i as u64).next_u64(),
                 amax: amax_slots.as_ref().map(|slots| &slots[i]),

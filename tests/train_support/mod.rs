@@ -56,7 +56,11 @@ pub fn corpus_file(path: &Path, n: usize, masked: bool) -> PathBuf {
 /// of 4 × 32 tokens of the first 4000 bytes of the demo corpus at --lr 3e-3, logged to
 /// `<root>/<name>.jsonl`, with `flags` added.
 pub fn tiny_run_args(root: &Path, name: &str, flags: &[&str]) -> Vec<String> {
-    let model = tiny_model_dir(root);
+    model_run_args(root, &tiny_model_dir(root), name, flags)
+}
+
+/// `tiny_run_args` of the model in `model`.
+pub fn model_run_args(root: &Path, model: &Path, name: &str, flags: &[&str]) -> Vec<String> {
     let data = corpus_file(&root.join("data.bin"), 4000, false);
     let log = root.join(format!("{name}.jsonl"));
     let mut args: Vec<String> = [
@@ -64,7 +68,7 @@ pub fn tiny_run_args(root: &Path, name: &str, flags: &[&str]) -> Vec<String> {
         "--device",
         "cpu",
         "--model",
-        s(&model),
+        s(model),
         "--from-scratch",
         "--train-file",
         s(&data),
@@ -197,6 +201,18 @@ pub fn model_variant(
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     dir
 }
+
+/// Sets the value that follows each of `flags` in `args` to `value`.
+pub fn set_flags(args: &mut [String], flags: &[&str], value: &str) {
+    for i in 1..args.len() {
+        if flags.contains(&args[i - 1].as_str()) {
+            args[i] = value.into();
+        }
+    }
+}
+
+/// The Adam moment flags, which `set_flags` turns to q8.
+pub const MOMENT_FLAGS: [&str; 2] = ["--opt-m-dtype", "--opt-v-dtype"];
 
 /// The `String` arguments as `&str`s.
 pub fn strs(args: &[String]) -> Vec<&str> {

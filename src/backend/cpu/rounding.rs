@@ -23,6 +23,7 @@ pub fn round_slice<T: Scalar>(dtype: DType, xs: &mut [T]) {
         DType::E5M2 => |x| round_fp8(x, DType::E5M2),
         // Written only as codes, which are whole numbers already.
         DType::I8 => |x| x.round_ties_even().clamp(-128.0, 127.0),
+        DType::Q8 => |x| x.round_ties_even().clamp(0.0, 255.0),
         other => panic!("no CPU rounding to {other}; allocation should have refused it"),
     };
     for x in xs {

@@ -4,11 +4,12 @@
 
 use anyhow::{Result, ensure};
 
-use super::kernels::{Arg, Kernel};
+use super::kernels::{Arg, KArg, Kernel};
 use super::multi_tensor::Runs;
 use super::{
     BLOCK, Cuda, aligned_head, amax_ptr, blocks, ensure_dtype, ensure_dtype_in, float, ptr,
 };
+use crate::backend::ops::adam8bit::{DynamicMap, absmax_len};
 use crate::backend::{AdamW, AdamWTensor, OptimizerOps};
 use crate::tensor::{DType, Tensor};
 
@@ -29,8 +30,9 @@ fn unit_width(t: &AdamWTensor<'_, Cuda>, aligned: bool) -> usize {
 /// several units per thread and pay for their block's clip factor once.
 const MAX_BLOCKS: u32 = 8192;
 
-/// The words of adamw.cu's `AdamWEntry`.
+/// The words of adamw.cu's `AdamWEntry`, and of its `AdamW8bitEntry`.
 const ENTRY_WORDS: usize = 11;
+const ENTRY_8BIT_WORDS: usize = 12;
 
 /// What selects one instantiation of the kernel: the dtypes of param, grad, m and v, whether
 /// there is a master copy, and the unit width.
@@ -122,41 +124,94 @@ impl OptimizerOps for Cuda {
         self.sum_ranges(out, ptr(x), offsets)
     }
 
+    /// The tensors with 8-bit moments in one launch per instantiation, the others in
+    /// another.
     fn adamw(
         &self, tensors: &[AdamWTensor<'_, Cuda>], norm_sq: &Tensor<Cuda>, hp: &AdamW,
     ) -> Result<()> {
         let _timing = self.time_op("adamw")?;
         ensure_dtype(norm_sq, DType::F32, "adamw (norm_sq)")?;
+        let mut wide = Vec::with_capacity(tensors.len());
+        let mut narrow = Vec::new();
+        for t in tensors {
+            check_tensor(t)?;
+            match t.scales {
+                Some(_) => narrow.push(t),
+                None => wide.push(t),
+            }
+        }
+        self.adamw_wide(&wide, norm_sq, hp)?;
+        self.adamw_narrow(&narrow, norm_sq, hp)
+    }
+}
+
+/// Checks what both kernels require of a tensor's buffers.
+fn check_tensor(t: &AdamWTensor<'_, Cuda>) -> Result<()> {
+    if let Some(master) = t.master {
+        ensure_dtype(master, DType::F32, "adamw (master)")?;
+    }
+    t.check_moments("cuda")?;
+    let n = t.param.numel();
+    ensure!(
+        [t.grad, t.m, t.v].iter().all(|x| x.numel() == n)
+            && t.master.is_none_or(|x| x.numel() == n),
+        "adamw: param {:?}, grad {:?}, m {:?}, v {:?} and master {:?} must all have the \
+         same number of elements",
+        t.param.shape,
+        t.grad.shape,
+        t.m.shape,
+        t.v.shape,
+        t.master.map(|x| &x.shape)
+    );
+    // Stochastic rounding hashes each element's index in 32 bits (adamw.cu's and the CPU's
+    // `hash_u32`, which requires it): past that, indices would wrap and share their noise.
+    ensure!(
+        n <= u32::MAX as usize,
+        "adamw: param {:?} has {n} elements, more than the {} the GPU optimizer supports in \
+         one tensor; train a model whose largest parameter (usually the embedding, vocab × \
+         hidden) is smaller",
+        t.param.shape,
+        u32::MAX
+    );
+    Ok(())
+}
+
+/// The first words of both kernels' entries: param, master (or null), grad, m and v.
+fn buffers(t: &AdamWTensor<'_, Cuda>) -> [u64; 5] {
+    [
+        ptr(t.param),
+        t.master.map_or(0, ptr),
+        ptr(t.grad),
+        ptr(t.m),
+        ptr(t.v),
+    ]
+}
+
+/// The launch arguments both kernels end with: the norm, then the step's hyper-parameters.
+fn hyper_args(norm_sq: &Tensor<Cuda>, hp: &AdamW) -> [KArg; 8] {
+    let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
+    [
+        ptr(norm_sq).into(),
+        hp.lr.into(),
+        hp.beta1.into(),
+        hp.beta2.into(),
+        hp.eps.into(),
+        inv_bias1.into(),
+        inv_sqrt_bias2.into(),
+        hp.grad_clip.into(),
+    ]
+}
+
+impl Cuda {
+    /// The tensors with f32 or bf16 moments.
+    fn adamw_wide(
+        &self, tensors: &[&AdamWTensor<'_, Cuda>], norm_sq: &Tensor<Cuda>, hp: &AdamW,
+    ) -> Result<()> {
         let mut table: Vec<u64> = Vec::with_capacity(ENTRY_WORDS * tensors.len());
         let mut runs: Runs<Variant> = Runs::new();
         for t in tensors {
             let amax = amax_ptr("adamw", t.amax)?;
-            if let Some(master) = t.master {
-                ensure_dtype(master, DType::F32, "adamw (master)")?;
-            }
             let n = t.param.numel();
-            ensure!(
-                [t.grad, t.m, t.v].iter().all(|x| x.numel() == n)
-                    && t.master.is_none_or(|x| x.numel() == n),
-                "adamw: param {:?}, grad {:?}, m {:?}, v {:?} and master {:?} must all have the \
-                 same number of elements",
-                t.param.shape,
-                t.grad.shape,
-                t.m.shape,
-                t.v.shape,
-                t.master.map(|x| &x.shape)
-            );
-            // Stochastic rounding hashes each element's index in 32 bits (adamw.cu's and the
-            // CPU's `hash_u32`, which requires it): past that, indices would wrap and share
-            // their noise.
-            ensure!(
-                n <= u32::MAX as usize,
-                "adamw: param {:?} has {n} elements, more than the {} the GPU optimizer supports \
-                 in one tensor; train a model whose largest parameter (usually the embedding, \
-                 vocab × hidden) is smaller",
-                t.param.shape,
-                u32::MAX
-            );
             let mut all = vec![t.param, t.grad, t.m, t.v];
             all.extend(t.master);
             let head = aligned_head(&all).filter(|&h| h <= n);
@@ -173,12 +228,8 @@ impl OptimizerOps for Cuda {
             let grid = blocks(units, BLOCK as usize).min(MAX_BLOCKS);
             let first_block = runs.push(variant, grid);
             let weight_decay = hp.weight_decay_for(t.decays).to_bits() as u64;
+            table.extend(buffers(t));
             table.extend([
-                ptr(t.param),
-                t.master.map_or(0, ptr),
-                ptr(t.grad),
-                ptr(t.m),
-                ptr(t.v),
                 amax,
                 n as u64,
                 head.unwrap_or(0) as u64,
@@ -187,11 +238,18 @@ impl OptimizerOps for Cuda {
                 grid as u64,
             ]);
         }
+        if table.is_empty() {
+            return Ok(());
+        }
         let (_, list) = self.scratch_with_table(0, &table)?;
-        let (inv_bias1, inv_sqrt_bias2) = hp.bias_factors();
         for run in &runs.0 {
             let (.., master, width) = run.variant;
             let t = &tensors[run.first];
+            let mut args = vec![
+                run.entries_at(list, ENTRY_WORDS).into(),
+                (run.entries as i32).into(),
+            ];
+            args.extend(hyper_args(norm_sq, hp));
             // SAFETY: block b of the launch finds the entry whose run holds it and updates
             // elements of that entry's param, master, grad, m and v (all n long), with wide
             // accesses only from `head` on, where every one of them is 16-byte aligned (the
@@ -210,26 +268,78 @@ impl OptimizerOps for Cuda {
                     ],
                     (run.blocks, 1, 1),
                     BLOCK,
-                    &[
-                        run.entries_at(list, ENTRY_WORDS).into(),
-                        (run.entries as i32).into(),
-                        ptr(norm_sq).into(),
-                        hp.lr.into(),
-                        hp.beta1.into(),
-                        hp.beta2.into(),
-                        hp.eps.into(),
-                        inv_bias1.into(),
-                        inv_sqrt_bias2.into(),
-                        hp.grad_clip.into(),
-                    ],
+                    &args,
                 )?;
             }
         }
         Ok(())
     }
-}
 
-impl Cuda {
+    /// The tensors with 8-bit moments, whose scales `check_tensor` has checked.
+    fn adamw_narrow(
+        &self, tensors: &[&AdamWTensor<'_, Cuda>], norm_sq: &Tensor<Cuda>, hp: &AdamW,
+    ) -> Result<()> {
+        if tensors.is_empty() {
+            return Ok(());
+        }
+        // The two maps first, two f32s a word, then the entries.
+        let maps: Vec<f32> = [DynamicMap::signed(), DynamicMap::unsigned()]
+            .iter()
+            .flat_map(|m| m.0)
+            .collect();
+        let mut table: Vec<u64> = (maps.chunks_exact(2))
+            .map(|p| p[0].to_bits() as u64 | (p[1].to_bits() as u64) << 32)
+            .collect();
+        let map_words = table.len();
+        let mut runs: Runs<(DType, DType, bool)> = Runs::new();
+        let warps = BLOCK as usize / 32;
+        for t in tensors {
+            let scales = t
+                .scales
+                .as_ref()
+                .expect("only tensors with scales come here");
+            let n = t.param.numel();
+            let grid = blocks(absmax_len(n), warps).min(MAX_BLOCKS);
+            let first_block = runs.push((t.param.dtype, t.grad.dtype, t.master.is_some()), grid);
+            let weight_decay = hp.weight_decay_for(t.decays).to_bits() as u64;
+            table.extend(buffers(t));
+            table.extend([
+                ptr(scales.m),
+                ptr(scales.v),
+                amax_ptr("adamw", t.amax)?,
+                n as u64,
+                t.seed,
+                weight_decay | (first_block as u64) << 32,
+                grid as u64,
+            ]);
+        }
+        let (_, maps_at) = self.scratch_with_table(0, &table)?;
+        let list = maps_at + 8 * map_words as u64;
+        for run in &runs.0 {
+            let (.., master) = run.variant;
+            let t = &tensors[run.first];
+            let mut args = vec![
+                run.entries_at(list, ENTRY_8BIT_WORDS).into(),
+                (run.entries as i32).into(),
+                maps_at.into(),
+            ];
+            args.extend(hyper_args(norm_sq, hp));
+            // SAFETY: block b of the launch finds the entry whose run holds it; its warps
+            // update whole blocks of Q8_BLOCK elements of that entry's param, master, grad,
+            // m and v (all n long) and one abs-max of each of its scales (absmax_len(n)
+            // long); maps_at holds 512 f32s, norm_sq one, each amax one or is null.
+            unsafe {
+                self.launch(
+                    Kernel::AdamW8bit,
+                    &[float(t.param), float(t.grad), Arg::Flag(master)],
+                    (run.blocks, 1, 1),
+                    BLOCK,
+                    &args,
+                )?;
+            }
+        }
+        Ok(())
+    }
     /// `out[r] = Σ x[offsets[r]..offsets[r + 1]]` for each of out's elements, one block each;
     /// `offsets` is a device array of `out.numel() + 1` words.
     fn sum_ranges(&self, out: &Tensor<Cuda>, x: u64, offsets: u64) -> Result<()> {

@@ -13,6 +13,14 @@ use super::{BLOCK, Cuda, blocks, float, fp8, ptr};
 use crate::backend::MemoryOps;
 use crate::tensor::{DType, Tensor, TensorSpec};
 
+/// Q8 codes (whole numbers in 0..=255; `as` saturates anything else).
+fn q8_codes(values: &[f32]) -> Vec<u8> {
+    values
+        .par_iter()
+        .map(|&x| x.round_ties_even() as u8)
+        .collect()
+}
+
 /// Grid-stride element-wise kernels need no more blocks than this.
 fn elementwise_blocks(n: usize) -> u32 {
     blocks(n, BLOCK as usize).min(1 << 16)
@@ -59,6 +67,7 @@ impl MemoryOps for Cuda {
                 let v: Vec<i8> = src.par_iter().map(|&x| x.round_ties_even() as i8).collect();
                 self.copy_in(dst, &v)
             }
+            DType::Q8 => self.copy_in(dst, &q8_codes(src)),
             other => anyhow::bail!("upload of f32 values into a {other} tensor {:?}", dst.shape),
         }
     }
@@ -89,6 +98,11 @@ impl MemoryOps for Cuda {
                 .collect(),
             DType::I8 => self
                 .copy_out::<i8>(src)?
+                .into_iter()
+                .map(f32::from)
+                .collect(),
+            DType::Q8 => self
+                .copy_out::<u8>(src)?
                 .into_iter()
                 .map(f32::from)
                 .collect(),
@@ -162,6 +176,10 @@ impl Cuda {
     /// `fill`, for ops that fill as one of their steps and are timed whole.
     pub(super) fn fill_untimed(&self, dst: &Tensor<Cuda>, value: f32) -> Result<()> {
         let n = dst.numel();
+        if dst.dtype == DType::Q8 {
+            // Codes are filled once, when the state starts: from the host.
+            return self.copy_in(dst, &q8_codes(&vec![value; n]));
+        }
         // SAFETY: fill<T>(T* dst, long long n, float value) writes n elements of dst.
         unsafe {
             self.launch(

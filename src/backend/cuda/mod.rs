@@ -244,7 +244,13 @@ impl Cuda {
         for spec in specs {
             if !matches!(
                 spec.dtype,
-                DType::F32 | DType::BF16 | DType::E4M3 | DType::E5M2 | DType::I8 | DType::I32
+                DType::F32
+                    | DType::BF16
+                    | DType::E4M3
+                    | DType::E5M2
+                    | DType::I8
+                    | DType::Q8
+                    | DType::I32
             ) {
                 return Err(unsupported_dtype("allocate", vec![spec.dtype]));
             }

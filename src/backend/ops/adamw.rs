@@ -1,9 +1,10 @@
 //! The optimizer: the gradients' global norm, for clipping, and the fused AdamW update.
 
-use anyhow::Result;
+use anyhow::{Result, bail, ensure};
 
+use super::adam8bit::{Q8_BLOCK, absmax_len};
 use super::memory::MemoryOps;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// One AdamW step's hyper-parameters, shared by every tensor it updates. `step` counts from
 /// 1 for the bias correction.
@@ -58,12 +59,50 @@ pub struct AdamWTensor<'a, B: MemoryOps> {
     pub grad: &'a Tensor<B>,
     pub m: &'a Tensor<B>,
     pub v: &'a Tensor<B>,
+    /// The abs-maxes of Q8 moments (`adam8bit`), present exactly when m and v are Q8.
+    pub scales: Option<MomentScales<'a, B>>,
     /// Whether weight decay applies: matrices and embeddings, not norms and biases.
     pub decays: bool,
     /// Seeds stochastic rounding; differs per tensor and per step.
     pub seed: u64,
     /// Receives the updated `param`'s abs-max, for its FP8 copy.
     pub amax: Option<&'a Tensor<B>>,
+}
+
+/// The per-block abs-maxes of 8-bit moments, `[absmax_len(n)]` f32 each.
+pub struct MomentScales<'a, B: MemoryOps> {
+    pub m: &'a Tensor<B>,
+    pub v: &'a Tensor<B>,
+}
+
+impl<B: MemoryOps> AdamWTensor<'_, B> {
+    /// Checks that the moments are both Q8 with their scales, or neither with none.
+    pub fn check_moments(&self, backend: &str) -> Result<()> {
+        let q8 = [self.m.dtype, self.v.dtype].map(|d| d == DType::Q8);
+        match (q8, &self.scales) {
+            ([true, true], Some(s)) => {
+                let blocks = absmax_len(self.param.numel());
+                ensure!(
+                    s.m.numel() == blocks && s.v.numel() == blocks,
+                    "adamw ({backend}): param {:?} has {blocks} blocks of {Q8_BLOCK}, its \
+                     moments' scales {:?} and {:?}",
+                    self.param.shape,
+                    s.m.shape,
+                    s.v.shape
+                );
+                Ok(())
+            }
+            ([false, false], None) => Ok(()),
+            _ => bail!(
+                "adamw ({backend}): param {:?} has moments m {} and v {} with{} scales: 8-bit \
+                 moments come in pairs, each with its scales",
+                self.param.shape,
+                self.m.dtype,
+                self.v.dtype,
+                if self.scales.is_some() { "" } else { "out" }
+            ),
+        }
+    }
 }
 
 pub trait OptimizerOps: MemoryOps {

@@ -5,6 +5,7 @@
 //! (`cpu/rmsnorm.rs`, `cuda/rmsnorm.rs` beside `cuda/kernels/rmsnorm.cu`), so an op lives
 //! in one place per backend.
 
+pub mod adam8bit;
 pub mod adamw;
 pub mod attention;
 pub mod classifier;

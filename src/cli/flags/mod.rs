@@ -13,7 +13,9 @@ use anyhow::{Result, anyhow, bail};
 
 pub use self::fit_memory::{FitMemoryFlag, SmallerBatch};
 pub use self::offload::OffloadFlags;
-pub use self::precision::{FloatDtype, MatmulFlags, Precision, PrecisionFlags, StorageDtype};
+pub use self::precision::{
+    FloatDtype, MatmulFlags, MomentFlags, Precision, PrecisionFlags, StorageDtype,
+};
 pub use self::recompute::RecomputeFlags;
 
 const GIB: f64 = (1u64 << 30) as f64;

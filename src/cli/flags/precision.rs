@@ -18,6 +18,17 @@ pub enum FloatDtype {
     Bf16,
 }
 
+/// The dtype of one of Adam's moments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MomentDtype {
+    #[value(alias = "fp32", alias = "float32")]
+    F32,
+    #[value(alias = "bfloat16")]
+    Bf16,
+    /// 8 bits with a scale per block of 256, as bitsandbytes' AdamW8bit (both moments).
+    Q8,
+}
+
 /// The dtype a block's linear layers multiply in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum MatmulDtype {
@@ -54,6 +65,16 @@ impl From<FloatDtype> for DType {
         match d {
             FloatDtype::F32 => DType::F32,
             FloatDtype::Bf16 => DType::BF16,
+        }
+    }
+}
+
+impl From<MomentDtype> for DType {
+    fn from(d: MomentDtype) -> DType {
+        match d {
+            MomentDtype::F32 => DType::F32,
+            MomentDtype::Bf16 => DType::BF16,
+            MomentDtype::Q8 => DType::Q8,
         }
     }
 }
@@ -155,12 +176,47 @@ pub struct PrecisionFlags {
         help_heading = "Precision"
     )]
     master_dtype: Option<FloatDtype>,
-    /// Dtype of Adam's first moment (bf16 is updated with stochastic rounding).
-    #[arg(long, value_enum, ignore_case = true, value_name = "DTYPE", default_value_t = FloatDtype::F32, help_heading = "Precision")]
-    opt_m_dtype: FloatDtype,
-    /// Dtype of Adam's second moment (bf16 is updated with stochastic rounding).
-    #[arg(long, value_enum, ignore_case = true, value_name = "DTYPE", default_value_t = FloatDtype::F32, help_heading = "Precision")]
-    opt_v_dtype: FloatDtype,
+    #[command(flatten)]
+    moments: MomentFlags,
+}
+
+/// The dtypes of Adam's moments (train, plan and bench, each with its own default).
+#[derive(Args, Debug)]
+pub struct MomentFlags {
+    /// Dtype of Adam's first moment [default: f32; smelt bench: bf16]. bf16 is updated with
+    /// stochastic rounding; q8, with --opt-v-dtype q8, is bitsandbytes' blockwise 8-bit state.
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        value_name = "DTYPE",
+        help_heading = "Precision"
+    )]
+    opt_m_dtype: Option<MomentDtype>,
+    /// Dtype of Adam's second moment [default: f32; smelt bench: bf16]; as --opt-m-dtype.
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        value_name = "DTYPE",
+        help_heading = "Precision"
+    )]
+    opt_v_dtype: Option<MomentDtype>,
+}
+
+impl MomentFlags {
+    /// The first and second moments' dtypes, `default` where not given; q8 for one and not
+    /// the other is refused.
+    pub fn resolve(&self, default: DType) -> Result<[DType; 2]> {
+        let [m, v] = [self.opt_m_dtype, self.opt_v_dtype].map(|d| d.map_or(default, DType::from));
+        if (m == DType::Q8) != (v == DType::Q8) {
+            bail!(
+                "--opt-m-dtype {m} with --opt-v-dtype {v}: 8-bit moments quantize both, each \
+                 block of both by its own scale; give q8 to both flags, or to neither"
+            );
+        }
+        Ok([m, v])
+    }
 }
 
 /// The dtypes of a run, checked against each other.
@@ -192,12 +248,13 @@ impl PrecisionFlags {
                 "--master-dtype {m}: the master weights must be f32, or the same as --model-dtype ({model_dtype})"
             ),
         };
+        let [opt_m_dtype, opt_v_dtype] = self.moments.resolve(DType::F32)?;
         Ok(Precision {
             model_dtype,
             matmul,
             master_dtype,
-            opt_m_dtype: self.opt_m_dtype.into(),
-            opt_v_dtype: self.opt_v_dtype.into(),
+            opt_m_dtype,
+            opt_v_dtype,
         })
     }
 }

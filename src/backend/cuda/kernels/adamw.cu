@@ -45,6 +45,18 @@ struct Hyper {
     u64 seed;
 };
 
+// One element's step, the CPU's `step`: the clipped gradient g into the moments m and v,
+// then the weight p from the new moments (not from their rounded images).
+struct Step {
+    float m, v, p;
+};
+__device__ __forceinline__ Step step(float g, float m, float v, float p, const Hyper& h) {
+    const float m_new = h.beta1 * m + (1.0f - h.beta1) * g;
+    const float v_new = h.beta2 * v + (1.0f - h.beta2) * g * g;
+    const float update = (m_new * h.inv_bias1) / (sqrtf(v_new) * h.inv_sqrt_bias2 + h.eps);
+    return {m_new, v_new, p - h.lr * (update + h.weight_decay * p)};
+}
+
 // Updates the K elements from index i on: K-wide accesses to every tensor (16-byte units
 // when K values fill them, the caller having checked the alignment), then each element as
 // the CPU does it. Returns the largest |param| stored, for the abs-max report.
@@ -61,19 +73,15 @@ __device__ __forceinline__ float update(P* param, float* master, const Gr* grad,
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const u64 index = (u64)(i + k);
-        const float gs = g[k] * h.scale;
-        const float m_new = h.beta1 * mk[k] + (1.0f - h.beta1) * gs;
-        const float v_new = h.beta2 * vk[k] + (1.0f - h.beta2) * gs * gs;
+        const Step s = step(g[k] * h.scale, mk[k], vk[k], p[k], h);
         // The values as stored (exact in M and V, so store_vec's rounding keeps them); the
         // two moments take the two halves of one hash.
         const u32 noise = hash_u32(h.seed ^ MOMENTS_SEED, index);
-        mk[k] = to_f32(store<M>(m_new, noise & 0xFFFFu));
-        vk[k] = to_f32(store<V>(v_new, noise >> 16));
-        const float update = (m_new * h.inv_bias1) / (sqrtf(v_new) * h.inv_sqrt_bias2 + h.eps);
-        const float p_new = p[k] - h.lr * (update + h.weight_decay * p[k]);
+        mk[k] = to_f32(store<M>(s.m, noise & 0xFFFFu));
+        vk[k] = to_f32(store<V>(s.v, noise >> 16));
         // With a master copy the working weights are its round-to-nearest image, which
         // store_vec makes; without one, p_new is rounded stochastically here.
-        p[k] = MASTER ? p_new : to_f32(store<P>(p_new, hash_u32(h.seed, index) & 0xFFFFu));
+        p[k] = MASTER ? s.p : to_f32(store<P>(s.p, hash_u32(h.seed, index) & 0xFFFFu));
         largest = fmaxf(largest, fabsf(MASTER ? rounded<P>(p[k]) : p[k]));
     }
     store_vec<M, K>(m + i, mk);
@@ -81,6 +89,13 @@ __device__ __forceinline__ float update(P* param, float* master, const Gr* grad,
     if constexpr (MASTER) store_vec<float, K>(master + i, p);
     store_vec<P, K>(param + i, p);
     return largest;
+}
+
+// `AdamW::clip_scale`, in f64 then rounded to f32: once per block, by one thread, rather
+// than an f64 square root and division in every thread.
+__device__ __forceinline__ float clip_scale(const float* norm_sq, float grad_clip) {
+    const double norm = sqrt((double)norm_sq[0]);
+    return (float)((grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0);
 }
 
 // One tensor of an AdamW launch: its buffers (master and amax may be null), its length, the
@@ -115,13 +130,8 @@ template <typename P, typename Gr, typename M, typename V, bool MASTER, int W>
 __global__ void __launch_bounds__(ADAMW_THREADS, 4)
     adamw(const AdamWEntry* list, int count, const float* norm_sq, float lr, float beta1,
           float beta2, float eps, float inv_bias1, float inv_sqrt_bias2, float grad_clip) {
-    // `AdamW::clip_scale`, in f64 then rounded to f32: once per block rather than an f64
-    // square root and division in every thread.
     __shared__ float clip;
-    if (threadIdx.x == 0) {
-        const double norm = sqrt((double)norm_sq[0]);
-        clip = (float)((grad_clip > 0.0f && norm > (double)grad_clip) ? (double)grad_clip / norm : 1.0);
-    }
+    if (threadIdx.x == 0) clip = clip_scale(norm_sq, grad_clip);
     __syncthreads();
     const AdamWEntry e = list[entry_of_block(list, count)];
     P* param = static_cast<P*>(e.param);
@@ -139,6 +149,151 @@ __global__ void __launch_bounds__(ADAMW_THREADS, 4)
         if (i >= 0)
             largest = fmaxf(largest,
                             update<1, P, Gr, M, V, MASTER>(param, e.master, grad, m, v, i, h));
+    }
+    // Every thread reaches this: all of them take part in the block's reduction.
+    report_amax(e.amax, largest);
+}
+
+// One tensor of an 8-bit AdamW launch (adam8bit.rs): as AdamWEntry, with Q8 moments (a code
+// per element) and each block's abs-max of them.
+struct AdamW8bitEntry {
+    void* param;
+    float* master;
+    const void* grad;
+    unsigned char* m;
+    unsigned char* v;
+    float* m_absmax;
+    float* v_absmax;
+    float* amax;
+    long long n;
+    u64 seed;
+    float weight_decay;
+    unsigned first_block, blocks;
+};
+
+// A map's 255 values from its second on, in breadth-first order of the perfect binary
+// search tree over them (node n at level L = bit length of n holds the value of rank
+// (2(n - 2^(L-1)) + 1) · 2^(8-L)): a level's nodes are adjacent in shared memory, so the lanes
+// of a warp descending together seldom meet in a bank, where bisecting the sorted values
+// would send every lane of a level to one bank. Slot 0 holds the first value.
+__device__ __forceinline__ void search_tree(float* tree, const float* map) {
+    for (int n = threadIdx.x; n < 256; n += blockDim.x) {
+        const int level = 32 - __clz(n);
+        tree[n] = n == 0 ? map[0] : map[((n - (1 << (level - 1))) * 2 + 1) << (8 - level)];
+    }
+}
+
+// The CPU's `DynamicMap::quantize`: the code whose value is nearest to x, ties to the lower.
+// Eight descents of the tree (right where a node's value is ≤ x) end at leaf 256 + c, c the
+// number of values from the second on that are ≤ x, which is the CPU's bisection's lower
+// code; the last nodes passed on the right and on the left are that code's value and the
+// next one's. So NaN, and values beyond the ends, find the CPU's codes too.
+__device__ __forceinline__ unsigned char nearest_code(const float* tree, float x) {
+    int n = 1;
+    float below = tree[0], above = -NEG_INF;
+#pragma unroll
+    for (int level = 0; level < 8; level++) {
+        const float key = tree[n];
+        const bool right = key <= x;
+        below = right ? key : below;
+        above = right ? above : key;
+        n = 2 * n + right;
+    }
+    const int lo = n - 256;
+    return (unsigned char)(lo < 255 && above - x < x - below ? lo + 1 : lo);
+}
+
+// A block's scale, the CPU's `block_absmax`: the largest magnitude over the warp (NaN
+// ignored, as fmaxf does), or 1 for a block of zeros.
+__device__ __forceinline__ float block_scale(float largest) {
+    largest = warp_max(largest);
+    return largest == 0.0f ? 1.0f : largest;
+}
+
+// `adamw` with 8-bit moments (the CPU's `adamw_8bit`), one warp per block of Q8_BLOCK
+// elements at a time: lane l takes elements l, l + 32, ... of it, so each access of the warp
+// is one contiguous span whatever the tensors' alignment, and the block's new abs-maxes are
+// warp reductions. `maps` holds the first moment's 256 values, then the second's. The
+// moments are decoded (value · abs-max), stepped as the wider states are, and encoded to the
+// codes nearest value / new abs-max.
+template <typename P, typename Gr, bool MASTER>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    adamw_8bit(const AdamW8bitEntry* list, int count, const float* maps, const float* norm_sq,
+               float lr, float beta1, float beta2, float eps, float inv_bias1,
+               float inv_sqrt_bias2, float grad_clip) {
+    constexpr int PER_LANE = Q8_BLOCK / 32;
+    __shared__ float clip, map_m[256], map_v[256], tree_m[256], tree_v[256];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        map_m[i] = maps[i];
+        map_v[i] = maps[256 + i];
+    }
+    search_tree(tree_m, maps);
+    search_tree(tree_v, maps + 256);
+    if (threadIdx.x == 0) clip = clip_scale(norm_sq, grad_clip);
+    __syncthreads();
+    const AdamW8bitEntry e = list[entry_of_block(list, count)];
+    P* param = static_cast<P*>(e.param);
+    const Gr* grad = static_cast<const Gr*>(e.grad);
+    const Hyper h{lr, beta1, beta2, eps, e.weight_decay, inv_bias1, inv_sqrt_bias2, clip, e.seed};
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const long long blocks = (e.n + Q8_BLOCK - 1) / Q8_BLOCK;
+    float largest = 0.0f;
+    for (long long q = (blockIdx.x - e.first_block) * (long long)warps + threadIdx.x / 32;
+         q < blocks; q += (long long)e.blocks * warps) {
+        const float m_scale = e.m_absmax[q], v_scale = e.v_absmax[q];
+        const long long first = q * Q8_BLOCK + lane;
+        // Every load, then the arithmetic, then every store: the buffers might alias as far
+        // as the compiler knows, so it keeps a load after a store before it, and one element
+        // after another would each wait for memory.
+        float g[PER_LANE], p[PER_LANE], ms[PER_LANE], vs[PER_LANE];
+#pragma unroll
+        for (int k = 0; k < PER_LANE; k++) {
+            const long long i = first + k * 32;
+            if (i >= e.n) continue;
+            g[k] = to_f32(grad[i]) * h.scale;
+            p[k] = MASTER ? e.master[i] : to_f32(param[i]);
+            ms[k] = map_m[e.m[i]] * m_scale;
+            vs[k] = map_v[e.v[i]] * v_scale;
+        }
+        float m_top = 0.0f, v_top = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PER_LANE; k++) {
+            const long long i = first + k * 32;
+            if (i >= e.n) continue;
+            const Step s = step(g[k], ms[k], vs[k], p[k], h);
+            ms[k] = s.m;
+            vs[k] = s.v;
+            p[k] = s.p;
+            m_top = fmaxf(m_top, fabsf(s.m));
+            v_top = fmaxf(v_top, fabsf(s.v));
+        }
+#pragma unroll
+        for (int k = 0; k < PER_LANE; k++) {
+            const long long i = first + k * 32;
+            if (i >= e.n) continue;
+            P stored;
+            if constexpr (MASTER) {
+                e.master[i] = p[k];
+                stored = from_f32<P>(p[k]);
+            } else {
+                stored = store<P>(p[k], hash_u32(h.seed, (u64)i) & 0xFFFFu);
+            }
+            param[i] = stored;
+            largest = fmaxf(largest, fabsf(to_f32(stored)));
+        }
+        m_top = block_scale(m_top);
+        v_top = block_scale(v_top);
+#pragma unroll
+        for (int k = 0; k < PER_LANE; k++) {
+            const long long i = first + k * 32;
+            if (i >= e.n) continue;
+            e.m[i] = nearest_code(tree_m, ms[k] / m_top);
+            e.v[i] = nearest_code(tree_v, vs[k] / v_top);
+        }
+        if (lane == 0) {
+            e.m_absmax[q] = m_top;
+            e.v_absmax[q] = v_top;
+        }
     }
     // Every thread reaches this: all of them take part in the block's reduction.
     report_amax(e.amax, largest);

@@ -117,7 +117,10 @@ pub static ADAMW: Source = Source {
     name: "adamw.cu",
     text: include_str!("adamw.cu"),
     options: &["--fmad=false"],
-    defines: &[("ADAMW_THREADS", BLOCK as usize)],
+    defines: &[
+        ("ADAMW_THREADS", BLOCK as usize),
+        ("Q8_BLOCK", crate::backend::ops::adam8bit::Q8_BLOCK),
+    ],
 };
 
 /// The tile edge of `quantize_transposed` and its threads per block (fp8.cu compiles with
@@ -376,6 +379,7 @@ kernel_table! {
     CrossEntropy => CLASSIFIER, "cross_entropy", [Float, Flag];
     CrossEntropyCluster => CLASSIFIER, "cross_entropy_cluster", [Float];
     AdamW => ADAMW, "adamw", [Float, Float, Float, Float, Flag, Width];
+    AdamW8bit => ADAMW, "adamw_8bit", [Float, Float, Flag];
     SumSquaresPartial => ADAMW, "sum_squares_partial", [Float];
     SumRanges => ADAMW, "sum_ranges", [];
     AbsMax => FP8, "abs_max", [Float, Flag];
