@@ -215,9 +215,12 @@ __device__ __forceinline__ float block_scale(float largest) {
 // is one contiguous span whatever the tensors' alignment, and the block's new abs-maxes are
 // warp reductions. `maps` holds the first moment's 256 values, then the second's. The
 // moments are decoded (value · abs-max), stepped as the wider states are, and encoded to the
-// codes nearest value / new abs-max.
+// codes nearest value / new abs-max. The update issues instructions more than it waits on
+// memory (its two searches a value are the most of them), so it is held to 64 registers for
+// four blocks an SM: a few bytes spill, and at Qwen2.5-1.5B's shapes the launch takes 10%
+// less time than at the compiler's three (H200).
 template <typename P, typename Gr, bool MASTER>
-__global__ void __launch_bounds__(ADAMW_THREADS)
+__global__ void __launch_bounds__(ADAMW_THREADS, 4)
     adamw_8bit(const AdamW8bitEntry* list, int count, const float* maps, const float* norm_sq,
                float lr, float beta1, float beta2, float eps, float inv_bias1,
                float inv_sqrt_bias2, float grad_clip) {
