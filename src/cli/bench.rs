@@ -30,8 +30,8 @@ const LMHEAD_CHUNK_TOKENS: usize = 32_768;
     allow_negative_numbers = true,
     about = "Measure training throughput: tok/s, MFU, peak memory and the time of each phase",
     after_help = "Trains --model from random weights on random tokens, in bf16 with bf16 Adam \
-states (--opt-m-dtype and --opt-v-dtype choose others). After --warmup steps, the median of --steps steps (each ending with one wait for the \
-device) gives tok/s and MFU. Then a few more steps wait for the device after every phase \
+states (--opt-m-dtype and --opt-v-dtype choose others). After --warmup steps, the median of \
+--steps steps (each ending with one wait for the device) gives tok/s and MFU. Then a few more steps wait for the device after every phase \
 (forward, backward, optimizer, other) to split the step's time. With --op-times, a few more \
 steps time every op on the GPU with CUDA events, by name (a matmul by its M×N×K), and two tables \
 list them by device time: each op, then each family (a name's first word)."

@@ -5,9 +5,9 @@
 //! parameters, on the device or, offloaded, in host memory that the update reaches over the
 //! bus. Q8 moments (`--opt-m-dtype q8 --opt-v-dtype q8`, `backend::ops::adam8bit`) have
 //! their blocks' abs-maxes beside them, two more categories that offload with their moments;
-//! tensors too small for 8 bits keep f32 moments. A step sums the squared gradients into a device scalar and hands it to every
-//! update, which clips on the device: nothing is read back unless the caller asks for the
-//! norm to log it. Weight decay applies only where `ParamKind::decays()` says so.
+//! tensors too small for 8 bits keep f32 moments. A step sums the squared gradients into a
+//! device scalar and hands it to every update, which clips on the device: nothing is read
+//! back unless the caller asks for the norm to log it. Weight decay applies only where `ParamKind::decays()` says so.
 //!
 //! With `--zero-level 1` a rank keeps the state of only its share of the tensors (`zero`),
 //! updates those, and broadcasts them; the gradients stay whole on every rank. With
@@ -28,6 +28,9 @@ use crate::model::{Params, Transformer};
 use crate::rng::Rng;
 use crate::tensor::{DType, Tensor, TensorSpec};
 
+/// The categories of the Q8 moments' abs-maxes, m's and v's.
+const SCALE_CATEGORIES: [&str; 2] = ["adam_m_absmax", "adam_v_absmax"];
+
 pub struct AdamWState<B: Backend> {
     pub options: OptimizerOptions,
     /// The rank that updates each parameter tensor, in `Params` order.
@@ -41,9 +44,9 @@ pub struct AdamWState<B: Backend> {
     kept: Vec<usize>,
     pub m: Vec<Tensor<B>>,
     pub v: Vec<Tensor<B>>,
-    /// The abs-maxes of the Q8 moments, m's and v's, for the kept tensors whose moments are
-    /// Q8 (`adam8bit`), in order; `None` unless q8 was asked for.
-    scales: Option<[Vec<Tensor<B>>; 2]>,
+    /// Each kept tensor's abs-maxes of its moments, m's and v's, where they are Q8
+    /// (`adam8bit`).
+    scales: Vec<Option<[Tensor<B>; 2]>>,
     pub master: Option<Vec<Tensor<B>>>,
     /// `[parameters]` f32: each gradient's Σ g², summed on the device each step.
     sums_sq: Tensor<B>,
@@ -108,14 +111,12 @@ impl StatePlan {
             like_kept("adam_m", options.opt_m_dtype),
             like_kept("adam_v", options.opt_v_dtype),
         );
-        let (m_scales, v_scales) = (
-            scales_of("adam_m_absmax", &m),
-            scales_of("adam_v_absmax", &v),
-        );
+        let [m_category, v_category] = SCALE_CATEGORIES;
+        let (m_scales, v_scales) = (scales_of(m_category, &m), scales_of(v_category, &v));
         let mut categories = vec![("adam_m", m, offload.opt_m), ("adam_v", v, offload.opt_v)];
         if !m_scales.is_empty() {
-            categories.push(("adam_m_absmax", m_scales, offload.opt_m));
-            categories.push(("adam_v_absmax", v_scales, offload.opt_v));
+            categories.push((m_category, m_scales, offload.opt_m));
+            categories.push((v_category, v_scales, offload.opt_v));
         }
         if let Some(dtype) = options.master_dtype {
             categories.push(("master", like_kept("master", dtype), offload.master));
@@ -173,10 +174,15 @@ impl<B: Backend> AdamWState<B> {
         };
         let m = next()?;
         let v = next()?;
-        let scales = match m.iter().any(|t| t.dtype == DType::Q8) {
-            true => Some([next()?, next()?]),
-            false => None,
-        };
+        // The scale categories, when planned, hold the Q8 moments' abs-maxes in order.
+        let mut scales: Vec<Option<[Tensor<B>; 2]>> = vec![None; m.len()];
+        if m.iter().any(|t| t.dtype == DType::Q8) {
+            let (m_scales, v_scales) = (next()?, next()?);
+            let q8 = (scales.iter_mut().zip(&m)).filter(|(_, t)| t.dtype == DType::Q8);
+            for ((slot, _), pair) in q8.zip(m_scales.into_iter().zip(v_scales)) {
+                *slot = Some([pair.0, pair.1]);
+            }
+        }
         let master = match options.master_dtype {
             Some(_) => Some(next()?),
             None => None,
@@ -228,14 +234,13 @@ impl<B: Backend> AdamWState<B> {
                 .collect()
         };
         let mut out = vec![("adam_m", named(&self.m)), ("adam_v", named(&self.v))];
-        if let Some([m_scales, v_scales]) = &self.scales {
-            let q8: Vec<&String> = (self.kept.iter().zip(&self.m))
-                .filter(|(_, m)| m.dtype == DType::Q8)
-                .map(|(&i, _)| names[i])
+        for (k, category) in SCALE_CATEGORIES.into_iter().enumerate() {
+            let named: Named<'a, B> = (self.kept.iter().zip(&self.scales))
+                .filter_map(|(&i, s)| s.as_ref().map(|s| (names[i].clone(), &s[k])))
                 .collect();
-            let named = |set: &'a Vec<Tensor<B>>| q8.iter().map(|&n| n.clone()).zip(set).collect();
-            out.push(("adam_m_absmax", named(m_scales)));
-            out.push(("adam_v_absmax", named(v_scales)));
+            if !named.is_empty() {
+                out.push((category, named));
+            }
         }
         out.extend(self.master.as_ref().map(|m| ("master", named(m))));
         out
@@ -245,7 +250,7 @@ impl<B: Backend> AdamWState<B> {
     /// all of them, but for the abs-maxes of Q8 moments, which only the tensors large enough
     /// for them have.
     pub fn held_by<'m>(&self, category: &str, model: &'m Transformer<B>) -> Vec<&'m str> {
-        let scales = matches!(category, "adam_m_absmax" | "adam_v_absmax");
+        let scales = SCALE_CATEGORIES.contains(&category);
         (model.layout.iter())
             .filter(|p| {
                 !scales || moment_dtype(self.options.opt_m_dtype, p.tensor.numel()) == DType::Q8
@@ -307,7 +312,6 @@ impl<B: Backend> AdamWState<B> {
         let amax_slots = model.weight_amax_slots(b)?;
         let specs: Vec<&ParamSpec> = model.layout.iter().collect();
         let params: Vec<&Tensor<B>> = model.params.iter().collect();
-        let mut scales = self.scales.as_ref().map(|[m, v]| m.iter().zip(v));
         let tensors = (self.kept.iter().enumerate())
             .map(|(j, &i)| AdamWTensor {
                 param: params[i],
@@ -315,13 +319,7 @@ impl<B: Backend> AdamWState<B> {
                 grad: grads[i],
                 m: &self.m[j],
                 v: &self.v[j],
-                scales: match self.m[j].dtype {
-                    DType::Q8 => scales
-                        .as_mut()
-                        .and_then(|s| s.next())
-                        .map(|(m, v)| MomentScales { m, v }),
-                    _ => None,
-                },
+                scales: self.scales[j].as_ref().map(|[m, v]| MomentScales { m, v }),
                 decays: specs[i].kind.decays(),
                 seed: Rng::derived(seed, i as u64).next_u64(),
                 amax: amax_slots.as_ref().map(|slots| &slots[i]),

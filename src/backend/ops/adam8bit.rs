@@ -10,6 +10,8 @@
 //! bitsandbytes' reference does (`argmin |x − map|`). Every backend does exactly this, so the
 //! GPU writes the CPU's codes.
 
+use std::sync::LazyLock;
+
 use crate::tensor::DType;
 
 /// Elements per abs-max: bitsandbytes' block size for its blockwise optimizers.
@@ -66,14 +68,16 @@ impl DynamicMap {
         )
     }
 
-    /// The first moment's map.
-    pub fn signed() -> DynamicMap {
-        DynamicMap::new(true)
+    /// The first moment's map, built once per process.
+    pub fn signed() -> &'static DynamicMap {
+        static MAP: LazyLock<DynamicMap> = LazyLock::new(|| DynamicMap::new(true));
+        &MAP
     }
 
-    /// The second moment's map.
-    pub fn unsigned() -> DynamicMap {
-        DynamicMap::new(false)
+    /// The second moment's map, built once per process.
+    pub fn unsigned() -> &'static DynamicMap {
+        static MAP: LazyLock<DynamicMap> = LazyLock::new(|| DynamicMap::new(false));
+        &MAP
     }
 
     /// The code nearest to `x` (ties, and NaN, to the lower code; below the first value the
