@@ -42,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         weights: Weights::All,
         offload_weights: false,
         offload_gradients: false,
+        documents: None,
     };
     let mut model = Transformer::new(&cpu, config, options)?;
     model.init_weights(&cpu, 1)?;

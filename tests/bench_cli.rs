@@ -245,6 +245,34 @@ fn fit_memory_benches_the_plans_pick_within_the_budget() {
     assert!(err.contains("--fit-memory chooses"), "{err}");
 }
 
+/// `--doc-mask --doc-positions` bench documents of about `--doc-length` tokens, which the
+/// JSON line names; a length too short for a document is refused.
+#[test]
+fn documents_are_benched_as_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_model_dir(tmp.path());
+    let v = bench_json(
+        s(&dir),
+        &["--doc-mask", "--doc-positions", "--doc-length", "12"],
+    );
+    assert_eq!(
+        v["documents"],
+        serde_json::json!({"mask": true, "positions": true, "length": 12}),
+        "{v}"
+    );
+    assert!(number(&v, "loss").is_finite(), "{v}");
+    assert!(bench_json(s(&dir), &[])["documents"].is_null());
+    let short = ["--doc-mask", "--doc-length", "1"];
+    let err = smelt_err(
+        &[
+            &["bench", "--model", "qwen2.5-0.5b", "--batch-size", "2"],
+            &short[..],
+        ]
+        .concat(),
+    );
+    assert!(err.contains("--doc-length must be at least 2"), "{err}");
+}
+
 #[test]
 fn bad_input_gets_one_clear_error() {
     let base = ["bench", "--device", "cpu", "--batch-size", "2"];

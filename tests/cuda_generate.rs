@@ -270,7 +270,9 @@ fn enqueue_costs(gpu: &smelt::backend::cuda::Cuda, config: &smelt::model::ModelC
     time("gate_up_swiglu", &|| {
         gpu.gate_up_swiglu(gate_up, swiglu, x, w_gate_up, None)
     });
-    time("rope_forward", &|| gpu.rope_forward(&last, rope, shape(1)));
+    time("rope_forward", &|| {
+        gpu.rope_forward(&last, rope, shape(1), None)
+    });
     time("attention_decode", &|| {
         gpu.attention_decode(att, qkv, shape(seq))
     });

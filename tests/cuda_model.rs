@@ -6,17 +6,19 @@
 mod common;
 
 use common::gpu::*;
-use common::{batch, gradients, options, trained_tokens};
+use common::{EOS, batch, gradients, options, packed_batch, trained_tokens};
 use smelt::backend::cpu::Cpu;
 use smelt::model::Transformer;
 use smelt::model::{
-    Int8Options, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute,
+    Documents, Int8Options, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute,
 };
 use smelt::tensor::DType;
 
 const BATCH: usize = 2;
 const SEQ: usize = 256;
 const MICRO_BATCHES: u64 = 2;
+/// The mean length of the documents packed into a sequence, where it packs them.
+const DOC_MEAN: usize = 40;
 
 fn opts(dtype: DType, matmul: MatmulPrecision) -> ModelOptions {
     let mut o = options(BATCH, SEQ, dtype, Recompute::default(), 2);
@@ -37,6 +39,7 @@ fn compare(
     bounds: Bounds,
 ) {
     let (gpu, cpu) = (cuda(), Cpu::<f32>::new());
+    let packed = gpu_opts.documents.is_some();
     let mut on_gpu = Transformer::new(&gpu, config.clone(), gpu_opts).unwrap();
     let mut on_cpu = Transformer::new(&cpu, config.clone(), cpu_opts).unwrap();
     let weights = host_weights(&on_cpu, 7, 0.05);
@@ -45,7 +48,10 @@ fn compare(
     on_gpu.weights_changed();
     on_cpu.weights_changed();
     let batches: Vec<_> = (0..MICRO_BATCHES)
-        .map(|i| batch(BATCH * SEQ, config.vocab_size, 8 + i))
+        .map(|i| match packed {
+            true => packed_batch(BATCH * SEQ, SEQ, DOC_MEAN, config.vocab_size, 8 + i),
+            false => batch(BATCH * SEQ, config.vocab_size, 8 + i),
+        })
         .collect();
     let trained: usize = batches.iter().map(|(_, t)| trained_tokens(t)).sum();
     for (i, (tokens, targets)) in batches.iter().enumerate() {
@@ -105,6 +111,43 @@ fn training_step_matches_the_cpu() {
         };
         let (gpu, cpu) = (opts(DType::BF16, native), opts(DType::F32, native));
         compare(&format!("training step {name}"), &config, gpu, cpu, bounds);
+    }
+}
+
+/// The same with documents packed into each sequence, kept apart in attention and in RoPE's
+/// positions (`--doc-mask --doc-positions`), in bf16 and FP8.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn training_step_with_documents_matches_the_cpu() {
+    let documents = Some(Documents {
+        eos: EOS,
+        mask: true,
+        positions: true,
+    });
+    let fp8 = MatmulPrecision::Fp8 {
+        forward: DType::E4M3,
+        gradient: DType::E5M2,
+    };
+    for (name, config) in small_configs() {
+        // bf16 against f32, as above; FP8 against the CPU's emulation, as below.
+        let cases = [
+            (MatmulPrecision::Native, DType::F32, 1e-2, 0.99),
+            (fp8, DType::BF16, 2e-2, 0.98),
+        ];
+        for (matmul, cpu_dtype, loss, cosine) in cases {
+            let (gpu, cpu) = (
+                ModelOptions {
+                    documents,
+                    ..opts(DType::BF16, matmul)
+                },
+                ModelOptions {
+                    documents,
+                    ..opts(cpu_dtype, matmul)
+                },
+            );
+            let test = format!("{} step with documents {name}", matmul.name());
+            compare(&test, &config, gpu, cpu, Bounds { loss, cosine });
+        }
     }
 }
 

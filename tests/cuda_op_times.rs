@@ -36,6 +36,7 @@ fn op_times_account_for_the_step() {
         },
         offload: Offload::default(),
         moments: [DType::BF16; 2],
+        documents: None,
         op_times: true,
     };
     let report = bench::run(&gpu, config, &options, |_| Ok(None)).unwrap();

@@ -10,6 +10,7 @@
 mod common;
 
 use common::gpu::*;
+use common::{EOS, packed_batch};
 use smelt::backend::cpu::{Cpu, IGNORE_INDEX};
 use smelt::backend::cuda::kernel_choice::AttentionKernels;
 use smelt::backend::ops::adam8bit::absmax_len;
@@ -17,6 +18,7 @@ use smelt::backend::prelude::*;
 use smelt::backend::{
     AdamW, AdamWTensor, AttnShape, Fp8Sum, Fused, Matmul, MomentScales, Operand, ResidualAdd,
 };
+use smelt::model::documents;
 use smelt::rng::Rng;
 use smelt::tensor::{DType, Tensor};
 
@@ -523,34 +525,50 @@ fn rope_forward_and_backward() {
     // and the small one in a view one element into its storage, element by element. The
     // backward with the bias gradient runs in one pass on the 16-byte path (heads of 64 and
     // 128 pair lanes 4 and 8 apart; of 80, 5 apart in strips of 240 or 80 columns), in two
-    // passes on the other.
-    for (s, skip) in [(qwen, 0), (wide, 0), (small, 0), (small, 1)] {
+    // passes on the other. With documents (of that mean length) each row's position counts
+    // from its document's start, and the bias gradient takes the two passes.
+    let cases = [
+        (qwen, 0, None),
+        (wide, 0, None),
+        (small, 0, None),
+        (small, 1, None),
+        (qwen, 0, Some(300)),
+        (small, 0, Some(20)),
+    ];
+    for (s, skip, mean) in cases {
         let n = s.batch * s.seq * s.qkv_width();
+        let spans = mean.map(|mean| {
+            let (tokens, _) = packed_batch(s.batch * s.seq, s.seq, mean, 1000, 24);
+            documents::spans(&tokens, s.seq, EOS)
+        });
+        let spans = spans.as_deref();
         let (mut x, table) = (normal(n, 1.0, 19), rope_table(s.seq, s.head_dim));
         // The largest value in a value head, which the backward's abs-max must still see.
         x[5 * s.qkv_width() + (s.q_heads + s.kv_heads) * s.head_dim + 3] = -40.0;
         let bias = normal(s.qkv_width(), 1.0, 23);
         fn run<B: Backend>(
             b: &B, dtype: DType, (s, skip): (AttnShape, usize), (x, bias): (&[f32], &[f32]),
-            table: &[f32],
+            table: &[f32], spans: Option<&[i32]>,
         ) -> Outputs {
             let shape = [s.batch * s.seq, s.qkv_width()];
             let freqs = tensor(b, &[s.seq, s.head_dim / 2, 2], DType::F32, table);
+            let docs = spans.map(|spans| tensor_i32(b, spans));
+            let docs = docs.as_ref();
             let fwd = shifted(b, &shape, dtype, x, skip);
-            b.rope_forward(&fwd, &freqs, s).unwrap();
+            b.rope_forward(&fwd, &freqs, s, docs).unwrap();
             let bwd = shifted(b, &shape, dtype, x, skip);
             let found = amax(b);
-            b.rope_backward(&bwd, &freqs, s, Some(&found), None)
+            b.rope_backward(&bwd, &freqs, s, docs, Some(&found), None)
                 .unwrap();
             let both = shifted(b, &shape, dtype, x, skip);
             let (dbias, added) = (
                 tensor(b, &[shape[1]], dtype, &vec![0.0; shape[1]]),
                 tensor(b, &[shape[1]], dtype, bias),
             );
-            b.rope_backward(&both, &freqs, s, None, Some((&dbias, false)))
+            b.rope_backward(&both, &freqs, s, docs, None, Some((&dbias, false)))
                 .unwrap();
             let again = shifted(b, &shape, dtype, x, skip);
-            b.rope_backward(&again, &freqs, s, None, Some((&added, true)))
+            b.rope_backward(&again, &freqs, s, docs, None, Some((&added, true)))
                 .unwrap();
             vec![
                 ("forward", download(b, &fwd)),
@@ -562,11 +580,12 @@ fn rope_forward_and_backward() {
             ]
         }
         for dtype in [DType::BF16, DType::F32] {
-            let test = format!("rope D={} skip {skip} {dtype}", s.head_dim);
+            let docs = mean.map_or(String::new(), |m| format!(" documents of ~{m}"));
+            let test = format!("rope D={} skip {skip} {dtype}{docs}", s.head_dim);
             let outputs = check_op(
                 &test,
-                || run(&gpu, dtype, (s, skip), (&x, &bias), &table),
-                || run(&cpu, dtype, (s, skip), (&x, &bias), &table),
+                || run(&gpu, dtype, (s, skip), (&x, &bias), &table, spans),
+                || run(&cpu, dtype, (s, skip), (&x, &bias), &table, spans),
                 |_| tol(dtype),
             );
             // Over the rotated heads and the value heads it only reads.
@@ -705,22 +724,35 @@ fn attention_forward_and_backward() {
         kv_heads,
         head_dim,
     };
+    // Each with, where given, documents of that mean length packed into its sequences.
     let cases = [
-        (shape(2, 1024, 8, 2, 64), DType::BF16),
-        (shape(2, 1024, 8, 2, 64), DType::F32),
-        (shape(1, 4096, 4, 2, 128), DType::BF16),
-        (shape(2, 256, 4, 2, 80), DType::BF16),
-        (shape(2, 256, 6, 3, 96), DType::BF16),
-        (shape(2, 256, 4, 1, 128), DType::BF16),
+        (shape(2, 1024, 8, 2, 64), DType::BF16, None),
+        (shape(2, 1024, 8, 2, 64), DType::F32, None),
+        (shape(1, 4096, 4, 2, 128), DType::BF16, None),
+        (shape(2, 256, 4, 2, 80), DType::BF16, None),
+        (shape(2, 256, 6, 3, 96), DType::BF16, None),
+        (shape(2, 256, 4, 1, 128), DType::BF16, None),
         // A group of 7 over a grid that fills under half the GPU: dK/dV splits it into
         // shares, of unequal sizes where the load allows (on an H100, 4 of 1, 2, 2, 2 heads;
         // `dkdv_splits`' tests).
-        (shape(48, 256, 7, 1, 64), DType::BF16),
+        (shape(48, 256, 7, 1, 64), DType::BF16, None),
         // Plain multi-head attention, and a length that is no multiple of the 32-row tiles.
-        (shape(1, 300, 4, 4, 64), DType::F32),
-        (shape(1, 300, 4, 4, 64), DType::BF16),
+        (shape(1, 300, 4, 4, 64), DType::F32, None),
+        (shape(1, 300, 4, 4, 64), DType::BF16, None),
+        // Documents: of ~300 tokens, across the 64-row tiles; of ~20, several in a tile; in a
+        // split dK/dV; and in a sequence that ends inside a tile.
+        (shape(2, 1024, 8, 2, 64), DType::BF16, Some(300)),
+        (shape(2, 1024, 8, 2, 64), DType::F32, Some(300)),
+        (shape(2, 1024, 14, 2, 64), DType::BF16, Some(20)),
+        (shape(1, 4096, 4, 2, 128), DType::BF16, Some(700)),
+        (shape(48, 256, 7, 1, 64), DType::BF16, Some(40)),
+        (shape(1, 300, 4, 4, 64), DType::BF16, Some(50)),
     ];
-    fn run<B: Backend>(b: &B, dtype: DType, s: AttnShape, qkv: &[f32], dout: &[f32]) -> Outputs {
+    fn run<B: Backend>(
+        b: &B, dtype: DType, s: AttnShape, qkv: &[f32], dout: &[f32], spans: Option<&[i32]>,
+    ) -> Outputs {
+        let docs = spans.map(|spans| tensor_i32(b, spans));
+        let docs = docs.as_ref();
         let rows = s.batch * s.seq;
         let q = s.q_heads * s.head_dim;
         let qkv = tensor(b, &[rows, s.qkv_width()], dtype, qkv);
@@ -732,7 +764,7 @@ fn attention_forward_and_backward() {
             &vec![0.0; rows * s.q_heads],
         );
         let out_amax = amax(b);
-        b.attention_forward(&out, &lse, &qkv, s, Some(&out_amax))
+        b.attention_forward(&out, &lse, &qkv, s, docs, Some(&out_amax))
             .unwrap();
         let dout = tensor(b, &[rows, q], dtype, dout);
         let dqkv = tensor(
@@ -741,7 +773,7 @@ fn attention_forward_and_backward() {
             dtype,
             &vec![0.0; rows * s.qkv_width()],
         );
-        b.attention_backward(&dqkv, &dout, &qkv, &out, &lse, s)
+        b.attention_backward(&dqkv, &dout, &qkv, &out, &lse, s, docs)
             .unwrap();
         vec![
             ("out", download(b, &out)),
@@ -750,12 +782,17 @@ fn attention_forward_and_backward() {
             ("dqkv", download(b, &dqkv)),
         ]
     }
-    for (i, (s, dtype)) in cases.into_iter().enumerate() {
+    for (i, (s, dtype, mean)) in cases.into_iter().enumerate() {
         let rows = s.batch * s.seq;
         // Entries of std 1.5 give scores of std ~2: attention far from uniform.
         let qkv = normal(rows * s.qkv_width(), 1.5, 30 + i as u64);
         let dout = normal(rows * s.q_heads * s.head_dim, 1.0, 40 + i as u64);
-        let cpu_out = run(&cpu, dtype, s, &qkv, &dout);
+        let spans = mean.map(|mean| {
+            let (tokens, _) = packed_batch(rows, s.seq, mean, 1000, 50 + i as u64);
+            documents::spans(&tokens, s.seq, EOS)
+        });
+        let spans = spans.as_deref();
+        let cpu_out = run(&cpu, dtype, s, &qkv, &dout, spans);
         // The tensor-core kernels serve bf16 only; f32 always runs the CUDA-core ones. Wgmma
         // runs the mma.sync kernels off Hopper and at head sizes that are no multiple of 64.
         let versions: &[AttentionKernels] = if dtype == DType::BF16 {
@@ -769,13 +806,14 @@ fn attention_forward_and_backward() {
         };
         for &version in versions {
             gpu.set_attention_kernels(version);
+            let docs = mean.map_or(String::new(), |m| format!(" documents of ~{m}"));
             let name = format!(
-                "attention {version:?} {dtype} B{} T{} H{}/{} D{}",
+                "attention {version:?} {dtype} B{} T{} H{}/{} D{}{docs}",
                 s.batch, s.seq, s.q_heads, s.kv_heads, s.head_dim
             );
             let gpu_out = check_op(
                 &name,
-                || run(&gpu, dtype, s, &qkv, &dout),
+                || run(&gpu, dtype, s, &qkv, &dout, spans),
                 || cpu_out.clone(),
                 |output| match (output, dtype) {
                     // f32 log-sum-exps of identical inputs, summed in another order.

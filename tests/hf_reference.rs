@@ -101,6 +101,7 @@ fn cpu_matches_transformers() {
             weights: Weights::All,
             offload_weights: false,
             offload_gradients: false,
+            documents: None,
         };
         let mut model = Transformer::new(&cpu, config, options).unwrap();
         hf::import(&cpu, &model, &dir).unwrap();

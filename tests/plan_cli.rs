@@ -69,6 +69,7 @@ fn planned_matmul_on(
         lmhead_chunks: Some(choice.memory.lmhead_chunks),
         ffn_chunks: Some(choice.memory.ffn_chunks),
         allow_zero_2: true,
+        documents: None,
     };
     let gpu = datasheet("H100").unwrap();
     candidates(&request, gpu)
@@ -659,6 +660,7 @@ fn least_device_bytes(
         lmhead_chunks: None,
         ffn_chunks: None,
         allow_zero_2: true,
+        documents: None,
     };
     (candidates(&request, datasheet("H100").unwrap())
         .unwrap()
@@ -807,6 +809,7 @@ fn the_estimated_update_over_the_bus_is_near_what_an_h200_measured() {
         lmhead_chunks: Some(8),
         ffn_chunks: Some(1),
         allow_zero_2: true,
+        documents: None,
     };
     let all = candidates(&request, datasheet("H200").unwrap()).unwrap();
     let bus = |streamed: bool| {

@@ -453,3 +453,22 @@ fn log_file_that_is_not_a_log() {
         ],
     );
 }
+
+#[test]
+fn documents_need_an_eos_the_run_can_name() {
+    let c = Case::new();
+    let good = s(&c.good).to_string();
+    // The tiny model's directory has no tokenizer files to name one.
+    c.check(
+        &c.args(&good, &["--doc-mask"]),
+        &["has no tokenizer.json to name the EOS", "pass --eos-id"],
+    );
+    c.check(
+        &c.args(&good, &["--doc-positions", "--eos-id", "256"]),
+        &["--eos-id 256 is outside the model's vocabulary of 256"],
+    );
+    c.check(
+        &c.args(&good, &["--eos-id", "10"]),
+        &["--eos-id tells the documents apart", "--doc-mask"],
+    );
+}

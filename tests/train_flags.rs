@@ -87,3 +87,37 @@ fn a_warmup_longer_than_the_run_ends_at_its_last_step() {
         .collect();
     assert_eq!(lrs, [0.5e-2, 1e-2]);
 }
+
+/// `--doc-mask --doc-positions` train on the corpus's lines as documents (`--eos-id 10`, the
+/// newline): the option is logged, the loss falls, and keeping the lines apart changes what
+/// the model learns from the same batches.
+#[test]
+fn documents_train_apart() {
+    let set = setup();
+    let flags = ["--steps", "12", "--seed", "3"];
+    let plain = train(&set, &flags);
+    std::fs::remove_file(set.root.join("log.jsonl")).unwrap();
+    let documents = ["--doc-mask", "--doc-positions", "--eos-id", "10"];
+    let apart = train(&set, &[&flags[..], &documents].concat());
+    let option = apart.iter().find_map(|e| match e {
+        Event::Option { name, value } if name == "documents" => Some(value.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        option,
+        Some(serde_json::json!({"eos": 10, "mask": true, "positions": true}))
+    );
+    let losses = |events: &[Event]| -> Vec<f64> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Step { loss, .. } => Some(*loss),
+                _ => None,
+            })
+            .collect()
+    };
+    let (plain, apart) = (losses(&plain), losses(&apart));
+    assert_eq!(plain.len(), 12);
+    assert_ne!(plain, apart, "the same losses with the lines kept apart");
+    assert!(apart[11] < apart[0], "{apart:?}");
+}

@@ -6,7 +6,8 @@ use clap::Args;
 use serde_json::json;
 
 use super::flags::{
-    FitMemoryFlag, MatmulFlags, MomentFlags, OffloadFlags, RecomputeFlags, SmallerBatch,
+    DocumentFlags, FitMemoryFlag, MatmulFlags, MomentFlags, OffloadFlags, RecomputeFlags,
+    SmallerBatch,
 };
 use crate::backend::op_times::{OpTime, by_family};
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -15,7 +16,7 @@ use crate::model::Recompute;
 use crate::plan::Request;
 use crate::tensor::DType;
 use crate::train::ModelSource;
-use crate::train::bench::{self, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
+use crate::train::bench::{self, BenchDocuments, BenchOptions, BenchReport, PHASES, SPLIT_STEPS};
 use crate::train::console::gib;
 use crate::train::options::{MemoryOptions, Offload};
 
@@ -72,6 +73,18 @@ pub struct BenchArgs {
     ffn_chunks: usize,
     #[command(flatten)]
     fit_memory: FitMemoryFlag,
+    #[command(flatten)]
+    documents: DocumentFlags,
+    /// With --doc-mask or --doc-positions, the random tokens form documents of about this
+    /// many tokens, each closed by an EOS: their lengths are drawn uniformly between half
+    /// and one and a half times it.
+    #[arg(
+        long,
+        value_name = "TOKENS",
+        default_value_t = 512,
+        help_heading = "Model and data"
+    )]
+    doc_length: usize,
     /// Where to run: the GPU when the driver reports one, else the CPU.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto)]
     device: DeviceChoice,
@@ -88,6 +101,9 @@ impl BenchArgs {
         let config = ModelSource::architecture(&self.model)?;
         if self.batch_size == 0 || self.seq_len == 0 {
             bail!("--batch-size and --seq-len must be at least 1");
+        }
+        if self.doc_length < 2 {
+            bail!("--doc-length must be at least 2 (a document's tokens and its EOS)");
         }
         let matmul = self.matmul.resolve()?;
         let moments = self.moments.resolve(DType::BF16)?;
@@ -131,6 +147,10 @@ impl BenchArgs {
             },
             offload,
             moments,
+            documents: (self.documents.documents(bench::EOS)).map(|apart| BenchDocuments {
+                apart,
+                length: self.doc_length,
+            }),
             op_times: self.op_times,
         };
         let request = || Ok(Request::for_bench(config.clone(), &options));
@@ -176,6 +196,11 @@ impl BenchArgs {
             "moments": dtypes.moments,
             "batch": self.batch_size,
             "seq": self.seq_len,
+            "documents": self.documents.documents(bench::EOS).map(|d| json!({
+                "mask": d.mask,
+                "positions": d.positions,
+                "length": self.doc_length,
+            })),
             "steps": self.steps,
             "warmup": self.warmup,
             "tok_s": r.tokens_per_second,
@@ -204,8 +229,21 @@ impl BenchArgs {
     }
 
     fn print_table(&self, r: &BenchReport, dtypes: &Dtypes, device: &str) {
+        let documents = match self.documents.documents(bench::EOS) {
+            Some(d) => format!(
+                ", documents of ~{} tokens{}{}",
+                self.doc_length,
+                if d.mask { " masked" } else { "" },
+                if d.positions {
+                    " with their own positions"
+                } else {
+                    ""
+                }
+            ),
+            None => String::new(),
+        };
         println!(
-            "smelt bench: {}, batch {} × {}, matmul {}, Adam moments {}, on {device}",
+            "smelt bench: {}, batch {} × {}{documents}, matmul {}, Adam moments {}, on {device}",
             self.model, self.batch_size, self.seq_len, dtypes.matmul, dtypes.moments
         );
         let mfu = r

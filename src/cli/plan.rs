@@ -100,6 +100,7 @@ impl PlanArgs {
             lmhead_chunks: self.lmhead_chunks,
             ffn_chunks: None,
             allow_zero_2: true,
+            documents: None,
         };
         let (gpu, free) = self.gpu()?;
         let device = match (self.device_memory, free) {

@@ -4,12 +4,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use clap::Args;
+use tokenizers::Tokenizer;
 
 use super::flags::{
-    FitMemoryFlag, OffloadFlags, Precision, PrecisionFlags, RecomputeFlags, SmallerBatch,
-    check_floats, parse_flags,
+    DocumentFlags, FitMemoryFlag, OffloadFlags, Precision, PrecisionFlags, RecomputeFlags,
+    SmallerBatch, check_floats, parse_flags,
 };
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -18,9 +19,10 @@ use crate::comm::Comm;
 use crate::comm::ranks::{RankMain, Ranks, on_ranks};
 use crate::generate::{Generator, SampleOptions, Sampling};
 use crate::io::hf;
-use crate::model::Recompute;
+use crate::model::{Documents, Recompute};
 use crate::plan::Request;
 use crate::tensor::DType;
+use crate::tokenize::eos;
 use crate::train::guard::{GuardOptions, OnSpike};
 use crate::train::inject::Injection;
 use crate::train::options::{Defaults, MemoryOptions, Offload, OptimizerOptions, Resolved};
@@ -76,6 +78,13 @@ pub struct TrainArgs {
         help_heading = "Model and data"
     )]
     demo_dir: PathBuf,
+    #[command(flatten)]
+    documents: DocumentFlags,
+    /// The token that ends each document in --train-file and --eval-file, for --doc-mask and
+    /// --doc-positions [default: the EOS that --model's tokenizer files name, which `smelt
+    /// tokenize` appended].
+    #[arg(long, value_name = "ID", help_heading = "Model and data")]
+    eos_id: Option<u32>,
 
     // ----- batch and schedule -----
     /// Sequences per micro-batch [default: 4; demo 16].
@@ -520,6 +529,7 @@ impl TrainArgs {
                 self.eval_file.clone(),
             ),
         };
+        let documents = self.documents(&model)?;
         let demo_path = |name: &str| demo.then(|| self.demo_dir.join(name));
         Ok(Options {
             model,
@@ -558,6 +568,7 @@ impl TrainArgs {
                 lmhead_chunks: self.lmhead_chunks,
                 ffn_chunks: self.ffn_chunks,
             },
+            documents,
             seed: self.seed,
             ckpt_interval: self.ckpt_interval,
             checkpoint_dir: self
@@ -583,6 +594,51 @@ impl TrainArgs {
             },
             debug_inject: self.debug_inject.clone(),
         })
+    }
+
+    /// `--doc-mask` and `--doc-positions`, their documents ended by `--eos-id` or else by the
+    /// EOS that the model directory's tokenizer files name (as `smelt tokenize` found it).
+    fn documents(&self, model: &ModelSource) -> Result<Option<Documents>> {
+        if !self.documents.any() {
+            if self.eos_id.is_some() {
+                bail!(
+                    "--eos-id tells the documents apart for --doc-mask and --doc-positions:                      give one of them, or leave it out"
+                );
+            }
+            return Ok(None);
+        }
+        let vocab = model.config()?.0.vocab_size;
+        let eos = match (self.eos_id, model) {
+            (Some(id), _) => id,
+            (None, ModelSource::Dir { path, .. }) => {
+                let file = path.join("tokenizer.json");
+                if !file.exists() {
+                    bail!(
+                        "--doc-mask/--doc-positions: {} has no tokenizer.json to name the EOS                          that ends each document; pass --eos-id (the id `smelt tokenize` printed)",
+                        path.display()
+                    );
+                }
+                eos::find(
+                    &file,
+                    &Tokenizer::from_file(&file).map_err(|e| {
+                        anyhow!(
+                            "{}: not a usable tokenizer.json ({e}); pass --eos-id",
+                            file.display()
+                        )
+                    })?,
+                    None,
+                    vocab,
+                )?
+                .id
+            }
+            (None, ModelSource::Config { name, .. }) => bail!(
+                "--doc-mask/--doc-positions: {name} has no tokenizer files to name the EOS that                  ends each document; pass --eos-id (the id `smelt tokenize` printed)"
+            ),
+        };
+        if eos as usize >= vocab {
+            bail!("--eos-id {eos} is outside the model's vocabulary of {vocab}");
+        }
+        Ok(self.documents.documents(eos as i32))
     }
 
     fn refuse_unimplemented(&self) -> Result<()> {

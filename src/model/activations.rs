@@ -87,18 +87,22 @@ pub struct ActivationShape {
     pub ffn_rows: usize,  // rows of one MLP chunk (N unchunked; chunks are always recomputed)
     /// The heads a QK-norm normalizes (queries and keys), for a model with one (Qwen3).
     pub qk_norm_heads: Option<usize>,
+    /// Whether sequences pack documents (`ModelOptions::documents`).
+    pub documents: bool,
 }
 
 /// Every activation and activation gradient of one micro-batch. The MLP's gradients have no
 /// buffers of their own: each overwrites the activation it is the gradient of, which the
 /// backward no longer needs by then (`block_backward`).
 pub struct Activations<B: Backend> {
-    pub tokens: Tensor<B>,      // [N] i32
-    pub targets: Tensor<B>,     // [N] i32
+    pub tokens: Tensor<B>,  // [N] i32
+    pub targets: Tensor<B>, // [N] i32
+    /// The packed documents' spans (`documents::spans`), where sequences pack documents.
+    pub docs: Option<Tensor<B>>, // [2, N] i32
     pub residual: Residuals<B>, // [N, C]: each block's input, then the last output
-    pub ln1: Stash<B>,          // [N, C]
-    pub rstd1: Stash<B>,        // [N]
-    pub qkv: Stash<B>,          // [N, W], after RoPE
+    pub ln1: Stash<B>,      // [N, C]
+    pub rstd1: Stash<B>,    // [N]
+    pub qkv: Stash<B>,      // [N, W], after RoPE
     /// The QK-norm's input and statistics, for a model with one (Qwen3).
     pub qk_norm: Option<QkNormStash<B>>,
     pub att: Stash<B>,          // [N, Q]
@@ -175,6 +179,7 @@ pub struct ActivationPlan {
     layers: usize,
     tokens: Range<usize>,
     targets: Range<usize>,
+    docs: Option<Range<usize>>,
     residual: StashPlan,
     residual_out: Range<usize>,
     ln1: StashPlan,
@@ -228,6 +233,9 @@ impl ActivationPlan {
         let kept = offload.kept;
         let tokens = p.device.add("tokens", &[n], DType::I32, 1);
         let targets = p.device.add("targets", &[n], DType::I32, 1);
+        let docs = s
+            .documents
+            .then(|| p.device.add("docs", &[2, n], DType::I32, 1));
         let residual = p.stash("residual", &[n, s.hidden], dtype, false, offload.residual);
         let residual_out = p.device.add("residual_out", &[n, s.hidden], dtype, 1);
         let kept_ln1 = !fp8 && !recompute.norms();
@@ -258,6 +266,7 @@ impl ActivationPlan {
             layers: s.layers,
             tokens,
             targets,
+            docs,
             residual,
             residual_out,
             ln1,
@@ -304,6 +313,7 @@ impl ActivationPlan {
         Activations {
             tokens: one(&self.tokens),
             targets: one(&self.targets),
+            docs: self.docs.as_ref().map(one),
             residual: Residuals::new(stash(&self.residual), one(&self.residual_out), self.layers),
             ln1: stash(&self.ln1),
             rstd1: stash(&self.rstd1),

@@ -93,7 +93,15 @@ impl<B: Backend> Transformer<B> {
             .backward(b, out, &a.datt, dres, a.att.layer(l), acc)?;
         // 3) attention
         let (qkv, att, lse) = (a.qkv.layer(l), a.att.layer(l), a.lse.layer(l));
-        b.attention_backward(&a.dqkv, &a.datt, qkv, att, lse, shape)?;
+        b.attention_backward(
+            &a.dqkv,
+            &a.datt,
+            qkv,
+            att,
+            lse,
+            shape,
+            self.attention_docs(),
+        )?;
         // 2) RoPE (with the bias gradient where it comes along), the QK-norm where the model
         // has one (Qwen3, which has no bias), and the QKV projection; the last of them reports
         // the projection's output gradient's abs-max
@@ -101,7 +109,7 @@ impl<B: Backend> Transformer<B> {
         match (w.qk_norm(), g.qk_norm(), &a.qk_norm) {
             (Some(weights), Some(dweights), Some(stash)) => {
                 let (raw, rstd) = (stash.raw.layer(l), stash.rstd.layer(l));
-                b.rope_backward(&a.dqkv, &self.rope, shape, None, None)?;
+                b.rope_backward(&a.dqkv, &self.rope, shape, self.rope_docs(), None, None)?;
                 let amax = amax.as_ref();
                 b.head_rmsnorm_backward(&a.dqkv, dweights, raw, weights, rstd, shape, acc, amax)?;
             }
@@ -110,7 +118,8 @@ impl<B: Backend> Transformer<B> {
                     .filter(|_| self.linears.bias_with_rope(Linear::Qkv))
                     .map(|db| (db, acc));
                 let rope_amax = amax.as_ref().filter(|_| bias.is_none());
-                b.rope_backward(&a.dqkv, &self.rope, shape, rope_amax, bias)?;
+                let docs = self.rope_docs();
+                b.rope_backward(&a.dqkv, &self.rope, shape, docs, rope_amax, bias)?;
             }
         }
         let qkv = (l, Linear::Qkv, w, g);
@@ -203,7 +212,19 @@ impl<B: Backend> Transformer<B> {
             }
             _ => self.linears.forward(b, qkv_linear, qkv, x)?,
         }
-        b.rope_forward(qkv, rope, self.attn_shape())
+        b.rope_forward(qkv, rope, self.attn_shape(), self.rope_docs())
+    }
+
+    /// The documents' spans where attention keeps them apart (`--doc-mask`).
+    fn attention_docs(&self) -> Option<&Tensor<B>> {
+        let masked = self.options.documents.is_some_and(|d| d.mask);
+        self.acts.docs.as_ref().filter(|_| masked)
+    }
+
+    /// The documents' spans where RoPE counts positions from each (`--doc-positions`).
+    fn rope_docs(&self) -> Option<&Tensor<B>> {
+        let restarted = self.options.documents.is_some_and(|d| d.positions);
+        self.acts.docs.as_ref().filter(|_| restarted)
     }
 
     /// Step 3: causal attention over the rows `qkv`, into block `l`'s attention output and
@@ -212,7 +233,8 @@ impl<B: Backend> Transformer<B> {
         let a = &self.acts;
         let amax = self.linears.input_amax(l, Linear::Out);
         let (att, lse) = (a.att.layer(l), a.lse.layer(l));
-        b.attention_forward(att, lse, qkv, self.attn_shape(), amax.as_ref())
+        let docs = self.attention_docs();
+        b.attention_forward(att, lse, qkv, self.attn_shape(), docs, amax.as_ref())
     }
 
     /// Steps 4 and 5: the output projection into `branch`, then the residual add (into

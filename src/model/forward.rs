@@ -7,6 +7,7 @@ use anyhow::ensure;
 
 use super::backward::{BlockEvent, BlockEvents};
 use super::decode::KvCache;
+use super::documents;
 use super::transformer::{Transformer, Weights};
 use crate::backend::{Backend, Range, ResidualAdd};
 
@@ -54,6 +55,9 @@ impl<B: Backend> Transformer<B> {
         self.linears.begin_forward(b, p)?;
         self.streams.begin_forward(b)?;
         b.upload_i32(&a.tokens, tokens)?;
+        if let (Some(docs), Some(d)) = (&a.docs, self.options.documents) {
+            b.upload_i32(docs, &documents::spans(tokens, self.options.seq, d.eos))?;
+        }
         a.before_block_forward(b, 0)?;
         b.embedding_forward(a.residual.layer(0), &a.tokens, &p.embed)?;
         for l in 0..self.config.num_layers {

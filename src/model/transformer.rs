@@ -5,6 +5,7 @@ use anyhow::{Result, ensure};
 
 use super::activations::{ActivationOffload, ActivationPlan, ActivationShape, Activations};
 use super::config::ModelConfig;
+use super::documents::Documents;
 use super::fp8::Fp8Plan;
 use super::int8::Int8Plan;
 use super::linear::{MatmulPrecision, QuantizedShape};
@@ -45,6 +46,9 @@ pub struct ModelOptions {
     pub offload_weights: bool,
     /// The same for the blocks' gradients.
     pub offload_gradients: bool,
+    /// Documents packed into each sequence, kept apart in attention or in RoPE's positions;
+    /// `None` trains each sequence as one.
+    pub documents: Option<Documents>,
 }
 
 /// Which parameter gradients have memory.
@@ -106,6 +110,7 @@ impl ModelOptions {
             weights: Weights::All,
             offload_weights: false,
             offload_gradients: false,
+            documents: None,
         }
     }
 }
@@ -255,6 +260,7 @@ impl ModelPlan {
             qk_norm_heads: config
                 .qk_norm
                 .then_some(config.num_heads + config.num_kv_heads),
+            documents: options.documents.is_some(),
         };
         let activations = ActivationPlan::new(
             &shape,

@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use self::cost::{StepCost, Workload};
 use crate::backend::datasheet::Datasheet;
 use crate::model::{
-    Gradients, MatmulPrecision, ModelConfig, ModelPlan, Params, Recompute, shared_slots,
+    Documents, Gradients, MatmulPrecision, ModelConfig, ModelPlan, Params, Recompute, shared_slots,
 };
 use crate::tensor::DType;
 use crate::train::bench::{self, BenchOptions};
@@ -48,6 +48,9 @@ pub struct Request {
     /// Whether ZeRO-2 may be chosen (not with `--grad-sum-after-backward`, which it cannot
     /// honour).
     pub allow_zero_2: bool,
+    /// Documents packed into the sequences (`--doc-mask`, `--doc-positions`), whose spans
+    /// the activations hold.
+    pub documents: Option<Documents>,
 }
 
 impl Request {
@@ -66,6 +69,7 @@ impl Request {
             lmhead_chunks: None,
             ffn_chunks: None,
             allow_zero_2: !options.grad_sum_after_backward,
+            documents: options.documents,
         })
     }
 
@@ -84,6 +88,7 @@ impl Request {
             lmhead_chunks: None,
             ffn_chunks: None,
             allow_zero_2: true,
+            documents: options.documents.map(|d| d.apart),
         }
     }
 }
@@ -418,7 +423,8 @@ struct ModelMemory {
 }
 
 fn model_memory(r: &Request, memory: MemoryOptions) -> Result<ModelMemory> {
-    let options = memory.model_options(r.batch, r.seq, r.model_dtype, r.matmul, Gradients::All);
+    let mut options = memory.model_options(r.batch, r.seq, r.model_dtype, r.matmul, Gradients::All);
+    options.documents = r.documents;
     let model = ModelPlan::new(&r.config, &options)?;
     let losses = model.losses();
     let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);

@@ -23,7 +23,7 @@ use super::options::{MemoryOptions, Offload, OptimizerOptions};
 use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
 use crate::comm::Solo;
-use crate::model::{Gradients, LossOptions, MatmulPrecision, ModelConfig, Transformer};
+use crate::model::{Documents, Gradients, LossOptions, MatmulPrecision, ModelConfig, Transformer};
 use crate::rng::Rng;
 use crate::tensor::DType;
 
@@ -31,6 +31,8 @@ use crate::tensor::DType;
 pub const SPLIT_STEPS: usize = 3;
 /// Seeds the weights, the tokens and stochastic rounding.
 const SEED: u64 = 1;
+/// The token that ends the benchmark's documents.
+pub const EOS: i32 = 0;
 /// A constant learning rate: the schedule costs nothing on the device, and a small rate
 /// keeps the random model from diverging over the few steps.
 const LR: f32 = 1e-4;
@@ -49,8 +51,19 @@ pub struct BenchOptions {
     pub offload: Offload,
     /// The dtypes of Adam's first and second moments.
     pub moments: [DType; 2],
+    /// Random documents packed into the sequences.
+    pub documents: Option<BenchDocuments>,
     /// Also time each op (`BenchReport::ops`).
     pub op_times: bool,
+}
+
+/// The benchmark's random documents.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchDocuments {
+    /// What keeps them apart; each ends with `EOS`.
+    pub apart: Documents,
+    /// Their mean length in tokens.
+    pub length: usize,
 }
 
 /// The phases of a step, in order.
@@ -124,7 +137,9 @@ pub fn run<B: Backend>(
         bail!("--steps must be at least 1");
     }
     let flops_per_token = config.training_flops_per_token(o.seq);
-    let options = (o.memory).model_options(o.batch, o.seq, DType::BF16, o.matmul, Gradients::All);
+    let mut options =
+        (o.memory).model_options(o.batch, o.seq, DType::BF16, o.matmul, Gradients::All);
+    options.documents = o.documents.map(|d| d.apart);
     let model = Transformer::new(b, config, options)?;
     model.init_weights(b, SEED)?;
     let optimizer = OptimizerOptions {
@@ -134,7 +149,9 @@ pub fn run<B: Backend>(
     let opt = AdamWState::new(b, &Solo, &model, optimizer)?;
     let mut bench = Bench {
         b,
-        batches: (0..2).map(|i| random_batch(&model, i)).collect(),
+        batches: (0..2)
+            .map(|i| random_batch(&model, i, o.documents.map(|d| d.length)))
+            .collect(),
         model,
         opt,
         step: 0,
@@ -254,12 +271,28 @@ impl<B: Backend> Bench<'_, B> {
     }
 }
 
-/// Uniformly random tokens, each target the next token, from the `index`th stream.
-fn random_batch<B: Backend>(model: &Transformer<B>, index: u64) -> (Vec<i32>, Vec<i32>) {
+/// Uniformly random tokens, each target the next token, from the `index`th stream. With
+/// `doc_length`, an `EOS` ends each document, of a length drawn uniformly from [L/2, 3L/2],
+/// and the other tokens are never it.
+fn random_batch<B: Backend>(
+    model: &Transformer<B>, index: u64, doc_length: Option<usize>,
+) -> (Vec<i32>, Vec<i32>) {
     let mut rng = Rng::derived(SEED, index);
     let vocab = model.config.vocab_size;
+    let document = |rng: &mut Rng| doc_length.map(|l| l / 2 + rng.below(l + 1));
+    let mut left = document(&mut rng);
     let stream: Vec<i32> = (0..=model.tokens_per_step())
-        .map(|_| rng.below(vocab) as i32)
+        .map(|_| match &mut left {
+            None => rng.below(vocab) as i32,
+            Some(0 | 1) => {
+                left = document(&mut rng);
+                EOS
+            }
+            Some(n) => {
+                *n -= 1;
+                1 + rng.below(vocab - 1) as i32
+            }
+        })
         .collect();
     let n = stream.len() - 1;
     (stream[..n].to_vec(), stream[1..].to_vec())

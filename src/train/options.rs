@@ -18,7 +18,7 @@ use crate::comm::ranks::Ranks;
 use crate::io::hf;
 use crate::io::hf_cache::{self, HubName};
 use crate::model::{
-    Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Weights, presets,
+    Documents, Gradients, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Weights, presets,
 };
 use crate::tensor::DType;
 
@@ -124,6 +124,8 @@ pub struct Options {
     pub matmul: MatmulPrecision,
     #[serde(flatten)]
     pub memory: MemoryOptions,
+    /// `--doc-mask` and `--doc-positions`.
+    pub documents: Option<Documents>,
     pub seed: u64,
     /// Steps between checkpoints; 0 for none.
     pub ckpt_interval: u64,
@@ -262,6 +264,7 @@ impl MemoryOptions {
             weights: Weights::All,
             offload_weights: self.offload_weights,
             offload_gradients: self.offload_gradients,
+            documents: None,
         }
     }
 }

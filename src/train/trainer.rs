@@ -160,6 +160,7 @@ impl<'a, B: Backend> Run<'a, B> {
         let gradients = kept.clone().map_or(Gradients::All, Gradients::Kept);
         let mut options =
             (o.memory).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
+        options.documents = o.documents;
         if let Some(kept) = kept.filter(|_| o.optimizer.zero_level >= 3) {
             options.weights = Weights::Kept(kept);
         }

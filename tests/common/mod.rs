@@ -48,6 +48,7 @@ pub fn options(
         weights: Weights::All,
         offload_weights: false,
         offload_gradients: false,
+        documents: None,
     }
 }
 
@@ -75,6 +76,39 @@ pub fn batch(n: usize, vocab: usize, seed: u64) -> (Vec<i32>, Vec<i32>) {
     targets[n / 3] = IGNORE_INDEX;
     targets[n - 1] = IGNORE_INDEX;
     (stream[..n].to_vec(), targets)
+}
+
+/// The token that ends each document of `packed_batch`.
+pub const EOS: i32 = 0;
+
+/// `batch`'s tokens and targets with documents packed into each sequence of `seq`: each ends
+/// with `EOS`, which no other token is, and their lengths are drawn from [1, 2·mean) (the
+/// last of a sequence cut where it ends).
+pub fn packed_batch(
+    n: usize, seq: usize, mean: usize, vocab: usize, seed: u64,
+) -> (Vec<i32>, Vec<i32>) {
+    let (mut tokens, mut targets) = batch(n, vocab, seed);
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    for sequence in tokens.chunks_mut(seq) {
+        let mut t = 0;
+        for token in sequence.iter_mut() {
+            *token = (*token).max(1);
+        }
+        loop {
+            t += 1 + rng.below(2 * mean - 1);
+            if t > sequence.len() {
+                break;
+            }
+            sequence[t - 1] = EOS;
+        }
+    }
+    // Each target is the next token, where it is trained.
+    for i in 0..n - 1 {
+        if targets[i] != IGNORE_INDEX {
+            targets[i] = tokens[i + 1];
+        }
+    }
+    (tokens, targets)
 }
 
 pub fn trained_tokens(targets: &[i32]) -> usize {

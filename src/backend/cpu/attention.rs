@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 
 use super::{Cpu, Scalar, rounding, sum_f64};
 use crate::backend::{AttentionOps, AttnShape};
@@ -44,20 +44,44 @@ fn scale<T: Scalar>(s: AttnShape) -> T {
     T::of(1.0 / (s.head_dim as f64).sqrt())
 }
 
-/// Query `t` of head `h` against keys and values `0..=t`: writes its output into `o_t` and
-/// returns its log-sum-exp. `scores` holds at least `t + 1` values.
+/// Where each token's document starts and ends in its sequence (`AttentionOps`'s `docs`), or
+/// without them the whole sequence.
+#[derive(Clone, Copy)]
+pub(super) struct Spans<'a> {
+    docs: Option<&'a [i32]>,
+    s: AttnShape,
+}
+
+impl<'a> Spans<'a> {
+    pub(super) fn new(docs: Option<&'a [i32]>, s: AttnShape) -> Self {
+        Spans { docs, s }
+    }
+    /// The first token of the document of token `t` of sequence `b`.
+    pub(super) fn start(&self, b: usize, t: usize) -> usize {
+        self.docs.map_or(0, |d| d[b * self.s.seq + t] as usize)
+    }
+    /// One past the last token of that document.
+    fn end(&self, b: usize, t: usize) -> usize {
+        self.docs.map_or(self.s.seq, |d| {
+            d[(self.s.batch + b) * self.s.seq + t] as usize
+        })
+    }
+}
+
+/// Query `t` of head `h` against keys and values `first..=t`: writes its output into `o_t`
+/// and returns its log-sum-exp. `scores` holds at least `t + 1 - first` values.
 fn attend_row<T: Scalar>(
-    heads: &Heads<T>, h: usize, t: usize, scores: &mut [T], o_t: &mut [T],
+    heads: &Heads<T>, h: usize, t: usize, first: usize, scores: &mut [T], o_t: &mut [T],
 ) -> T {
     let kvh = h / (heads.s.q_heads / heads.s.kv_heads);
     let q = heads.q(t, h);
-    let scores = &mut scores[..=t];
-    for (j, score) in scores.iter_mut().enumerate() {
+    let scores = &mut scores[..=t - first];
+    for (j, score) in (first..).zip(scores.iter_mut()) {
         *score = dot(q, heads.k(j, kvh)) * scale(heads.s);
     }
     let max = scores.iter().fold(T::neg_infinity(), |m, &x| m.max(x));
     let lse = max + sum_f64(scores.iter().map(|&x| (x - max).exp())).ln();
-    for (j, &score) in scores.iter().enumerate() {
+    for (j, &score) in (first..).zip(scores.iter()) {
         let p = (score - lse).exp();
         for (o, &v) in o_t.iter_mut().zip(heads.v(j, kvh)) {
             *o += p * v;
@@ -67,7 +91,9 @@ fn attend_row<T: Scalar>(
 }
 
 /// out: `[B·T, Hq·d]`; lse: `[B, Hq, T]`.
-pub fn attention_forward<T: Scalar>(out: &mut [T], lse: &mut [T], qkv: &[T], s: AttnShape) {
+fn attention_forward<T: Scalar>(
+    out: &mut [T], lse: &mut [T], qkv: &[T], s: AttnShape, spans: Spans,
+) {
     let d = s.head_dim;
     let per_head: Vec<(Vec<T>, Vec<T>)> = (0..s.batch * s.q_heads)
         .into_par_iter()
@@ -87,6 +113,7 @@ pub fn attention_forward<T: Scalar>(out: &mut [T], lse: &mut [T], qkv: &[T], s: 
                     &heads,
                     bh % s.q_heads,
                     t,
+                    spans.start(heads.batch, t),
                     &mut scores,
                     &mut o[t * d..(t + 1) * d],
                 );
@@ -105,19 +132,19 @@ pub fn attention_forward<T: Scalar>(out: &mut [T], lse: &mut [T], qkv: &[T], s: 
 }
 
 /// The last position's row of `attention_forward` alone (one sequence): out `[1, Hq·d]`.
-pub fn attention_decode<T: Scalar>(out: &mut [T], qkv: &[T], s: AttnShape) {
+fn attention_decode<T: Scalar>(out: &mut [T], qkv: &[T], s: AttnShape) {
     let heads = Heads { qkv, s, batch: 0 };
     let d = s.head_dim;
     out.par_chunks_mut(d).enumerate().for_each(|(h, o)| {
         o.fill(T::zero());
-        attend_row(&heads, h, s.seq - 1, &mut vec![T::zero(); s.seq], o);
+        attend_row(&heads, h, s.seq - 1, 0, &mut vec![T::zero(); s.seq], o);
     });
 }
 
 /// Writes `dqkv` from `dout`, using the saved `out` and `lse`:
 /// `dS = P ⊙ (dout·vᵀ − rowsum(dout ⊙ out))`, `dq = dS·k/√d`, `dk = dSᵀ·q/√d`, `dv = Pᵀ·dout`.
-pub fn attention_backward<T: Scalar>(
-    dqkv: &mut [T], dout: &[T], qkv: &[T], out: &[T], lse: &[T], s: AttnShape,
+fn attention_backward<T: Scalar>(
+    dqkv: &mut [T], dout: &[T], qkv: &[T], out: &[T], lse: &[T], s: AttnShape, spans: Spans,
 ) {
     let (d, group) = (s.head_dim, s.q_heads / s.kv_heads);
     let row_of = |b: usize, t: usize, h: usize| (b * s.seq + t) * s.q_heads * d + h * d;
@@ -136,7 +163,7 @@ pub fn attention_backward<T: Scalar>(
                     let delta = dot(do_t, &out[row_of(b, t, h)..row_of(b, t, h) + d]);
                     let l = lse[(b * s.q_heads + h) * s.seq + t];
                     let dq_t = &mut dq[(g * s.seq + t) * d..(g * s.seq + t + 1) * d];
-                    for j in 0..=t {
+                    for j in spans.start(b, t)..=t {
                         let (k, v) = (heads.k(j, kvh), heads.v(j, kvh));
                         let p = (dot(q, k) * scale(s) - l).exp();
                         let ds = p * (dot(do_t, v) - delta) * scale(s);
@@ -172,12 +199,16 @@ pub fn attention_backward<T: Scalar>(
 impl<T: Scalar> AttentionOps for Cpu<T> {
     fn attention_forward(
         &self, out: &Tensor<Self>, lse: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
-        amax: Option<&Tensor<Self>>,
+        docs: Option<&Tensor<Self>>, amax: Option<&Tensor<Self>>,
     ) -> Result<()> {
         {
             let qkv = self.floats(qkv)?;
+            let docs = self.documents(docs, shape)?;
+            let spans = Spans::new(docs.as_deref(), shape);
             let mut lse_v = self.floats_mut(lse)?;
-            self.update(out, |o| attention_forward(o, &mut lse_v, &qkv, shape))?;
+            self.update(out, |o| {
+                attention_forward(o, &mut lse_v, &qkv, shape, spans)
+            })?;
             rounding::round_slice(lse.dtype, &mut lse_v);
         }
         self.report_abs_max(amax, out)
@@ -192,7 +223,7 @@ impl<T: Scalar> AttentionOps for Cpu<T> {
 
     fn attention_backward(
         &self, dqkv: &Tensor<Self>, dout: &Tensor<Self>, qkv: &Tensor<Self>, out: &Tensor<Self>,
-        lse: &Tensor<Self>, shape: AttnShape,
+        lse: &Tensor<Self>, shape: AttnShape, docs: Option<&Tensor<Self>>,
     ) -> Result<()> {
         let (dout, qkv, out, lse) = (
             self.floats(dout)?,
@@ -200,8 +231,36 @@ impl<T: Scalar> AttentionOps for Cpu<T> {
             self.floats(out)?,
             self.floats(lse)?,
         );
+        let docs = self.documents(docs, shape)?;
+        let spans = Spans::new(docs.as_deref(), shape);
         self.update(dqkv, |d| {
-            attention_backward(d, &dout, &qkv, &out, &lse, shape)
+            attention_backward(d, &dout, &qkv, &out, &lse, shape, spans)
         })
+    }
+}
+
+impl<T: Scalar> Cpu<T> {
+    /// `docs`' values, checked to be `[2, B, T]` i32 of runs within each sequence.
+    pub(super) fn documents<'a>(
+        &self, docs: Option<&'a Tensor<Self>>, s: AttnShape,
+    ) -> Result<Option<std::cell::Ref<'a, [i32]>>> {
+        let Some(docs) = docs else { return Ok(None) };
+        let bounds = self.ints(docs)?;
+        ensure!(
+            bounds.len() == 2 * s.batch * s.seq,
+            "attention: docs {:?} for {s:?} (want [2, B, T])",
+            docs.shape
+        );
+        let spans = Spans::new(Some(&bounds), s);
+        for b in 0..s.batch {
+            for t in 0..s.seq {
+                let (start, end) = (spans.start(b, t), spans.end(b, t));
+                ensure!(
+                    start <= t && t < end && end <= s.seq,
+                    "attention: token {t} of sequence {b} lies outside its document [{start}, {end})"
+                );
+            }
+        }
+        Ok(Some(bounds))
     }
 }

@@ -154,6 +154,20 @@ fn check(s: &AttnShape, qkv: &Tensor<Cuda>, lse: &Tensor<Cuda>) -> Result<()> {
     Ok(())
 }
 
+/// The device address of `docs` (`AttentionOps`), checked to be `[2, tokens]` i32, or 0
+/// (null) without documents. The kernels clamp every start and end into its token's sequence,
+/// so no values read through it take them out of bounds.
+pub(super) fn documents_ptr(docs: Option<&Tensor<Cuda>>, tokens: usize) -> Result<u64> {
+    let Some(docs) = docs else { return Ok(0) };
+    ensure_dtype(docs, DType::I32, "attention (docs)")?;
+    ensure!(
+        docs.numel() == 2 * tokens,
+        "attention: docs {:?} for {tokens} tokens (want [2, B, T])",
+        docs.shape
+    );
+    Ok(ptr(docs))
+}
+
 fn check_qkv(s: &AttnShape, qkv: &Tensor<Cuda>) -> Result<()> {
     ensure!(
         HEAD_DIMS.contains(&s.head_dim),
@@ -178,10 +192,11 @@ fn check_qkv(s: &AttnShape, qkv: &Tensor<Cuda>) -> Result<()> {
 impl AttentionOps for Cuda {
     fn attention_forward(
         &self, out: &Tensor<Cuda>, lse: &Tensor<Cuda>, qkv: &Tensor<Cuda>, s: AttnShape,
-        amax: Option<&Tensor<Cuda>>,
+        docs: Option<&Tensor<Cuda>>, amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("attention_forward")?;
         let amax = amax_ptr("attention_forward", amax)?;
+        let docs = documents_ptr(docs, s.batch * s.seq)?;
         check(&s, qkv, lse)?;
         ensure_same_dtype("attention_forward", &[out, qkv])?;
         ensure!(
@@ -198,10 +213,12 @@ impl AttentionOps for Cuda {
             (s.kv_heads as i32).into(),
             scale(&s).into(),
             amax.into(),
+            docs.into(),
         ];
         // SAFETY: block (tile, h, b) reads qkv rows of batch b up to its last query and writes
         // its rows of head h in out [B·T, Hq·D] and lse [B, Hq, T], and amax (one f32 or
-        // null); the tensor-core kernels, only where qkv and out are 16-byte aligned (with TMA,
+        // null), reading docs (null or [2, B, T] i32) at its sequence's tokens; the tensor-core
+        // kernels, only where qkv and out are 16-byte aligned (with TMA,
         // reading qkv through a map of exactly it), stage Q, K and V tiles and their barriers
         // in exactly `forward_smem(D)` bytes.
         unsafe {
@@ -290,10 +307,11 @@ impl AttentionOps for Cuda {
     /// does.
     fn attention_backward(
         &self, dqkv: &Tensor<Cuda>, dout: &Tensor<Cuda>, qkv: &Tensor<Cuda>, out: &Tensor<Cuda>,
-        lse: &Tensor<Cuda>, s: AttnShape,
+        lse: &Tensor<Cuda>, s: AttnShape, docs: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("attention_backward")?;
         check(&s, qkv, lse)?;
+        let docs = documents_ptr(docs, s.batch * s.seq)?;
         ensure_same_dtype("attention_backward", &[dqkv, dout, qkv, out])?;
         let q_numel = s.batch * s.seq * s.q_heads * s.head_dim;
         ensure!(
@@ -341,6 +359,7 @@ impl AttentionOps for Cuda {
                 (s.q_heads as i32).into(),
                 (s.kv_heads as i32).into(),
                 scale(&s).into(),
+                docs.into(),
             ]
         };
         // SAFETY: delta is [B, Hq, T] f32 of scratch, written from dout and out [B·T, Hq·D]:
@@ -350,7 +369,8 @@ impl AttentionOps for Cuda {
         // The dK/dV blocks write disjoint k and v columns of dqkv, or with splits, disjoint rows
         // of the shares ([splits][2][B·T][Hkv][D] f32 of scratch after delta, 16-byte aligned),
         // which the sum reads back; the dQ blocks write disjoint q columns; all read qkv, dout,
-        // lse and delta in bounds (with TMA, through maps of exactly qkv and dout). The
+        // lse and delta in bounds (with TMA, through maps of exactly qkv and dout), and docs
+        // (null or [2, B, T] i32) at their sequence's tokens. The
         // tensor-core kernels run only where qkv, dout, out and dqkv are 16-byte aligned, and
         // take exactly the shared memory they stage: `dkdv_smem(D)` bytes for dK/dV (K, V, two
         // buffers of Q and dout tiles and of their lse and delta, the barriers), `dq_smem(D)`

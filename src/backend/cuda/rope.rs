@@ -2,6 +2,7 @@
 
 use anyhow::{Result, ensure};
 
+use super::attention::documents_ptr;
 use super::kernels::{Arg, Kernel};
 use super::{BLOCK, Cuda, amax_ptr, ensure_dtype, float, ptr, vec16, width};
 use crate::backend::{AttnShape, RopeOps};
@@ -13,30 +14,34 @@ const REPORTING_BLOCKS: usize = 1024;
 impl RopeOps for Cuda {
     fn rope_forward(
         &self, qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape,
+        docs: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("rope_forward")?;
-        self.rope(qkv, freqs, shape, false, None)
+        self.rope(qkv, freqs, shape, docs, false, None)
     }
 
     /// With a bias, in one pass where the heads fit `colsum_partial`'s strips (which report no
-    /// abs-max), else the two passes.
+    /// abs-max, and take each position's angles for every sequence at once, so not with
+    /// documents), else the two passes.
     fn rope_backward(
         &self, dqkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape,
-        amax: Option<&Tensor<Cuda>>, bias: Option<(&Tensor<Cuda>, bool)>,
+        docs: Option<&Tensor<Cuda>>, amax: Option<&Tensor<Cuda>>,
+        bias: Option<(&Tensor<Cuda>, bool)>,
     ) -> Result<()> {
         let Some((dbias, accumulate)) = bias else {
             let _timing = self.time_op("rope_backward")?;
-            return self.rope(dqkv, freqs, shape, true, amax);
+            return self.rope(dqkv, freqs, shape, docs, true, amax);
         };
         let _timing = self.time_op("rope_backward_and_bias")?;
-        match RopeStrips::fit(dqkv, freqs, shape).filter(|_| amax.is_none()) {
+        let fused = amax.is_none() && docs.is_none();
+        match RopeStrips::fit(dqkv, freqs, shape).filter(|_| fused) {
             Some(strips) => {
                 check_shapes(dqkv, freqs, shape)?;
                 self.column_sum_rotating(dbias, dqkv, accumulate, Some(strips))
             }
             // `rope` checks the shapes.
             None => {
-                self.rope(dqkv, freqs, shape, true, amax)?;
+                self.rope(dqkv, freqs, shape, docs, true, amax)?;
                 self.column_sum(dbias, dqkv, accumulate)
             }
         }
@@ -47,11 +52,12 @@ impl Cuda {
     /// RoPE's rotation of `qkv` in place, or with `inverse` its gradient's, reporting the
     /// abs-max of all of qkv as stored into `amax` where given.
     fn rope(
-        &self, qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape, inverse: bool,
-        amax: Option<&Tensor<Cuda>>,
+        &self, qkv: &Tensor<Cuda>, freqs: &Tensor<Cuda>, shape: AttnShape,
+        docs: Option<&Tensor<Cuda>>, inverse: bool, amax: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let amax = amax_ptr("rope", amax)?;
         check_shapes(qkv, freqs, shape)?;
+        let docs = documents_ptr(docs, qkv.numel() / shape.qkv_width())?;
         let (w, d) = (shape.qkv_width(), shape.head_dim);
         let rows = qkv.numel() / w;
         let heads = shape.q_heads + shape.kv_heads;
@@ -75,7 +81,8 @@ impl Cuda {
             .min(BLOCK as usize);
         // SAFETY: block i rotates rows [i·R, (i+1)·R) of qkv [rows, w] in place (16-byte
         // aligned runs with `vec`), and reads the rest of each row when `values` > 0; freqs
-        // holds [seq, d/2, 2] f32; amax is null or one f32.
+        // holds [seq, d/2, 2] f32; amax is null or one f32; docs is null or [2, rows] i32 (the
+        // kernel keeps every position in [0, seq)).
         unsafe {
             self.launch(
                 Kernel::Rope,
@@ -94,6 +101,7 @@ impl Cuda {
                     (rows_per_block as i32).into(),
                     (inverse as i32).into(),
                     amax.into(),
+                    docs.into(),
                 ],
             )
         }

@@ -23,13 +23,19 @@ impl AttnShape {
     }
 }
 
+/// Attention's ops. `docs`, where given, packs several documents into each sequence, each of
+/// which attends only within itself: `[2, B, T]` i32, the position in its sequence where each
+/// token's document starts, then where it ends (exclusive). A document is a run of tokens
+/// (`model::documents` finds them), so within a sequence the starts and the ends never
+/// decrease and each token lies in `[start, end)`. `None` is one document a sequence.
 pub trait AttentionOps: MemoryOps {
-    /// Causal grouped-query attention with scale `1/sqrt(head_dim)`.
+    /// Causal grouped-query attention with scale `1/sqrt(head_dim)`, each query seeing the
+    /// keys at or before it in its document (`docs`).
     /// qkv: `[B·T, qkv_width]`; out: `[B·T, q_heads·head_dim]`; lse: `[B, q_heads, T]` f32,
     /// the log-sum-exp of each score row, kept for the backward.
     fn attention_forward(
         &self, out: &Tensor<Self>, lse: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
-        amax: Option<&Tensor<Self>>,
+        docs: Option<&Tensor<Self>>, amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
     /// Generation's attention over a KV cache: the query of the last of `shape.seq`
     /// positions against the keys and values of all of them, which is the last row of
@@ -38,9 +44,10 @@ pub trait AttentionOps: MemoryOps {
     fn attention_decode(
         &self, out: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()>;
-    /// Writes `dqkv` (all three parts) from `dout`.
+    /// Writes `dqkv` (all three parts) from `dout`, for the forward of the same `docs`.
+    #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self, dqkv: &Tensor<Self>, dout: &Tensor<Self>, qkv: &Tensor<Self>, out: &Tensor<Self>,
-        lse: &Tensor<Self>, shape: AttnShape,
+        lse: &Tensor<Self>, shape: AttnShape, docs: Option<&Tensor<Self>>,
     ) -> Result<()>;
 }

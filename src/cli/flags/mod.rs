@@ -2,8 +2,9 @@
 //! each flag reads and means the same everywhere, and the parsers of their values.
 //!
 //! `precision` (train, plan; its matmul pair also bench, its dtypes sample and export),
-//! `recompute` and `offload` (train, bench), `fit_memory` (train, bench).
+//! `recompute`, `offload`, `documents` and `fit_memory` (train, bench).
 
+mod documents;
 mod fit_memory;
 mod offload;
 mod precision;
@@ -11,6 +12,7 @@ mod recompute;
 
 use anyhow::{Result, anyhow, bail};
 
+pub use self::documents::DocumentFlags;
 pub use self::fit_memory::{FitMemoryFlag, SmallerBatch};
 pub use self::offload::OffloadFlags;
 pub use self::precision::{

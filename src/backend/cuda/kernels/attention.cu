@@ -15,6 +15,10 @@
 // The backward is deterministic without atomics: one kernel writes dK and dV, one block per
 // (key tile, kv head), looping over the group's query heads and the query tiles at or after
 // the key tile; another writes dQ, one block per (query tile, query head).
+//
+// With packed documents (`docs`, common.cuh's Documents) a query sees only the keys of its own
+// document, and the loops skip the tiles that no row of the block sees: the key tiles before
+// the document of the block's first query, the query tiles after that of its last key.
 #include "common.cuh"
 
 // TILE (rows per block) and THREADS (per block) come from the host (attention.rs); a row's
@@ -81,7 +85,7 @@ __device__ __forceinline__ QueryLane query_lane(int Tn, int Hq, int Hkv) {
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_forward(T* out, float* lse, const T* qkv, int Tn, int Hq, int Hkv, float scale,
-                      float* amax) {
+                      float* amax, const int* doc_bounds) {
     constexpr int DPT = D / ROW_LANES;
     __shared__ float ks[TILE][D];
     __shared__ float vs[TILE][D];
@@ -95,8 +99,10 @@ __global__ void __launch_bounds__(THREADS)
         o[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
+    const Documents docs = documents(doc_bounds, b, gridDim.z, Tn);
+    const int row_start = valid ? docs.start(qi) : 0;
     const int k_end = min(Tn, (q_tile + 1) * TILE);  // causal: no key after the tile's last query
-    for (int k0 = 0; k0 < k_end; k0 += TILE) {
+    for (int k0 = docs.start(q_tile * TILE) / TILE * TILE; k0 < k_end; k0 += TILE) {
         __syncthreads();  // the previous tile is no longer read
         load_tile<T, D>(ks, qkv, b, k0, Tn, stride, (long long)(Hq + kvh) * D);
         load_tile<T, D>(vs, qkv, b, k0, Tn, stride, (long long)(Hq + Hkv + kvh) * D);
@@ -110,7 +116,7 @@ __global__ void __launch_bounds__(THREADS)
             for (int i = 0; i < DPT; i++) part += q[i] * ks[j][t + ROW_LANES * i];
             const float dot = group_sum(part);
             const int kj = k0 + j;
-            s[j] = (valid && kj <= qi) ? dot * scale : NEG_INF;
+            s[j] = (valid && kj <= qi && kj >= row_start) ? dot * scale : NEG_INF;
             tile_max = fmaxf(tile_max, s[j]);
         }
         const float m_new = fmaxf(m, tile_max);
@@ -303,7 +309,8 @@ __device__ __forceinline__ void load_row_stats(float* lses, float* deltas, const
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_backward_dkdv(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                            const float* delta, int Tn, int Hq, int Hkv, float scale) {
+                            const float* delta, int Tn, int Hq, int Hkv, float scale,
+                            const int* doc_bounds) {
     constexpr int DPT = D / ROW_LANES;
     __shared__ float qs[TILE][D];
     __shared__ float dos[TILE][D];
@@ -326,9 +333,12 @@ __global__ void __launch_bounds__(THREADS)
         dk[i] = 0.0f;
         dv[i] = 0.0f;
     }
+    const Documents docs = documents(doc_bounds, b, gridDim.z, Tn);
+    const int key_end = valid ? docs.end(kj) : 0;  // the queries that see this key end there
+    const int q_end = docs.end(min(Tn, (k_tile + 1) * TILE) - 1);
     for (int g = 0; g < group; g++) {
         const int h = kvh * group + g;
-        for (int q0 = k_tile * TILE; q0 < Tn; q0 += TILE) {
+        for (int q0 = k_tile * TILE; q0 < q_end; q0 += TILE) {
             __syncthreads();
             load_tile<T, D>(qs, qkv, b, q0, Tn, stride, (long long)h * D);
             load_tile<T, D>(dos, dout, b, q0, Tn, (long long)Hq * D, (long long)h * D);
@@ -337,8 +347,8 @@ __global__ void __launch_bounds__(THREADS)
             for (int j = 0; j < TILE; j++) {
                 const int qi = q0 + j;
                 float p, ds;
-                probs<DPT>(k, qs[j], v, dos[j], t, valid && qi < Tn && qi >= kj, lses[j], deltas[j],
-                           scale, p, ds);
+                probs<DPT>(k, qs[j], v, dos[j], t, qi < key_end && qi >= kj, lses[j], deltas[j], scale,
+                           p, ds);
 #pragma unroll
                 for (int i = 0; i < DPT; i++) {
                     dv[i] += p * dos[j][t + ROW_LANES * i];
@@ -361,7 +371,8 @@ __global__ void __launch_bounds__(THREADS)
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS)
     attention_backward_dq(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                          const float* delta, int Tn, int Hq, int Hkv, float scale) {
+                          const float* delta, int Tn, int Hq, int Hkv, float scale,
+                          const int* doc_bounds) {
     constexpr int DPT = D / ROW_LANES;
     __shared__ float ks[TILE][D];
     __shared__ float vs[TILE][D];
@@ -379,8 +390,10 @@ __global__ void __launch_bounds__(THREADS)
     }
     const float row_lse = valid ? lse[stat_at] : 0.0f;
     const float row_delta = valid ? delta[stat_at] : 0.0f;
+    const Documents docs = documents(doc_bounds, b, gridDim.z, Tn);
+    const int row_start = valid ? docs.start(qi) : 0;
     const int k_end = min(Tn, (q_tile + 1) * TILE);
-    for (int k0 = 0; k0 < k_end; k0 += TILE) {
+    for (int k0 = docs.start(q_tile * TILE) / TILE * TILE; k0 < k_end; k0 += TILE) {
         __syncthreads();
         load_tile<T, D>(ks, qkv, b, k0, Tn, stride, (long long)(Hq + kvh) * D);
         load_tile<T, D>(vs, qkv, b, k0, Tn, stride, (long long)(Hq + Hkv + kvh) * D);
@@ -388,7 +401,8 @@ __global__ void __launch_bounds__(THREADS)
         for (int j = 0; j < TILE; j++) {
             const int kj = k0 + j;
             float p, ds;
-            probs<DPT>(q, ks[j], dO, vs[j], t, valid && kj <= qi, row_lse, row_delta, scale, p, ds);
+            probs<DPT>(q, ks[j], dO, vs[j], t, valid && kj <= qi && kj >= row_start, row_lse, row_delta,
+                       scale, p, ds);
 #pragma unroll
             for (int i = 0; i < DPT; i++) dq[i] += ds * ks[j][t + ROW_LANES * i];
         }

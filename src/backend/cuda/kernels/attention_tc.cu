@@ -20,6 +20,11 @@
 // but one or two of a block's tiles, skip its index arithmetic (together with `exp2_fast`,
 // this cuts the backward's time at D = 64 by a third).
 //
+// With packed documents (`docs`, common.cuh's Documents) a query sees only the keys of its own
+// document. The blocks skip the tiles no row of theirs sees (a query tile's loop starts at the
+// key tile of its first query's document start, a key tile's ends at the query tile of its
+// last key's document end), and mask only the tiles that a document boundary crosses.
+//
 // Shared memory is dynamic (it exceeds the 48 KB static limit at D = 128): the launcher passes
 // `tiles * 64 * (D + padding) * 2` bytes — 3 tiles for the forward, 6 for dq, and 6 tiles
 // plus 1 KB for dkdv — and 16 more for two barriers (attention.rs, `TensorCoreKernels`), and
@@ -483,20 +488,35 @@ __device__ __forceinline__ Heads heads(const bf16* qkv, int T, int Hq, int Hkv, 
     return {stride, q_col, k_col, v_col, base + q_col, base + k_col, base + v_col};
 }
 
+// A lane's two query rows (the accumulator layout's l/4 and l/4 + 8 of its warp's 16) and
+// where their documents start.
+struct QueryRows {
+    int row[2], start[2];
+};
+__device__ __forceinline__ QueryRows query_rows(int q0, int warp, int lane, const Documents& docs) {
+    QueryRows q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        q.row[r] = q0 + warp * 16 + lane / 4 + 8 * r;
+        q.start[r] = q.row[r] < docs.T ? docs.start(q.row[r]) : 0;
+    }
+    return q;
+}
+
 // Whether element e of column block nb, in a score tile of query rows against the 64 keys
-// from k0, is a key its query sees (at or before it, inside the sequence). Without MASK the
-// caller knows every key is.
+// from k0, is a key its query sees (at or before it, in its document, inside the sequence).
+// Without MASK the caller knows every key is.
 template <bool MASK>
-__device__ __forceinline__ bool visible(int k0, int nb, int e, const int rows[2], int T, int lane) {
+__device__ __forceinline__ bool visible(int k0, int nb, int e, const QueryRows& rows, int T, int lane) {
     const int key = k0 + nb * 8 + (lane % 4) * 2 + (e & 1);
-    return !MASK || (key <= rows[e / 2] && key < T);
+    return !MASK || (key <= rows.row[e / 2] && key >= rows.start[e / 2] && key < T);
 }
 
 // Scores of 16 query rows against the 64 keys from k0, into log2 units; with MASK, keys after
-// a row's query or past the sequence get -inf.
+// a row's query, before its document or past the sequence get -inf.
 template <bool MASK>
-__device__ __forceinline__ void scale_scores(float s[TILE / 8][4], float log2_scale, int k0, const int rows[2], int T,
-                                             int lane) {
+__device__ __forceinline__ void scale_scores(float s[TILE / 8][4], float log2_scale, int k0, const QueryRows& rows,
+                                             int T, int lane) {
 #pragma unroll
     for (int nb = 0; nb < TILE / 8; ++nb)
 #pragma unroll
@@ -504,14 +524,25 @@ __device__ __forceinline__ void scale_scores(float s[TILE / 8][4], float log2_sc
             s[nb][e] = visible<MASK>(k0, nb, e, rows, T, lane) ? s[nb][e] * log2_scale : NEG_INF;
 }
 
+// The key tiles a query tile from q0 sees: from the one holding its first query's document
+// start to the diagonal. Keys from `unmasked` on lie in every row's document (the documents
+// start in order), so only the tiles before it and the diagonal need the mask.
+struct KeyTiles {
+    int first, count, unmasked;
+};
+__device__ __forceinline__ KeyTiles key_tiles(int q0, const Documents& docs) {
+    const int last = min(q0 + TILE, docs.T) - 1, first = docs.start(q0) / TILE;
+    return {first, last / TILE + 1 - first, docs.start(last)};
+}
+
 // The dK/dV kernel's Pᵀ and dSᵀ over 16 keys x 64 queries from q0, in place of Sᵀ in `p` and
 // dPᵀ in `ds`: p = exp2(s·scale·log2e − lse·log2e) and ds = p (dp − delta), with each query's
-// lse and delta from shared memory. With MASK, keys after their query and queries past the
-// sequence get zeros.
+// lse and delta from shared memory. With MASK, queries before their key or at or after
+// `ends`, the end of its document (0 for keys past the sequence), get zeros.
 template <bool MASK>
 __device__ __forceinline__ void dkdv_probabilities(float p[TILE / 8][4], float ds[TILE / 8][4], float log2_scale,
                                                    const float* sL, const float* sD, int q0, const int keys[2],
-                                                   int T, int lane) {
+                                                   const int ends[2], int lane) {
 #pragma unroll
     for (int nb = 0; nb < TILE / 8; ++nb) {
         const int qi = nb * 8 + (lane % 4) * 2;
@@ -519,7 +550,7 @@ __device__ __forceinline__ void dkdv_probabilities(float p[TILE / 8][4], float d
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int query = q0 + qi + (e & 1);
-            const bool live = !MASK || (query >= keys[e / 2] && query < T);
+            const bool live = !MASK || (query >= keys[e / 2] && query < ends[e / 2]);
             const float pe = live ? exp2_fast(fmaf(p[nb][e], log2_scale, -((e & 1) ? l.y : l.x) * LOG2E)) : 0.f;
             p[nb][e] = pe;
             ds[nb][e] = pe * (ds[nb][e] - ((e & 1) ? d.y : d.x));
@@ -532,7 +563,7 @@ __device__ __forceinline__ void dkdv_probabilities(float p[TILE / 8][4], float d
 template <bool MASK>
 __device__ __forceinline__ void dq_probabilities(float p[TILE / 8][4], float ds[TILE / 8][4], float log2_scale,
                                                  const float row_lse[2], const float row_delta[2], int k0,
-                                                 const int rows[2], int T, int lane) {
+                                                 const QueryRows& rows, int T, int lane) {
 #pragma unroll
     for (int nb = 0; nb < TILE / 8; ++nb)
 #pragma unroll
@@ -548,37 +579,41 @@ __device__ __forceinline__ void dq_probabilities(float p[TILE / 8][4], float ds[
 template <int D, class M>
 __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv,
                                         int T, int Hq, int Hkv, float scale, float* __restrict__ amax,
-                                        const TileMaps& maps) {
+                                        const int* __restrict__ doc_bounds, const TileMaps& maps) {
     bf16 *sQ = smem_tile<D, M>(0), *sK = smem_tile<D, M>(1), *sV = smem_tile<D, M>(2);
     const Place at = place();  // the last query tiles see the most keys
     const int q0 = (gridDim.x - 1 - at.rank) * TILE, h = at.head, b = at.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const Heads hd = heads<D>(qkv, T, Hq, Hkv, b, h);
     const float log2_scale = scale * LOG2E;  // scores in log2 units
-    const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+    const Documents docs = documents(doc_bounds, b, gridDim.z, T);
+    const QueryRows rows = query_rows(q0, warp, lane, docs);
+    const KeyTiles keys = key_tiles(q0, docs);
 
-    // K and V of key tile t, each in its own group of copies (or with TMA, completing on its
-    // own barrier, K's t-th filling being phase t of kv[0] and V's of kv[1]): K is replaced as
-    // soon as the scores have read it, and arrives while the softmax and P·V run; V while the
-    // next scores and softmax do.
+    // K and V of the i-th key tile the block sees, each in its own group of copies (or with
+    // TMA, completing on its own barrier, K's i-th filling being phase i of kv[0] and V's of
+    // kv[1]): K is replaced as soon as the scores have read it, and arrives while the softmax
+    // and P·V run; V while the next scores and softmax do.
     u64* kv = reinterpret_cast<u64*>(smem_tile<D, M>(3));
-    auto load_k = [&](int t) {
+    auto load_k = [&](int i) {
+        const int k0 = (keys.first + i) * TILE;
         if constexpr (M::TMA) {
             if (threadIdx.x != 0) return;
-            if (t > 0) barrier_expect<D>(&kv[0], 1);  // the first's is with Q
-            load_tile_tma<D>(sK, maps.qkv, hd.k_col, t * TILE, b, &kv[0]);
+            if (i > 0) barrier_expect<D>(&kv[0], 1);  // the first's is with Q
+            load_tile_tma<D>(sK, maps.qkv, hd.k_col, k0, b, &kv[0]);
         } else {
-            load_tile<D, M>(sK, hd.k + t * TILE * hd.stride, min(TILE, T - t * TILE), hd.stride);
+            load_tile<D, M>(sK, hd.k + k0 * hd.stride, min(TILE, T - k0), hd.stride);
             commit_copies();
         }
     };
-    auto load_v = [&](int t) {
+    auto load_v = [&](int i) {
+        const int k0 = (keys.first + i) * TILE;
         if constexpr (M::TMA) {
             if (threadIdx.x != 0) return;
             barrier_expect<D>(&kv[1], 1);
-            load_tile_tma<D>(sV, maps.qkv, hd.v_col, t * TILE, b, &kv[1]);
+            load_tile_tma<D>(sV, maps.qkv, hd.v_col, k0, b, &kv[1]);
         } else {
-            load_tile<D, M>(sV, hd.v + t * TILE * hd.stride, min(TILE, T - t * TILE), hd.stride);
+            load_tile<D, M>(sV, hd.v + k0 * hd.stride, min(TILE, T - k0), hd.stride);
             commit_copies();
         }
     };
@@ -597,9 +632,9 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
     load_v(0);
     float o[D / 8][4] = {};
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-    const int tiles = (min(q0 + TILE, T) - 1) / TILE + 1;  // key tiles up to the diagonal
+    const int tiles = keys.count;
     for (int t = 0; t < tiles; ++t) {
-        const int k0 = t * TILE;
+        const int k0 = (keys.first + t) * TILE;
         if constexpr (M::TMA)
             barrier_wait(&kv[0], t);
         else
@@ -611,8 +646,9 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
         __syncthreads();  // every warp's products are done with sK
         const bool more = t + 1 < tiles;
         if (more) load_k(t + 1);
-        // Only the diagonal tile, the last, holds keys after a row's query or past the end.
-        if (t == tiles - 1)
+        // Only the diagonal tile, the last, holds keys after a row's query or past the end, and
+        // only tiles before `unmasked` keys before a row's document.
+        if (t == tiles - 1 || k0 < keys.unmasked)
             scale_scores<true>(s, log2_scale, k0, rows, T, lane);
         else
             scale_scores<false>(s, log2_scale, k0, rows, T, lane);
@@ -621,18 +657,21 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
         for (int nb = 0; nb < TILE / 8; ++nb)
 #pragma unroll
             for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[nb][e]);
-        float corr[2], sum[2] = {0.f, 0.f};
+        float corr[2], sum[2] = {0.f, 0.f}, base[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             mx[r] = quad_max(mx[r]);
-            corr[r] = exp2_fast(m[r] - mx[r]);  // exp2(-inf) = 0 on the first tile
+            // A row that has seen no key yet (its document starts after these) keeps m = -inf;
+            // exponents taken from 0 then make its sums and output 0, not NaN.
+            base[r] = mx[r] == NEG_INF ? 0.f : mx[r];
+            corr[r] = exp2_fast(m[r] - base[r]);  // exp2(-inf) = 0 on the row's first keys
             m[r] = mx[r];
         }
 #pragma unroll
         for (int nb = 0; nb < TILE / 8; ++nb)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[nb][e] = exp2_fast(s[nb][e] - m[e / 2]);
+                s[nb][e] = exp2_fast(s[nb][e] - base[e / 2]);
                 sum[e / 2] += s[nb][e];
             }
 #pragma unroll
@@ -657,16 +696,16 @@ __device__ __forceinline__ void forward(bf16* __restrict__ out, float* __restric
     float largest = 0.f;  // max |out| as stored, for FP8 scaling (report_amax)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        if (rows[r] >= T) continue;
+        if (rows.row[r] >= T) continue;
         const float inv = 1.f / l[r];
-        bf16* dst = out + (static_cast<size_t>(b) * T + rows[r]) * Hq * D + h * D + (lane % 4) * 2;
+        bf16* dst = out + (static_cast<size_t>(b) * T + rows.row[r]) * Hq * D + h * D + (lane % 4) * 2;
 #pragma unroll
         for (int db = 0; db < D / 8; ++db) {
             const __nv_bfloat162 y = __floats2bfloat162_rn(o[db][2 * r] * inv, o[db][2 * r + 1] * inv);
             *reinterpret_cast<__nv_bfloat162*>(dst + db * 8) = y;
             largest = fmaxf(largest, fmaxf(fabsf(__low2float(y)), fabsf(__high2float(y))));
         }
-        if (lane % 4 == 0) lse[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] = (m[r] + log2f(l[r])) * LN2;
+        if (lane % 4 == 0) lse[(static_cast<size_t>(b) * Hq + h) * T + rows.row[r]] = (m[r] + log2f(l[r])) * LN2;
     }
     report_amax(amax, largest);
 }
@@ -704,7 +743,8 @@ template <int D, class M>
 __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __restrict__ shares,
                                               const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                                               const float* __restrict__ lse, const float* __restrict__ delta, int T,
-                                              int Hq, int Hkv, int splits, float scale, const TileMaps& maps) {
+                                              int Hq, int Hkv, int splits, float scale,
+                                              const int* __restrict__ doc_bounds, const TileMaps& maps) {
     // K and V, then two buffers of a query tile's Q and dout, then two of its lse and delta:
     // the next tile loads while the tensor cores work on this one.
     bf16 *sK = smem_tile<D, M>(0), *sV = smem_tile<D, M>(1);
@@ -720,8 +760,14 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
     const Heads kv = heads<D>(qkv, T, Hq, Hkv, b, g * group);
     const int keys[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
     const float log2_scale = scale * LOG2E;
-    // This share's q heads in turn, each over the query tiles at or after the diagonal.
-    const int per_head = (T - k0 + TILE - 1) / TILE, tiles = share_heads * per_head;
+    // Where the queries that see each key end: its document's end (0 past the sequence).
+    const Documents docs = documents(doc_bounds, b, gridDim.z, T);
+    const int ends[2] = {keys[0] < T ? docs.end(keys[0]) : 0, keys[1] < T ? docs.end(keys[1]) : 0};
+    // This share's q heads in turn, each over the query tiles from the diagonal to the one
+    // holding the end of the last key's document. Queries before the first key's document end
+    // see every key of the tile at or before them (the documents end in order).
+    const int q_end = docs.end(min(k0 + TILE, T) - 1), unmasked_end = docs.end(k0);
+    const int per_head = (q_end - k0 + TILE - 1) / TILE, tiles = share_heads * per_head;
     auto query_tile = [&](int i) { return k0 + (i % per_head) * TILE; };
     auto stage = [&](int i) {
         const int h = first_head + i / per_head, q0 = query_tile(i),
@@ -768,11 +814,12 @@ __device__ __forceinline__ void backward_dkdv(bf16* __restrict__ dqkv, float* __
         // The other buffers' readers finished before the last barrier.
         if (i + 1 < tiles) stage(i + 1);
         M::wait();
-        // Off the diagonal tile and the sequence's end, every query sees every key.
-        if (q0 == k0 || q0 + TILE > T)
-            dkdv_probabilities<true>(p, ds, log2_scale, sL, sD, q0, keys, T, lane);
+        // Off the diagonal tile and the first key's document end (the sequence's without
+        // documents), every query sees every key.
+        if (q0 == k0 || q0 + TILE > unmasked_end)
+            dkdv_probabilities<true>(p, ds, log2_scale, sL, sD, q0, keys, ends, lane);
         else
-            dkdv_probabilities<false>(p, ds, log2_scale, sL, sD, q0, keys, T, lane);
+            dkdv_probabilities<false>(p, ds, log2_scale, sL, sD, q0, keys, ends, lane);
         M::template accumulate<D>(dv, p, sO, lane);   // dV += Pᵀ dout
         M::template accumulate<D>(dk, ds, sQ, lane);  // dK += dSᵀ Q (scaled below)
         M::wait();
@@ -834,23 +881,26 @@ template <int D, class M>
 __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,
                                             const bf16* __restrict__ qkv, const float* __restrict__ lse,
                                             float* __restrict__ delta, int T, int Hq, int Hkv, float scale,
-                                            const bf16* __restrict__ out, const TileMaps& maps) {
+                                            const int* __restrict__ doc_bounds, const bf16* __restrict__ out,
+                                            const TileMaps& maps) {
     bf16 *sQ = smem_tile<D, M>(0), *sO = smem_tile<D, M>(1);  // then two buffers of K and V
     const Place at = place();  // the last query tiles see the most keys
     const int q0 = (gridDim.x - 1 - at.rank) * TILE, h = at.head, b = at.batch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const Heads hd = heads<D>(qkv, T, Hq, Hkv, b, h);
-    const int rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+    const Documents docs = documents(doc_bounds, b, gridDim.z, T);
+    const QueryRows rows = query_rows(q0, warp, lane, docs);
+    const KeyTiles keys = key_tiles(q0, docs);
     const float log2_scale = scale * LOG2E;
     float row_lse[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-        row_lse[r] = rows[r] < T ? lse[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] * LOG2E : 0.f;
-    // Key tile t's K and V go to buffer t % 2: the next loads while the tensor cores work on
-    // this one.
+        row_lse[r] = rows.row[r] < T ? lse[(static_cast<size_t>(b) * Hq + h) * T + rows.row[r]] * LOG2E : 0.f;
+    // The i-th key tile's K and V go to buffer i % 2: the next loads while the tensor cores
+    // work on this one.
     u64* full = reinterpret_cast<u64*>(smem_tile<D, M>(6));  // with TMA (`fill_buffer`)
     auto stage = [&](int t) {
-        const int k0 = t * TILE;
+        const int k0 = (keys.first + t) * TILE;
         bf16 *k = smem_tile<D, M>(2 + 2 * (t % 2)), *v = smem_tile<D, M>(3 + 2 * (t % 2));
         if constexpr (M::TMA) {
             if (threadIdx.x == 0)
@@ -872,17 +922,18 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     stage(0);
     // While the first tiles arrive.
     float row_delta[2];
-    row_deltas<D>(row_delta, dout, out, rows, T, b, Hq, h, lane);
+    row_deltas<D>(row_delta, dout, out, rows.row, T, b, Hq, h, lane);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-        if (rows[r] < T && lane % 4 == 0) delta[(static_cast<size_t>(b) * Hq + h) * T + rows[r]] = row_delta[r];
+        if (rows.row[r] < T && lane % 4 == 0)
+            delta[(static_cast<size_t>(b) * Hq + h) * T + rows.row[r]] = row_delta[r];
     M::staged();
     if constexpr (M::TMA) filled(full, 0);
     __syncthreads();
     float dq[D / 8][4] = {};
-    const int tiles = (min(q0 + TILE, T) - 1) / TILE + 1;
+    const int tiles = keys.count;
     for (int t = 0; t < tiles; ++t) {
-        const int k0 = t * TILE;
+        const int k0 = (keys.first + t) * TILE;
         const bf16 *sK = smem_tile<D, M>(2 + 2 * (t % 2)), *sV = smem_tile<D, M>(3 + 2 * (t % 2));
         float p[TILE / 8][4], ds[TILE / 8][4];
         M::template scores<D>(p, sQ, sK, warp, lane);   // S = Q Kᵀ
@@ -890,8 +941,9 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
         // The other buffers' readers finished before the last barrier.
         if (t + 1 < tiles) stage(t + 1);
         M::wait();
-        // Only the diagonal tile, the last, holds keys after a row's query or past the end.
-        if (t == tiles - 1)
+        // Only the diagonal tile, the last, holds keys after a row's query or past the end, and
+        // only tiles before `unmasked` keys before a row's document.
+        if (t == tiles - 1 || k0 < keys.unmasked)
             dq_probabilities<true>(p, ds, log2_scale, row_lse, row_delta, k0, rows, T, lane);
         else
             dq_probabilities<false>(p, ds, log2_scale, row_lse, row_delta, k0, rows, T, lane);
@@ -905,8 +957,8 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        if (rows[r] >= T) continue;
-        bf16* dst = dqkv + (static_cast<size_t>(b) * T + rows[r]) * hd.stride + h * D + (lane % 4) * 2;
+        if (rows.row[r] >= T) continue;
+        bf16* dst = dqkv + (static_cast<size_t>(b) * T + rows.row[r]) * hd.stride + h * D + (lane % 4) * 2;
 #pragma unroll
         for (int db = 0; db < D / 8; ++db)
             *reinterpret_cast<__nv_bfloat162*>(dst + db * 8) =
@@ -926,25 +978,27 @@ __device__ __forceinline__ void backward_dq(bf16* __restrict__ dqkv, const bf16*
     __global__ void __launch_bounds__(tc::THREADS, 4)                                                              \
         attention_forward_##SUFFIX(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, \
                                    int T, int Hq, int Hkv, float scale, float* __restrict__ amax,                 \
-                                   const __grid_constant__ tc::TileMaps maps) {                                    \
-        tc::forward<D, tc::POLICY>(out, lse, qkv, T, Hq, Hkv, scale, amax, maps);                                  \
+                                   const int* __restrict__ docs, const __grid_constant__ tc::TileMaps maps) {      \
+        tc::forward<D, tc::POLICY>(out, lse, qkv, T, Hq, Hkv, scale, amax, docs, maps);                            \
     }                                                                                                              \
     template <int D>                                                                                               \
     __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 3 : 1)                                                \
         attention_backward_dkdv_##SUFFIX(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,                 \
                                          const bf16* __restrict__ qkv, const float* __restrict__ lse,              \
                                          const float* __restrict__ delta, int T, int Hq, int Hkv, float scale,     \
-                                         float* __restrict__ shares, int splits,                                   \
+                                         const int* __restrict__ docs, float* __restrict__ shares, int splits,     \
                                          const __grid_constant__ tc::TileMaps maps) {                              \
-        tc::backward_dkdv<D, tc::POLICY>(dqkv, shares, dout, qkv, lse, delta, T, Hq, Hkv, splits, scale, maps);    \
+        tc::backward_dkdv<D, tc::POLICY>(dqkv, shares, dout, qkv, lse, delta, T, Hq, Hkv, splits, scale, docs,     \
+                                         maps);                                                                    \
     }                                                                                                              \
     template <int D>                                                                                               \
     __global__ void __launch_bounds__(tc::THREADS, D == 64 ? 4 : 3)                                                \
         attention_backward_dq_##SUFFIX(bf16* __restrict__ dqkv, const bf16* __restrict__ dout,                     \
                                        const bf16* __restrict__ qkv, const float* __restrict__ lse,                \
                                        float* __restrict__ delta, int T, int Hq, int Hkv, float scale,            \
-                                       const bf16* __restrict__ out, const __grid_constant__ tc::TileMaps maps) {  \
-        tc::backward_dq<D, tc::POLICY>(dqkv, dout, qkv, lse, delta, T, Hq, Hkv, scale, out, maps);                 \
+                                       const int* __restrict__ docs, const bf16* __restrict__ out,                 \
+                                       const __grid_constant__ tc::TileMaps maps) {                                \
+        tc::backward_dq<D, tc::POLICY>(dqkv, dout, qkv, lse, delta, T, Hq, Hkv, scale, docs, out, maps);           \
     }
 
 ATTENTION_KERNELS(mma, SyncMma)

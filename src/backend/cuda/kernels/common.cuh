@@ -130,6 +130,23 @@ __device__ __forceinline__ void rope_rotate(float a, float b, float co, float si
     x2 = b * co + a * si;
 }
 
+// Packed documents (attention.rs, `docs`): where each token of sequence b starts its document
+// and where that document ends (exclusive), from `docs` [2][B][T] i32; a null `docs` is one
+// document a sequence. A token's queries and keys meet only within a document. Whatever the
+// values, a start is taken within [0, t] and an end within [t + 1, T], so that no index
+// derived from them leaves the sequence.
+struct Documents {
+    const int* starts;  // this sequence's, or null
+    const int* ends;
+    int T;
+    __device__ __forceinline__ int start(int t) const { return starts ? min(max(starts[t], 0), t) : 0; }
+    __device__ __forceinline__ int end(int t) const { return ends ? min(max(ends[t], t + 1), T) : T; }
+};
+__device__ __forceinline__ Documents documents(const int* docs, int b, int B, int T) {
+    if (docs == nullptr) return {nullptr, nullptr, T};
+    return {docs + static_cast<long long>(b) * T, docs + (static_cast<long long>(B) + b) * T, T};
+}
+
 // FP8 current scaling: raises amax[0] to the largest `x` of the block (each thread's x is the
 // max |value| it stored, so ≥ 0; NaN values were dropped by fmaxf, as the CPU drops them).
 // Non-negative floats order like their int bits, so one integer atomicMax per block does it,

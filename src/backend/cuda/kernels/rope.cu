@@ -1,6 +1,7 @@
 // Rotary position embedding in place on the fused qkv rows, HF rotate-half layout: element i
 // of a head pairs with element i + D/2. `freqs` is [T, D/2, 2] of (cos, sin); `inverse`
-// rotates back, which is the gradient of the forward rotation.
+// rotates back, which is the gradient of the forward rotation. A row's position is its place
+// in its sequence, or with packed documents (`docs`, common.cuh's Documents) in its document.
 //
 // Each thread rotates W pairs: W consecutive elements of a head's first half and the W they
 // pair with. With VEC those are one 16-byte access each, and their W (cos, sin) pairs are
@@ -17,7 +18,8 @@
 // abs-max, and no pass of its own is needed for its FP8 copy.
 template <typename T, bool VEC>
 __global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int D, int width,
-                     int rotated, int units, int rows_per_block, int inverse, float* amax) {
+                     int rotated, int units, int rows_per_block, int inverse, float* amax,
+                     const int* docs) {
     constexpr int W = access_width<T, VEC>();
     const int half = D / 2, per_head = half / W;
     float largest = 0.0f;
@@ -33,7 +35,8 @@ __global__ void rope(T* qkv, const float* freqs, long long rows, int seq, int D,
             continue;
         }
         const int head = unit / per_head, i = unit % per_head * W;
-        const int t = (int)(n % seq);
+        const int place = (int)(n % seq);
+        const int t = place - documents(docs, (int)(n / seq), (int)(rows / seq), seq).start(place);
         float cs[2 * W], a[W], b[W], x1[W], x2[W];
         // The (cos, sin) of the W pairs: 16 bytes at a time with VEC (2·W is then a multiple
         // of 4 floats), one float at a time without (W = 1).
