@@ -20,14 +20,18 @@ import time
 import torch
 
 
-def hf_config(model, smelt, seq):
-    """The transformers config of `model`, from smelt's own reading of it."""
+def smelt_config(model, smelt):
+    """The HF config.json of `model` (a directory's, or smelt's of a built-in architecture)."""
     if os.path.isdir(model):
         with open(os.path.join(model, "config.json")) as f:
-            raw = json.load(f)
-    else:
-        raw = json.loads(subprocess.run([smelt, "config", "--model", model], check=True,
-                                        capture_output=True, text=True).stdout)
+            return json.load(f)
+    return json.loads(subprocess.run([smelt, "config", "--model", model], check=True,
+                                     capture_output=True, text=True).stdout)
+
+
+def hf_config(model, smelt, seq):
+    """The transformers config of `model`, from smelt's own reading of it."""
+    raw = smelt_config(model, smelt)
     from transformers import AutoConfig
 
     raw = {k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype")}

@@ -22,8 +22,9 @@ which holds the GPU at its power limit (docs/performance.md).
 
     python3 scripts/gpu/step_floor.py [OUT]   # after bench.sh, on its OUT (default .gpu/logs)
 
-Reads OUT's bench-rows.txt and each row's JSON, and the model configs from
-.gpu/bench/torch_baseline.py; prints a table and writes OUT/step-floor.txt.
+Reads OUT's bench-rows.txt and each row's JSON, and each model's config as smelt reads it
+(`smelt config --model NAME`, SMELT default .gpu/smelt, or a directory's config.json);
+prints a table and writes OUT/step-floor.txt.
 """
 import json
 import os
@@ -33,8 +34,8 @@ import torch
 
 from cuda_timing import ms_per_call
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".gpu", "bench"))
-from torch_baseline import CONFIGS  # noqa: E402  (the baseline's configs, so both agree)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_baseline import smelt_config  # noqa: E402  (the baseline's reading, so both agree)
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -75,16 +76,19 @@ def copy_bytes_per_ms():
     return 2 * x.numel() / ms_per_call(lambda: y.copy_(x), iters=20)
 
 
-def floors(model, fp8, tokens, attention_ms, copy_rate):
-    """(hard floor, soft floor, their parts) in ms for one step of `tokens` tokens."""
-    arch, d, f, layers, heads, kv_heads, vocab, tie, _theta = CONFIGS[model]
-    kv = d // heads * kv_heads
-    linears = [(d + 2 * kv, d), (d, d), (2 * f, d), (d, f)]  # (out, in): qkv, o, gate/up, down
+def floors(config, fp8, tokens, attention_ms, copy_rate):
+    """(hard floor, soft floor, their parts) in ms for one step of `tokens` tokens of the model
+    of HF `config`."""
+    d, f, layers, vocab = (config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
+    head_dim = config.get("head_dim") or d // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    tie = config.get("tie_word_embeddings", False)
+    linears = [(q + 2 * kv, d), (d, q), (2 * f, d), (d, f)]  # (out, in): qkv, o, gate/up, down
     block = sum(matmul_ms(tokens, o, i, "fwd", fp8) + matmul_ms(tokens, i, o, "dgrad", fp8)
                 + matmul_ms(o, i, tokens, "wgrad", fp8) for o, i in linears)
     head = (matmul_ms(tokens, vocab, d, "fwd", False) + matmul_ms(tokens, d, vocab, "dgrad", False)
             + matmul_ms(vocab, d, tokens, "wgrad", False))
-    bias = d + 2 * kv if arch == "qwen2" else 0
+    bias = q + 2 * kv if config.get("model_type") == "qwen2" else 0
     params = vocab * d * (1 if tie else 2) + d + layers * (sum(o * i for o, i in linears) + bias + 2 * d)
     parts = {
         "matmuls": layers * block + head,
@@ -96,11 +100,11 @@ def floors(model, fp8, tokens, attention_ms, copy_rate):
     passes = {
         "loss": 2 * 2 * tokens * vocab,
         "norms": layers * 2 * norm_bytes * tokens * d,
-        "rope": 2 * 4 * layers * tokens * (d + kv),
+        "rope": 2 * 4 * layers * tokens * (q + kv),
         "grad norm": 2 * params,
     }
     if fp8:  # each operand: bf16 read, both layouts written
-        operands = d + d + d + f + (d + 2 * kv) + d + 2 * f + d  # inputs, then output gradients
+        operands = d + q + d + f + (q + 2 * kv) + d + 2 * f + d  # inputs, then output gradients
         passes["quantize"] = 4 * layers * (tokens * operands + sum(o * i for o, i in linears))
     parts.update({k: v / copy_rate for k, v in passes.items()})
     return hard, sum(parts.values()), parts
@@ -115,14 +119,15 @@ def main():
     for line in open(os.path.join(out, "bench-rows.txt")):
         model, dtype, _batch, target, name, *_extra = line.split()
         text = open(os.path.join(out, name + ".json")).read().strip()
-        if model not in CONFIGS or target == "-" or not text:
+        if target == "-" or not text:
             continue
         r = json.loads(text.splitlines()[-1])
         ops = {o["op"]: o["ms"] for o in r.get("ops", [])}
         if "attention_backward" not in ops:
             continue  # a row without --op-times has no attention time to go by
         tokens = r["batch"] * r["seq"]
-        hard, soft, parts = floors(model, dtype == "fp8", tokens,
+        config = smelt_config(model, os.environ.get("SMELT", ".gpu/smelt"))
+        hard, soft, parts = floors(config, dtype == "fp8", tokens,
                                    ops["attention_forward"] + ops["attention_backward"], copy_rate)
         tok_s = lambda ms: f"{tokens / ms * 1e3:,.0f} tok/s ({ms:.1f} ms)"
         rows.append((f"{model} {dtype} b{r['batch']}", f"{int(target):,}", tok_s(r["step_ms"]), tok_s(hard),
