@@ -62,16 +62,24 @@ fn sampling_speed_at_qwen2_5_0_5b() {
         seed: 1,
         stop: vec![],
     };
-    // Compiles the kernels and picks cuBLASLt's algorithms.
-    generator
-        .generate(&gpu, &prompt, &options(4), |_| Ok(()))
-        .unwrap();
-    let start = Instant::now();
-    let new = generator
-        .generate(&gpu, &prompt, &options(new_tokens), |_| Ok(()))
-        .unwrap();
-    let seconds = start.elapsed().as_secs_f64();
+    // Each token's pass enqueued op by op, then recorded once and replayed.
+    let mut sample = |graphs: bool| {
+        gpu.set_graphs(graphs);
+        // Compiles the kernels and picks cuBLASLt's algorithms.
+        generator
+            .generate(&gpu, &prompt, &options(4), |_| Ok(()))
+            .unwrap();
+        let start = Instant::now();
+        let new = generator
+            .generate(&gpu, &prompt, &options(new_tokens), |_| Ok(()))
+            .unwrap();
+        (new, start.elapsed().as_secs_f64())
+    };
+    let (eager, eager_seconds) = sample(false);
+    let (new, seconds) = sample(true);
     assert_eq!(new.len(), new_tokens);
+    // The same tokens: every logit of the replayed passes has the bits of the enqueued ones.
+    assert!(eager == new, "a replayed pass sampled other tokens");
     decode_step_costs(&gpu, &config, &prompt);
     decode_step_costs(&gpu, &config, &batch(2048, config.vocab_size, 3).0);
     enqueue_costs(&gpu, &config);
@@ -92,6 +100,14 @@ fn sampling_speed_at_qwen2_5_0_5b() {
     let start = Instant::now();
     pass();
     let full_ms = start.elapsed().as_secs_f64() * 1e3;
+    figure(
+        "sampling qwen2.5-0.5b bf16",
+        format!(
+            "each token's pass enqueued op by op: {new_tokens} tokens in {eager_seconds:.2} s \
+             ({:.0} tok/s); recorded once and replayed, the same tokens",
+            new_tokens as f64 / eager_seconds,
+        ),
+    );
     figure(
         "sampling qwen2.5-0.5b bf16",
         format!(
@@ -130,12 +146,12 @@ fn decode_step_costs(
     let mut cache = fill();
     let prompt_ms = start.elapsed().as_secs_f64() * 1e3;
     for &t in prompt {
-        model.forward_cached(gpu, &[t], &mut cache).unwrap();
+        model.forward_token(gpu, t, &mut cache).unwrap();
     }
     gpu.synchronize().unwrap();
     let start = Instant::now();
     for &t in prompt {
-        model.forward_cached(gpu, &[t], &mut cache).unwrap();
+        model.forward_token(gpu, t, &mut cache).unwrap();
     }
     let enqueued = start.elapsed().as_secs_f64() * 1e3 / n as f64;
     gpu.synchronize().unwrap();
@@ -145,17 +161,20 @@ fn decode_step_costs(
         model.logits_at(gpu, 0).unwrap();
     }
     let logits = start.elapsed().as_secs_f64() * 1e3 / n as f64;
-    // A new cache filled to two thirds, so that the ops are timed at the contexts above.
+    // A new cache filled to two thirds, so that the ops are timed at the contexts above, op by
+    // op (a replayed pass times none of its ops).
+    gpu.set_graphs(false);
     let mut cache = fill();
     for &t in prompt {
-        model.forward_cached(gpu, &[t], &mut cache).unwrap();
+        model.forward_token(gpu, t, &mut cache).unwrap();
     }
     gpu.time_ops(true);
     for &t in prompt {
-        model.forward_cached(gpu, &[t], &mut cache).unwrap();
+        model.forward_token(gpu, t, &mut cache).unwrap();
     }
     let ops = gpu.take_op_times().unwrap();
     gpu.time_ops(false);
+    gpu.set_graphs(true);
     let device: f64 = ops.iter().map(|o| o.seconds).sum::<f64>() * 1e3 / n as f64;
     let mut top: Vec<_> = ops.iter().collect();
     top.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
@@ -214,6 +233,7 @@ fn enqueue_costs(gpu: &smelt::backend::cuda::Cuda, config: &smelt::model::ModelC
                 spec("qkv", &[seq, w], bf),
                 spec("rope", &[1, config.head_dim / 2, 2], DType::F32),
                 spec("att", &[1, config.q_dim()], bf),
+                spec("at", &[1], DType::I32),
             ],
         )
         .unwrap();
@@ -229,13 +249,15 @@ fn enqueue_costs(gpu: &smelt::backend::cuda::Cuda, config: &smelt::model::ModelC
         qkv,
         rope,
         att,
+        at,
     ] = &t[..]
     else {
         unreachable!()
     };
-    for t in &t {
+    for t in &t[..t.len() - 1] {
         gpu.fill(t, 0.01).unwrap();
     }
+    gpu.upload_i32(at, &[seq as i32 - 1]).unwrap();
     let shape = |seq| AttnShape {
         batch: 1,
         seq,
@@ -274,7 +296,7 @@ fn enqueue_costs(gpu: &smelt::backend::cuda::Cuda, config: &smelt::model::ModelC
         gpu.rope_forward(&last, rope, shape(1), None)
     });
     time("attention_decode", &|| {
-        gpu.attention_decode(att, qkv, shape(seq))
+        gpu.attention_decode(att, qkv, at, shape(seq))
     });
     figure(
         "sampling qwen2.5-0.5b bf16",

@@ -843,35 +843,38 @@ fn attention_decode() {
         kv_heads,
         head_dim,
     };
-    // One position; lengths that are and are not multiples of a block's 32 row groups;
-    // every supported head size, with and without GQA.
+    // Caches of one position and more, each query at a position (the second figure) whose
+    // keys are and are not multiples of a block's 32 row groups, some with rows after it that
+    // the query must not see; every supported head size, with and without GQA.
     let cases = [
-        shape(1, 4, 2, 64),
-        shape(31, 14, 2, 64),
-        shape(300, 4, 4, 80),
-        shape(1000, 6, 2, 96),
-        shape(4097, 16, 2, 128),
+        (shape(1, 4, 2, 64), 0),
+        (shape(31, 14, 2, 64), 30),
+        (shape(300, 4, 4, 80), 150),
+        (shape(1000, 6, 2, 96), 999),
+        (shape(4097, 16, 2, 128), 4096),
+        (shape(4097, 16, 2, 128), 700),
     ];
-    fn run<B: Backend>(b: &B, dtype: DType, s: AttnShape, qkv: &[f32]) -> Outputs {
+    fn run<B: Backend>(b: &B, dtype: DType, s: AttnShape, at: usize, qkv: &[f32]) -> Outputs {
         let q = s.q_heads * s.head_dim;
         let qkv = tensor(b, &[s.seq, s.qkv_width()], dtype, qkv);
         let out = tensor(b, &[1, q], dtype, &vec![0.0; q]);
-        b.attention_decode(&out, &qkv, s).unwrap();
+        let at = tensor_i32(b, &[at as i32]);
+        b.attention_decode(&out, &qkv, &at, s).unwrap();
         vec![("out", download(b, &out))]
     }
-    for (i, s) in cases.into_iter().enumerate() {
+    for (i, (s, at)) in cases.into_iter().enumerate() {
         let qkv = normal(s.seq * s.qkv_width(), 1.5, 50 + i as u64);
         for dtype in [DType::BF16, DType::F32] {
             let name = format!(
-                "attention_decode {dtype} T{} H{}/{} D{}",
+                "attention_decode {dtype} T{} at {at} H{}/{} D{}",
                 s.seq, s.q_heads, s.kv_heads, s.head_dim
             );
             // An online softmax over the row groups against the CPU's two passes: the same
             // terms summed in another order.
             check_op(
                 &name,
-                || run(&gpu, dtype, s, &qkv),
-                || run(&cpu, dtype, s, &qkv),
+                || run(&gpu, dtype, s, at, &qkv),
+                || run(&cpu, dtype, s, at, &qkv),
                 |_| tol(dtype),
             );
         }

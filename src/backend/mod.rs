@@ -36,7 +36,7 @@ pub use self::ops::int8::{
     INT8_MAX, INT8_MAX_K, Int8Layout, Int8Ops, Int8Rounding, check_int8_product,
 };
 pub use self::ops::matmul::{Fp8Sum, Matmul, MatmulOps, Operand};
-pub use self::ops::memory::MemoryOps;
+pub use self::ops::memory::{MemoryOps, RowAt};
 pub use self::ops::rmsnorm::{NormOps, ResidualAdd};
 pub use self::ops::rope::RopeOps;
 pub use self::ops::swiglu::SwigluOps;
@@ -62,8 +62,22 @@ pub trait Backend:
     + QuantizeOps
     + Int8Ops
 {
+    /// Work recorded once and replayed (`record`): a CUDA graph.
+    type Recording;
+
     /// One line for logs: the device and its precision.
     fn describe(&self) -> String;
+    /// Records the ops that `work` enqueues, without running them, as one recording that
+    /// `replay` enqueues again at a fraction of their launch cost, on the same memory and with
+    /// the same arguments: what differs between replays must come from the device's memory
+    /// (the ops that read an index there, such as `copy_row_at`). `work` must enqueue ops only,
+    /// and only ops that ran before (their kernels loaded, their scratch sized). `None` where
+    /// the backend records nothing, or is told not to: the caller then runs `work` itself.
+    fn record(&self, _work: &mut dyn FnMut() -> Result<()>) -> Result<Option<Self::Recording>> {
+        Ok(None)
+    }
+    /// Enqueues a recording's ops again.
+    fn replay(&self, recording: &Self::Recording) -> Result<()>;
     /// The device's datasheet dense tensor-core peak in FLOP/s for matmuls of `dtype`
     /// inputs (`Datasheet::peak_flops`), which MFU and SOL are measured against; `None`
     /// where there is no such figure (the CPU, or FP8 on a GPU without it), and the figure

@@ -3,7 +3,8 @@
 //!
 //! The prompt runs through the model in one pass, which fills a KV cache
 //! (`Transformer::forward_cached`); each new token then costs one position's work and its
-//! attention over the context. `sampling` draws each token from the logits, `codec` turns a
+//! attention over the context (`forward_token`, whose pass the GPU records once and
+//! replays). `sampling` draws each token from the logits, `codec` turns a
 //! prompt's text into tokens and the new tokens back into text, and `text_stream` prints
 //! that text as the tokens come.
 
@@ -99,11 +100,9 @@ impl<B: Backend> Generator<B> {
                 start = tokens.len() - capacity.div_ceil(2);
             }
             let logits = match cache.as_mut().filter(|_| !overflow) {
-                Some(cache) => {
-                    let newest = tokens[tokens.len() - 1];
-                    self.model.forward_cached(b, &[newest], cache)?;
-                    self.model.logits_at(b, 0)?
-                }
+                Some(cache) => self
+                    .model
+                    .forward_token(b, tokens[tokens.len() - 1], cache)?,
                 None => {
                     // The old cache goes first, so that its memory can serve the new one.
                     drop(cache.take());

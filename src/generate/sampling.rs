@@ -42,13 +42,19 @@ pub(super) fn pick(logits: &[f32], s: &Sampling, rng: &mut Rng) -> i32 {
         .par_iter()
         .map(|&l| (((l - max) / s.temperature) as f64).exp())
         .collect();
+    let (top_k, top_p) = (s.top_k > 0 && s.top_k < weights.len(), s.top_p < 1.0);
+    if !top_k && !top_p {
+        // Every token a candidate, in order, without a list of them: a vocabulary's worth
+        // of indices is memory to fault in, at every token.
+        return draw((0..weights.len()).map(|c| (c, weights[c])), rng);
+    }
     let mut candidates: Vec<usize> = (0..weights.len()).collect();
-    if s.top_k > 0 && s.top_k < candidates.len() {
+    if top_k {
         candidates.select_nth_unstable_by(s.top_k - 1, |a, b| more_likely(&weights, *a, *b));
         candidates.truncate(s.top_k);
         candidates.sort_unstable();
     }
-    if s.top_p < 1.0 {
+    if top_p {
         candidates = nucleus(candidates, &weights, s.top_p);
     }
     draw(candidates.iter().map(|&c| (c, weights[c])), rng)

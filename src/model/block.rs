@@ -61,15 +61,23 @@ impl<B: Backend> Transformer<B> {
         self.mlp_recompute(b, l)
     }
 
-    /// Block `l` for generation: the pass's positions go into `cache`'s next rows, and a
-    /// token after the first attends over the rows of every earlier one.
+    /// Block `l` for generation: a prompt's positions go into `cache`'s first rows and attend
+    /// among themselves; a token after them goes in at the position the cache holds on the
+    /// device, and attends over every row up to its own.
     pub(crate) fn block_decode(&self, b: &B, l: usize, cache: &KvCache<B>) -> Result<()> {
         self.input_norm(b, l, l > 0)?;
-        let (qkv, rope) = cache.next_rows(l, self.options.seq);
-        self.qkv_projection(b, l, &qkv, &rope)?;
         match cache.has_history() {
-            true => cache.attend(b, l, self.acts.att.layer(l), self.attn_shape())?,
-            false => self.attention(b, l, &qkv)?,
+            true => {
+                let qkv = self.acts.qkv.layer(l);
+                self.qkv_projection(b, l, qkv, cache.rope_row())?;
+                cache.append(b, l, qkv)?;
+                cache.attend(b, l, self.acts.att.layer(l), self.attn_shape())?;
+            }
+            false => {
+                let (qkv, rope) = cache.prompt_rows(l, self.options.seq);
+                self.qkv_projection(b, l, &qkv, &rope)?;
+                self.attention(b, l, &qkv)?;
+            }
         }
         self.output_projection(b, l)?;
         self.mlp_forward(b, l)

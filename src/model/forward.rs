@@ -50,14 +50,29 @@ impl<B: Backend> Transformer<B> {
     pub(crate) fn forward_blocks(
         &mut self, b: &B, tokens: &[i32], cache: Option<&KvCache<B>>, events: &mut BlockEvents<B>,
     ) -> Result<()> {
-        let _forward = Range::begin(b, format_args!("forward"));
-        let (a, p) = (&self.acts, &self.params);
-        self.linears.begin_forward(b, p)?;
-        self.streams.begin_forward(b)?;
+        self.upload_tokens(b, tokens)?;
+        self.run_blocks(b, cache, events)
+    }
+
+    /// `tokens` into the device's buffer, and where sequences pack documents, their spans.
+    pub(crate) fn upload_tokens(&self, b: &B, tokens: &[i32]) -> Result<()> {
+        let a = &self.acts;
         b.upload_i32(&a.tokens, tokens)?;
         if let (Some(docs), Some(d)) = (&a.docs, self.options.documents) {
             b.upload_i32(docs, &documents::spans(tokens, self.options.seq, d.eos))?;
         }
+        Ok(())
+    }
+
+    /// `forward_blocks` after its uploads: ops only, which a token's pass records
+    /// (`decode`).
+    pub(crate) fn run_blocks(
+        &self, b: &B, cache: Option<&KvCache<B>>, events: &mut BlockEvents<B>,
+    ) -> Result<()> {
+        let _forward = Range::begin(b, format_args!("forward"));
+        let (a, p) = (&self.acts, &self.params);
+        self.linears.begin_forward(b, p)?;
+        self.streams.begin_forward(b)?;
         a.before_block_forward(b, 0)?;
         b.embedding_forward(a.residual.layer(0), &a.tokens, &p.embed)?;
         for l in 0..self.config.num_layers {

@@ -98,14 +98,18 @@ impl<B: Backend> Transformer<B> {
 
     /// Logits of one token position after `forward_hidden`, for sampling.
     pub fn logits_at(&self, b: &B, row: usize) -> Result<Vec<f32>> {
-        let logits = self.acts.logits.narrow_rows(0, 1);
+        self.head_row(b, row)?;
+        b.download(&self.acts.logits.narrow_rows(0, 1))
+    }
+
+    /// The LM head of position `row` into the first row of `logits`.
+    pub(crate) fn head_row(&self, b: &B, row: usize) -> Result<()> {
         b.matmul(
-            &logits,
+            &self.acts.logits.narrow_rows(0, 1),
             &self.acts.lnf.narrow_rows(row, row + 1),
             self.params.head(),
             None,
             Matmul::FORWARD,
-        )?;
-        b.download(&logits)
+        )
     }
 }

@@ -135,7 +135,13 @@ pub struct Transformer<B: Backend> {
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
     /// The same for the allocations in host memory.
     pub offloaded: Vec<(&'static str, Vec<TensorSpec>)>,
+    /// Unique among the process's models: what a KV cache's recorded pass names the model
+    /// whose buffers it runs on by (`decode`).
+    pub(crate) id: u64,
 }
+
+/// The next model's `id`.
+static NEXT_MODEL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Every tensor a model of one config and shape holds, by allocation category, before
 /// anything is allocated: what `Transformer::new` allocates, and what `smelt plan` counts.
@@ -415,6 +421,7 @@ impl<B: Backend> Transformer<B> {
             params,
             grads,
             rope,
+            id: NEXT_MODEL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 

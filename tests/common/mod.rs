@@ -153,8 +153,7 @@ pub fn cached_logits<B: Backend>(
         .map(|t| prompt_pass.logits_at(b, t).unwrap())
         .collect();
     for &t in &tokens[prompt..] {
-        model.forward_cached(b, &[t], &mut cache).unwrap();
-        logits.push(model.logits_at(b, 0).unwrap());
+        logits.push(model.forward_token(b, t, &mut cache).unwrap());
     }
     logits
 }

@@ -131,13 +131,13 @@ fn attention_forward<T: Scalar>(
     }
 }
 
-/// The last position's row of `attention_forward` alone (one sequence): out `[1, Hq·d]`.
-fn attention_decode<T: Scalar>(out: &mut [T], qkv: &[T], s: AttnShape) {
+/// Row `at` of `attention_forward` over one sequence alone: out `[1, Hq·d]`.
+fn attention_decode<T: Scalar>(out: &mut [T], qkv: &[T], at: usize, s: AttnShape) {
     let heads = Heads { qkv, s, batch: 0 };
     let d = s.head_dim;
     out.par_chunks_mut(d).enumerate().for_each(|(h, o)| {
         o.fill(T::zero());
-        attend_row(&heads, h, s.seq - 1, 0, &mut vec![T::zero(); s.seq], o);
+        attend_row(&heads, h, at, 0, &mut vec![T::zero(); at + 1], o);
     });
 }
 
@@ -215,10 +215,16 @@ impl<T: Scalar> AttentionOps for Cpu<T> {
     }
 
     fn attention_decode(
-        &self, out: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
+        &self, out: &Tensor<Self>, qkv: &Tensor<Self>, at: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()> {
+        ensure!(
+            shape.batch == 1 && qkv.numel() == shape.seq * shape.qkv_width(),
+            "attention_decode: qkv {:?} for {shape:?} (one sequence)",
+            qkv.shape
+        );
+        let at = (self.ints(at)?[0].max(0) as usize).min(shape.seq - 1);
         let qkv = self.floats(qkv)?;
-        self.update(out, |o| attention_decode(o, &qkv, shape))
+        self.update(out, |o| attention_decode(o, &qkv, at, shape))
     }
 
     fn attention_backward(

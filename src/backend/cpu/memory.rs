@@ -8,7 +8,8 @@ use std::rc::Rc;
 use anyhow::{Result, anyhow, ensure};
 
 use super::{Buffer, Cpu, Scalar};
-use crate::backend::{MemoryOps, UnsupportedDtype};
+use crate::backend::ops::memory::check_row_copy;
+use crate::backend::{MemoryOps, RowAt, UnsupportedDtype};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 impl<T: Scalar> MemoryOps for Cpu<T> {
@@ -106,6 +107,22 @@ impl<T: Scalar> MemoryOps for Cpu<T> {
         );
         let src = self.floats(src)?;
         self.update(dst, |d| d.copy_from_slice(&src))
+    }
+
+    fn copy_row_at(
+        &self, dst: &Tensor<Self>, src: &Tensor<Self>, at: &Tensor<Self>, side: RowAt,
+    ) -> Result<()> {
+        let (rows, cols) = check_row_copy(dst, src, at, side)?;
+        let row = (self.ints(at)?[0].max(0) as usize).min(rows - 1);
+        let (dst_row, src_row) = match side {
+            RowAt::Dst => (row, 0),
+            RowAt::Src => (0, row),
+        };
+        let src = self.floats(src)?;
+        let src = &src[src_row * cols..(src_row + 1) * cols];
+        self.update(dst, |d| {
+            d[dst_row * cols..(dst_row + 1) * cols].copy_from_slice(src)
+        })
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -121,6 +121,13 @@ impl<T: Scalar> Cpu<T> {
 }
 
 impl<T: Scalar> Backend for Cpu<T> {
+    /// The CPU runs each op as it is called, and records none.
+    type Recording = std::convert::Infallible;
+
+    fn replay(&self, recording: &Self::Recording) -> Result<()> {
+        match *recording {}
+    }
+
     fn describe(&self) -> String {
         format!(
             "cpu ({}, {} threads)",

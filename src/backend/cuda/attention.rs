@@ -15,9 +15,10 @@ use super::{BLOCK, Cuda, amax_ptr, blocks, ensure_dtype, ensure_same_dtype, floa
 use crate::backend::{AttentionOps, AttnShape};
 use crate::tensor::{DType, Tensor};
 
-/// Keys a block of the CUDA-core `attention_decode` takes: 8 rounds of its `BLOCK / 8` row
-/// groups.
-const DECODE_KEYS: usize = 256;
+/// The blocks a head of the CUDA-core `attention_decode` shares its keys out to: one per
+/// `DECODE_KEYS` positions of the cache's capacity, at most `DECODE_SPLITS`.
+const DECODE_KEYS: usize = 64;
+const DECODE_SPLITS: usize = 16;
 
 /// Shared memory for the two TMA barriers (mbarriers of 8 bytes) of a tensor-core kernel.
 const TMA_BARRIERS: usize = 2 * 8;
@@ -251,27 +252,34 @@ impl AttentionOps for Cuda {
         }
     }
 
-    /// Generation's attention: `DECODE_KEYS` keys a block, and where that makes more than
-    /// one block a head, a second kernel merging the blocks' states.
-    fn attention_decode(&self, out: &Tensor<Cuda>, qkv: &Tensor<Cuda>, s: AttnShape) -> Result<()> {
+    /// Generation's attention: a grid sized by the cache's capacity, whichever position the
+    /// query holds, so that a recorded pass has the grid of every position (each block takes
+    /// its share of the keys that the position has); where that makes more than one block a
+    /// head, a second kernel merging the blocks' states.
+    fn attention_decode(
+        &self, out: &Tensor<Cuda>, qkv: &Tensor<Cuda>, at: &Tensor<Cuda>, s: AttnShape,
+    ) -> Result<()> {
         let _timing = self.time_op("attention_decode")?;
         check_qkv(&s, qkv)?;
         ensure_same_dtype("attention_decode", &[out, qkv])?;
+        ensure_dtype(at, DType::I32, "attention_decode (at)")?;
         ensure!(
-            s.batch == 1 && s.seq > 0 && out.numel() == s.q_heads * s.head_dim,
-            "attention_decode: out {:?} for {s:?} (one sequence, one query)",
-            out.shape
+            s.batch == 1 && s.seq > 0 && out.numel() == s.q_heads * s.head_dim && at.numel() == 1,
+            "attention_decode: out {:?}, at {:?} for {s:?} (one sequence, one query)",
+            out.shape,
+            at.shape
         );
-        let splits = s.seq.div_ceil(DECODE_KEYS);
+        let splits = s.seq.div_ceil(DECODE_KEYS).min(DECODE_SPLITS);
         let partial = match splits {
             1 => 0,
             _ => self.scratch_f32(s.q_heads * splits * (s.head_dim + 2))?,
         };
         let instance = [float(qkv), Arg::HeadDim(s.head_dim)];
-        // SAFETY: block (h, k) reads head h's query in the last row of qkv [T, stride] and keys
-        // and values [k·DECODE_KEYS, (k + 1)·DECODE_KEYS) ∩ [0, T) of h's KV head, and writes
-        // head h's D values of out [1, Hq·D] (one block a head) or its D + 2 floats of partial
-        // [Hq, splits, D + 2], which the combine kernel (block h) then reads for out's head h.
+        // SAFETY: block (h, k) reads the i32 at `at`, clamped into [0, T) for the capacity T,
+        // head h's query in that row of qkv [T, stride] and the k-th of `splits` runs of the
+        // keys and values up to it of h's KV head, and writes head h's D values of out
+        // [1, Hq·D] (one block a head) or its D + 2 floats of partial [Hq, splits, D + 2],
+        // which the combine kernel (block h) then reads for out's head h.
         unsafe {
             self.launch(
                 Kernel::AttentionDecode,
@@ -283,10 +291,10 @@ impl AttentionOps for Cuda {
                     partial.into(),
                     ptr(qkv).into(),
                     (s.seq as i32).into(),
+                    ptr(at).into(),
                     (s.q_heads as i32).into(),
                     (s.kv_heads as i32).into(),
                     scale(&s).into(),
-                    (DECODE_KEYS as i32).into(),
                 ],
             )?;
             if splits > 1 {

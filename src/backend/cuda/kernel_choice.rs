@@ -44,6 +44,16 @@ pub(super) fn own_gemm_from_env() -> Result<bool> {
     }
 }
 
+/// Whether `Backend::record` makes CUDA graphs: `SMELT_CUDA_GRAPHS=off` runs every op as it
+/// is called instead, for comparison.
+pub(super) fn graphs_from_env() -> Result<bool> {
+    match std::env::var("SMELT_CUDA_GRAPHS").ok().as_deref() {
+        None | Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(other) => bail!("SMELT_CUDA_GRAPHS={other}: set it to on or off"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

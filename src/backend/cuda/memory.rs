@@ -10,7 +10,8 @@ use rayon::prelude::*;
 use super::arena::{CudaStorage, Place};
 use super::kernels::Kernel;
 use super::{BLOCK, Cuda, blocks, float, fp8, ptr};
-use crate::backend::MemoryOps;
+use crate::backend::ops::memory::check_row_copy;
+use crate::backend::{MemoryOps, RowAt};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
 /// Q8 codes (whole numbers in 0..=255; `as` saturates anything else).
@@ -137,6 +138,32 @@ impl MemoryOps for Cuda {
                 (elementwise_blocks(n), 1, 1),
                 BLOCK,
                 &[ptr(dst).into(), ptr(src).into(), (n as i64).into()],
+            )
+        }
+    }
+
+    fn copy_row_at(
+        &self, dst: &Tensor<Self>, src: &Tensor<Self>, at: &Tensor<Self>, side: RowAt,
+    ) -> Result<()> {
+        let _timing = self.time_op("copy_row_at")?;
+        let (rows, cols) = check_row_copy(dst, src, at, side)?;
+        // SAFETY: the kernel reads one i32 at `at` and clamps it into the indexed tensor's
+        // `rows` rows, then moves `cols` elements of one dtype from a row of src within it to
+        // a row of dst within it (`check_row_copy`: both hold a row of that width).
+        unsafe {
+            self.launch(
+                Kernel::CopyRowAt,
+                &[float(src)],
+                (elementwise_blocks(cols), 1, 1),
+                BLOCK,
+                &[
+                    ptr(dst).into(),
+                    ptr(src).into(),
+                    ptr(at).into(),
+                    (rows as i64).into(),
+                    (cols as i64).into(),
+                    ((side == RowAt::Dst) as i32).into(),
+                ],
             )
         }
     }

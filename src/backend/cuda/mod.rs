@@ -44,8 +44,8 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
-use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::{CudaContext, CudaGraph, CudaStream};
 
 use self::arena::{CudaStorage, Memory, MemoryReport, Place, carve};
 use self::cublaslt::Blas;
@@ -75,6 +75,8 @@ pub struct Cuda {
     attention: Cell<AttentionKernels>,
     /// Whether smelt's own matmul (gemm.rs) may run where the GPU has it.
     own_gemm: Cell<bool>,
+    /// Whether `record` records graphs.
+    graphs: Cell<bool>,
     op_timer: OpTimer,
 }
 
@@ -228,8 +230,15 @@ impl Cuda {
             multiprocessors,
             attention: Cell::new(AttentionKernels::from_env()?),
             own_gemm: Cell::new(kernel_choice::own_gemm_from_env()?),
+            graphs: Cell::new(kernel_choice::graphs_from_env()?),
             op_timer: OpTimer::default(),
         })
+    }
+
+    /// Switches the recording of graphs (`Backend::record`) on or off for the calls that
+    /// follow (`SMELT_CUDA_GRAPHS=off` starts with it off); tests compare the two.
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs.set(on);
     }
 
     /// Bytes per allocation category (plus scratch), and the device's free and total bytes.
@@ -327,6 +336,30 @@ impl Cuda {
 }
 
 impl Backend for Cuda {
+    type Recording = CudaGraph;
+
+    /// Captures the stream into a graph, in relaxed mode: the ops' own bookkeeping (looking
+    /// up a loaded kernel, setting its shared-memory limit) may call the driver meanwhile.
+    /// `SMELT_CUDA_GRAPHS=off` (or `set_graphs(false)`) records nothing.
+    fn record(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<Option<CudaGraph>> {
+        if !self.graphs.get() {
+            return Ok(None);
+        }
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        let worked = work();
+        // The capture ends whatever `work` did, so that the stream runs ops again.
+        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        worked?;
+        graph?
+            .map(Some)
+            .ok_or_else(|| anyhow::anyhow!("recording a graph: the capture came back empty"))
+    }
+
+    fn replay(&self, recording: &CudaGraph) -> Result<()> {
+        Ok(recording.launch()?)
+    }
+
     fn describe(&self) -> String {
         format!(
             "cuda ({}, {}; {})",

@@ -37,12 +37,14 @@ pub trait AttentionOps: MemoryOps {
         &self, out: &Tensor<Self>, lse: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
         docs: Option<&Tensor<Self>>, amax: Option<&Tensor<Self>>,
     ) -> Result<()>;
-    /// Generation's attention over a KV cache: the query of the last of `shape.seq`
-    /// positions against the keys and values of all of them, which is the last row of
-    /// `attention_forward`'s output. qkv: `[T, qkv_width]` (one sequence); out:
-    /// `[1, q_heads·head_dim]`.
+    /// Generation's attention over a KV cache: the query of position `at` against the keys
+    /// and values of positions 0 to `at`, which is row `at` of `attention_forward`'s output
+    /// over them. `at` is the i32 the device holds when the op runs (clamped into the
+    /// cache), so that a recorded pass (`Backend::record`) attends at the position each
+    /// replay puts there. qkv: `[capacity, qkv_width]` (one sequence, `shape.seq` its
+    /// capacity); out: `[1, q_heads·head_dim]`.
     fn attention_decode(
-        &self, out: &Tensor<Self>, qkv: &Tensor<Self>, shape: AttnShape,
+        &self, out: &Tensor<Self>, qkv: &Tensor<Self>, at: &Tensor<Self>, shape: AttnShape,
     ) -> Result<()>;
     /// Writes `dqkv` (all three parts) from `dout`, for the forward of the same `docs`.
     #[allow(clippy::too_many_arguments)]

@@ -1,9 +1,44 @@
 //! The memory family: allocation by category, transfers between the host and the device,
 //! copies, and waiting for the device.
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 
-use crate::tensor::{Tensor, TensorSpec};
+use crate::tensor::{DType, Tensor, TensorSpec};
+
+/// Which tensor of `copy_row_at` its index is a row of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowAt {
+    Dst,
+    Src,
+}
+
+/// Checks a `copy_row_at` as every backend takes it, and returns the rows of the tensor `at`
+/// indexes and their length (a row being the leading dimension's): one dtype and length,
+/// `at` one i32.
+pub fn check_row_copy<B: MemoryOps>(
+    dst: &Tensor<B>, src: &Tensor<B>, at: &Tensor<B>, side: RowAt,
+) -> Result<(usize, usize)> {
+    let indexed = match side {
+        RowAt::Dst => dst,
+        RowAt::Src => src,
+    };
+    ensure!(
+        dst.dtype == src.dtype
+            && dst.numel() > 0
+            && src.numel() > 0
+            && dst.row_len() == src.row_len()
+            && at.dtype == DType::I32
+            && at.numel() == 1,
+        "copy_row_at: {} {:?} into {} {:?} at {} {:?} (one dtype and row length, one i32 index)",
+        src.dtype,
+        src.shape,
+        dst.dtype,
+        dst.shape,
+        at.dtype,
+        at.shape
+    );
+    Ok((indexed.rows(), indexed.row_len()))
+}
 
 pub trait MemoryOps: Sized {
     /// A cheap, clonable handle to memory owned by the backend.
@@ -40,6 +75,14 @@ pub trait MemoryOps: Sized {
     fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()>;
     /// `dst = src`, converting between float dtypes with round-to-nearest-even.
     fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()>;
+    /// One row (of the leading dimension) between two tensors of one dtype and row length: `dst[at] = src[0]` (`RowAt::Dst`)
+    /// or `dst[0] = src[at]` (`RowAt::Src`), the row `at` being the i32 the device holds in
+    /// `at` when the copy runs, so that a recorded pass (`Backend::record`) moves the row
+    /// that `at` names at each replay. An index past the indexed tensor's rows is clamped
+    /// into them.
+    fn copy_row_at(
+        &self, dst: &Tensor<Self>, src: &Tensor<Self>, at: &Tensor<Self>, side: RowAt,
+    ) -> Result<()>;
     /// Starts `dst = src` (one dtype; one of them offloaded) once the ops enqueued so far are
     /// done, on a copy engine, so that it overlaps the ops enqueued after it; those must
     /// leave both tensors alone until `wait_for_copies_of` either. Where nothing runs beside

@@ -174,23 +174,37 @@ __device__ __forceinline__ float merge_states(const DecodeState<D>* states, int 
     return normalize ? acc / l_all : acc;
 }
 
-// Generation's attention over a KV cache: the query of the last of Tn positions against every
-// key and value, which is attention_forward's last row for one sequence. Block (h, s) takes
-// keys [s·keys_per_block, (s + 1)·keys_per_block), so that a long context spreads over many
-// SMs; within it each row group of ROW_LANES lanes takes every GROUPS-th key with a state of
-// its own, read straight from global memory (one query needs no shared tiles), and then the
-// groups' states are merged. With one block per head the result goes to out; otherwise each
-// block's state goes to partial [Hq, splits] for attention_decode_combine. Grid:
-// (Hq, splits); block THREADS.
+// Generation's attention over a KV cache of `capacity` positions: the query of position *at
+// (read when the kernel runs, clamped into the cache) against every key and value up to it,
+// which is attention_forward's row at for one sequence. The gridDim.y blocks of head h share
+// those keys in even runs, so that even a short context spreads over many SMs (a row group
+// walks its keys one after another, each a dependent round of loads: the fewer each takes,
+// the sooner the block is done); within a block each row group of ROW_LANES lanes takes every
+// GROUPS-th key of the run with a state of its own, read straight from global memory (one
+// query needs no shared tiles), and then the groups' states are merged. With one block per
+// head the result goes to out; otherwise each block's state goes to partial [Hq, splits] for
+// attention_decode_combine, an empty one from a block whose run is empty. Grid: (Hq, splits);
+// block THREADS.
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS)
-    attention_decode(T* out, DecodeState<D>* partial, const T* qkv, int Tn, int Hq, int Hkv,
-                     float scale, int keys_per_block) {
+    attention_decode(T* out, DecodeState<D>* partial, const T* qkv, int capacity, const int* at,
+                     int Hq, int Hkv, float scale) {
     constexpr int DPT = D / ROW_LANES, GROUPS = THREADS / ROW_LANES;
     __shared__ DecodeState<D> groups[GROUPS];
+    const int Tn = min(max(*at, 0), capacity - 1) + 1;  // the positions attended
     const int h = blockIdx.x, kvh = h / (Hq / Hkv);
     const int g = threadIdx.x / ROW_LANES, t = threadIdx.x % ROW_LANES;
-    const int first = blockIdx.y * keys_per_block, end = min(Tn, first + keys_per_block);
+    const int run = (Tn + gridDim.y - 1) / gridDim.y;
+    const int first = blockIdx.y * run, end = min(Tn, first + run);
+    if (first >= end) {  // no keys: a state that weighs nothing in the merge
+        DecodeState<D>* state = partial + (long long)h * gridDim.y + blockIdx.y;
+        for (int c = threadIdx.x; c < D; c += blockDim.x) state->o[c] = 0.0f;
+        if (threadIdx.x == 0) {
+            state->m = NEG_INF;
+            state->l = 0.0f;
+        }
+        return;
+    }
     const long long stride = (long long)(Hq + 2 * Hkv) * D;
     const T* q_row = qkv + (Tn - 1) * stride + (long long)h * D;
     float q[DPT], o[DPT];

@@ -347,6 +347,7 @@ macro_rules! kernel_table {
 kernel_table! {
     Fill => MEMORY, "fill", [Float];
     Copy => MEMORY, "copy", [Float, Float];
+    CopyRowAt => MEMORY, "copy_row_at", [Float];
     EmbeddingForward => EMBEDDING, "embedding_forward", [Float];
     EmbeddingSortKeys => EMBEDDING, "embedding_sort_keys", [];
     BitonicGlobal => EMBEDDING, "bitonic_global", [];
