@@ -340,9 +340,10 @@ impl Backend for Cuda {
 
     /// Captures the stream into a graph, in relaxed mode: the ops' own bookkeeping (looking
     /// up a loaded kernel, setting its shared-memory limit) may call the driver meanwhile.
-    /// `SMELT_CUDA_GRAPHS=off` (or `set_graphs(false)`) records nothing.
+    /// `SMELT_CUDA_GRAPHS=off` (or `set_graphs(false)`) records nothing, and neither does
+    /// timing ops, whose events are for each op's launches, not for a replay.
     fn record(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<Option<CudaGraph>> {
-        if !self.graphs.get() {
+        if !self.graphs.get() || self.op_timer.is_on() {
             return Ok(None);
         }
         self.stream

@@ -33,6 +33,10 @@ impl OpTimer {
         self.on.set(on);
     }
 
+    pub fn is_on(&self) -> bool {
+        self.on.get()
+    }
+
     /// Starts timing an op whose work is enqueued on `stream` until the returned value is
     /// dropped; `name` is built only while timing is on.
     pub fn begin<'a>(
