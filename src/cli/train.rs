@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use tokenizers::Tokenizer;
 
 use super::flags::{
     DocumentFlags, FitMemoryFlag, OffloadFlags, Precision, PrecisionFlags, RecomputeFlags,
@@ -22,7 +21,7 @@ use crate::io::hf;
 use crate::model::{Documents, Recompute};
 use crate::plan::Request;
 use crate::tensor::DType;
-use crate::tokenize::eos;
+use crate::tokenize::encoder::Encoder;
 use crate::train::guard::{GuardOptions, OnSpike};
 use crate::train::inject::Injection;
 use crate::train::options::{Defaults, MemoryOptions, Offload, OptimizerOptions, Resolved};
@@ -602,41 +601,43 @@ impl TrainArgs {
         if !self.documents.any() {
             if self.eos_id.is_some() {
                 bail!(
-                    "--eos-id tells the documents apart for --doc-mask and --doc-positions:                      give one of them, or leave it out"
+                    "--eos-id tells the documents apart for --doc-mask and --doc-positions: \
+                     give one of them, or leave it out"
                 );
             }
             return Ok(None);
         }
-        let vocab = model.config()?.0.vocab_size;
-        let eos = match (self.eos_id, model) {
-            (Some(id), _) => id,
+        let no_eos = |what: String| {
+            anyhow!(
+                "--doc-mask/--doc-positions: {what} to name the EOS that ends each document; \
+                 pass --eos-id (the id `smelt tokenize` printed)"
+            )
+        };
+        let (eos, source) = match (self.eos_id, model) {
+            (Some(id), _) => (id, "--eos-id".to_string()),
             (None, ModelSource::Dir { path, .. }) => {
                 let file = path.join("tokenizer.json");
-                if !file.exists() {
-                    bail!(
-                        "--doc-mask/--doc-positions: {} has no tokenizer.json to name the EOS                          that ends each document; pass --eos-id (the id `smelt tokenize` printed)",
-                        path.display()
-                    );
+                if !file.is_file() {
+                    return Err(no_eos(format!("{} has no tokenizer.json", path.display())));
                 }
-                eos::find(
-                    &file,
-                    &Tokenizer::from_file(&file).map_err(|e| {
-                        anyhow!(
-                            "{}: not a usable tokenizer.json ({e}); pass --eos-id",
+                let found = (Encoder::load(&file, None))
+                    .with_context(|| {
+                        format!(
+                            "--doc-mask/--doc-positions: the EOS that ends each document, from \
+                             {} (or pass --eos-id)",
                             file.display()
                         )
-                    })?,
-                    None,
-                    vocab,
-                )?
-                .id
+                    })?
+                    .eos;
+                (found.id, found.source)
             }
-            (None, ModelSource::Config { name, .. }) => bail!(
-                "--doc-mask/--doc-positions: {name} has no tokenizer files to name the EOS that                  ends each document; pass --eos-id (the id `smelt tokenize` printed)"
-            ),
+            (None, ModelSource::Config { name, .. }) => {
+                return Err(no_eos(format!("{name} has no tokenizer files")));
+            }
         };
+        let vocab = model.config()?.0.vocab_size;
         if eos as usize >= vocab {
-            bail!("--eos-id {eos} is outside the model's vocabulary of {vocab}");
+            bail!("{source} {eos} is outside the model's vocabulary of {vocab}");
         }
         Ok(self.documents.documents(eos as i32))
     }
