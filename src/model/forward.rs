@@ -48,7 +48,7 @@ impl<B: Backend> Transformer<B> {
     /// blocks' work: a block's stashes are made ready before it runs, and start their way out
     /// once it is done.
     pub(crate) fn forward_blocks(
-        &mut self, b: &B, tokens: &[i32], cache: Option<&KvCache<B>>, events: &mut BlockEvents<B>,
+        &self, b: &B, tokens: &[i32], cache: Option<&KvCache<B>>, events: &mut BlockEvents<B>,
     ) -> Result<()> {
         self.upload_tokens(b, tokens)?;
         self.run_blocks(b, cache, events)

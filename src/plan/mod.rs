@@ -423,8 +423,14 @@ struct ModelMemory {
 }
 
 fn model_memory(r: &Request, memory: MemoryOptions) -> Result<ModelMemory> {
-    let mut options = memory.model_options(r.batch, r.seq, r.model_dtype, r.matmul, Gradients::All);
-    options.documents = r.documents;
+    let options = memory.model_options(
+        r.batch,
+        r.seq,
+        r.model_dtype,
+        r.matmul,
+        Gradients::All,
+        r.documents,
+    );
     let model = ModelPlan::new(&r.config, &options)?;
     let losses = model.losses();
     let losses = rows_spec(r.micro_steps, losses.numel(), losses.dtype);

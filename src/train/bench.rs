@@ -137,9 +137,15 @@ pub fn run<B: Backend>(
         bail!("--steps must be at least 1");
     }
     let flops_per_token = config.training_flops_per_token(o.seq);
-    let mut options =
-        (o.memory).model_options(o.batch, o.seq, DType::BF16, o.matmul, Gradients::All);
-    options.documents = o.documents.map(|d| d.apart);
+    let documents = o.documents.map(|d| d.apart);
+    let options = (o.memory).model_options(
+        o.batch,
+        o.seq,
+        DType::BF16,
+        o.matmul,
+        Gradients::All,
+        documents,
+    );
     let model = Transformer::new(b, config, options)?;
     model.init_weights(b, SEED)?;
     let optimizer = OptimizerOptions {

@@ -245,10 +245,10 @@ pub struct MemoryOptions {
 impl MemoryOptions {
     /// The model's options for training on micro-batches of `batch` sequences of `seq`
     /// tokens, its weights and activations in `dtype`, keeping the gradients `gradients`
-    /// says and every block's weights.
+    /// says and every block's weights, the sequences packing `documents` where given.
     pub fn model_options(
         &self, batch: usize, seq: usize, dtype: DType, matmul: MatmulPrecision,
-        gradients: Gradients,
+        gradients: Gradients, documents: Option<Documents>,
     ) -> ModelOptions {
         ModelOptions {
             batch,
@@ -264,7 +264,7 @@ impl MemoryOptions {
             weights: Weights::All,
             offload_weights: self.offload_weights,
             offload_gradients: self.offload_gradients,
-            documents: None,
+            documents,
         }
     }
 }

@@ -158,9 +158,14 @@ impl<'a, B: Backend> Run<'a, B> {
         let owners = zero::owners_of(&layout, comm.world(), &o.optimizer);
         let kept = owners.and_then(|w| w.kept_blocks(comm.rank()));
         let gradients = kept.clone().map_or(Gradients::All, Gradients::Kept);
-        let mut options =
-            (o.memory).model_options(o.batch_size, o.seq_len, o.model_dtype, o.matmul, gradients);
-        options.documents = o.documents;
+        let mut options = (o.memory).model_options(
+            o.batch_size,
+            o.seq_len,
+            o.model_dtype,
+            o.matmul,
+            gradients,
+            o.documents,
+        );
         if let Some(kept) = kept.filter(|_| o.optimizer.zero_level >= 3) {
             options.weights = Weights::Kept(kept);
         }

@@ -75,11 +75,11 @@ pub trait MemoryOps: Sized {
     fn fill(&self, dst: &Tensor<Self>, value: f32) -> Result<()>;
     /// `dst = src`, converting between float dtypes with round-to-nearest-even.
     fn copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()>;
-    /// One row (of the leading dimension) between two tensors of one dtype and row length: `dst[at] = src[0]` (`RowAt::Dst`)
-    /// or `dst[0] = src[at]` (`RowAt::Src`), the row `at` being the i32 the device holds in
-    /// `at` when the copy runs, so that a recorded pass (`Backend::record`) moves the row
-    /// that `at` names at each replay. An index past the indexed tensor's rows is clamped
-    /// into them.
+    /// One row (of the leading dimension) between two tensors of one dtype and row length:
+    /// `dst[at] = src[0]` (`RowAt::Dst`) or `dst[0] = src[at]` (`RowAt::Src`), the row `at`
+    /// being the i32 the device holds in `at` when the copy runs, so that a recorded pass
+    /// (`Backend::record`) moves the row that `at` names at each replay. An index past the
+    /// indexed tensor's rows is clamped into them.
     fn copy_row_at(
         &self, dst: &Tensor<Self>, src: &Tensor<Self>, at: &Tensor<Self>, side: RowAt,
     ) -> Result<()>;
