@@ -38,6 +38,7 @@ fn op_times_account_for_the_step() {
         moments: [DType::BF16; 2],
         documents: None,
         op_times: true,
+        in_backward: false,
     };
     let report = bench::run(&gpu, config, &options, |_| Ok(None)).unwrap();
     // The calls of whichever of `ops` the step ran: SwiGLU runs on its own, or inside the

@@ -1,10 +1,13 @@
 //! On the GPU, the blocks' weights and gradients streamed from pinned host memory give
 //! bitwise the losses and weights of keeping them on the device, over 5 optimizer steps of
 //! two accumulated micro-batches: the blocks run the same ops on the same bytes, which the
-//! copies only move. At 16 tokens a micro-batch a block's work is far shorter than the copy
-//! of its weights, so a wait that is missing (a block reading its slot before its weights
-//! are in, a copy overwriting a slot still in use, the optimizer reading a gradient still on
-//! its way out) shows in the bits; at 4 × 1024 tokens the copies hide behind the work.
+//! copies only move. So does updating each block in the last backward
+//! (`--optimizer-in-backward`), its offloaded moments streaming through device slots beside
+//! the weights going out and the gradients' sums coming in. At 16 tokens a micro-batch a
+//! block's work is far shorter than the copy of its weights, so a wait that is missing (a
+//! block reading its slot before its weights are in, a copy overwriting a slot still in
+//! use or on its way out, the optimizer reading a gradient still on its way out) shows in
+//! the bits; at 4 × 1024 tokens the copies hide behind the work.
 
 mod common;
 
@@ -12,37 +15,60 @@ use common::gpu::*;
 use common::{batch, options, trained_tokens};
 use smelt::backend::prelude::*;
 use smelt::comm::Solo;
-use smelt::model::{LossOptions, ModelConfig, ModelOptions, Recompute, Transformer};
+use smelt::model::{BlockEvent, LossOptions, ModelConfig, ModelOptions, Recompute, Transformer};
 use smelt::tensor::DType;
+use smelt::train::bench;
+use smelt::train::optimizer::AdamWState;
+use smelt::train::options::{Offload, OptimizerOptions};
 
 const STEPS: u64 = 5;
 const MICRO_STEPS: u64 = 2;
 
-/// Every step's per-token losses, then the final weights, at `shape` with `o`'s options.
+/// Every step's per-token losses, then the final weights, at `shape` with `o`'s options and
+/// the optimizer `adamw`.
 fn train<B: Backend>(
     gpu: &B, config: &ModelConfig, shape: (usize, usize), o: impl FnOnce(&mut ModelOptions),
+    adamw: OptimizerOptions,
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
     let mut options = options(shape.0, shape.1, DType::BF16, Recompute::default(), 2);
     o(&mut options);
     let mut model = Transformer::new(gpu, config.clone(), options).unwrap();
     upload_weights(gpu, &model, &host_weights(&model, 3, 0.05));
-    let optimizer = bf16_adamw(gpu, &model);
+    let optimizer = AdamWState::new(gpu, &Solo, &model, adamw).unwrap();
+    let (lr, seed) = (1e-3, 7);
     let mut losses = vec![];
     for step in 1..=STEPS {
         for micro in 0..MICRO_STEPS {
-            let seed = 100 + step * MICRO_STEPS + micro;
-            let (tokens, targets) = batch(model.tokens_per_step(), config.vocab_size, seed);
+            let (tokens, targets) = batch(
+                model.tokens_per_step(),
+                config.vocab_size,
+                100 + step * MICRO_STEPS + micro,
+            );
             let loss = LossOptions {
                 grad_scale: 1.0 / trained_tokens(&targets) as f32,
                 z_loss: 1e-4,
                 accumulate: micro > 0,
             };
-            model
-                .forward_backward(gpu, &tokens, &targets, loss)
-                .unwrap();
+            model.forward_hidden(gpu, &tokens).unwrap();
+            if optimizer.options.in_backward && micro + 1 == MICRO_STEPS {
+                optimizer.begin_block_updates(gpu).unwrap();
+                let mut update = |event: BlockEvent<B>| match event {
+                    BlockEvent::Update {
+                        layer,
+                        weights,
+                        grads,
+                    } => optimizer.update_block(gpu, layer, weights, grads, lr, step, seed),
+                    _ => Ok(()),
+                };
+                (model.backward_updating(gpu, &targets, loss, &mut update)).unwrap();
+            } else {
+                model
+                    .backward(gpu, &targets, loss, &mut |_| Ok(()))
+                    .unwrap();
+            }
             losses.extend(gpu.download(model.losses()).unwrap());
         }
-        optimizer.step(gpu, &Solo, &model, 1e-3, step, 7).unwrap();
+        optimizer.step(gpu, &Solo, &model, lr, step, seed).unwrap();
     }
     let weights = model
         .params
@@ -65,29 +91,65 @@ fn streaming_weights_and_gradients_is_bitwise_identical_on_the_gpu() {
         block: true,
         ..Recompute::default()
     };
+    let adamw = bench::bf16_adamw_options();
+    // Updating in the backward does not clip; its baseline does not either.
+    let no_clip = OptimizerOptions {
+        grad_clip: 0.0,
+        ..adamw.clone()
+    };
+    let in_backward = |offload| OptimizerOptions {
+        in_backward: true,
+        offload,
+        ..no_clip.clone()
+    };
+    let moments = Offload {
+        opt_m: true,
+        opt_v: true,
+        ..Offload::default()
+    };
     for shape in [(1, 16), (4, 1024)] {
-        let (base_losses, base_weights) = train(&gpu, &config, shape, |_| ());
-        assert!(base_losses.iter().all(|l| l.is_finite()));
-        for (variant, weights, gradients, recompute) in [
-            ("weights", true, false, Recompute::default()),
-            ("gradients", false, true, Recompute::default()),
-            ("both", true, true, Recompute::default()),
-            ("both, block recomputed", true, true, block),
-        ] {
-            let (losses, w) = train(&gpu, &config, shape, |o| {
-                o.offload_weights = weights;
-                o.offload_gradients = gradients;
-                o.recompute = recompute;
-            });
+        let base = |adamw| train(&gpu, &config, shape, |_| (), adamw);
+        let bases = [base(adamw.clone()), base(no_clip.clone())];
+        assert!(bases.iter().flat_map(|b| &b.0).all(|l| l.is_finite()));
+        let variants = [
+            ("weights", true, false, Recompute::default(), &adamw),
+            ("gradients", false, true, Recompute::default(), &adamw),
+            ("both", true, true, Recompute::default(), &adamw),
+            ("both, block recomputed", true, true, block, &adamw),
+            (
+                "nothing, updated in the backward",
+                false,
+                false,
+                block,
+                &in_backward(Offload::default()),
+            ),
+            (
+                "both and the moments, updated in the backward",
+                true,
+                true,
+                block,
+                &in_backward(moments),
+            ),
+        ];
+        for (variant, weights, gradients, recompute, optimizer) in variants {
+            let (losses, w) = train(
+                &gpu,
+                &config,
+                shape,
+                |o| {
+                    o.offload_weights = weights;
+                    o.offload_gradients = gradients;
+                    o.recompute = recompute;
+                },
+                optimizer.clone(),
+            );
+            let (base_losses, base_weights) = &bases[optimizer.grad_clip.eq(&0.0) as usize];
             let test = format!(
                 "streamed {variant}, {name}, 6 layers, {} × {}",
                 shape.0, shape.1
             );
-            assert!(
-                same_bits(&losses, &base_losses),
-                "{test}: the losses differ"
-            );
-            for (w, base) in w.iter().zip(&base_weights) {
+            assert!(same_bits(&losses, base_losses), "{test}: the losses differ");
+            for (w, base) in w.iter().zip(base_weights) {
                 assert!(same_bits(w, base), "{test}: the weights differ");
             }
             figure(

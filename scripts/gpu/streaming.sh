@@ -5,7 +5,8 @@
 #      gradients streamed from host memory give the plain run's bits;
 #   2. speed: `smelt bench` of Llama-3-8B at batch 1 × 8192 with the whole GPU, and with the
 #      memory flags of ROWS (name, then flags): the optimizer state, then the blocks' weights
-#      and gradients, in host memory, and what --fit-memory picks for 24 and 40 GiB; and
+#      and gradients, in host memory, each block updated in the backward or after it
+#      (--optimizer-in-backward), and what --fit-memory picks for 24 and 40 GiB; and
 #      65,536 tokens (SEQ_ROWS). Each row's tok/s, MFU, the device memory smelt allocated,
 #      all the device memory in use, and what lives in pinned host memory;
 #   3. `smelt train` of Llama-3-8B from scratch on the demo's token files, 8 sequences of 8192
@@ -28,8 +29,10 @@ ROWS=${ROWS-"whole-gpu|
 state-offloaded|--recompute-block $STATE
 streamed|--recompute-block $STATE $STREAM --lmhead-chunks 8
 streamed-residual|--recompute-block $STATE $STREAM --offload-residual --lmhead-chunks 8
+streamed-in-backward|--recompute-block $STATE $STREAM --lmhead-chunks 8 --optimizer-in-backward
 fit-24|--fit-memory 24
-fit-40|--fit-memory 40"}
+fit-24-in-backward|--fit-memory 24 --optimizer-in-backward
+fit-40-in-backward|--fit-memory 40 --optimizer-in-backward"}
 SEQ_ROWS=${SEQ_ROWS-"65536|--recompute-block --ffn-chunks 8 --lmhead-chunks 16 $STATE"}
 
 bench() { # name, seq, flags...

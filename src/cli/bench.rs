@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// Also time each op on the device (GPU only) and list them by time.
     #[arg(long)]
     op_times: bool,
+    /// Update each block in the backward, as soon as its gradients are final (as `smelt
+    /// train --optimizer-in-backward`); the benchmark's optimizer then does not clip.
+    #[arg(long)]
+    optimizer_in_backward: bool,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -152,6 +156,7 @@ impl BenchArgs {
                 length: self.doc_length,
             }),
             op_times: self.op_times,
+            in_backward: self.optimizer_in_backward,
         };
         let request = || Ok(Request::for_bench(config.clone(), &options));
         if let Some(choice) = self

@@ -135,6 +135,14 @@ pub struct TrainArgs {
     /// AdamW ε.
     #[arg(long, default_value_t = 1e-8, help_heading = "Optimizer")]
     adam_eps: f64,
+    /// Update each block in the step's last backward, as soon as its gradients are final,
+    /// beside the backward of the blocks below, instead of after the whole backward; with
+    /// --offload-gradients the gradients then never leave the GPU, and offloaded optimizer
+    /// state streams through it. The same results, but it cannot wait for the step's norm
+    /// or loss: needs one GPU, --grad-clip 0 and --on-spike warn, and a step that is not
+    /// finite stops the run instead of being skipped.
+    #[arg(long, help_heading = "Optimizer")]
+    optimizer_in_backward: bool,
     /// Adds z · logsumexp² to each token's loss, keeping logits from drifting.
     #[arg(long, default_value_t = 0.0, help_heading = "Optimizer")]
     z_loss: f64,
@@ -554,6 +562,7 @@ impl TrainArgs {
                 master_dtype,
                 offload: self.offload.offload(self.offload_master),
                 zero_level: self.zero_level,
+                in_backward: self.optimizer_in_backward,
             },
             z_loss: self.z_loss,
             model_dtype,

@@ -36,6 +36,15 @@ pub enum BlockEvent<'a, B: Backend> {
         layer: Option<usize>,
         grads: &'a [&'a Tensor<B>],
     },
+    /// In `backward_updating`, after block `layer`'s `Done`: its gradients are final for
+    /// the step, and the event updates its `weights` from `grads` where the block's ops read
+    /// them, before the weights go back to host memory (where streamed) and the slots pass
+    /// to the blocks below.
+    Update {
+        layer: usize,
+        weights: &'a [&'a Tensor<B>],
+        grads: &'a [&'a Tensor<B>],
+    },
 }
 
 pub type BlockEvents<'a, B> = dyn FnMut(BlockEvent<'_, B>) -> Result<()> + 'a;
@@ -55,6 +64,24 @@ impl<B: Backend> Transformer<B> {
     /// and of the parameter gradients.
     pub fn backward(
         &mut self, b: &B, targets: &[i32], loss: LossOptions, events: &mut BlockEvents<B>,
+    ) -> Result<()> {
+        self.backward_pass(b, targets, loss, events, false)
+    }
+
+    /// `backward` for the last micro-batch of a step whose optimizer runs in the backward
+    /// (`--optimizer-in-backward`): `events` also gets each block's `BlockEvent::Update` as
+    /// soon as its gradients are final, so that the update of a block runs beside the
+    /// backward of those below it. Its gradients are consumed there: streamed, they do not
+    /// go out to host memory, and the updated weights do.
+    pub fn backward_updating(
+        &mut self, b: &B, targets: &[i32], loss: LossOptions, events: &mut BlockEvents<B>,
+    ) -> Result<()> {
+        self.backward_pass(b, targets, loss, events, true)
+    }
+
+    fn backward_pass(
+        &mut self, b: &B, targets: &[i32], loss: LossOptions, events: &mut BlockEvents<B>,
+        updates: bool,
     ) -> Result<()> {
         ensure!(
             self.options.gradients != Gradients::Absent,
@@ -104,9 +131,17 @@ impl<B: Backend> Transformer<B> {
                 layer: Some(l),
                 grads: &grads,
             })?;
-            self.streams.block_backward_done(b, l, acc)?;
+            if updates {
+                let weights: Vec<&Tensor<B>> = self.layer_weights(l).iter().collect();
+                events(BlockEvent::Update {
+                    layer: l,
+                    weights: &weights,
+                    grads: &grads,
+                })?;
+            }
+            self.streams.block_backward_done(b, l, acc, updates)?;
         }
-        self.streams.end_backward(b)?;
+        self.streams.end_backward(b, updates)?;
         let (a, g) = (&self.acts, self.grads());
         // With tied embeddings the head has already written this gradient.
         let tied = self.params.lm_head.is_none();

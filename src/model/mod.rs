@@ -22,7 +22,7 @@ mod recompute;
 mod residuals;
 pub mod shared_slots;
 mod stash;
-mod streaming;
+pub mod streaming;
 mod transformer;
 
 pub use backward::{BlockEvent, BlockEvents};

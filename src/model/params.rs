@@ -165,6 +165,12 @@ impl<T> Params<T> {
             .chain(self.lm_head.iter().map(|_| false))
     }
 
+    /// Where block `l`'s tensors are in `iter` order (after the embedding, block by block).
+    pub fn block_indices(&self, l: usize) -> std::ops::Range<usize> {
+        let per_block = self.layers[0].iter().count();
+        1 + l * per_block..1 + (l + 1) * per_block
+    }
+
     /// The parameters outside the blocks, in `iter` order: the embedding, the final norm and
     /// an untied head.
     pub fn outside_blocks(&self) -> impl Iterator<Item = &T> {

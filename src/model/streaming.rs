@@ -15,6 +15,11 @@
 //!   accumulation, a micro-batch after the first brings each block's sum so far in, one
 //!   block ahead, for its backward to add to. The optimizer's work waits for every copy out
 //!   (`end_backward`).
+//! - in a backward that updates each block as it finishes it (`backward_updating`), the
+//!   gradients stay in their slot for the update and the updated weights go out instead.
+//!
+//! The same rings carry the optimizer's offloaded state for those updates
+//! (`train::block_updates`).
 //!
 //! So a step waits on the bus only where a block's copies outlast the work beside them.
 
@@ -76,12 +81,9 @@ pub fn assemble<B: Backend>(
     // Every block's view of its slot, and the tensors outside the blocks.
     let on_device = shared_slots::build(layout, Some(&none_kept(layout)), device);
     let per_block = layout.layers[0].iter().count();
-    let block = |tensors: &[Tensor<B>]| -> LayerParams<Tensor<B>> {
-        let mut next = tensors.iter().cloned();
-        (layout.layers[0].try_map(&mut |_| Ok(next.next().expect("one tensor per field"))))
-            .expect("infallible")
-    };
-    let layers: Vec<LayerParams<Tensor<B>>> = host.chunks(per_block).map(block).collect();
+    let layers: Vec<LayerParams<Tensor<B>>> = (host.chunks(per_block))
+        .map(|tensors| block_of(&layout.layers[0], tensors))
+        .collect();
     let ring = Ring {
         host: layers.clone(),
         slots: on_device.layers,
@@ -91,6 +93,14 @@ pub fn assemble<B: Backend>(
         ..on_device
     };
     (params, Some(ring))
+}
+
+/// `tensors`, one block's in field order, as the block `like` is laid out.
+pub fn block_of<B: Backend>(
+    like: &LayerParams<ParamSpec>, tensors: &[Tensor<B>],
+) -> LayerParams<Tensor<B>> {
+    let mut next = tensors.iter().cloned();
+    (like.try_map(&mut |_| Ok(next.next().expect("one tensor per field")))).expect("infallible")
 }
 
 /// One streamed set: every block's tensors in host memory, and each block's view of the
@@ -106,9 +116,15 @@ impl<B: Backend> Ring<B> {
         &self.slots[l]
     }
 
+    /// The blocks streamed through `slots` (each block's view of its slot) from `host`.
+    pub fn new(host: Vec<LayerParams<Tensor<B>>>, slots: Vec<LayerParams<Tensor<B>>>) -> Self {
+        assert_eq!(host.len(), slots.len(), "one slot view per streamed block");
+        Ring { host, slots }
+    }
+
     /// Starts block `l`'s copy into its slot, after the ops enqueued so far (the last block
     /// to use the slot among them).
-    fn fetch(&self, b: &B, l: usize) -> Result<()> {
+    pub fn fetch(&self, b: &B, l: usize) -> Result<()> {
         for (slot, host) in self.slot(l).iter().zip(self.host[l].iter()) {
             b.start_copy(slot, host)?;
         }
@@ -116,7 +132,7 @@ impl<B: Backend> Ring<B> {
     }
 
     /// Starts block `l`'s copy out of its slot, after the ops enqueued so far.
-    fn store(&self, b: &B, l: usize) -> Result<()> {
+    pub fn store(&self, b: &B, l: usize) -> Result<()> {
         for (slot, host) in self.slot(l).iter().zip(self.host[l].iter()) {
             b.start_copy(host, slot)?;
         }
@@ -125,11 +141,18 @@ impl<B: Backend> Ring<B> {
 
     /// Makes the ops enqueued from now on wait for the last copy into or out of block `l`'s
     /// slot.
-    fn wait(&self, b: &B, l: usize) -> Result<()> {
+    pub fn wait(&self, b: &B, l: usize) -> Result<()> {
         b.wait_for_copies_of(&self.slot(l).iter().collect::<Vec<_>>())
     }
 
-    fn blocks(&self) -> usize {
+    /// Makes the ops enqueued from now on wait for the last copy into or out of every
+    /// block's host tensors.
+    pub fn wait_for_host(&self, b: &B) -> Result<()> {
+        let all: Vec<&Tensor<B>> = self.host.iter().flat_map(|l| l.iter()).collect();
+        b.wait_for_copies_of(&all)
+    }
+
+    pub fn blocks(&self) -> usize {
         self.host.len()
     }
 }
@@ -186,29 +209,44 @@ impl<B: Backend> Streams<B> {
         }
     }
 
-    /// After block `l`'s backward is enqueued: its gradients start out, and with
+    /// After block `l`'s backward is enqueued: its gradients start out (unless `updated`,
+    /// where its update has consumed them and its weights start out instead), and with
     /// `accumulate` block l − 1's sum so far comes into the slot after block l + 1's has gone
-    /// out of it; block l − 2's weights start into the slot block l used.
-    pub fn block_backward_done(&self, b: &B, l: usize, accumulate: bool) -> Result<()> {
+    /// out of it; block l − 2's weights start into the slot block l used. A copy into a slot
+    /// starts after the last copy out of it (`Backend::start_copy`).
+    pub fn block_backward_done(
+        &self, b: &B, l: usize, accumulate: bool, updated: bool,
+    ) -> Result<()> {
         if let Some(g) = &self.grads {
-            g.store(b, l)?;
+            if !updated {
+                g.store(b, l)?;
+            }
             if accumulate && l >= 1 {
                 g.fetch(b, l - 1)?;
             }
         }
-        match &self.weights {
-            Some(w) if l >= 2 => w.fetch(b, l - 2),
-            _ => Ok(()),
-        }
-    }
-
-    /// After the backward: what follows (the optimizer) waits until every block's gradients
-    /// are out.
-    pub fn end_backward(&self, b: &B) -> Result<()> {
-        if let Some(g) = &self.grads {
-            let all: Vec<&Tensor<B>> = g.host.iter().flat_map(|l| l.iter()).collect();
-            b.wait_for_copies_of(&all)?;
+        if let Some(w) = &self.weights {
+            if updated {
+                w.store(b, l)?;
+            }
+            if l >= 2 {
+                w.fetch(b, l - 2)?;
+            }
         }
         Ok(())
+    }
+
+    /// After the backward: what follows (the optimizer, or after `updated` blocks anything
+    /// that reads the weights in host memory) waits until every block's gradients, or
+    /// weights, are out.
+    pub fn end_backward(&self, b: &B, updated: bool) -> Result<()> {
+        let out = match updated {
+            true => &self.weights,
+            false => &self.grads,
+        };
+        match out {
+            Some(ring) => ring.wait_for_host(b),
+            None => Ok(()),
+        }
     }
 }

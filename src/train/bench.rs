@@ -23,7 +23,9 @@ use super::options::{MemoryOptions, Offload, OptimizerOptions};
 use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
 use crate::comm::Solo;
-use crate::model::{Documents, Gradients, LossOptions, MatmulPrecision, ModelConfig, Transformer};
+use crate::model::{
+    BlockEvent, Documents, Gradients, LossOptions, MatmulPrecision, ModelConfig, Transformer,
+};
 use crate::rng::Rng;
 use crate::tensor::DType;
 
@@ -55,6 +57,8 @@ pub struct BenchOptions {
     pub documents: Option<BenchDocuments>,
     /// Also time each op (`BenchReport::ops`).
     pub op_times: bool,
+    /// Each block updated in the backward (`block_updates`), without clipping.
+    pub in_backward: bool,
 }
 
 /// The benchmark's random documents.
@@ -115,16 +119,25 @@ pub fn bf16_adamw_options() -> OptimizerOptions {
         master_dtype: None,
         offload: Offload::default(),
         zero_level: 0,
+        in_backward: false,
     }
 }
 
-/// The benchmark's optimizer with `o`'s moments, its state on the device.
+/// The benchmark's optimizer with `o`'s moments, its state on the device; updating in the
+/// backward where `o` asks, which cannot clip.
 pub fn adamw_options(o: &BenchOptions) -> OptimizerOptions {
     let [opt_m_dtype, opt_v_dtype] = o.moments;
+    let defaults = bf16_adamw_options();
     OptimizerOptions {
         opt_m_dtype,
         opt_v_dtype,
-        ..bf16_adamw_options()
+        in_backward: o.in_backward,
+        grad_clip: if o.in_backward {
+            0.0
+        } else {
+            defaults.grad_clip
+        },
+        ..defaults
     }
 }
 
@@ -261,7 +274,22 @@ impl<B: Backend> Bench<'_, B> {
         };
         self.model.forward_hidden(b, tokens)?;
         lap(0)?;
-        self.model.backward(b, targets, loss, &mut |_| Ok(()))?;
+        if self.opt.options.in_backward {
+            let opt = &self.opt;
+            opt.begin_block_updates(b)?;
+            let mut update = |event: BlockEvent<B>| match event {
+                BlockEvent::Update {
+                    layer,
+                    weights,
+                    grads,
+                } => opt.update_block(b, layer, weights, grads, LR, self.step, SEED),
+                _ => Ok(()),
+            };
+            self.model
+                .backward_updating(b, targets, loss, &mut update)?;
+        } else {
+            self.model.backward(b, targets, loss, &mut |_| Ok(()))?;
+        }
         lap(1)?;
         self.opt.step(b, &Solo, &self.model, LR, self.step, SEED)?;
         lap(2)?;

@@ -4,6 +4,7 @@
 //! any `Backend`.
 
 pub mod bench;
+pub mod block_updates;
 pub mod checkpoint;
 pub mod console;
 pub mod demo;

@@ -17,6 +17,7 @@
 
 use anyhow::Result;
 
+use super::block_updates::{self, BlockState, Streamed};
 use super::options::OptimizerOptions;
 use super::zero;
 use crate::backend::ops::adam8bit::{absmax_len, moment_dtype};
@@ -30,6 +31,14 @@ use crate::tensor::{DType, Tensor, TensorSpec};
 
 /// The categories of the Q8 moments' abs-maxes, m's and v's.
 const SCALE_CATEGORIES: [&str; 2] = ["adam_m_absmax", "adam_v_absmax"];
+
+/// The categories that the updates in the backward stream through device slots where they
+/// are offloaded (`block_updates`), with their slots' category.
+const STREAMED: [(&str, &str); 3] = [
+    ("adam_m", "adam_m slots"),
+    ("adam_v", "adam_v slots"),
+    ("master", "master slots"),
+];
 
 pub struct AdamWState<B: Backend> {
     pub options: OptimizerOptions,
@@ -52,6 +61,10 @@ pub struct AdamWState<B: Backend> {
     sums_sq: Tensor<B>,
     /// `[1]` f32: their sum.
     norm_sq: Tensor<B>,
+    /// Whether each parameter's weight decays, in `Params` order.
+    decays: Vec<bool>,
+    /// With `OptimizerOptions::in_backward`, where the blocks' updates find their state.
+    blocks: Option<BlockState<B>>,
     /// What each device allocation holds, for the memory table.
     pub memory: Vec<(&'static str, Vec<TensorSpec>)>,
     /// The same for the offloaded categories.
@@ -72,6 +85,9 @@ pub struct StatePlan {
     categories: Vec<(&'static str, Vec<TensorSpec>, bool)>,
     /// Each gradient's `Σ g²`, then their sum, on the device.
     norm: Vec<TensorSpec>,
+    /// With `OptimizerOptions::in_backward`, the device slots that each offloaded category
+    /// of m, v and the master copy streams its blocks through (`block_updates`).
+    slots: [Option<(&'static str, Vec<TensorSpec>)>; 3],
 }
 
 impl StatePlan {
@@ -121,6 +137,12 @@ impl StatePlan {
         if let Some(dtype) = options.master_dtype {
             categories.push(("master", like_kept("master", dtype), offload.master));
         }
+        let slots = STREAMED.map(|(category, slots)| {
+            let (_, specs, offloaded) = categories.iter().find(|c| c.0 == category)?;
+            let template = &specs[layout.block_indices(0)];
+            (options.in_backward && *offloaded)
+                .then(|| (slots, block_updates::slot_specs(layout, category, template)))
+        });
         StatePlan {
             owners,
             shard,
@@ -131,12 +153,14 @@ impl StatePlan {
                 TensorSpec::new("grad_sums_sq", &[specs.len()], DType::F32),
                 TensorSpec::new("grad_norm_sq", &[1], DType::F32),
             ],
+            slots,
         }
     }
 
     /// The device allocations, by category.
     pub fn memory(&self) -> Vec<(&'static str, Vec<TensorSpec>)> {
         let mut memory = self.placed(false);
+        memory.extend(self.slots.iter().flatten().cloned());
         memory.push(("optimizer", self.norm.clone()));
         memory
     }
@@ -187,6 +211,25 @@ impl<B: Backend> AdamWState<B> {
             Some(_) => Some(next()?),
             None => None,
         };
+        let slots = (plan.slots.iter())
+            .map(|s| {
+                s.as_ref()
+                    .map(|(name, specs)| b.allocate(name, specs))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let blocks = options.in_backward.then(|| {
+            let mut slots = slots.into_iter();
+            let states = [Some(&m[..]), Some(&v[..]), master.as_deref()];
+            let streamed = states.map(|state| {
+                let slots = slots.next().expect("slots planned per category")?;
+                Some(Streamed {
+                    state: state?,
+                    slots,
+                })
+            });
+            BlockState::new(&model.layout, streamed)
+        });
         let mut norm = b.allocate("optimizer", &plan.norm)?.into_iter();
         let mut next_norm = || norm.next().expect("two norm tensors were planned");
         let (sums_sq, norm_sq) = (next_norm(), next_norm());
@@ -207,6 +250,8 @@ impl<B: Backend> AdamWState<B> {
             master,
             sums_sq,
             norm_sq,
+            decays: model.layout.iter().map(|p| p.kind.decays()).collect(),
+            blocks,
         };
         state.sync_master(b, model)?;
         Ok(state)
@@ -275,6 +320,16 @@ impl<B: Backend> AdamWState<B> {
         &self, b: &B, comm: &dyn Comm<B>, model: &Transformer<B>,
     ) -> Result<()> {
         let grads: Vec<&Tensor<B>> = model.grads().iter().collect();
+        if let Some(blocks) = &self.blocks {
+            // The blocks' sums were taken in the backward (`update_block`); each sum depends
+            // only on its tensor, so the rest, summed now, give the bits of summing all.
+            let first = blocks.block(0).start;
+            let after = blocks.block(model.config.num_layers - 1).end;
+            b.sum_squares(&self.sums_sq.narrow_rows(0, first), &[Some(grads[0])])?;
+            let tail: Vec<Option<&Tensor<B>>> = grads[after..].iter().copied().map(Some).collect();
+            b.sum_squares(&self.sums_sq.narrow_rows(after, grads.len()), &tail)?;
+            return b.sum(&self.norm_sq, &self.sums_sq);
+        }
         // Under ZeRO-2 each gradient's sum of squares comes from the rank that holds its sum
         // over the ranks (zeros from the others), so adding the ranks' vectors gives every
         // rank the bits of an unsharded run.
@@ -310,19 +365,19 @@ impl<B: Backend> AdamWState<B> {
         let grads: Vec<&Tensor<B>> = model.grads().iter().collect();
         let hp = self.hyper(lr, step);
         let amax_slots = model.weight_amax_slots(b)?;
-        let specs: Vec<&ParamSpec> = model.layout.iter().collect();
         let params: Vec<&Tensor<B>> = model.params.iter().collect();
+        // With the blocks updated in the backward, only the tensors outside them are left,
+        // and what follows reads the blocks' state where it went back to.
+        let in_blocks: Vec<bool> = model.layout.in_blocks().collect();
+        if let Some(blocks) = &self.blocks {
+            blocks.end(b)?;
+        }
         let tensors = (self.kept.iter().enumerate())
-            .map(|(j, &i)| AdamWTensor {
-                param: params[i],
-                master: self.master.as_ref().map(|m| &m[j]),
-                grad: grads[i],
-                m: &self.m[j],
-                v: &self.v[j],
-                scales: self.scales[j].as_ref().map(|[m, v]| MomentScales { m, v }),
-                decays: specs[i].kind.decays(),
-                seed: Rng::derived(seed, i as u64).next_u64(),
-                amax: amax_slots.as_ref().map(|slots| &slots[i]),
+            .filter(|&(_, &i)| self.blocks.is_none() || !in_blocks[i])
+            .map(|(j, &i)| {
+                let own = self.own_state(j);
+                let amax = amax_slots.as_ref().map(|slots| &slots[i]);
+                self.tensor(i, j, (params[i], grads[i]), own, seed, amax)
             })
             .collect::<Vec<_>>();
         // Unsharded, every rank updates every tensor alike and rank 0 alone measures them.
@@ -359,6 +414,75 @@ impl<B: Backend> AdamWState<B> {
         }
         comm.broadcast(b, &updated)?;
         Ok(norms)
+    }
+
+    /// In the step's last backward (`OptimizerOptions::in_backward`), before its first
+    /// `update_block`: the top blocks' offloaded state starts coming in.
+    pub fn begin_block_updates(&self, b: &B) -> Result<()> {
+        match &self.blocks {
+            Some(blocks) => blocks.begin(b),
+            None => Ok(()),
+        }
+    }
+
+    /// Block `l`'s part of update `step` at rate `lr` (`update`'s arguments), from its
+    /// gradients `grads` as the backward left them, into its `weights` where the block's ops
+    /// read them; also its gradients' `Σ g²` for `measure_gradients`. Needs
+    /// `OptimizerOptions::in_backward`, which leaves the blocks to these calls.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update_block(
+        &self, b: &B, l: usize, weights: &[&Tensor<B>], grads: &[&Tensor<B>], lr: f32, step: u64,
+        seed: u64,
+    ) -> Result<()> {
+        let Some(blocks) = &self.blocks else {
+            anyhow::bail!("update_block needs an optimizer made with in_backward");
+        };
+        let _range = Range::begin(b, format_args!("layer {l} optimizer"));
+        let range = blocks.block(l);
+        let sums: Vec<Option<&Tensor<B>>> = grads.iter().copied().map(Some).collect();
+        b.sum_squares(&self.sums_sq.narrow_rows(range.start, range.end), &sums)?;
+        blocks.before_update(b, l)?;
+        // One rank keeps all the state, so a parameter's index is its state's.
+        let tensors: Vec<AdamWTensor<B>> = (range.zip(weights.iter().zip(grads)).enumerate())
+            .map(|(f, (i, (&param, &grad)))| {
+                let state = blocks.place(l, f, self.own_state(i));
+                self.tensor(i, i, (param, grad), state, seed, None)
+            })
+            .collect();
+        // No clipping (`block_updates::check`): the norm the update would read is not there
+        // yet.
+        b.adamw(&tensors, &self.norm_sq, &self.hyper(lr, step))?;
+        blocks.after_update(b, l)
+    }
+
+    /// The `j`th kept tensor's m, v and master copy, where they are kept.
+    fn own_state(&self, j: usize) -> [Option<&Tensor<B>>; 3] {
+        [
+            Some(&self.m[j]),
+            Some(&self.v[j]),
+            self.master.as_ref().map(|m| &m[j]),
+        ]
+    }
+
+    /// The update of parameter `i`, the `j`th this rank keeps: its weight and gradient where
+    /// the pass reads them, its m, v and master copy at `state` (`own_state`, or slots), its
+    /// rounding seed derived from the step's, and where its abs-max goes, if anywhere.
+    fn tensor<'a>(
+        &'a self, i: usize, j: usize, (param, grad): (&'a Tensor<B>, &'a Tensor<B>),
+        state: [Option<&'a Tensor<B>>; 3], seed: u64, amax: Option<&'a Tensor<B>>,
+    ) -> AdamWTensor<'a, B> {
+        let [m, v, master] = state;
+        AdamWTensor {
+            param,
+            master,
+            grad,
+            m: m.expect("m is always kept"),
+            v: v.expect("v is always kept"),
+            scales: self.scales[j].as_ref().map(|[m, v]| MomentScales { m, v }),
+            decays: self.decays[i],
+            seed: Rng::derived(seed, i as u64).next_u64(),
+            amax,
+        }
     }
 
     /// The hyper-parameters of update `step` at rate `lr`.

@@ -287,6 +287,10 @@ pub struct OptimizerOptions {
     /// 1: the state is sharded over the ranks (ZeRO-1); 2: the blocks' gradients too
     /// (ZeRO-2); 3: the blocks' weights too (ZeRO-3); 0: every rank keeps all of it.
     pub zero_level: u8,
+    /// `--optimizer-in-backward`: each block is updated in the step's last backward, as soon
+    /// as its gradients are final (`block_updates`).
+    #[serde(default)]
+    pub in_backward: bool,
 }
 
 /// Which optimizer state lives in host memory (llm.q's `--offload-*`). The update reads and

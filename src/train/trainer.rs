@@ -21,6 +21,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
 
+use super::block_updates;
 use super::checkpoint::{self, State, VERSION};
 use super::console::{self, Console, StepReport};
 use super::guard::{Guard, Spike, Verdict};
@@ -85,6 +86,16 @@ struct Pending {
     data: u64,
     /// Tokens over all ranks and micro-batches.
     tokens: u64,
+    /// With `--optimizer-in-backward`, the rate and seed the blocks' updates used.
+    applied: Option<Applied>,
+}
+
+/// The rate and rounding seed of a step's update, drawn before its last backward where the
+/// blocks are updated in it.
+#[derive(Clone, Copy)]
+struct Applied {
+    lr: f32,
+    seed: u64,
 }
 
 /// What a step's update did.
@@ -147,6 +158,9 @@ impl<'a, B: Backend> Run<'a, B> {
         }
 
         // 2) Startup: options, device, model, memory.
+        if o.optimizer.in_backward {
+            block_updates::check(o, comm.world())?;
+        }
         if comm.world() > 1 && (o.memory.offload_weights || o.memory.offload_gradients) {
             bail!(
                 "--offload-weights and --offload-gradients stream one GPU's blocks from its host \
@@ -603,6 +617,13 @@ impl<B: Backend> Run<'_, B> {
         let overlap = !o.grad_sum_after_backward && !self.summary.losses.is_empty();
         let block_owners = self.opt().block_owners.clone();
         let last = batches.len() - 1;
+        // The rate and seed `update` would use, drawn as it draws them.
+        let step = self.state.step + 1;
+        let applied = (o.optimizer.in_backward).then(|| Applied {
+            lr: self.state.schedule.lr(self.state.step) as f32,
+            seed: self.state.rng.next_u64(),
+        });
+        let opt = (self.opt.as_ref()).context("the optimizer is set before training")?;
         for (k, batch) in batches.iter().enumerate() {
             let loss = LossOptions {
                 grad_scale: 1.0 / trained.max(1) as f32,
@@ -637,9 +658,26 @@ impl<B: Backend> Run<'_, B> {
                 (BlockEvent::Done { grads, .. }, _) if sum_now => {
                     comm.start_all_reduce_sum(b, grads)
                 }
+                (
+                    BlockEvent::Update {
+                        layer,
+                        weights,
+                        grads,
+                    },
+                    _,
+                ) => {
+                    let a = applied.expect("only a backward that updates tells of updates");
+                    opt.update_block(b, layer, weights, grads, a.lr, step, a.seed)
+                }
                 _ => Ok(()),
             };
-            self.model.backward(b, &batch.targets, loss, &mut events)?;
+            match applied {
+                Some(_) if k == last => {
+                    opt.begin_block_updates(b)?;
+                    (self.model).backward_updating(b, &batch.targets, loss, &mut events)?;
+                }
+                _ => self.model.backward(b, &batch.targets, loss, &mut events)?,
+            }
             self.step_losses.keep(b, &self.model, k)?;
         }
         if !overlap {
@@ -658,6 +696,7 @@ impl<B: Backend> Run<'_, B> {
             trained,
             data,
             tokens,
+            applied,
         });
         Ok(())
     }
@@ -671,8 +710,15 @@ impl<B: Backend> Run<'_, B> {
             trained,
             data,
             tokens,
+            applied,
         } = (self.pending.take()).context("an update needs a step's gradients first")?;
         let step = self.state.step + 1;
+        if let Some(a) = applied.filter(|a| a.lr != lr as f32) {
+            bail!(
+                "step {step} was given the rate {lr}, but --optimizer-in-backward updated its                  blocks in the backward at the schedule's {}: leave the rate to the schedule",
+                a.lr
+            );
+        }
         if o.debug_log_abs_max > 0 && step.is_multiple_of(o.debug_log_abs_max) {
             self.log_abs_max(step)?;
         }
@@ -685,7 +731,13 @@ impl<B: Backend> Run<'_, B> {
         let norm = self.opt().grad_norm(b)?;
         let loss = inject::loss(&o.debug_inject, step, loss_sum / trained.max(1) as f64);
         let verdict = self.guard.judge(loss, norm);
-        let seed = self.state.rng.next_u64();
+        let seed = match applied {
+            Some(a) => a.seed,
+            None => self.state.rng.next_u64(),
+        };
+        if let (Some(_), Verdict::Skip { reason, .. }) = (applied, &verdict) {
+            return Err(block_updates::refuse_after_update(step, reason));
+        }
         let health = match &verdict {
             Verdict::Update { .. } => self.apply_update(lr, step, seed, norm)?,
             Verdict::Skip { .. } => None,

@@ -177,16 +177,23 @@ impl MemoryOps for Cuda {
             dst.dtype,
             dst.shape
         );
-        self.copies.join(&self.stream)?;
+        let copies = match dst.storage.in_host() {
+            true => &self.copies_out,
+            false => &self.copies_in,
+        };
+        let both = [ptr(dst), ptr(src)];
+        copies.join(&self.stream)?;
+        // The other direction's last copy into or out of either tensor (a slot's block going
+        // out before the next comes in) ends first.
+        self.copies_pending.wait(copies, &both)?;
         // SAFETY: both ranges are the tensors' own bytes; the copy stream waits for the ops
-        // enqueued so far, and the caller keeps later ops off both tensors until
-        // `wait_for_copies_of` either. Unified addressing lets one call move device and
-        // pinned host bytes.
-        unsafe { sys::cuMemcpyAsync(ptr(dst), ptr(src), src.bytes(), self.copies.cu_stream()) }
+        // enqueued so far and for the earlier copies of either tensor, and the caller keeps
+        // later ops off both until `wait_for_copies_of` either. Unified addressing lets one
+        // call move device and pinned host bytes.
+        unsafe { sys::cuMemcpyAsync(ptr(dst), ptr(src), src.bytes(), copies.cu_stream()) }
             .result()
             .context("starting a copy between device and host memory")?;
-        self.copies_pending
-            .record(&self.copies, &[ptr(dst), ptr(src)])
+        self.copies_pending.record(copies, &both)
     }
 
     fn wait_for_copies_of(&self, tensors: &[&Tensor<Self>]) -> Result<()> {

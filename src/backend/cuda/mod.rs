@@ -60,8 +60,10 @@ use crate::tensor::{DType, Tensor, TensorSpec};
 pub struct Cuda {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    /// Where `start_copy` runs, beside the compute stream.
-    copies: Arc<CudaStream>,
+    /// Where `start_copy` runs, beside the compute stream: one stream a direction, so that
+    /// copies in and out use the two directions of the bus at once.
+    copies_in: Arc<CudaStream>,
+    copies_out: Arc<CudaStream>,
     /// The end of the last copy into or out of each tensor.
     copies_pending: pending::Pending,
     kernels: Kernels,
@@ -218,7 +220,8 @@ impl Cuda {
         let blas = Blas::new(stream.clone(), workspace)?;
         Ok(Cuda {
             kernels: Kernels::new(ctx.clone(), arch),
-            copies: ctx.new_stream()?,
+            copies_in: ctx.new_stream()?,
+            copies_out: ctx.new_stream()?,
             copies_pending: pending::Pending::default(),
             ctx,
             stream,

@@ -85,8 +85,9 @@ pub trait MemoryOps: Sized {
     ) -> Result<()>;
     /// Starts `dst = src` (one dtype; one of them offloaded) once the ops enqueued so far are
     /// done, on a copy engine, so that it overlaps the ops enqueued after it; those must
-    /// leave both tensors alone until `wait_for_copies_of` either. Where nothing runs beside
-    /// the caller (the CPU), the copy is made at once.
+    /// leave both tensors alone until `wait_for_copies_of` either. It also starts after the
+    /// copies started before it into or out of either tensor, in whichever direction. Where
+    /// nothing runs beside the caller (the CPU), the copy is made at once.
     fn start_copy(&self, dst: &Tensor<Self>, src: &Tensor<Self>) -> Result<()> {
         self.copy(dst, src)
     }
