@@ -29,15 +29,26 @@ pub fn specs(layout: &Params<ParamSpec>, prefix: &str, kept: Option<&[bool]>) ->
         .chain(layout.lm_head.as_ref())
         .map(own)
         .collect();
-    let block = &layout.layers[0];
-    for s in 0..slot_count(kept) {
-        out.extend(block.iter().map(|p| {
-            // `layers.0.qkv` → `qkv`
-            let field = p.tensor.name.splitn(3, '.').last().unwrap_or_default();
-            grad(&p.tensor, format!("{prefix}slot{s}.{field}"))
-        }));
-    }
+    let block: Vec<TensorSpec> = layout.layers[0].iter().map(|p| p.tensor.clone()).collect();
+    out.extend(slot_specs(layout, prefix, slot_count(kept), &block));
     out
+}
+
+/// `count` slots of one block's tensors, shaped and typed as `template` (one spec per field
+/// of a block, in field order) and named `{prefix}slot{s}.{field}`.
+pub fn slot_specs(
+    layout: &Params<ParamSpec>, prefix: &str, count: usize, template: &[TensorSpec],
+) -> Vec<TensorSpec> {
+    let fields: Vec<(&ParamSpec, &TensorSpec)> = layout.layers[0].iter().zip(template).collect();
+    (0..count)
+        .flat_map(|s| {
+            fields.iter().map(move |(p, t)| {
+                // `layers.0.qkv` → `qkv`
+                let field = p.tensor.name.splitn(3, '.').last().unwrap_or_default();
+                TensorSpec::new(format!("{prefix}slot{s}.{field}"), &t.shape, t.dtype)
+            })
+        })
+        .collect()
 }
 
 /// The set of `layout`'s tensors from the allocation of `specs(layout, _, kept)`: the blocks

@@ -152,7 +152,7 @@ impl<B: Backend> Ring<B> {
         b.wait_for_copies_of(&all)
     }
 
-    pub fn blocks(&self) -> usize {
+    fn blocks(&self) -> usize {
         self.host.len()
     }
 }

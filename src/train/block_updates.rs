@@ -27,7 +27,7 @@ use crate::backend::Backend;
 use crate::model::params::{LayerParams, ParamSpec, Params};
 use crate::model::shared_slots;
 use crate::model::streaming::{self, Ring};
-use crate::tensor::{DType, Tensor, TensorSpec};
+use crate::tensor::{DType, Tensor};
 
 /// Checks that a run of `world` ranks can update in the backward, naming the flag in the way.
 pub fn check(o: &Options, world: usize) -> Result<()> {
@@ -67,25 +67,8 @@ pub fn refuse_after_update(step: u64, reason: &str) -> anyhow::Error {
     )
 }
 
-/// The device slots, two blocks' worth, of one offloaded category of the blocks' state, each
-/// block's named `{category}.slot{s}.{field}` in `template`'s dtypes (block 0's state).
-pub fn slot_specs(
-    layout: &Params<ParamSpec>, category: &str, template: &[TensorSpec],
-) -> Vec<TensorSpec> {
-    let fields: Vec<(&ParamSpec, &TensorSpec)> = layout.layers[0].iter().zip(template).collect();
-    (0..2)
-        .flat_map(|s| {
-            fields.iter().map(move |(p, t)| {
-                // `layers.0.qkv` → `qkv`
-                let field = p.tensor.name.splitn(3, '.').last().unwrap_or_default();
-                TensorSpec::new(format!("{category}.slot{s}.{field}"), &t.shape, t.dtype)
-            })
-        })
-        .collect()
-}
-
 /// One offloaded category of state: its tensors in host memory, in `Params` order, and its
-/// device slots (an allocation of `slot_specs`).
+/// device slots (an allocation of `shared_slots::slot_specs`, two blocks' worth).
 pub struct Streamed<'a, B: Backend> {
     pub state: &'a [Tensor<B>],
     pub slots: Vec<Tensor<B>>,
@@ -104,7 +87,7 @@ pub struct BlockState<B: Backend> {
 
 impl<B: Backend> BlockState<B> {
     /// For a model laid out as `layout`, where m, v and the master copy stream: each
-    /// offloaded one's tensors (in `Params` order) with its allocation of `slot_specs`,
+    /// offloaded one's tensors (in `Params` order) with its slots (`Streamed`),
     /// `None` for one on the device or absent.
     pub fn new(layout: &Params<ParamSpec>, streamed: [Option<Streamed<'_, B>>; 3]) -> Self {
         let layers = layout.layers.len();
@@ -116,9 +99,9 @@ impl<B: Backend> BlockState<B> {
                 .collect();
             // The tensors outside the blocks keep their own; only the blocks' views of the
             // slots are taken.
-            let outside = (state.iter().enumerate())
-                .filter(|(i, _)| !blocks.iter().any(|r| r.contains(i)))
-                .map(|(_, t)| t.clone());
+            let outside = (state.iter().zip(layout.in_blocks()))
+                .filter(|(_, in_block)| !in_block)
+                .map(|(t, _)| t.clone());
             let tensors = outside.chain(slots).collect();
             let on_device = shared_slots::build(layout, Some(&none_kept), tensors);
             Ring::new(host, on_device.layers)

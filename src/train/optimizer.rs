@@ -17,7 +17,7 @@
 
 use anyhow::Result;
 
-use super::block_updates::{self, BlockState, Streamed};
+use super::block_updates::{BlockState, Streamed};
 use super::options::OptimizerOptions;
 use super::zero;
 use crate::backend::ops::adam8bit::{absmax_len, moment_dtype};
@@ -25,6 +25,7 @@ use crate::backend::{AdamW, AdamWTensor, Backend, MomentScales, Range};
 use crate::comm::Comm;
 use crate::io::tensors::Named;
 use crate::model::params::ParamSpec;
+use crate::model::shared_slots;
 use crate::model::{Params, Transformer};
 use crate::rng::Rng;
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -140,8 +141,12 @@ impl StatePlan {
         let slots = STREAMED.map(|(category, slots)| {
             let (_, specs, offloaded) = categories.iter().find(|c| c.0 == category)?;
             let template = &specs[layout.block_indices(0)];
-            (options.in_backward && *offloaded)
-                .then(|| (slots, block_updates::slot_specs(layout, category, template)))
+            (options.in_backward && *offloaded).then(|| {
+                (
+                    slots,
+                    shared_slots::slot_specs(layout, &format!("{category}."), 2, template),
+                )
+            })
         });
         StatePlan {
             owners,

@@ -715,7 +715,8 @@ impl<B: Backend> Run<'_, B> {
         let step = self.state.step + 1;
         if let Some(a) = applied.filter(|a| a.lr != lr as f32) {
             bail!(
-                "step {step} was given the rate {lr}, but --optimizer-in-backward updated its                  blocks in the backward at the schedule's {}: leave the rate to the schedule",
+                "step {step} was given the rate {lr}, but --optimizer-in-backward updated its \
+                 blocks in the backward at the schedule's {}: leave the rate to the schedule",
                 a.lr
             );
         }

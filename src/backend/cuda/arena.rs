@@ -102,12 +102,12 @@ pub struct CudaStorage {
 }
 
 impl CudaStorage {
-    /// The device address of element `offset` of a view whose elements are `size` bytes.
     /// Whether the bytes are in pinned host memory.
     pub fn in_host(&self) -> bool {
         self.arena.host.is_some()
     }
 
+    /// The device address of element `offset` of a view whose elements are `size` bytes.
     pub fn address(&self, offset: usize, size: usize) -> u64 {
         self.arena.ptr() + (self.base + offset * size) as u64
     }
