@@ -43,6 +43,7 @@ fn main() -> anyhow::Result<()> {
         offload_weights: false,
         offload_gradients: false,
         documents: None,
+        micro_batches: 1,
     };
     let mut model = Transformer::new(&cpu, config, options)?;
     model.init_weights(&cpu, 1)?;

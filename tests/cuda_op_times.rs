@@ -22,6 +22,7 @@ fn op_times_account_for_the_step() {
     let options = BenchOptions {
         batch: 8,
         seq: 1024,
+        accumulation: 1,
         steps: 5,
         warmup: 2,
         matmul: MatmulPrecision::Native,
@@ -33,6 +34,7 @@ fn op_times_account_for_the_step() {
             ffn_chunks: 1,
             offload_weights: false,
             offload_gradients: false,
+            layer_major: false,
         },
         offload: Offload::default(),
         moments: [DType::BF16; 2],

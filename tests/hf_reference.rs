@@ -102,6 +102,7 @@ fn cpu_matches_transformers() {
             offload_weights: false,
             offload_gradients: false,
             documents: None,
+            micro_batches: 1,
         };
         let mut model = Transformer::new(&cpu, config, options).unwrap();
         hf::import(&cpu, &model, &dir).unwrap();

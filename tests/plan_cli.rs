@@ -70,6 +70,7 @@ fn planned_matmul_on(
         ffn_chunks: Some(choice.memory.ffn_chunks),
         allow_zero_2: true,
         documents: None,
+        layer_major: false,
     };
     let gpu = datasheet("H100").unwrap();
     candidates(&request, gpu)
@@ -90,6 +91,7 @@ fn recomputing(recompute: Recompute) -> Choice {
             ffn_chunks: 1,
             offload_weights: false,
             offload_gradients: false,
+            layer_major: false,
         },
         offload: Offload::default(),
         zero_level: 0,
@@ -184,6 +186,7 @@ fn the_plan_counts_what_training_allocates() {
                     ffn_chunks: 1,
                     offload_weights: false,
                     offload_gradients: false,
+                    layer_major: false,
                 },
                 offload: Offload {
                     opt_m: true,
@@ -213,6 +216,7 @@ fn the_plan_counts_what_training_allocates() {
                     ffn_chunks: 1,
                     offload_weights: false,
                     offload_gradients: false,
+                    layer_major: false,
                 },
                 offload: Offload {
                     master: true,
@@ -661,6 +665,7 @@ fn least_device_bytes(
         ffn_chunks: None,
         allow_zero_2: true,
         documents: None,
+        layer_major: false,
     };
     (candidates(&request, datasheet("H100").unwrap())
         .unwrap()
@@ -810,6 +815,7 @@ fn the_estimated_update_over_the_bus_is_near_what_an_h200_measured() {
         ffn_chunks: Some(1),
         allow_zero_2: true,
         documents: None,
+        layer_major: false,
     };
     let all = candidates(&request, datasheet("H200").unwrap()).unwrap();
     let bus = |streamed: bool| {

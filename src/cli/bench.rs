@@ -49,6 +49,13 @@ pub struct BenchArgs {
     /// Tokens per sequence.
     #[arg(long, default_value_t = 1024)]
     seq_len: usize,
+    /// Micro-batches of --batch-size sequences per step, their gradients summed before the
+    /// update.
+    #[arg(long, default_value_t = 1)]
+    grad_accumulation: usize,
+    /// Run a step's micro-batches layer-major (as `smelt train --layer-major`).
+    #[arg(long)]
+    layer_major: bool,
     /// Steps timed (their median is reported).
     #[arg(long, default_value_t = 10)]
     steps: usize,
@@ -135,6 +142,7 @@ impl BenchArgs {
         let mut options = BenchOptions {
             batch: self.batch_size,
             seq: self.seq_len,
+            accumulation: self.grad_accumulation,
             steps: self.steps,
             warmup: self.warmup,
             matmul,
@@ -148,6 +156,7 @@ impl BenchArgs {
                     .lmhead_chunks
                     .unwrap_or((self.batch_size * self.seq_len).div_ceil(LMHEAD_CHUNK_TOKENS)),
                 ffn_chunks: self.ffn_chunks,
+                layer_major: self.layer_major,
             },
             offload,
             moments,
@@ -201,6 +210,8 @@ impl BenchArgs {
             "moments": dtypes.moments,
             "batch": self.batch_size,
             "seq": self.seq_len,
+            "grad_accumulation": self.grad_accumulation,
+            "layer_major": self.layer_major,
             "documents": self.documents.documents(bench::EOS).map(|d| json!({
                 "mask": d.mask,
                 "positions": d.positions,

@@ -44,6 +44,9 @@ pub struct PlanArgs {
     /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 1)]
     grad_accumulation: usize,
+    /// The micro-batches run layer-major (as `smelt train --layer-major`).
+    #[arg(long)]
+    layer_major: bool,
     #[command(flatten)]
     precision: PrecisionFlags,
     /// Keep this many LM-head chunks instead of choosing.
@@ -101,6 +104,7 @@ impl PlanArgs {
             ffn_chunks: None,
             allow_zero_2: true,
             documents: None,
+            layer_major: self.layer_major,
         };
         let (gpu, free) = self.gpu()?;
         let device = match (self.device_memory, free) {

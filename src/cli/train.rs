@@ -166,6 +166,14 @@ pub struct TrainArgs {
     /// the bus.
     #[arg(long, help_heading = "Memory")]
     offload_master: bool,
+    /// Run the --grad-accumulation micro-batches of a step layer-major: each block runs on
+    /// all of them before the next block runs, so that streamed weights (--offload-weights,
+    /// ZeRO-3) cross the bus once a pass of the step and a block's gradients are summed over
+    /// the micro-batches before they go out. Each micro-batch keeps its own residual stream
+    /// (offload it with --offload-residual). The same results (tied embeddings: within
+    /// rounding); bf16 or f32 matmuls.
+    #[arg(long, help_heading = "Memory")]
+    layer_major: bool,
     #[command(flatten)]
     offload: OffloadFlags,
 
@@ -575,6 +583,7 @@ impl TrainArgs {
                 offload_gradients: self.offload.gradients(),
                 lmhead_chunks: self.lmhead_chunks,
                 ffn_chunks: self.ffn_chunks,
+                layer_major: self.layer_major,
             },
             documents,
             seed: self.seed,

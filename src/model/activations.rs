@@ -39,6 +39,7 @@ impl Plan {
 }
 
 /// Where a stash's tensors sit among the device and the host specs.
+#[derive(Clone)]
 struct StashPlan {
     device: Range<usize>,
     host: Range<usize>,
@@ -49,25 +50,57 @@ struct Plans {
     device: Plan,
     host: Plan,
     layers: usize,
+    micro_batches: usize,
 }
 
 impl Plans {
-    /// A stash: one tensor per layer, or one for all when `shared` (recomputed, or not read
-    /// again); offloaded (if kept per layer, and `offload`), two slots on the device and one
-    /// per layer in host memory.
+    /// A stash of each micro-batch: one tensor per layer, or one for all layers and
+    /// micro-batches when `shared` (recomputed, or not read again); offloaded (if kept per
+    /// layer, and `offload`), two slots on the device and one per layer in host memory.
     fn stash(
         &mut self, name: &str, shape: &[usize], dtype: DType, shared: bool, offload: bool,
-    ) -> StashPlan {
-        let l = self.layers;
-        let (device, host) = match (shared, offload) {
-            (true, _) => (1, 0),
-            (false, false) => (l, 0),
-            (false, true) => (2.min(l), l),
-        };
-        StashPlan {
-            device: self.device.add(name, shape, dtype, device),
-            host: self.host.add(name, shape, dtype, host),
+    ) -> Vec<StashPlan> {
+        if shared {
+            let one = StashPlan {
+                device: self.device.add(name, shape, dtype, 1),
+                host: 0..0,
+            };
+            return vec![one; self.micro_batches];
         }
+        let l = self.layers;
+        let (device, host) = match offload {
+            false => (l, 0),
+            true => (2.min(l), l),
+        };
+        (0..self.micro_batches)
+            .map(|m| {
+                let name = micro_batch_name(name, m);
+                StashPlan {
+                    device: self.device.add(&name, shape, dtype, device),
+                    host: self.host.add(&name, shape, dtype, host),
+                }
+            })
+            .collect()
+    }
+
+    /// A device tensor of each micro-batch's own (`own`), or one they all share.
+    fn tensor(
+        &mut self, name: &str, shape: &[usize], dtype: DType, own: bool,
+    ) -> Vec<Range<usize>> {
+        if !own {
+            return vec![self.device.add(name, shape, dtype, 1); self.micro_batches];
+        }
+        (0..self.micro_batches)
+            .map(|m| (self.device).add(&micro_batch_name(name, m), shape, dtype, 1))
+            .collect()
+    }
+}
+
+/// The name of micro-batch `m`'s copy of an activation: the first's is the activation's own.
+fn micro_batch_name(name: &str, m: usize) -> String {
+    match m {
+        0 => name.to_string(),
+        _ => format!("micro{m}.{name}"),
     }
 }
 
@@ -89,11 +122,20 @@ pub struct ActivationShape {
     pub qk_norm_heads: Option<usize>,
     /// Whether sequences pack documents (`ModelOptions::documents`).
     pub documents: bool,
+    /// The micro-batches a pass holds at once (`ModelOptions::micro_batches`).
+    pub micro_batches: usize,
 }
 
 /// Every activation and activation gradient of one micro-batch. The MLP's gradients have no
 /// buffers of their own: each overwrites the activation it is the gradient of, which the
 /// backward no longer needs by then (`block_backward`).
+///
+/// A pass that holds several micro-batches (`layer_major`) has one `Activations` for each,
+/// which share every buffer that a block writes and reads again within its own work (the
+/// shared stashes, the branch, the head's and the gradients' scratch): a micro-batch has
+/// tensors of its own only for what lives from one block to the next, its tokens and
+/// targets, the stashes kept per layer (the residual stream's among them), its losses and its
+/// residual-stream gradient.
 pub struct Activations<B: Backend> {
     pub tokens: Tensor<B>,  // [N] i32
     pub targets: Tensor<B>, // [N] i32
@@ -177,6 +219,13 @@ pub struct ActivationPlan {
     /// The offloaded stashes' copies in host memory (empty when nothing is offloaded).
     pub offloaded: Vec<TensorSpec>,
     layers: usize,
+    micro_batches: Vec<MicroBatchPlan>,
+}
+
+/// Where one micro-batch's activations sit among the planned specs (the shared ones at the
+/// same place in every micro-batch's), so that the allocated tensors can be handed back in
+/// the same order.
+struct MicroBatchPlan {
     tokens: Range<usize>,
     targets: Range<usize>,
     docs: Option<Range<usize>>,
@@ -215,11 +264,11 @@ pub struct ActivationOffload {
 
 impl ActivationPlan {
     /// The specs of every buffer, kept per layer or shared as `recompute` says, and offloaded
-    /// as `offload` says. With `fp8` matmuls the backward does not read the norms' and
-    /// SwiGLU's outputs again, as bf16's weight gradients do (FP8's read the FP8 copies their
-    /// forward made): one buffer of each serves every layer. FP8 does not even write the
-    /// norms' (their projections normalize as they quantize, `linear::Input`), so theirs go
-    /// unused.
+    /// as `offload` says, for each micro-batch a pass holds. With `fp8` matmuls the backward
+    /// does not read the norms' and SwiGLU's outputs again, as bf16's weight gradients do
+    /// (FP8's read the FP8 copies their forward made): one buffer of each serves every layer.
+    /// FP8 does not even write the norms' (their projections normalize as they quantize,
+    /// `linear::Input`), so theirs go unused.
     pub fn new(
         s: &ActivationShape, recompute: Recompute, fp8: bool, offload: ActivationOffload,
         dtype: DType, stat_dtype: DType,
@@ -228,16 +277,16 @@ impl ActivationPlan {
             device: Plan { specs: vec![] },
             host: Plan { specs: vec![] },
             layers: s.layers,
+            micro_batches: s.micro_batches,
         };
         let n = s.tokens;
         let kept = offload.kept;
-        let tokens = p.device.add("tokens", &[n], DType::I32, 1);
-        let targets = p.device.add("targets", &[n], DType::I32, 1);
-        let docs = s
-            .documents
-            .then(|| p.device.add("docs", &[2, n], DType::I32, 1));
+        let tokens = p.tensor("tokens", &[n], DType::I32, true);
+        let targets = p.tensor("targets", &[n], DType::I32, true);
+        let docs = (s.documents).then(|| p.tensor("docs", &[2, n], DType::I32, true));
         let residual = p.stash("residual", &[n, s.hidden], dtype, false, offload.residual);
-        let residual_out = p.device.add("residual_out", &[n, s.hidden], dtype, 1);
+        // Read by the final norm and its backward as soon as it is written.
+        let residual_out = p.tensor("residual_out", &[n, s.hidden], dtype, false);
         let kept_ln1 = !fp8 && !recompute.norms();
         let ln1 = p.stash("ln1", &[n, s.hidden], dtype, !kept_ln1, kept);
         let rstd1 = p.stash("rstd1", &[n], stat_dtype, false, kept);
@@ -261,48 +310,63 @@ impl ActivationPlan {
         let swiglu_shape = [s.ffn_rows, s.intermediate];
         let kept_swiglu = !fp8 && !recompute.swiglu_out();
         let swiglu = p.stash("swiglu", &swiglu_shape, dtype, !kept_swiglu, kept);
-        let d = &mut p.device;
+        let lnf = p.tensor("lnf", &[n, s.hidden], dtype, false);
+        let rstdf = p.tensor("rstdf", &[n], stat_dtype, false);
+        let branch = p.tensor("branch", &[n, s.hidden], dtype, false);
+        let logits = p.tensor("logits", &[s.head_rows, s.vocab], dtype, false);
+        let losses = p.tensor("losses", &[n], stat_dtype, true);
+        // Carried from each block's backward to the one below.
+        let dresidual = p.tensor("dresidual", &[n, s.hidden], dtype, true);
+        let dln = p.tensor("dln", &[n, s.hidden], dtype, false);
+        let datt = p.tensor("datt", &[n, s.q_dim], dtype, false);
+        let dqkv = p.tensor("dqkv", &[n, s.qkv_dim], dtype, false);
+        let micro_batches = (0..s.micro_batches)
+            .map(|m| MicroBatchPlan {
+                tokens: tokens[m].clone(),
+                targets: targets[m].clone(),
+                docs: docs.as_ref().map(|d| d[m].clone()),
+                residual: residual[m].clone(),
+                residual_out: residual_out[m].clone(),
+                ln1: ln1[m].clone(),
+                rstd1: rstd1[m].clone(),
+                qkv: qkv[m].clone(),
+                qk_norm: (qk_norm.as_ref()).map(|(raw, rstd)| (raw[m].clone(), rstd[m].clone())),
+                att: att[m].clone(),
+                lse: lse[m].clone(),
+                residual_mid: residual_mid[m].clone(),
+                ln2: ln2[m].clone(),
+                rstd2: rstd2[m].clone(),
+                gate_up: gate_up[m].clone(),
+                swiglu: swiglu[m].clone(),
+                lnf: lnf[m].clone(),
+                rstdf: rstdf[m].clone(),
+                branch: branch[m].clone(),
+                logits: logits[m].clone(),
+                losses: losses[m].clone(),
+                dresidual: dresidual[m].clone(),
+                dln: dln[m].clone(),
+                datt: datt[m].clone(),
+                dqkv: dqkv[m].clone(),
+            })
+            .collect();
         ActivationPlan {
             layers: s.layers,
-            tokens,
-            targets,
-            docs,
-            residual,
-            residual_out,
-            ln1,
-            rstd1,
-            qkv,
-            qk_norm,
-            att,
-            lse,
-            residual_mid,
-            ln2,
-            rstd2,
-            gate_up,
-            swiglu,
-            lnf: d.add("lnf", &[n, s.hidden], dtype, 1),
-            rstdf: d.add("rstdf", &[n], stat_dtype, 1),
-            branch: d.add("branch", &[n, s.hidden], dtype, 1),
-            logits: d.add("logits", &[s.head_rows, s.vocab], dtype, 1),
-            losses: d.add("losses", &[n], stat_dtype, 1),
-            dresidual: d.add("dresidual", &[n, s.hidden], dtype, 1),
-            dln: d.add("dln", &[n, s.hidden], dtype, 1),
-            datt: d.add("datt", &[n, s.q_dim], dtype, 1),
-            dqkv: d.add("dqkv", &[n, s.qkv_dim], dtype, 1),
+            micro_batches,
             specs: p.device.specs,
             offloaded: p.host.specs,
         }
     }
 
-    /// The per-token losses of a pass.
+    /// The per-token losses of a pass (of its first micro-batch).
     pub fn losses(&self) -> &TensorSpec {
-        &self.specs[self.losses.start]
+        &self.specs[self.micro_batches[0].losses.start]
     }
 
-    /// The activations, from tensors allocated for `specs` and `offloaded` in their order.
+    /// Each micro-batch's activations, from tensors allocated for `specs` and `offloaded` in
+    /// their order.
     pub fn build<B: Backend>(
         &self, t: Vec<Tensor<B>>, offloaded: Vec<Tensor<B>>,
-    ) -> Activations<B> {
+    ) -> Vec<Activations<B>> {
         let stash = |p: &StashPlan| {
             Stash::new(
                 t[p.device.clone()].to_vec(),
@@ -310,34 +374,35 @@ impl ActivationPlan {
             )
         };
         let one = |r: &Range<usize>| t[r.start].clone();
-        Activations {
-            tokens: one(&self.tokens),
-            targets: one(&self.targets),
-            docs: self.docs.as_ref().map(one),
-            residual: Residuals::new(stash(&self.residual), one(&self.residual_out), self.layers),
-            ln1: stash(&self.ln1),
-            rstd1: stash(&self.rstd1),
-            qkv: stash(&self.qkv),
-            qk_norm: (self.qk_norm.as_ref()).map(|(raw, rstd)| QkNormStash {
+        let build = |m: &MicroBatchPlan| Activations {
+            tokens: one(&m.tokens),
+            targets: one(&m.targets),
+            docs: m.docs.as_ref().map(one),
+            residual: Residuals::new(stash(&m.residual), one(&m.residual_out), self.layers),
+            ln1: stash(&m.ln1),
+            rstd1: stash(&m.rstd1),
+            qkv: stash(&m.qkv),
+            qk_norm: (m.qk_norm.as_ref()).map(|(raw, rstd)| QkNormStash {
                 raw: stash(raw),
                 rstd: stash(rstd),
             }),
-            att: stash(&self.att),
-            lse: stash(&self.lse),
-            residual_mid: stash(&self.residual_mid),
-            ln2: stash(&self.ln2),
-            rstd2: stash(&self.rstd2),
-            gate_up: stash(&self.gate_up),
-            swiglu: stash(&self.swiglu),
-            lnf: one(&self.lnf),
-            rstdf: one(&self.rstdf),
-            branch: one(&self.branch),
-            logits: one(&self.logits),
-            losses: one(&self.losses),
-            dresidual: one(&self.dresidual),
-            dln: one(&self.dln),
-            datt: one(&self.datt),
-            dqkv: one(&self.dqkv),
-        }
+            att: stash(&m.att),
+            lse: stash(&m.lse),
+            residual_mid: stash(&m.residual_mid),
+            ln2: stash(&m.ln2),
+            rstd2: stash(&m.rstd2),
+            gate_up: stash(&m.gate_up),
+            swiglu: stash(&m.swiglu),
+            lnf: one(&m.lnf),
+            rstdf: one(&m.rstdf),
+            branch: one(&m.branch),
+            logits: one(&m.logits),
+            losses: one(&m.losses),
+            dresidual: one(&m.dresidual),
+            dln: one(&m.dln),
+            datt: one(&m.datt),
+            dqkv: one(&m.dqkv),
+        };
+        self.micro_batches.iter().map(build).collect()
     }
 }

@@ -7,6 +7,7 @@
 
 use anyhow::{Result, ensure};
 
+use super::activations::Activations;
 use super::head::LossOptions;
 use super::linear::Linear;
 use super::transformer::{Gradients, Transformer};
@@ -83,17 +84,39 @@ impl<B: Backend> Transformer<B> {
         &mut self, b: &B, targets: &[i32], loss: LossOptions, events: &mut BlockEvents<B>,
         updates: bool,
     ) -> Result<()> {
+        self.check_trains()?;
+        let _backward = Range::begin(b, format_args!("backward"));
+        let a = self.acts();
+        b.upload_i32(&a.targets, targets)?;
+        {
+            let _head = Range::begin(b, format_args!("LM head and loss"));
+            self.head(b, a, loss.z_loss, Some(loss))?;
+        }
+        self.linears.begin_backward(b)?;
+        self.final_norm_backward(b, a, loss.accumulate)?;
+        self.head_done(events)?;
+        self.backward_blocks(
+            b,
+            &self.micro_batches[..1],
+            loss.accumulate,
+            events,
+            updates,
+        )
+    }
+
+    pub(super) fn check_trains(&self) -> Result<()> {
         ensure!(
             self.options.gradients != Gradients::Absent,
             "this model was made forward-only (Gradients::Absent) and has no gradients"
         );
-        let _backward = Range::begin(b, format_args!("backward"));
-        {
-            let _head = Range::begin(b, format_args!("LM head and loss"));
-            self.head(b, targets, loss.z_loss, Some(loss))?;
-        }
-        self.linears.begin_backward(b)?;
-        let (a, p, g, acc) = (&self.acts, &self.params, self.grads(), loss.accumulate);
+        Ok(())
+    }
+
+    /// The final norm's backward of `a`'s micro-batch, from the LM head's gradient in `dln`:
+    /// the start of its residual-stream gradient. Its weight gradient is written, or with
+    /// `acc` added into.
+    pub(super) fn final_norm_backward(&self, b: &B, a: &Activations<B>, acc: bool) -> Result<()> {
+        let (p, g) = (&self.params, self.grads());
         let last = self.config.num_layers;
         b.fill(&a.dresidual, 0.0)?;
         b.rmsnorm_backward(
@@ -105,28 +128,47 @@ impl<B: Backend> Transformer<B> {
             &a.rstdf,
             acc,
             self.linears.grad_amax(last - 1, Linear::Down).as_ref(),
-        )?;
+        )
+    }
+
+    /// Tells `events` that the final norm's and an untied head's gradients are final.
+    pub(super) fn head_done(&self, events: &mut BlockEvents<B>) -> Result<()> {
+        let g = self.grads();
         events(BlockEvent::Done {
             layer: None,
             grads: &[&g.final_norm]
                 .into_iter()
                 .chain(&g.lm_head)
                 .collect::<Vec<_>>(),
-        })?;
+        })
+    }
+
+    /// Every block's backward from the last, then the embedding's, for each of
+    /// `micro_batches` in turn within each block (their residual-stream gradients in
+    /// `dresidual`, from the final norm's backward). The first micro-batch writes the
+    /// parameter gradients, or with `acc` adds into them; the others add into them.
+    pub(super) fn backward_blocks(
+        &self, b: &B, micro_batches: &[Activations<B>], acc: bool, events: &mut BlockEvents<B>,
+        updates: bool,
+    ) -> Result<()> {
         self.streams.begin_backward(b, acc)?;
-        for l in (0..last).rev() {
+        for l in (0..self.config.num_layers).rev() {
             let _layer = Range::begin(b, format_args!("layer {l} backward"));
-            self.acts.before_block_backward(b, l)?;
+            for a in micro_batches {
+                a.before_block_backward(b, l)?;
+            }
             self.streams.before_block_backward(b, l)?;
             self.fetch_sharded_weights(l, events)?;
-            self.block_recompute(b, l)?;
             let grads: Vec<&Tensor<B>> = self.layer_grads(l).iter().collect();
             events(BlockEvent::Writing {
                 layer: l,
                 grads: &grads,
             })?;
-            // A shared slot starts afresh in every micro-batch: its last block was sent.
-            self.block_backward(b, l, acc && self.keeps_grads(l))?;
+            for (m, a) in micro_batches.iter().enumerate() {
+                self.block_recompute(b, a, l)?;
+                // A shared slot starts afresh in every pass: its last block was sent.
+                self.block_backward(b, a, l, (acc && self.keeps_grads(l)) || m > 0)?;
+            }
             events(BlockEvent::Done {
                 layer: Some(l),
                 grads: &grads,
@@ -142,10 +184,12 @@ impl<B: Backend> Transformer<B> {
             self.streams.block_backward_done(b, l, acc, updates)?;
         }
         self.streams.end_backward(b, updates)?;
-        let (a, g) = (&self.acts, self.grads());
+        let g = self.grads();
         // With tied embeddings the head has already written this gradient.
         let tied = self.params.lm_head.is_none();
-        b.embedding_backward(&g.embed, &a.tokens, &a.dresidual, acc || tied)?;
+        for (m, a) in micro_batches.iter().enumerate() {
+            b.embedding_backward(&g.embed, &a.tokens, &a.dresidual, acc || m > 0 || tied)?;
+        }
         events(BlockEvent::Done {
             layer: None,
             grads: &[&g.embed],

@@ -158,7 +158,7 @@ impl<B: Backend> Transformer<B> {
             cache.has_history(),
             "the first tokens go through forward_cached, as a prompt"
         );
-        self.upload_tokens(b, &[token])?;
+        self.upload_tokens(b, self.acts(), &[token])?;
         b.upload_i32(&cache.position, &[cache.len as i32])?;
         if cache
             .recorded
@@ -184,7 +184,7 @@ impl<B: Backend> Transformer<B> {
             }
         }
         cache.len += 1;
-        b.download(&self.acts.logits.narrow_rows(0, 1))
+        b.download(&self.acts().logits.narrow_rows(0, 1))
     }
 
     /// A token's pass after its uploads: every block and the final norm over the cache, then

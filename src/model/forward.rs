@@ -5,6 +5,7 @@ use anyhow::Result;
 
 use anyhow::ensure;
 
+use super::activations::Activations;
 use super::backward::{BlockEvent, BlockEvents};
 use super::decode::KvCache;
 use super::documents;
@@ -50,13 +51,13 @@ impl<B: Backend> Transformer<B> {
     pub(crate) fn forward_blocks(
         &self, b: &B, tokens: &[i32], cache: Option<&KvCache<B>>, events: &mut BlockEvents<B>,
     ) -> Result<()> {
-        self.upload_tokens(b, tokens)?;
+        self.upload_tokens(b, self.acts(), tokens)?;
         self.run_blocks(b, cache, events)
     }
 
-    /// `tokens` into the device's buffer, and where sequences pack documents, their spans.
-    pub(crate) fn upload_tokens(&self, b: &B, tokens: &[i32]) -> Result<()> {
-        let a = &self.acts;
+    /// `tokens` into the device's buffer of `a`'s micro-batch, and where sequences pack
+    /// documents, their spans.
+    pub(crate) fn upload_tokens(&self, b: &B, a: &Activations<B>, tokens: &[i32]) -> Result<()> {
         b.upload_i32(&a.tokens, tokens)?;
         if let (Some(docs), Some(d)) = (&a.docs, self.options.documents) {
             b.upload_i32(docs, &documents::spans(tokens, self.options.seq, d.eos))?;
@@ -70,7 +71,7 @@ impl<B: Backend> Transformer<B> {
         &self, b: &B, cache: Option<&KvCache<B>>, events: &mut BlockEvents<B>,
     ) -> Result<()> {
         let _forward = Range::begin(b, format_args!("forward"));
-        let (a, p) = (&self.acts, &self.params);
+        let (a, p) = (self.acts(), &self.params);
         self.linears.begin_forward(b, p)?;
         self.streams.begin_forward(b)?;
         a.before_block_forward(b, 0)?;
@@ -83,14 +84,18 @@ impl<B: Backend> Transformer<B> {
             self.streams.before_block_forward(b, l)?;
             self.fetch_sharded_weights(l, events)?;
             match cache {
-                Some(cache) => self.block_decode(b, l, cache)?,
-                None => self.block_forward(b, l)?,
+                Some(cache) => self.block_decode(b, a, l, cache)?,
+                None => self.block_forward(b, a, l, l > 0)?,
             }
             a.block_forward_done(b, l)?;
             self.streams.block_forward_done(b, l)?;
         }
-        // The last block's residual sum is fused into the final norm (a config has at least
-        // one layer).
+        self.final_norm(b, a)
+    }
+
+    /// The final norm of `a`'s micro-batch, fused with the last block's residual add (a
+    /// config has at least one layer): the normalized hidden states in `lnf` for the LM head.
+    pub(super) fn final_norm(&self, b: &B, a: &Activations<B>) -> Result<()> {
         let last = self.config.num_layers;
         let sum = ResidualAdd {
             out: a.residual.layer(last),
@@ -103,7 +108,7 @@ impl<B: Backend> Transformer<B> {
             &a.rstdf,
             inp,
             Some(sum),
-            &p.final_norm,
+            &self.params.final_norm,
             eps,
             None,
         )

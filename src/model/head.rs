@@ -4,6 +4,7 @@
 
 use anyhow::Result;
 
+use super::activations::Activations;
 use super::backward::BlockEvents;
 use super::transformer::Transformer;
 use crate::backend::{Backend, Matmul};
@@ -20,19 +21,19 @@ pub struct LossOptions {
 
 impl<B: Backend> Transformer<B> {
     fn head_chunks(&self) -> impl Iterator<Item = (usize, usize)> + use<B> {
-        let (n, rows) = (self.tokens_per_step(), self.acts.logits.rows());
+        let (n, rows) = (self.tokens_per_step(), self.acts().logits.rows());
         (0..n)
             .step_by(rows)
             .map(move |start| (start, (start + rows).min(n)))
     }
 
-    /// Per-token losses of `lnf` against `targets`, left in `losses`; with `train` given, also
-    /// the gradient of `lnf` into `dln` and the head's weight gradient.
+    /// Per-token losses of `a`'s `lnf` against its `targets` (uploaded), left in its
+    /// `losses`; with `train` given, also the gradient of `lnf` into `dln` and the head's
+    /// weight gradient.
     pub(crate) fn head(
-        &self, b: &B, targets: &[i32], z_loss: f32, train: Option<LossOptions>,
+        &self, b: &B, a: &Activations<B>, z_loss: f32, train: Option<LossOptions>,
     ) -> Result<()> {
-        let (a, head) = (&self.acts, self.params.head());
-        b.upload_i32(&a.targets, targets)?;
+        let head = self.params.head();
         for (i, (start, end)) in self.head_chunks().enumerate() {
             let logits = a.logits.narrow_rows(0, end - start);
             let lnf = a.lnf.narrow_rows(start, end);
@@ -74,7 +75,8 @@ impl<B: Backend> Transformer<B> {
         &mut self, b: &B, tokens: &[i32], targets: &[i32], z_loss: f32,
     ) -> Result<()> {
         self.forward_hidden(b, tokens)?;
-        self.head(b, targets, z_loss, None)
+        b.upload_i32(&self.acts().targets, targets)?;
+        self.head(b, self.acts(), z_loss, None)
     }
 
     /// `forward_loss`, telling `events` of the sharded weights each block reads
@@ -83,30 +85,36 @@ impl<B: Backend> Transformer<B> {
         &mut self, b: &B, tokens: &[i32], targets: &[i32], z_loss: f32, events: &mut BlockEvents<B>,
     ) -> Result<()> {
         self.forward_hidden_with(b, tokens, events)?;
-        self.head(b, targets, z_loss, None)
+        b.upload_i32(&self.acts().targets, targets)?;
+        self.head(b, self.acts(), z_loss, None)
     }
 
     /// The last pass's per-token losses `[B·T]` (0 where the target is ignored).
     pub fn losses(&self) -> &crate::tensor::Tensor<B> {
-        &self.acts.losses
+        &self.acts().losses
+    }
+
+    /// Micro-batch `m`'s per-token losses after a layer-major pass (`layer_major`).
+    pub fn micro_batch_losses(&self, m: usize) -> &crate::tensor::Tensor<B> {
+        &self.micro_batches[m].losses
     }
 
     /// The sum of the last pass's per-token losses (ignored targets count 0). Waits for the device.
     pub fn loss_sum(&self, b: &B) -> Result<f64> {
-        Ok(b.download_f64(&self.acts.losses)?.iter().sum())
+        Ok(b.download_f64(&self.acts().losses)?.iter().sum())
     }
 
     /// Logits of one token position after `forward_hidden`, for sampling.
     pub fn logits_at(&self, b: &B, row: usize) -> Result<Vec<f32>> {
         self.head_row(b, row)?;
-        b.download(&self.acts.logits.narrow_rows(0, 1))
+        b.download(&self.acts().logits.narrow_rows(0, 1))
     }
 
     /// The LM head of position `row` into the first row of `logits`.
     pub(crate) fn head_row(&self, b: &B, row: usize) -> Result<()> {
         b.matmul(
-            &self.acts.logits.narrow_rows(0, 1),
-            &self.acts.lnf.narrow_rows(row, row + 1),
+            &self.acts().logits.narrow_rows(0, 1),
+            &self.acts().lnf.narrow_rows(row, row + 1),
             self.params.head(),
             None,
             Matmul::FORWARD,

@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use anyhow::Result;
 
+use super::activations::Activations;
 use super::linear::{Input, Linear, NormOutput};
 use super::transformer::Transformer;
 use crate::backend::Backend;
@@ -20,12 +21,12 @@ use crate::tensor::Tensor;
 impl<B: Backend> Transformer<B> {
     /// Steps 6–8 of block `l`: from the post-attention norm's output, the MLP's output into
     /// `branch`.
-    pub(crate) fn mlp_forward(&self, b: &B, l: usize) -> Result<()> {
-        let (a, w) = (&self.acts, self.layer_weights(l));
+    pub(crate) fn mlp_forward(&self, b: &B, a: &Activations<B>, l: usize) -> Result<()> {
+        let w = self.layer_weights(l);
         let down = (l, Linear::Down, w);
         if self.options.ffn_chunks > 1 {
             for rows in self.ffn_chunks() {
-                let (_, swiglu) = self.mlp_chunk_inner(b, l, &rows)?;
+                let (_, swiglu) = self.mlp_chunk_inner(b, a, l, &rows)?;
                 let out = a.branch.narrow_rows(rows.start, rows.end);
                 self.linears
                     .forward(b, down, &out, Input::Tensor(&swiglu))?;
@@ -34,7 +35,7 @@ impl<B: Backend> Transformer<B> {
         }
         // 6) gate/up projection, 7) SwiGLU
         let (gate_up, swiglu) = (a.gate_up.layer(l), a.swiglu.layer(l));
-        let ln2 = self.ln2_rows(l, 0..self.tokens_per_step());
+        let ln2 = self.ln2_rows(a, l, 0..self.tokens_per_step());
         self.linears
             .gate_up_swiglu(b, (l, w), (gate_up, swiglu), Input::Norm(ln2))?;
         // 8) down projection
@@ -44,10 +45,10 @@ impl<B: Backend> Transformer<B> {
 
     /// The MLP's part of `block_recompute`: the intermediates the backward reads (in chunks,
     /// none: the backward makes each chunk's itself).
-    pub(crate) fn mlp_recompute(&self, b: &B, l: usize) -> Result<()> {
-        let (a, w, plan) = (&self.acts, self.layer_weights(l), self.recompute);
+    pub(crate) fn mlp_recompute(&self, b: &B, a: &Activations<B>, l: usize) -> Result<()> {
+        let (w, plan) = (self.layer_weights(l), self.recompute);
         let (gate_up, swiglu) = (a.gate_up.layer(l), a.swiglu.layer(l));
-        let ln2 = || Input::Norm(self.ln2_rows(l, 0..self.tokens_per_step()));
+        let ln2 = || Input::Norm(self.ln2_rows(a, l, 0..self.tokens_per_step()));
         match (plan.gate_up, plan.swiglu) {
             (true, true) => self
                 .linears
@@ -65,12 +66,14 @@ impl<B: Backend> Transformer<B> {
     /// widest gradients overwrite the activations they are the gradients of, each dead once
     /// read: the SwiGLU output once the down projection's weight gradient has read it, and
     /// gate/up once SwiGLU's backward has (in place).
-    pub(crate) fn mlp_backward(&self, b: &B, l: usize, acc: bool) -> Result<()> {
-        let (a, w, g) = (&self.acts, self.layer_weights(l), self.layer_grads(l));
+    pub(crate) fn mlp_backward(
+        &self, b: &B, a: &Activations<B>, l: usize, acc: bool,
+    ) -> Result<()> {
+        let (w, g) = (self.layer_weights(l), self.layer_grads(l));
         let (down, gate_up_lin) = ((l, Linear::Down, w, g), (l, Linear::GateUp, w, g));
         if self.options.ffn_chunks > 1 {
             for (c, rows) in self.ffn_chunks().enumerate() {
-                let (gate_up, swiglu) = self.mlp_chunk_inner(b, l, &rows)?;
+                let (gate_up, swiglu) = self.mlp_chunk_inner(b, a, l, &rows)?;
                 let narrow = |t: &Tensor<B>| t.narrow_rows(rows.start, rows.end);
                 let (dres, dln, ln2) =
                     (narrow(&a.dresidual), narrow(&a.dln), narrow(a.ln2.layer(l)));
@@ -111,21 +114,23 @@ impl<B: Backend> Transformer<B> {
     /// Steps 6 and 7 for the tokens `rows`, into the first rows of the shared buffers: the
     /// chunk's gate/up and SwiGLU output.
     fn mlp_chunk_inner(
-        &self, b: &B, l: usize, rows: &Range<usize>,
+        &self, b: &B, a: &Activations<B>, l: usize, rows: &Range<usize>,
     ) -> Result<(Tensor<B>, Tensor<B>)> {
-        let (a, w) = (&self.acts, self.layer_weights(l));
+        let w = self.layer_weights(l);
         let len = rows.end - rows.start;
         let gate_up = a.gate_up.layer(l).narrow_rows(0, len);
         let swiglu = a.swiglu.layer(l).narrow_rows(0, len);
-        let ln2 = Input::Norm(self.ln2_rows(l, rows.clone()));
+        let ln2 = Input::Norm(self.ln2_rows(a, l, rows.clone()));
         self.linears
             .gate_up_swiglu(b, (l, w), (&gate_up, &swiglu), ln2)?;
         Ok((gate_up, swiglu))
     }
 
     /// Block `l`'s post-attention norm output for the tokens `rows`, gate/up's input.
-    fn ln2_rows(&self, l: usize, rows: Range<usize>) -> NormOutput<'_, B> {
-        let (a, w) = (&self.acts, &self.layer_weights(l).ln2);
+    fn ln2_rows<'a>(
+        &'a self, a: &'a Activations<B>, l: usize, rows: Range<usize>,
+    ) -> NormOutput<'a, B> {
+        let w = &self.layer_weights(l).ln2;
         let narrow = |t: &Tensor<B>| t.narrow_rows(rows.start, rows.end);
         NormOutput {
             stored: narrow(a.ln2.layer(l)),

@@ -13,6 +13,7 @@ mod fp8;
 mod head;
 mod init;
 mod int8;
+mod layer_major;
 mod linear;
 mod linear_layers;
 mod mlp;

@@ -49,6 +49,9 @@ pub struct ModelOptions {
     /// Documents packed into each sequence, kept apart in attention or in RoPE's positions;
     /// `None` trains each sequence as one.
     pub documents: Option<Documents>,
+    /// The micro-batches one pass holds and runs layer-major (`layer_major`): each block
+    /// runs on all of them before the next block does. 1 runs a micro-batch a pass.
+    pub micro_batches: usize,
 }
 
 /// Which parameter gradients have memory.
@@ -111,6 +114,7 @@ impl ModelOptions {
             offload_weights: false,
             offload_gradients: false,
             documents: None,
+            micro_batches: 1,
         }
     }
 }
@@ -122,7 +126,8 @@ pub struct Transformer<B: Backend> {
     pub params: Params<Tensor<B>>,
     /// `None` with `Gradients::Absent` (`grads()`).
     grads: Option<Params<Tensor<B>>>,
-    pub(crate) acts: Activations<B>,
+    /// The activations of each micro-batch a pass holds (`ModelOptions::micro_batches`).
+    pub(crate) micro_batches: Vec<Activations<B>>,
     /// `[T, head_dim/2, 2]`: (cos, sin) per position and rotated pair.
     pub(crate) rope: Tensor<B>,
     /// The blocks' linear layers, in the model's dtype or FP8.
@@ -189,6 +194,15 @@ impl ModelPlan {
                 options.ffn_chunks
             );
         }
+        ensure!(
+            options.micro_batches > 0,
+            "a pass holds at least one micro-batch"
+        );
+        ensure!(
+            options.micro_batches == 1 || options.matmul == MatmulPrecision::Native,
+            "--layer-major cannot be used with FP8 or INT8 matmuls yet, whose scales follow \
+             one micro-batch at a time; leave one of them out"
+        );
         if options.matmul != MatmulPrecision::Native {
             ensure!(
                 options.dtype == DType::BF16,
@@ -267,6 +281,7 @@ impl ModelPlan {
                 .qk_norm
                 .then_some(config.num_heads + config.num_kv_heads),
             documents: options.documents.is_some(),
+            micro_batches: options.micro_batches,
         };
         let activations = ActivationPlan::new(
             &shape,
@@ -406,7 +421,7 @@ impl<B: Backend> Transformer<B> {
         let recompute =
             RecomputePlan::new(options.recompute, linears.native(), options.ffn_chunks > 1);
         Ok(Transformer {
-            acts: plan.activations.build(act_tensors, in_host("activations")),
+            micro_batches: plan.activations.build(act_tensors, in_host("activations")),
             memory,
             offloaded,
             linears,
@@ -490,6 +505,11 @@ impl<B: Backend> Transformer<B> {
     /// Waits for the device.
     pub fn fp8_abs_max(&self, b: &B) -> Result<Option<Vec<(String, f32)>>> {
         self.linears.abs_max_report(b)
+    }
+
+    /// The activations of a pass of one micro-batch (the first of those a pass holds).
+    pub(crate) fn acts(&self) -> &Activations<B> {
+        &self.micro_batches[0]
     }
 
     pub fn tokens_per_step(&self) -> usize {

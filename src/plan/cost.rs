@@ -102,42 +102,54 @@ impl Workload<'_> {
             bus: offloaded_bytes as f64 / BUS_BYTES_PER_S,
             copies: self.block_copies(base, choice, block_bytes),
             broadcasts: match choice.zero_level {
-                3.. => self.weight_broadcasts(),
+                3.. => self.weight_broadcasts(self.passes(choice).0),
                 _ => 0.0,
             },
         }
     }
 
-    /// Each block's copies run beside the blocks' work, per micro-step: in the forward its
+    /// Each block's copies run beside the blocks' work, per pass: in the forward its
     /// streamed weights come in while its offloaded activations go out; in the backward its
     /// weights and activations come in (with its gradient sum so far, when streamed and
-    /// accumulating) while its streamed gradients go out. Only what a copy takes beyond that
-    /// work is paid, each direction on its own engine; a block's share of the step is taken
-    /// as a third forward and two thirds backward.
+    /// accumulating) while its streamed gradients go out. A pass is a micro-step, or
+    /// layer-major all of them, whose weights and gradients then cross once beside every
+    /// micro-step's work and activations. Only what a copy takes beyond that work is paid,
+    /// each direction on its own engine; a block's share of the step is taken as a third
+    /// forward and two thirds backward.
     fn block_copies(&self, base: f64, choice: &Choice, activation_bytes: u64) -> f64 {
         let c = self.config;
         let m = &choice.memory;
         let params = self.element_bytes * c.block_parameters();
         let weights = if m.offload_weights { params } else { 0 } as f64;
         let grads = if m.offload_gradients { params } else { 0 } as f64;
-        let activations = activation_bytes as f64;
-        let blocks = (self.micro_steps * c.num_layers) as f64;
+        let (passes, per_pass) = self.passes(choice);
+        let activations = (activation_bytes * per_pass) as f64;
+        let blocks = (passes * c.num_layers) as f64;
         let block = base / blocks;
         let paid = |bytes_in: f64, bytes_out: f64, work: f64| {
             (bytes_in.max(bytes_out) / COPY_BYTES_PER_S - work).max(0.0)
         };
-        // With accumulation, every micro-step after the first brings the sums back in.
-        let sums_in = grads * (self.micro_steps - 1) as f64 / self.micro_steps as f64;
+        // With accumulation, every pass after the first brings the sums back in.
+        let sums_in = grads * (passes - 1) as f64 / passes as f64;
         blocks
             * (paid(weights, activations, block / 3.0)
                 + paid(weights + activations + sums_in, grads, 2.0 * block / 3.0))
     }
 
-    /// Every block's weights, sent twice per micro-step (for the forward and the backward).
-    fn weight_broadcasts(&self) -> f64 {
+    /// The passes of a step and the micro-steps each holds: one each, or layer-major one of
+    /// all.
+    fn passes(&self, choice: &Choice) -> (usize, u64) {
+        match choice.memory.layer_major {
+            true => (1, self.micro_steps as u64),
+            false => (self.micro_steps, 1),
+        }
+    }
+
+    /// Every block's weights, sent twice per pass (for the forward and the backward).
+    fn weight_broadcasts(&self, passes: usize) -> f64 {
         let c = self.config;
         let bytes = self.element_bytes * c.block_parameters() * c.num_layers;
-        (2 * self.micro_steps * bytes) as f64 / BROADCAST_BYTES_PER_S
+        (2 * passes * bytes) as f64 / BROADCAST_BYTES_PER_S
     }
 
     /// The recompute pass of one token through every block: the steps of `block_forward`
@@ -204,6 +216,7 @@ mod tests {
                 ffn_chunks: 1,
                 offload_weights: false,
                 offload_gradients: false,
+                layer_major: false,
             },
             offload: Default::default(),
             zero_level: 0,

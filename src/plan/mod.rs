@@ -51,6 +51,8 @@ pub struct Request {
     /// Documents packed into the sequences (`--doc-mask`, `--doc-positions`), whose spans
     /// the activations hold.
     pub documents: Option<Documents>,
+    /// Whether the micro-steps run layer-major (`--layer-major`), the caller's choice.
+    pub layer_major: bool,
 }
 
 impl Request {
@@ -70,6 +72,7 @@ impl Request {
             ffn_chunks: None,
             allow_zero_2: !options.grad_sum_after_backward,
             documents: options.documents,
+            layer_major: options.memory.layer_major,
         })
     }
 
@@ -80,7 +83,7 @@ impl Request {
             config,
             batch: options.batch,
             seq: options.seq,
-            micro_steps: 1,
+            micro_steps: options.accumulation,
             model_dtype: DType::BF16,
             matmul: options.matmul,
             optimizer: bench::adamw_options(options),
@@ -89,6 +92,7 @@ impl Request {
             ffn_chunks: None,
             allow_zero_2: true,
             documents: options.documents.map(|d| d.apart),
+            layer_major: options.memory.layer_major,
         }
     }
 }
@@ -318,6 +322,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
                             ffn_chunks,
                             offload_weights,
                             offload_gradients,
+                            layer_major: r.layer_major,
                         };
                         models.push(model_memory(r, memory)?);
                     }
@@ -327,15 +332,15 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     }
     let layout = Params::layout(&r.config, r.model_dtype);
     let mut states = vec![];
-    // ZeRO-2 and -3 with micro-steps send every micro-batch's block gradients, a cost `cost`
-    // does not know; they are offered only without. ZeRO-3 not with FP8 or INT8, whose copies
-    // of every block's weights would be made on every GPU.
+    // ZeRO-2 and -3 with micro-steps one at a time send every micro-batch's block gradients,
+    // a cost `cost` does not know; they are offered only without, or layer-major (which sends
+    // each block's sum once). ZeRO-3 not with FP8 or INT8, whose copies of every block's
+    // weights would be made on every GPU.
+    let sends_once = r.micro_steps == 1 || r.layer_major;
     let zero_levels = match r.gpus {
         1 => vec![0],
-        _ if r.allow_zero_2 && r.micro_steps == 1 && !r.matmul.copies_weights() => {
-            vec![0, 1, 2, 3]
-        }
-        _ if r.allow_zero_2 && r.micro_steps == 1 => vec![0, 1, 2],
+        _ if r.allow_zero_2 && sends_once && !r.matmul.copies_weights() => vec![0, 1, 2, 3],
+        _ if r.allow_zero_2 && sends_once => vec![0, 1, 2],
         _ => vec![0, 1],
     };
     for offload in offload_choices(r.optimizer.master_dtype.is_some()) {
@@ -426,6 +431,7 @@ fn model_memory(r: &Request, memory: MemoryOptions) -> Result<ModelMemory> {
     let options = memory.model_options(
         r.batch,
         r.seq,
+        r.micro_steps,
         r.model_dtype,
         r.matmul,
         Gradients::All,

@@ -2,10 +2,11 @@
 //! weights, trained on random tokens in bf16 with bf16 Adam states (the rows of the
 //! performance table), then timed.
 //!
-//! A step is what the trainer does for one micro-batch: forward (with the token upload),
-//! backward (the target upload, LM head, loss and blocks), the AdamW update, and "other":
-//! reading the loss back, which waits for the device, so each step ends with exactly one
-//! synchronisation. After `warmup` steps (kernel compilation,
+//! A step is what the trainer does for one optimizer step of `accumulation` micro-batches:
+//! forward (with the token upload), backward (the target upload, LM head, loss and blocks),
+//! the AdamW update, and "other": reading the loss back, which waits for the device, so each
+//! step ends with exactly one synchronisation. Run layer-major (`--layer-major`), the forward
+//! phase includes each micro-batch's LM head, loss and their backward. After `warmup` steps (kernel compilation,
 //! cuBLASLt plans, scratch growth) the median of `steps` steps gives the throughput. The
 //! per-phase split comes from a few further steps that also synchronise between phases:
 //! those extra waits make them slightly slower, so each phase is reported against the median
@@ -43,6 +44,8 @@ const LR: f32 = 1e-4;
 pub struct BenchOptions {
     pub batch: usize,
     pub seq: usize,
+    /// Micro-batches per step (`--grad-accumulation`).
+    pub accumulation: usize,
     /// Steps timed for the median.
     pub steps: usize,
     /// Untimed steps before them.
@@ -149,11 +152,16 @@ pub fn run<B: Backend>(
     if o.steps == 0 {
         bail!("--steps must be at least 1");
     }
+    if o.accumulation == 0 {
+        bail!("--grad-accumulation must be at least 1");
+    }
+    o.memory.check_layer_major(o.accumulation)?;
     let flops_per_token = config.training_flops_per_token(o.seq);
     let documents = o.documents.map(|d| d.apart);
     let options = (o.memory).model_options(
         o.batch,
         o.seq,
+        o.accumulation,
         DType::BF16,
         o.matmul,
         Gradients::All,
@@ -168,9 +176,10 @@ pub fn run<B: Backend>(
     let opt = AdamWState::new(b, &Solo, &model, optimizer)?;
     let mut bench = Bench {
         b,
-        batches: (0..2)
+        batches: (0..2 * o.accumulation as u64)
             .map(|i| random_batch(&model, i, o.documents.map(|d| d.length)))
             .collect(),
+        accumulation: o.accumulation,
         model,
         opt,
         step: 0,
@@ -215,7 +224,7 @@ pub fn run<B: Backend>(
     let device_in_use = b.free_memory().map(|(free, total)| (total - free) as u64);
     let offloaded_bytes = memory_total(&[&bench.opt.offloaded, &bench.model.offloaded]);
 
-    let tokens_per_step = bench.model.tokens_per_step();
+    let tokens_per_step = bench.model.tokens_per_step() * o.accumulation;
     let step_s = median(&mut totals);
     let tokens_per_second = tokens_per_step as f64 / step_s;
     Ok(BenchReport {
@@ -242,8 +251,9 @@ struct Bench<'a, B: Backend> {
     b: &'a B,
     model: Transformer<B>,
     opt: AdamWState<B>,
-    /// (tokens, targets), used in turn.
+    /// (tokens, targets) of two steps' micro-batches, the steps taking them in turn.
     batches: Vec<(Vec<i32>, Vec<i32>)>,
+    accumulation: usize,
     /// Steps taken, which is also the last step's number (AdamW counts from 1).
     step: u64,
 }
@@ -254,50 +264,70 @@ impl<B: Backend> Bench<'_, B> {
     /// and only the sum of the phases means anything.
     fn step(&mut self, split: bool) -> Result<[f64; 4]> {
         let b = self.b;
-        let (tokens, targets) = &self.batches[self.step as usize % self.batches.len()];
+        let n = self.accumulation;
+        let first = (self.step as usize % 2) * n;
+        let batches = &self.batches[first..first + n];
         self.step += 1;
         let loss = LossOptions {
-            grad_scale: 1.0 / targets.len() as f32,
+            grad_scale: 1.0 / (n * batches[0].1.len()) as f32,
             z_loss: 0.0,
             accumulate: false,
         };
         // The device is idle at the start, so the step's time is its own.
         b.synchronize()?;
-        let start = Instant::now();
-        let mut ends = [0.0; 4];
+        let mut phases = [0.0; 4];
+        let mut since = Instant::now();
         let mut lap = |phase: usize| -> Result<()> {
             if split {
                 b.synchronize()?;
             }
-            ends[phase] = start.elapsed().as_secs_f64();
+            phases[phase] += since.elapsed().as_secs_f64();
+            since = Instant::now();
             Ok(())
         };
-        self.model.forward_hidden(b, tokens)?;
-        lap(0)?;
-        if self.opt.options.in_backward {
-            let opt = &self.opt;
-            opt.begin_block_updates(b)?;
-            let mut update = |event: BlockEvent<B>| match event {
-                BlockEvent::Update {
-                    layer,
-                    weights,
-                    grads,
-                } => opt.update_block(b, layer, weights, grads, LR, self.step, SEED),
-                _ => Ok(()),
-            };
-            self.model
-                .backward_updating(b, targets, loss, &mut update)?;
+        let (opt, step) = (&self.opt, self.step);
+        let updates = opt.options.in_backward;
+        let mut events = |event: BlockEvent<B>| match event {
+            BlockEvent::Update {
+                layer,
+                weights,
+                grads,
+            } => opt.update_block(b, layer, weights, grads, LR, step, SEED),
+            _ => Ok(()),
+        };
+        if self.model.options.micro_batches > 1 {
+            let tokens: Vec<&[i32]> = batches.iter().map(|(t, _)| &t[..]).collect();
+            let targets: Vec<&[i32]> = batches.iter().map(|(_, t)| &t[..]).collect();
+            (self.model).forward_layer_major(b, &tokens, &targets, loss, &mut |_| Ok(()))?;
+            lap(0)?;
+            if updates {
+                opt.begin_block_updates(b)?;
+            }
+            (self.model).backward_layer_major(b, false, &mut events, updates)?;
+            lap(1)?;
         } else {
-            self.model.backward(b, targets, loss, &mut |_| Ok(()))?;
+            for (k, (tokens, targets)) in batches.iter().enumerate() {
+                let loss = LossOptions {
+                    accumulate: k > 0,
+                    ..loss
+                };
+                self.model.forward_hidden(b, tokens)?;
+                lap(0)?;
+                match updates && k == n - 1 {
+                    true => {
+                        opt.begin_block_updates(b)?;
+                        (self.model).backward_updating(b, targets, loss, &mut events)?
+                    }
+                    false => self.model.backward(b, targets, loss, &mut |_| Ok(()))?,
+                }
+                lap(1)?;
+            }
         }
-        lap(1)?;
         self.opt.step(b, &Solo, &self.model, LR, self.step, SEED)?;
         lap(2)?;
         self.model.loss_sum(b)?;
         lap(3)?;
-        Ok(std::array::from_fn(|i| {
-            ends[i] - if i == 0 { 0.0 } else { ends[i - 1] }
-        }))
+        Ok(phases)
     }
 
     fn last_loss(&self) -> Result<f64> {

@@ -31,9 +31,9 @@ impl<B: Backend> StepLosses<B> {
         })
     }
 
-    /// Keeps the model's last pass's losses as those of micro-step `k`.
-    pub fn keep(&self, b: &B, model: &Transformer<B>, k: usize) -> Result<()> {
-        b.copy(&self.rows.narrow_rows(k, k + 1), model.losses())
+    /// Keeps a pass's per-token `losses` as those of micro-step `k`.
+    pub fn keep(&self, b: &B, losses: &Tensor<B>, k: usize) -> Result<()> {
+        b.copy(&self.rows.narrow_rows(k, k + 1), losses)
     }
 
     /// The sum of every micro-step's losses (ignored targets count 0), each micro-step's in

@@ -161,6 +161,7 @@ impl<'a, B: Backend> Run<'a, B> {
         if o.optimizer.in_backward {
             block_updates::check(o, comm.world())?;
         }
+        o.memory.check_layer_major(o.grad_accumulation)?;
         if comm.world() > 1 && (o.memory.offload_weights || o.memory.offload_gradients) {
             bail!(
                 "--offload-weights and --offload-gradients stream one GPU's blocks from its host \
@@ -175,6 +176,7 @@ impl<'a, B: Backend> Run<'a, B> {
         let mut options = (o.memory).model_options(
             o.batch_size,
             o.seq_len,
+            o.grad_accumulation,
             o.model_dtype,
             o.matmul,
             gradients,
@@ -624,20 +626,12 @@ impl<B: Backend> Run<'_, B> {
             seed: self.state.rng.next_u64(),
         });
         let opt = (self.opt.as_ref()).context("the optimizer is set before training")?;
-        for (k, batch) in batches.iter().enumerate() {
-            let loss = LossOptions {
-                grad_scale: 1.0 / trained.max(1) as f32,
-                z_loss: o.z_loss as f32,
-                accumulate: k > 0,
-            };
-            let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, &block_owners, event);
-            let micro_batch = self.state.step * batches.len() as u64 + k as u64;
-            let rounding = Rng::derived(o.seed ^ ROUNDING_SEEDS, micro_batch).next_u64();
-            self.model.set_rounding_seed(rounding);
-            self.model
-                .forward_hidden_with(b, &batch.tokens, &mut weights)?;
-            let sum_now = overlap && k == last;
-            let mut events = |event: BlockEvent<B>| match (event, &block_owners) {
+        let owners = &block_owners;
+        // What a backward does with the events of the blocks' weights and gradients; with
+        // `sum_now`, the last micro-batch's (or a layer-major pass's) that sums the
+        // gradients over the ranks as it finishes them.
+        let events_of = |sum_now: bool| {
+            move |event: BlockEvent<B>| match (event, owners) {
                 (event @ BlockEvent::Weights { .. }, owners) => {
                     bring_weights(b, comm, owners, event)
                 }
@@ -670,15 +664,47 @@ impl<B: Backend> Run<'_, B> {
                     opt.update_block(b, layer, weights, grads, a.lr, step, a.seed)
                 }
                 _ => Ok(()),
-            };
-            match applied {
-                Some(_) if k == last => {
-                    opt.begin_block_updates(b)?;
-                    (self.model).backward_updating(b, &batch.targets, loss, &mut events)?;
-                }
-                _ => self.model.backward(b, &batch.targets, loss, &mut events)?,
             }
-            self.step_losses.keep(b, &self.model, k)?;
+        };
+        let loss = LossOptions {
+            grad_scale: 1.0 / trained.max(1) as f32,
+            z_loss: o.z_loss as f32,
+            accumulate: false,
+        };
+        let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, owners, event);
+        if self.model.options.micro_batches > 1 {
+            let tokens: Vec<&[i32]> = batches.iter().map(|batch| &batch.tokens[..]).collect();
+            let targets: Vec<&[i32]> = batches.iter().map(|batch| &batch.targets[..]).collect();
+            (self.model).forward_layer_major(b, &tokens, &targets, loss, &mut weights)?;
+            if applied.is_some() {
+                opt.begin_block_updates(b)?;
+            }
+            let mut events = events_of(overlap);
+            (self.model).backward_layer_major(b, false, &mut events, applied.is_some())?;
+            for k in 0..batches.len() {
+                (self.step_losses).keep(b, self.model.micro_batch_losses(k), k)?;
+            }
+        } else {
+            for (k, batch) in batches.iter().enumerate() {
+                let loss = LossOptions {
+                    accumulate: k > 0,
+                    ..loss
+                };
+                let micro_batch = self.state.step * batches.len() as u64 + k as u64;
+                let rounding = Rng::derived(o.seed ^ ROUNDING_SEEDS, micro_batch).next_u64();
+                self.model.set_rounding_seed(rounding);
+                self.model
+                    .forward_hidden_with(b, &batch.tokens, &mut weights)?;
+                let mut events = events_of(overlap && k == last);
+                match applied {
+                    Some(_) if k == last => {
+                        opt.begin_block_updates(b)?;
+                        (self.model).backward_updating(b, &batch.targets, loss, &mut events)?;
+                    }
+                    _ => self.model.backward(b, &batch.targets, loss, &mut events)?,
+                }
+                self.step_losses.keep(b, self.model.losses(), k)?;
+            }
         }
         if !overlap {
             let grads = self.model.grads();

@@ -49,6 +49,7 @@ pub fn options(
         offload_weights: false,
         offload_gradients: false,
         documents: None,
+        micro_batches: 1,
     }
 }
 

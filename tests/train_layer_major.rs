@@ -1,0 +1,117 @@
+//! `--layer-major`: a step's micro-batches run block by block give the bits of the run that
+//! takes them one at a time, with the residual stream, the blocks' weights, gradients and
+//! optimizer state in host memory, with recompute, updated in the backward, and on two CPU
+//! ranks under ZeRO-3 (bitwise level 0, which the micro-batch-at-a-time ZeRO-3 is not). With
+//! tied embeddings only the embedding's gradient sums in another order. Checkpoints continue
+//! either way, and what it cannot do is refused.
+
+mod train_support;
+
+use train_support::*;
+
+/// The same losses, data, final weights and optimizer state as the run of one micro-batch at
+/// a time (`resume_args`' two a step), under each set of memory flags.
+#[test]
+fn layer_major_changes_no_bit() {
+    let s = setup();
+    let dir = |name: &str| s.root.join(name);
+    let run = |name: &str, extra: &[&str]| {
+        run_with(&resume_args(&dir(name), &s.model, &s.data), extra);
+        dir(name)
+    };
+    let full = run("full", &[]);
+    assert_same_run(&full, &run("layer_major", &["--layer-major"]), 0);
+    let streamed = [
+        "--layer-major",
+        "--recompute-block",
+        "--offload-residual",
+        "--offload-weights",
+        "--offload-gradients",
+        "--offload-opt-m",
+        "--offload-opt-v",
+    ];
+    assert_same_run(&full, &run("streamed", &streamed), 0);
+    // Each micro-batch's kept activations in host memory, with their own device slots.
+    let kept = ["--layer-major", "--recompute-ffn", "--offload-activations"];
+    assert_same_run(&full, &run("kept", &kept), 0);
+
+    // Updated in the backward (which does not clip), against the plain run without clipping.
+    let no_clip = run("no_clip", &["--grad-clip", "0"]);
+    let mut in_backward = vec!["--grad-clip", "0", "--optimizer-in-backward"];
+    in_backward.extend(&streamed);
+    assert_same_run(&no_clip, &run("in_backward", &in_backward), 0);
+
+    // A checkpoint of the plain run continues layer-major, and ends as the plain run does.
+    let resumed = dir("resumed");
+    copy_checkpoint(&full.join("ckpt"), 2, &resumed.join("ckpt"));
+    let mut flags = streamed.to_vec();
+    flags.push("--continue");
+    run_with(&resume_args(&resumed, &s.model, &s.data), &flags);
+    assert_same_run(&full, &resumed, 2);
+}
+
+/// With tied embeddings the embedding's gradient adds every micro-batch's LM-head part before
+/// their lookup parts, so the runs part by rounding only: the first step's loss is the same,
+/// and the others stay within 1e-3 of the plain run's.
+#[test]
+fn tied_embeddings_differ_by_rounding_only() {
+    let s = setup();
+    let tied = model_variant(&s, "tied", |c| c["tie_word_embeddings"] = true.into());
+    let dir = |name: &str| s.root.join(name);
+    let run = |name: &str, extra: &[&str]| {
+        run_with(&resume_args(&dir(name), &tied, &s.data), extra);
+        steps(&dir(name).join("log.jsonl"))
+    };
+    let (plain, layer_major) = (run("plain", &[]), run("layer_major", &["--layer-major"]));
+    assert_eq!(plain.len(), 6);
+    assert_eq!(plain[0].1.to_bits(), layer_major[0].1.to_bits());
+    let mut differs = false;
+    for (a, b) in plain.iter().zip(&layer_major) {
+        assert_eq!(a.2, b.2, "step {} trained other data", a.0);
+        assert!((a.1 - b.1).abs() < 1e-3, "step {}: {} against {}", a.0, a.1, b.1);
+        differs |= a.1 != b.1;
+    }
+    assert!(differs, "tied embeddings summed in the same order after all");
+}
+
+/// Two CPU ranks: ZeRO-3 layer-major brings each block's weights once a pass and sends each
+/// block's gradient sum once a step, summed over the micro-batches before the ranks, as
+/// level 0 sums them: the losses and final weights of level 0's run, bit for bit, which
+/// ZeRO-3 of one micro-batch at a time (each micro-batch's gradients sent) does not give.
+/// (Their checkpoints differ in layout: ZeRO shards the optimizer state by rank.)
+#[test]
+fn zero_3_layer_major_is_bitwise_level_0() {
+    let s = setup();
+    let dir = |name: &str| s.root.join(name);
+    let run = |name: &str, extra: &[&str]| {
+        let mut flags = vec!["--device", "cpu", "--gpus", "2"];
+        flags.extend(extra);
+        run_with(&resume_args(&dir(name), &s.model, &s.data), &flags);
+        let weights = std::fs::read(dir(name).join("out/model.safetensors")).unwrap();
+        (steps(&dir(name).join("log.jsonl")), weights)
+    };
+    let level_0 = run("level_0", &[]);
+    assert_eq!(level_0.0.len(), 6);
+    assert_eq!(level_0, run("zero_3", &["--zero-level", "3", "--layer-major"]));
+    assert_ne!(level_0.0, run("zero_3_plain", &["--zero-level", "3"]).0);
+}
+
+/// What it cannot do is refused before anything is written, naming the flag.
+#[test]
+fn what_it_cannot_do_is_refused() {
+    let s = setup();
+    let cases: [(&str, &[&str], &str); 2] = [
+        ("1", &[], "--grad-accumulation 2"),
+        ("2", &["--matmul-dtype", "int8"], "INT8"),
+    ];
+    for (i, (accumulation, extra, want)) in cases.into_iter().enumerate() {
+        let dir = s.root.join(format!("refused{i}"));
+        let mut args = resume_args(&dir, &s.model, &s.data);
+        set_flags(&mut args, &["--grad-accumulation"], accumulation);
+        args.push("--layer-major".into());
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let out = smelt(&strs(&args));
+        assert_refused(&out, &["--layer-major", want]);
+        assert!(!dir.join("log.jsonl").exists(), "{extra:?} wrote a log");
+    }
+}
