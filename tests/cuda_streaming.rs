@@ -7,7 +7,8 @@
 //! block's work is far shorter than the copy of its weights, so a wait that is missing (a
 //! block reading its slot before its weights are in, a copy overwriting a slot still in
 //! use or on its way out, the optimizer reading a gradient still on its way out) shows in
-//! the bits; at 4 × 1024 tokens the copies hide behind the work.
+//! the bits; at 4 × 1024 tokens the copies hide behind the work. The same holds run
+//! layer-major (`--layer-major`), each micro-batch's residual stream in host memory.
 
 mod common;
 
@@ -38,33 +39,52 @@ fn train<B: Backend>(
     let (lr, seed) = (1e-3, 7);
     let mut losses = vec![];
     for step in 1..=STEPS {
-        for micro in 0..MICRO_STEPS {
-            let (tokens, targets) = batch(
-                model.tokens_per_step(),
-                config.vocab_size,
-                100 + step * MICRO_STEPS + micro,
-            );
-            let loss = LossOptions {
-                grad_scale: 1.0 / trained_tokens(&targets) as f32,
-                z_loss: 1e-4,
-                accumulate: micro > 0,
-            };
-            model.forward_hidden(gpu, &tokens).unwrap();
-            if optimizer.options.in_backward && micro + 1 == MICRO_STEPS {
+        let batches: Vec<(Vec<i32>, Vec<i32>)> = (0..MICRO_STEPS)
+            .map(|micro| {
+                let seed = 100 + step * MICRO_STEPS + micro;
+                batch(model.tokens_per_step(), config.vocab_size, seed)
+            })
+            .collect();
+        let trained: usize = batches.iter().map(|(_, t)| trained_tokens(t)).sum();
+        let loss = LossOptions {
+            grad_scale: 1.0 / trained as f32,
+            z_loss: 1e-4,
+            accumulate: false,
+        };
+        let in_backward = optimizer.options.in_backward;
+        let mut update = |event: BlockEvent<B>| match event {
+            BlockEvent::Update {
+                layer,
+                weights,
+                grads,
+            } => optimizer.update_block(gpu, layer, weights, grads, lr, step, seed),
+            _ => Ok(()),
+        };
+        if model.options.micro_batches > 1 {
+            let tokens: Vec<&[i32]> = batches.iter().map(|(t, _)| &t[..]).collect();
+            let targets: Vec<&[i32]> = batches.iter().map(|(_, t)| &t[..]).collect();
+            (model.forward_layer_major(gpu, &tokens, &targets, loss, &mut |_| Ok(()))).unwrap();
+            if in_backward {
                 optimizer.begin_block_updates(gpu).unwrap();
-                let mut update = |event: BlockEvent<B>| match event {
-                    BlockEvent::Update {
-                        layer,
-                        weights,
-                        grads,
-                    } => optimizer.update_block(gpu, layer, weights, grads, lr, step, seed),
-                    _ => Ok(()),
-                };
-                (model.backward_updating(gpu, &targets, loss, &mut update)).unwrap();
+            }
+            (model.backward_layer_major(gpu, false, &mut update, in_backward)).unwrap();
+            for micro in 0..MICRO_STEPS as usize {
+                losses.extend(gpu.download(model.micro_batch_losses(micro)).unwrap());
+            }
+            optimizer.step(gpu, &Solo, &model, lr, step, seed).unwrap();
+            continue;
+        }
+        for (micro, (tokens, targets)) in (0..).zip(&batches) {
+            let loss = LossOptions {
+                accumulate: micro > 0,
+                ..loss
+            };
+            model.forward_hidden(gpu, tokens).unwrap();
+            if in_backward && micro + 1 == MICRO_STEPS {
+                optimizer.begin_block_updates(gpu).unwrap();
+                (model.backward_updating(gpu, targets, loss, &mut update)).unwrap();
             } else {
-                model
-                    .backward(gpu, &targets, loss, &mut |_| Ok(()))
-                    .unwrap();
+                model.backward(gpu, targets, loss, &mut |_| Ok(())).unwrap();
             }
             losses.extend(gpu.download(model.losses()).unwrap());
         }
@@ -82,11 +102,18 @@ fn train<B: Backend>(
 #[ignore = "needs a CUDA GPU"]
 fn streaming_weights_and_gradients_is_bitwise_identical_on_the_gpu() {
     let gpu = cuda();
-    let (name, config) = small_configs().swap_remove(1);
-    let config = ModelConfig {
-        num_layers: 6,
-        ..config
+    // Layer-major, a tied embedding's gradient sums its parts in another order, so those
+    // variants run on an untied model.
+    let configs = small_configs();
+    let six_layers = |(name, config): &(&'static str, ModelConfig)| {
+        let config = ModelConfig {
+            num_layers: 6,
+            ..config.clone()
+        };
+        (*name, config)
     };
+    let (tied, untied) = (six_layers(&configs[1]), six_layers(&configs[2]));
+    assert!(!untied.1.tie_word_embeddings && tied.1.tie_word_embeddings);
     let block = Recompute {
         block: true,
         ..Recompute::default()
@@ -107,39 +134,74 @@ fn streaming_weights_and_gradients_is_bitwise_identical_on_the_gpu() {
         opt_v: true,
         ..Offload::default()
     };
-    for shape in [(1, 16), (4, 1024)] {
-        let base = |adamw| train(&gpu, &config, shape, |_| (), adamw);
+    // The variants of one micro-batch at a time on the tied model, the layer-major ones on
+    // the untied.
+    let runs = [(&tied, false), (&untied, true)];
+    for (((name, config), layer_major_runs), shape) in runs
+        .into_iter()
+        .flat_map(|run| [(run, (1, 16)), (run, (4, 1024))])
+    {
+        let base = |adamw| train(&gpu, config, shape, |_| (), adamw);
         let bases = [base(adamw.clone()), base(no_clip.clone())];
         assert!(bases.iter().flat_map(|b| &b.0).all(|l| l.is_finite()));
+        // (variant, weights and gradients streamed, recompute, optimizer, layer-major with
+        // the residual stream in host memory)
         let variants = [
-            ("weights", true, false, Recompute::default(), &adamw),
-            ("gradients", false, true, Recompute::default(), &adamw),
-            ("both", true, true, Recompute::default(), &adamw),
-            ("both, block recomputed", true, true, block, &adamw),
+            (
+                "weights",
+                (true, false),
+                Recompute::default(),
+                &adamw,
+                false,
+            ),
+            (
+                "gradients",
+                (false, true),
+                Recompute::default(),
+                &adamw,
+                false,
+            ),
+            ("both", (true, true), Recompute::default(), &adamw, false),
+            ("both, block recomputed", (true, true), block, &adamw, false),
             (
                 "nothing, updated in the backward",
-                false,
-                false,
+                (false, false),
                 block,
                 &in_backward(Offload::default()),
+                false,
             ),
             (
                 "both and the moments, updated in the backward",
-                true,
-                true,
+                (true, true),
                 block,
                 &in_backward(moments),
+                false,
+            ),
+            ("both, layer-major", (true, true), block, &adamw, true),
+            (
+                "both and the moments, layer-major, updated in the backward",
+                (true, true),
+                block,
+                &in_backward(moments),
+                true,
             ),
         ];
-        for (variant, weights, gradients, recompute, optimizer) in variants {
+        for (variant, (weights, gradients), recompute, optimizer, layer_major) in variants {
+            if layer_major != layer_major_runs {
+                continue;
+            }
             let (losses, w) = train(
                 &gpu,
-                &config,
+                config,
                 shape,
                 |o| {
                     o.offload_weights = weights;
                     o.offload_gradients = gradients;
                     o.recompute = recompute;
+                    if layer_major {
+                        o.micro_batches = MICRO_STEPS as usize;
+                        o.offload_residual = true;
+                    }
                 },
                 optimizer.clone(),
             );

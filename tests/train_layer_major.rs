@@ -68,10 +68,19 @@ fn tied_embeddings_differ_by_rounding_only() {
     let mut differs = false;
     for (a, b) in plain.iter().zip(&layer_major) {
         assert_eq!(a.2, b.2, "step {} trained other data", a.0);
-        assert!((a.1 - b.1).abs() < 1e-3, "step {}: {} against {}", a.0, a.1, b.1);
+        assert!(
+            (a.1 - b.1).abs() < 1e-3,
+            "step {}: {} against {}",
+            a.0,
+            a.1,
+            b.1
+        );
         differs |= a.1 != b.1;
     }
-    assert!(differs, "tied embeddings summed in the same order after all");
+    assert!(
+        differs,
+        "tied embeddings summed in the same order after all"
+    );
 }
 
 /// Two CPU ranks: ZeRO-3 layer-major brings each block's weights once a pass and sends each
@@ -92,7 +101,10 @@ fn zero_3_layer_major_is_bitwise_level_0() {
     };
     let level_0 = run("level_0", &[]);
     assert_eq!(level_0.0.len(), 6);
-    assert_eq!(level_0, run("zero_3", &["--zero-level", "3", "--layer-major"]));
+    assert_eq!(
+        level_0,
+        run("zero_3", &["--zero-level", "3", "--layer-major"])
+    );
     assert_ne!(level_0.0, run("zero_3_plain", &["--zero-level", "3"]).0);
 }
 

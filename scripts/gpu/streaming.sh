@@ -6,8 +6,8 @@
 #   2. speed: `smelt bench` of Llama-3-8B at batch 1 × 8192 with the whole GPU, and with the
 #      memory flags of ROWS (name, then flags): the optimizer state, then the blocks' weights
 #      and gradients, in host memory, each block updated in the backward or after it
-#      (--optimizer-in-backward), and what --fit-memory picks for 24 and 40 GiB; and
-#      65,536 tokens (SEQ_ROWS). Each row's tok/s, MFU, the device memory smelt allocated,
+#      (--optimizer-in-backward), what --fit-memory picks for 24 and 40 GiB, and 8 sequences
+#      a step run layer-major; and 65,536 tokens (SEQ_ROWS). Each row's tok/s, MFU, the device memory smelt allocated,
 #      all the device memory in use, and what lives in pinned host memory;
 #   3. `smelt train` of Llama-3-8B from scratch on the demo's token files, 8 sequences of 8192
 #      tokens a step (--grad-accumulation 8), with the flags of TRAIN_ROWS: each row's median
@@ -32,7 +32,10 @@ streamed-residual|--recompute-block $STATE $STREAM --offload-residual --lmhead-c
 streamed-in-backward|--recompute-block $STATE $STREAM --lmhead-chunks 8 --optimizer-in-backward
 fit-24|--fit-memory 24
 fit-24-in-backward|--fit-memory 24 --optimizer-in-backward
-fit-40-in-backward|--fit-memory 40 --optimizer-in-backward"}
+fit-40-in-backward|--fit-memory 40 --optimizer-in-backward
+layer-major-fit-24|--grad-accumulation 8 --layer-major --fit-memory 24
+layer-major-fit-24-in-backward|--grad-accumulation 8 --layer-major --fit-memory 24 --optimizer-in-backward
+layer-major-fit-40-in-backward|--grad-accumulation 8 --layer-major --fit-memory 40 --optimizer-in-backward"}
 SEQ_ROWS=${SEQ_ROWS-"65536|--recompute-block --ffn-chunks 8 --lmhead-chunks 16 $STATE"}
 
 bench() { # name, seq, flags...
@@ -40,7 +43,7 @@ bench() { # name, seq, flags...
     shift 2
     echo "=== llama-3-8b 1 x $seq: $name ($*)"
     timeout 500 ./.gpu/smelt bench --model llama-3-8b --batch-size 1 --seq-len "$seq" \
-        --steps "${STEPS:-4}" --warmup 2 --json "$@" > "$OUT/streaming/$name.json" \
+        --steps "${STEPS:-4}" --warmup "${WARMUP:-2}" --json "$@" > "$OUT/streaming/$name.json" \
         2> "$OUT/streaming/$name.err" || {
         status=1
         tail -3 "$OUT/streaming/$name.err"
@@ -75,17 +78,17 @@ python3 - "$OUT/streaming" <<'PY' | tee "$OUT/streaming/table.txt"
 import json, os, sys
 d = sys.argv[1]
 print("\n==================== Llama-3-8B, batch 1 ====================")
-print(f"{'row':<20} {'seq':>6} {'tok/s':>9} {'MFU':>6} {'allocated GiB':>14} {'in use GiB':>11} {'host GiB':>9}  phases ms (fwd/bwd/opt/other)")
+print(f"{'row':<31} {'seq':>6} {'ga':>2} {'tok/s':>9} {'MFU':>6} {'allocated GiB':>14} {'in use GiB':>11} {'host GiB':>9}  phases ms (fwd/bwd/opt/other)")
 for name in sorted(os.listdir(d)):
     if not name.endswith(".json"):
         continue
     text = open(os.path.join(d, name)).read().strip()
     if not text:
-        print(f"{name[:-5]:<20} failed: {open(os.path.join(d, name[:-5] + '.err')).read().strip().splitlines()[-1:]}")
+        print(f"{name[:-5]:<31} failed: {open(os.path.join(d, name[:-5] + '.err')).read().strip().splitlines()[-1:]}")
         continue
     r = json.loads(text.splitlines()[-1])
     p = r["phases_ms"]
-    print(f"{name[:-5]:<20} {r['seq']:>6} {r['tok_s']:>9,.0f} {r['mfu'] or 0:>6.3f} {r['peak_mem_gib']:>14.2f} "
+    print(f"{name[:-5]:<31} {r['seq']:>6} {r.get('grad_accumulation', 1):>2} {r['tok_s']:>9,.0f} {r['mfu'] or 0:>6.3f} {r['peak_mem_gib']:>14.2f} "
           f"{r['device_in_use_gib'] or 0:>11.2f} {r['offloaded_gib']:>9.2f}  "
           f"{p['forward']:.0f}/{p['backward']:.0f}/{p['optimizer']:.0f}/{p['other']:.0f}")
 logs = sorted(n for n in os.listdir(d) if n.startswith("train-") and n.endswith(".jsonl"))
