@@ -34,7 +34,7 @@ fn op_times_account_for_the_step() {
             ffn_chunks: 1,
             offload_weights: false,
             offload_gradients: false,
-            layer_major: false,
+            layer_major: 0,
         },
         offload: Offload::default(),
         moments: [DType::BF16; 2],

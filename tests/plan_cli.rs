@@ -70,7 +70,7 @@ fn planned_matmul_on(
         ffn_chunks: Some(choice.memory.ffn_chunks),
         allow_zero_2: true,
         documents: None,
-        layer_major: false,
+        layer_major: 0,
     };
     let gpu = datasheet("H100").unwrap();
     candidates(&request, gpu)
@@ -91,7 +91,7 @@ fn recomputing(recompute: Recompute) -> Choice {
             ffn_chunks: 1,
             offload_weights: false,
             offload_gradients: false,
-            layer_major: false,
+            layer_major: 0,
         },
         offload: Offload::default(),
         zero_level: 0,
@@ -186,7 +186,7 @@ fn the_plan_counts_what_training_allocates() {
                     ffn_chunks: 1,
                     offload_weights: false,
                     offload_gradients: false,
-                    layer_major: false,
+                    layer_major: 0,
                 },
                 offload: Offload {
                     opt_m: true,
@@ -216,7 +216,7 @@ fn the_plan_counts_what_training_allocates() {
                     ffn_chunks: 1,
                     offload_weights: false,
                     offload_gradients: false,
-                    layer_major: false,
+                    layer_major: 0,
                 },
                 offload: Offload {
                     master: true,
@@ -665,7 +665,7 @@ fn least_device_bytes(
         ffn_chunks: None,
         allow_zero_2: true,
         documents: None,
-        layer_major: false,
+        layer_major: 0,
     };
     (candidates(&request, datasheet("H100").unwrap())
         .unwrap()
@@ -815,7 +815,7 @@ fn the_estimated_update_over_the_bus_is_near_what_an_h200_measured() {
         ffn_chunks: Some(1),
         allow_zero_2: true,
         documents: None,
-        layer_major: false,
+        layer_major: 0,
     };
     let all = candidates(&request, datasheet("H200").unwrap()).unwrap();
     let bus = |streamed: bool| {

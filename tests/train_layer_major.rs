@@ -1,9 +1,10 @@
 //! `--layer-major`: a step's micro-batches run block by block give the bits of the run that
 //! takes them one at a time, with the residual stream, the blocks' weights, gradients and
-//! optimizer state in host memory, with recompute, updated in the backward, and on two CPU
-//! ranks under ZeRO-3 (bitwise level 0, which the micro-batch-at-a-time ZeRO-3 is not). With
-//! tied embeddings only the embedding's gradient sums in another order. Checkpoints continue
-//! either way, and what it cannot do is refused.
+//! optimizer state in host memory, with recompute, updated in the backward, in passes of
+//! fewer micro-batches than a step has, and on two CPU ranks under ZeRO-3 (bitwise level 0,
+//! which the micro-batch-at-a-time ZeRO-3 is not). With tied embeddings only the embedding's
+//! gradient sums in another order. Checkpoints continue either way; what it cannot do is
+//! refused; `smelt plan` halves the passes where host memory is short.
 
 mod train_support;
 
@@ -48,6 +49,37 @@ fn layer_major_changes_no_bit() {
     flags.push("--continue");
     run_with(&resume_args(&resumed, &s.model, &s.data), &flags);
     assert_same_run(&full, &resumed, 2);
+}
+
+/// Steps of four micro-batches in passes of two, and of three and then one, with the
+/// gradients streamed (each pass after the first brings each block's sum so far back in to
+/// add to) and updated in the last pass's backward: bitwise four one at a time.
+#[test]
+fn passes_of_fewer_micro_batches_change_no_bit() {
+    let s = setup();
+    let dir = |name: &str| s.root.join(name);
+    let run = |name: &str, extra: &[&str]| {
+        let mut args = resume_args(&dir(name), &s.model, &s.data);
+        set_flags(&mut args, &["--grad-accumulation"], "4");
+        run_with(&args, &[&["--grad-clip", "0"], extra].concat());
+        dir(name)
+    };
+    let full = run("full", &[]);
+    let streamed = [
+        "--recompute-block",
+        "--offload-residual",
+        "--offload-weights",
+        "--offload-gradients",
+        "--optimizer-in-backward",
+    ];
+    for per_pass in ["2", "3"] {
+        let flag = format!("--layer-major={per_pass}");
+        let run_dir = run(
+            &format!("passes_of_{per_pass}"),
+            &[&streamed[..], &[&flag]].concat(),
+        );
+        assert_same_run(&full, &run_dir, 0);
+    }
 }
 
 /// With tied embeddings the embedding's gradient adds every micro-batch's LM-head part before
@@ -112,18 +144,92 @@ fn zero_3_layer_major_is_bitwise_level_0() {
 #[test]
 fn what_it_cannot_do_is_refused() {
     let s = setup();
-    let cases: [(&str, &[&str], &str); 2] = [
-        ("1", &[], "--grad-accumulation 2"),
-        ("2", &["--matmul-dtype", "int8"], "INT8"),
+    let cases: [(&str, &str, &[&str], &str); 4] = [
+        ("1", "--layer-major", &[], "--grad-accumulation 2"),
+        (
+            "2",
+            "--layer-major=1",
+            &[],
+            "between 2 and --grad-accumulation (2)",
+        ),
+        (
+            "2",
+            "--layer-major=3",
+            &[],
+            "between 2 and --grad-accumulation (2)",
+        ),
+        ("2", "--layer-major", &["--matmul-dtype", "int8"], "INT8"),
     ];
-    for (i, (accumulation, extra, want)) in cases.into_iter().enumerate() {
+    for (i, (accumulation, flag, extra, want)) in cases.into_iter().enumerate() {
         let dir = s.root.join(format!("refused{i}"));
         let mut args = resume_args(&dir, &s.model, &s.data);
         set_flags(&mut args, &["--grad-accumulation"], accumulation);
-        args.push("--layer-major".into());
+        args.push(flag.into());
         args.extend(extra.iter().map(|a| a.to_string()));
         let out = smelt(&strs(&args));
         assert_refused(&out, &["--layer-major", want]);
         assert!(!dir.join("log.jsonl").exists(), "{extra:?} wrote a log");
     }
+}
+
+/// Llama-3-8B at 24 GiB, eight sequences of 8192 tokens a step: with the host memory for
+/// every micro-batch's residual stream, `smelt plan` runs all eight in one pass; with less,
+/// it halves the passes until one fits, rather than give up layer-major or the batch.
+#[test]
+fn plan_halves_the_passes_where_host_memory_is_short() {
+    let passes = |host_gib: &str| {
+        let out = smelt_ok(&[
+            "plan",
+            "--model",
+            "llama-3-8b",
+            "--batch-size",
+            "1",
+            "--seq-len",
+            "8192",
+            "--grad-accumulation",
+            "8",
+            "--layer-major",
+            "--device-memory",
+            "24",
+            "--host-memory",
+            host_gib,
+            "--gpu",
+            "h200",
+            "--opt-m-dtype",
+            "bf16",
+            "--opt-v-dtype",
+            "bf16",
+            "--master-dtype",
+            "bf16",
+            "--json",
+        ]);
+        let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let plans = plan["plans"].as_array().unwrap().clone();
+        let picked = plans.last().unwrap();
+        let rows = picked["rows"].as_array().unwrap();
+        let row = rows
+            .iter()
+            .find(|r| r["fits"] == true)
+            .expect("a plan that fits");
+        let flag = format!("--layer-major={}", picked["layer_major"]);
+        assert!(
+            row["flags"]
+                .as_array()
+                .unwrap()
+                .contains(&flag.clone().into())
+        );
+        let tried: Vec<u64> = plans
+            .iter()
+            .map(|p| p["layer_major"].as_u64().unwrap())
+            .collect();
+        assert!(
+            plans
+                .iter()
+                .all(|p| p["batch_size"] == 1 && p["grad_accumulation"] == 8)
+        );
+        tried
+    };
+    assert_eq!(passes("110"), [8]);
+    assert_eq!(passes("50"), [8, 4]);
+    assert_eq!(passes("45"), [8, 4, 2]);
 }

@@ -6,8 +6,8 @@ use clap::Args;
 use serde_json::json;
 
 use super::flags::{
-    DocumentFlags, FitMemoryFlag, MatmulFlags, MomentFlags, OffloadFlags, RecomputeFlags,
-    SmallerBatch,
+    DocumentFlags, FitMemoryFlag, LayerMajorFlag, MatmulFlags, MomentFlags, OffloadFlags,
+    RecomputeFlags, SmallerBatch,
 };
 use crate::backend::op_times::{OpTime, by_family};
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -53,9 +53,8 @@ pub struct BenchArgs {
     /// update.
     #[arg(long, default_value_t = 1)]
     grad_accumulation: usize,
-    /// Run a step's micro-batches layer-major (as `smelt train --layer-major`).
-    #[arg(long)]
-    layer_major: bool,
+    #[command(flatten)]
+    layer_major: LayerMajorFlag,
     /// Steps timed (their median is reported).
     #[arg(long, default_value_t = 10)]
     steps: usize,
@@ -156,7 +155,7 @@ impl BenchArgs {
                     .lmhead_chunks
                     .unwrap_or((self.batch_size * self.seq_len).div_ceil(LMHEAD_CHUNK_TOKENS)),
                 ffn_chunks: self.ffn_chunks,
-                layer_major: self.layer_major,
+                layer_major: self.layer_major.per_pass(self.grad_accumulation),
             },
             offload,
             moments,
@@ -211,7 +210,7 @@ impl BenchArgs {
             "batch": self.batch_size,
             "seq": self.seq_len,
             "grad_accumulation": self.grad_accumulation,
-            "layer_major": self.layer_major,
+            "layer_major": self.layer_major.per_pass(self.grad_accumulation),
             "documents": self.documents.documents(bench::EOS).map(|d| json!({
                 "mask": d.mask,
                 "positions": d.positions,

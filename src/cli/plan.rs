@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::json;
 
-use super::flags::{PrecisionFlags, gib_bytes};
+use super::flags::{LayerMajorFlag, PrecisionFlags, gib_bytes};
 use crate::backend::datasheet::{self, Datasheet};
 use crate::backend::select::{Device, DeviceChoice, select};
 use crate::plan::{
@@ -44,9 +44,8 @@ pub struct PlanArgs {
     /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 1)]
     grad_accumulation: usize,
-    /// The micro-batches run layer-major (as `smelt train --layer-major`).
-    #[arg(long)]
-    layer_major: bool,
+    #[command(flatten)]
+    layer_major: LayerMajorFlag,
     #[command(flatten)]
     precision: PrecisionFlags,
     /// Keep this many LM-head chunks instead of choosing.
@@ -104,7 +103,7 @@ impl PlanArgs {
             ffn_chunks: None,
             allow_zero_2: true,
             documents: None,
-            layer_major: self.layer_major,
+            layer_major: self.layer_major.per_pass(self.grad_accumulation),
         };
         let (gpu, free) = self.gpu()?;
         let device = match (self.device_memory, free) {
@@ -183,8 +182,12 @@ impl PlanArgs {
             plan::cost::BUS_BYTES_PER_S / 1e9
         );
         for p in plans {
+            let passes = match p.layer_major {
+                0 => String::new(),
+                n => format!(" --layer-major={n}"),
+            };
             println!(
-                "\n--batch-size {} --grad-accumulation {}:",
+                "\n--batch-size {} --grad-accumulation {}{passes}:",
                 p.batch, p.micro_steps
             );
             println!(
@@ -268,6 +271,7 @@ impl PlanArgs {
                 json!({
                     "batch_size": p.batch,
                     "grad_accumulation": p.micro_steps,
+                    "layer_major": p.layer_major,
                     "rows": rows,
                     "pick": p.pick,
                 })

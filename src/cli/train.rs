@@ -8,8 +8,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 
 use super::flags::{
-    DocumentFlags, FitMemoryFlag, OffloadFlags, Precision, PrecisionFlags, RecomputeFlags,
-    SmallerBatch, check_floats, parse_flags,
+    DocumentFlags, FitMemoryFlag, LayerMajorFlag, OffloadFlags, Precision, PrecisionFlags,
+    RecomputeFlags, SmallerBatch, check_floats, parse_flags,
 };
 use crate::backend::Backend;
 use crate::backend::select::{Device, DeviceChoice, select};
@@ -166,14 +166,8 @@ pub struct TrainArgs {
     /// the bus.
     #[arg(long, help_heading = "Memory")]
     offload_master: bool,
-    /// Run the --grad-accumulation micro-batches of a step layer-major: each block runs on
-    /// all of them before the next block runs, so that streamed weights (--offload-weights,
-    /// ZeRO-3) cross the bus once a pass of the step and a block's gradients are summed over
-    /// the micro-batches before they go out. Each micro-batch keeps its own residual stream
-    /// (offload it with --offload-residual). The same results (tied embeddings: within
-    /// rounding); bf16 or f32 matmuls.
-    #[arg(long, help_heading = "Memory")]
-    layer_major: bool,
+    #[command(flatten)]
+    layer_major: LayerMajorFlag,
     #[command(flatten)]
     offload: OffloadFlags,
 
@@ -583,7 +577,7 @@ impl TrainArgs {
                 offload_gradients: self.offload.gradients(),
                 lmhead_chunks: self.lmhead_chunks,
                 ffn_chunks: self.ffn_chunks,
-                layer_major: self.layer_major,
+                layer_major: self.layer_major.per_pass(self.grad_accumulation),
             },
             documents,
             seed: self.seed,

@@ -28,8 +28,8 @@ use super::transformer::Transformer;
 use crate::backend::{Backend, Range};
 
 impl<B: Backend> Transformer<B> {
-    /// The forward of the micro-batches `tokens` and `targets` (one `[B·T]` slice each, as
-    /// many as the model holds, `ModelOptions::micro_batches`), layer-major, each ending in
+    /// The forward of the micro-batches `tokens` and `targets` (one `[B·T]` slice each, at
+    /// most as many as the model holds, `ModelOptions::micro_batches`), layer-major, each ending in
     /// its LM head, loss and their backward: `loss` is each micro-batch's, the first writing
     /// the head's and final norm's gradients, or with `loss.accumulate` adding into them, the
     /// others adding into them. `events` is told of the sharded weights each block reads. The
@@ -39,14 +39,18 @@ impl<B: Backend> Transformer<B> {
         &mut self, b: &B, tokens: &[&[i32]], targets: &[&[i32]], loss: LossOptions,
         events: &mut BlockEvents<B>,
     ) -> Result<()> {
-        let n = self.micro_batches.len();
+        let n = tokens.len();
         ensure!(
-            tokens.len() == n && targets.len() == n,
-            "a layer-major pass of this model takes {n} micro-batches, not {}",
-            tokens.len()
+            (1..=self.micro_batches.len()).contains(&n) && targets.len() == n,
+            "a layer-major pass of this model takes 1 to {} micro-batches of tokens and as many \
+             of targets, not {n} and {}",
+            self.micro_batches.len(),
+            targets.len()
         );
         self.check_trains()?;
-        for ((a, tokens), targets) in self.micro_batches.iter().zip(tokens).zip(targets) {
+        self.in_pass = n;
+        let micro_batches = &self.micro_batches[..n];
+        for ((a, tokens), targets) in micro_batches.iter().zip(tokens).zip(targets) {
             self.upload_tokens(b, a, tokens)?;
             b.upload_i32(&a.targets, targets)?;
         }
@@ -56,7 +60,7 @@ impl<B: Backend> Transformer<B> {
         self.streams.begin_forward(b)?;
         self.streams.before_block_forward(b, 0)?;
         self.fetch_sharded_weights(0, events)?;
-        for a in &self.micro_batches {
+        for a in micro_batches {
             a.before_block_forward(b, 0)?;
             b.embedding_forward(a.residual.layer(0), &a.tokens, &p.embed)?;
         }
@@ -69,7 +73,7 @@ impl<B: Backend> Transformer<B> {
                 self.streams.before_block_forward(b, l + 1)?;
                 self.fetch_sharded_weights(l + 1, events)?;
             }
-            for (m, a) in self.micro_batches.iter().enumerate() {
+            for (m, a) in micro_batches.iter().enumerate() {
                 self.block_forward(b, a, l, false)?;
                 match next {
                     true => {
@@ -94,7 +98,7 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// After `forward_layer_major`: every block's backward from the last, each on every
-    /// micro-batch, then the embedding's. The first micro-batch writes the parameter
+    /// micro-batch of that pass, then the embedding's. The first micro-batch writes the parameter
     /// gradients, or with `accumulate` adds into them. `events` is told of the sharded weights
     /// each block reads and of the parameter gradients once they are summed over the
     /// micro-batches; with `updates`, also of each block's update, as `backward_updating`
@@ -103,9 +107,14 @@ impl<B: Backend> Transformer<B> {
         &mut self, b: &B, accumulate: bool, events: &mut BlockEvents<B>, updates: bool,
     ) -> Result<()> {
         self.check_trains()?;
+        ensure!(
+            self.in_pass > 0,
+            "backward_layer_major follows forward_layer_major"
+        );
         let _backward = Range::begin(b, format_args!("backward"));
         self.linears.begin_backward(b)?;
         self.head_done(events)?;
-        self.backward_blocks(b, &self.micro_batches, accumulate, events, updates)
+        let micro_batches = &self.micro_batches[..self.in_pass];
+        self.backward_blocks(b, micro_batches, accumulate, events, updates)
     }
 }

@@ -128,6 +128,8 @@ pub struct Transformer<B: Backend> {
     grads: Option<Params<Tensor<B>>>,
     /// The activations of each micro-batch a pass holds (`ModelOptions::micro_batches`).
     pub(crate) micro_batches: Vec<Activations<B>>,
+    /// How many of them the last layer-major forward ran, for its backward (`layer_major`).
+    pub(crate) in_pass: usize,
     /// `[T, head_dim/2, 2]`: (cos, sin) per position and rotated pair.
     pub(crate) rope: Tensor<B>,
     /// The blocks' linear layers, in the model's dtype or FP8.
@@ -422,6 +424,7 @@ impl<B: Backend> Transformer<B> {
             RecomputePlan::new(options.recompute, linears.native(), options.ffn_chunks > 1);
         Ok(Transformer {
             micro_batches: plan.activations.build(act_tensors, in_host("activations")),
+            in_pass: 0,
             memory,
             offloaded,
             linears,

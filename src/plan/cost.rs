@@ -136,13 +136,11 @@ impl Workload<'_> {
                 + paid(weights + activations + sums_in, grads, 2.0 * block / 3.0))
     }
 
-    /// The passes of a step and the micro-steps each holds: one each, or layer-major one of
-    /// all.
+    /// The passes of a step and the micro-steps each holds: one each, or layer-major as
+    /// many as a pass takes.
     fn passes(&self, choice: &Choice) -> (usize, u64) {
-        match choice.memory.layer_major {
-            true => (1, self.micro_steps as u64),
-            false => (self.micro_steps, 1),
-        }
+        let per_pass = choice.memory.layer_major.max(1);
+        (self.micro_steps.div_ceil(per_pass), per_pass as u64)
     }
 
     /// Every block's weights, sent twice per pass (for the forward and the backward).
@@ -216,7 +214,7 @@ mod tests {
                 ffn_chunks: 1,
                 offload_weights: false,
                 offload_gradients: false,
-                layer_major: false,
+                layer_major: 0,
             },
             offload: Default::default(),
             zero_level: 0,

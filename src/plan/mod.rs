@@ -51,8 +51,9 @@ pub struct Request {
     /// Documents packed into the sequences (`--doc-mask`, `--doc-positions`), whose spans
     /// the activations hold.
     pub documents: Option<Documents>,
-    /// Whether the micro-steps run layer-major (`--layer-major`), the caller's choice.
-    pub layer_major: bool,
+    /// The most micro-steps a layer-major pass holds (`--layer-major`; 0: one at a time), the
+    /// caller's choice. The plan may choose fewer, halving, to fit their activations.
+    pub layer_major: usize,
 }
 
 impl Request {
@@ -142,6 +143,9 @@ impl Choice {
         if a.ffn_chunks > 1 {
             flags.push(format!("--ffn-chunks {}", a.ffn_chunks));
         }
+        if a.layer_major > 0 {
+            flags.push(format!("--layer-major={}", a.layer_major));
+        }
         if self.zero_level > 0 {
             flags.push(format!("--zero-level {}", self.zero_level));
         }
@@ -182,6 +186,8 @@ impl Candidate {
 pub struct Plan {
     pub batch: usize,
     pub micro_steps: usize,
+    /// The micro-steps a layer-major pass holds (0: one at a time).
+    pub layer_major: usize,
     /// The choices worth considering, fastest first, each needing less device memory than
     /// every faster one (only those that fit the host budget).
     pub rows: Vec<Candidate>,
@@ -190,7 +196,8 @@ pub struct Plan {
 }
 
 /// The plan at `request`'s micro-batch, then, while nothing fits, at each smaller divisor
-/// of it with more micro-steps: every plan made, the last one's pick being the answer.
+/// of it with more micro-steps (and, layer-major, at each before it with fewer micro-steps a
+/// pass): every plan made, the last one's pick being the answer.
 pub fn plan(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Vec<Plan>> {
     let sequences = request.batch * request.micro_steps;
     let mut plans = vec![];
@@ -198,16 +205,24 @@ pub fn plan(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Vec<P
         .rev()
         .filter(|b| request.batch.is_multiple_of(*b))
     {
-        let request = Request {
-            batch,
-            micro_steps: sequences / batch,
-            ..request.clone()
-        };
-        let plan = plan_at(&request, gpu, budget)?;
-        let found = plan.pick.is_some();
-        plans.push(plan);
-        if found {
-            break;
+        // Layer-major passes of the micro-steps the caller allows, or where nothing fits, of
+        // half as many, a quarter, ... down to two: fewer micro-steps a pass keep fewer
+        // residual streams, for more crossings of the streamed weights.
+        let pass_sizes =
+            std::iter::successors(Some(request.layer_major), |&n| (n >= 4).then_some(n / 2));
+        for layer_major in pass_sizes {
+            let request = Request {
+                batch,
+                micro_steps: sequences / batch,
+                layer_major,
+                ..request.clone()
+            };
+            let plan = plan_at(&request, gpu, budget)?;
+            let found = plan.pick.is_some();
+            plans.push(plan);
+            if found {
+                return Ok(plans);
+            }
         }
     }
     Ok(plans)
@@ -266,6 +281,7 @@ fn plan_at(request: &Request, gpu: &Datasheet, budget: &Budget) -> Result<Plan> 
     Ok(Plan {
         batch: request.batch,
         micro_steps: request.micro_steps,
+        layer_major: request.layer_major,
         rows,
         pick,
     })
@@ -336,7 +352,7 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     // a cost `cost` does not know; they are offered only without, or layer-major (which sends
     // each block's sum once). ZeRO-3 not with FP8 or INT8, whose copies of every block's
     // weights would be made on every GPU.
-    let sends_once = r.micro_steps == 1 || r.layer_major;
+    let sends_once = r.micro_steps == 1 || r.layer_major == r.micro_steps;
     let zero_levels = match r.gpus {
         1 => vec![0],
         _ if r.allow_zero_2 && sends_once && !r.matmul.copies_weights() => vec![0, 1, 2, 3],
@@ -431,7 +447,6 @@ fn model_memory(r: &Request, memory: MemoryOptions) -> Result<ModelMemory> {
     let options = memory.model_options(
         r.batch,
         r.seq,
-        r.micro_steps,
         r.model_dtype,
         r.matmul,
         Gradients::All,

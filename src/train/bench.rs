@@ -161,7 +161,6 @@ pub fn run<B: Backend>(
     let options = (o.memory).model_options(
         o.batch,
         o.seq,
-        o.accumulation,
         DType::BF16,
         o.matmul,
         Gradients::All,
@@ -295,16 +294,24 @@ impl<B: Backend> Bench<'_, B> {
             } => opt.update_block(b, layer, weights, grads, LR, step, SEED),
             _ => Ok(()),
         };
-        if self.model.options.micro_batches > 1 {
-            let tokens: Vec<&[i32]> = batches.iter().map(|(t, _)| &t[..]).collect();
-            let targets: Vec<&[i32]> = batches.iter().map(|(_, t)| &t[..]).collect();
-            (self.model).forward_layer_major(b, &tokens, &targets, loss, &mut |_| Ok(()))?;
-            lap(0)?;
-            if updates {
-                opt.begin_block_updates(b)?;
+        let per_pass = self.model.options.micro_batches;
+        if per_pass > 1 {
+            for (i, pass) in batches.chunks(per_pass).enumerate() {
+                let tokens: Vec<&[i32]> = pass.iter().map(|(t, _)| &t[..]).collect();
+                let targets: Vec<&[i32]> = pass.iter().map(|(_, t)| &t[..]).collect();
+                let loss = LossOptions {
+                    accumulate: i > 0,
+                    ..loss
+                };
+                (self.model).forward_layer_major(b, &tokens, &targets, loss, &mut |_| Ok(()))?;
+                lap(0)?;
+                let updates = updates && (i + 1) * per_pass >= n;
+                if updates {
+                    opt.begin_block_updates(b)?;
+                }
+                (self.model).backward_layer_major(b, i > 0, &mut events, updates)?;
+                lap(1)?;
             }
-            (self.model).backward_layer_major(b, false, &mut events, updates)?;
-            lap(1)?;
         } else {
             for (k, (tokens, targets)) in batches.iter().enumerate() {
                 let loss = LossOptions {

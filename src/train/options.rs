@@ -240,30 +240,35 @@ pub struct MemoryOptions {
     pub offload_weights: bool,
     /// `--offload-gradients`: the same for the blocks' gradients.
     pub offload_gradients: bool,
-    /// `--layer-major`: a step's micro-batches run layer-major (`ModelOptions::micro_batches`).
-    pub layer_major: bool,
+    /// `--layer-major`: a step's micro-batches run layer-major, this many a pass
+    /// (`ModelOptions::micro_batches`); 0 runs them one at a time.
+    pub layer_major: usize,
 }
 
 impl MemoryOptions {
     /// That `--layer-major` has micro-batches to run layer-major: `accumulation` of them a
-    /// step.
+    /// step, at least two a pass.
     pub fn check_layer_major(&self, accumulation: usize) -> anyhow::Result<()> {
+        let n = self.layer_major;
         anyhow::ensure!(
-            !self.layer_major || accumulation >= 2,
+            n == 0 || accumulation >= 2,
             "--layer-major runs the micro-batches of a step block by block, and this run has \
              {accumulation} a step: add --grad-accumulation 2 or more, or leave --layer-major out"
+        );
+        anyhow::ensure!(
+            n != 1 && n <= accumulation,
+            "--layer-major={n}: a pass runs between 2 and --grad-accumulation ({accumulation}) \
+             micro-batches; give a number in that range, or none for all of them"
         );
         Ok(())
     }
 
-    /// The model's options for training on steps of `accumulation` micro-batches of `batch`
-    /// sequences of `seq` tokens, its weights and activations in `dtype`, keeping the
-    /// gradients `gradients` says and every block's weights, the sequences packing
-    /// `documents` where given.
-    #[allow(clippy::too_many_arguments)]
+    /// The model's options for training on micro-batches of `batch` sequences of `seq`
+    /// tokens, its weights and activations in `dtype`, keeping the gradients `gradients`
+    /// says and every block's weights, the sequences packing `documents` where given.
     pub fn model_options(
-        &self, batch: usize, seq: usize, accumulation: usize, dtype: DType,
-        matmul: MatmulPrecision, gradients: Gradients, documents: Option<Documents>,
+        &self, batch: usize, seq: usize, dtype: DType, matmul: MatmulPrecision,
+        gradients: Gradients, documents: Option<Documents>,
     ) -> ModelOptions {
         ModelOptions {
             batch,
@@ -280,7 +285,7 @@ impl MemoryOptions {
             offload_weights: self.offload_weights,
             offload_gradients: self.offload_gradients,
             documents,
-            micro_batches: if self.layer_major { accumulation } else { 1 },
+            micro_batches: self.layer_major.max(1),
         }
     }
 }

@@ -176,7 +176,6 @@ impl<'a, B: Backend> Run<'a, B> {
         let mut options = (o.memory).model_options(
             o.batch_size,
             o.seq_len,
-            o.grad_accumulation,
             o.model_dtype,
             o.matmul,
             gradients,
@@ -672,17 +671,30 @@ impl<B: Backend> Run<'_, B> {
             accumulate: false,
         };
         let mut weights = |event: BlockEvent<B>| bring_weights(b, comm, owners, event);
-        if self.model.options.micro_batches > 1 {
-            let tokens: Vec<&[i32]> = batches.iter().map(|batch| &batch.tokens[..]).collect();
-            let targets: Vec<&[i32]> = batches.iter().map(|batch| &batch.targets[..]).collect();
-            (self.model).forward_layer_major(b, &tokens, &targets, loss, &mut weights)?;
-            if applied.is_some() {
-                opt.begin_block_updates(b)?;
-            }
-            let mut events = events_of(overlap);
-            (self.model).backward_layer_major(b, false, &mut events, applied.is_some())?;
-            for k in 0..batches.len() {
-                (self.step_losses).keep(b, self.model.micro_batch_losses(k), k)?;
+        let per_pass = self.model.options.micro_batches;
+        if per_pass > 1 {
+            // Layer-major passes of `per_pass` micro-batches, the last one's summing the
+            // gradients over the ranks, or updating the blocks, as it finishes them.
+            let passes = batches.len().div_ceil(per_pass);
+            for (i, pass) in batches.chunks(per_pass).enumerate() {
+                let last = i + 1 == passes;
+                let tokens: Vec<&[i32]> = pass.iter().map(|batch| &batch.tokens[..]).collect();
+                let targets: Vec<&[i32]> = pass.iter().map(|batch| &batch.targets[..]).collect();
+                let loss = LossOptions {
+                    accumulate: i > 0,
+                    ..loss
+                };
+                (self.model).forward_layer_major(b, &tokens, &targets, loss, &mut weights)?;
+                let updates = applied.is_some() && last;
+                if updates {
+                    opt.begin_block_updates(b)?;
+                }
+                let mut events = events_of(overlap && last);
+                (self.model).backward_layer_major(b, i > 0, &mut events, updates)?;
+                for m in 0..pass.len() {
+                    let losses = self.model.micro_batch_losses(m);
+                    self.step_losses.keep(b, losses, i * per_pass + m)?;
+                }
             }
         } else {
             for (k, batch) in batches.iter().enumerate() {

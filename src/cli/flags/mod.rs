@@ -2,10 +2,12 @@
 //! each flag reads and means the same everywhere, and the parsers of their values.
 //!
 //! `precision` (train, plan; its matmul pair also bench, its dtypes sample and export),
-//! `recompute`, `offload`, `documents` and `fit_memory` (train, bench).
+//! `recompute`, `offload`, `documents` and `fit_memory` (train, bench), `layer_major` (train,
+//! bench, plan).
 
 mod documents;
 mod fit_memory;
+mod layer_major;
 mod offload;
 mod precision;
 mod recompute;
@@ -14,6 +16,7 @@ use anyhow::{Result, anyhow, bail};
 
 pub use self::documents::DocumentFlags;
 pub use self::fit_memory::{FitMemoryFlag, SmallerBatch};
+pub use self::layer_major::LayerMajorFlag;
 pub use self::offload::OffloadFlags;
 pub use self::precision::{
     FloatDtype, MatmulFlags, MomentFlags, Precision, PrecisionFlags, StorageDtype,
