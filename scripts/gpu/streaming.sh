@@ -53,7 +53,7 @@ while IFS='|' read -r name flags; do
     [ -n "$name" ] && bench "$name" 8192 $flags
 done <<< "$ROWS"
 while IFS='|' read -r seq flags; do
-    [ -n "$seq" ] && STEPS=2 bench "seq-$seq" "$seq" $flags
+    [ -n "$seq" ] && STEPS=${SEQ_STEPS:-2} bench "seq-$seq" "$seq" $flags
 done <<< "$SEQ_ROWS"
 
 TRAIN_ROWS=${TRAIN_ROWS-"whole-gpu|
