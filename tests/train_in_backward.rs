@@ -44,12 +44,7 @@ fn updating_in_the_backward_changes_no_bit_and_may_change_on_continue() {
         assert!(log.contains(category), "no {category} in the memory table");
     }
 
-    let resumed = dir("resumed");
-    copy_checkpoint(&full.join("ckpt"), 2, &resumed.join("ckpt"));
-    let mut flags = streamed.clone();
-    flags.push("--continue");
-    run_with(&resume_args(&resumed, &s.model, &s.data), &flags);
-    assert_same_run(&full, &resumed, 2);
+    assert_same_run(&full, &resumed_at_step_2(&s, &full, "resumed", &streamed), 2);
 }
 
 /// What the update in the backward cannot wait for is refused before anything is written.

@@ -43,12 +43,7 @@ fn layer_major_changes_no_bit() {
     assert_same_run(&no_clip, &run("in_backward", &in_backward), 0);
 
     // A checkpoint of the plain run continues layer-major, and ends as the plain run does.
-    let resumed = dir("resumed");
-    copy_checkpoint(&full.join("ckpt"), 2, &resumed.join("ckpt"));
-    let mut flags = streamed.to_vec();
-    flags.push("--continue");
-    run_with(&resume_args(&resumed, &s.model, &s.data), &flags);
-    assert_same_run(&full, &resumed, 2);
+    assert_same_run(&full, &resumed_at_step_2(&s, &full, "resumed", &streamed), 2);
 }
 
 /// Steps of four micro-batches in passes of two, and of three and then one, with the

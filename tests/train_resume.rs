@@ -21,17 +21,6 @@ fn uninterrupted(s: &Setup, name: &str, extra: &[&str]) -> PathBuf {
     dir
 }
 
-/// A run continued from `full`'s step-2 checkpoint, in `name`, with the same `extra` flags:
-/// a run that stopped after step 3 leaves that checkpoint as the latest, so take it.
-fn resumed_at_step_2(s: &Setup, full: &Path, name: &str, extra: &[&str]) -> PathBuf {
-    let resumed = s.root.join(name);
-    copy_checkpoint(&full.join("ckpt"), 2, &resumed.join("ckpt"));
-    let mut flags = extra.to_vec();
-    flags.push("--continue");
-    run_with(&resume_args(&resumed, &s.model, &s.data), &flags);
-    resumed
-}
-
 #[test]
 fn resume_is_bitwise_exact() {
     let s = setup();

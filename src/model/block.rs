@@ -12,7 +12,8 @@
 //! those of the forward; `block_decode` runs them for generation over a KV cache; and
 //! `block_backward` is the forward read in reverse. A block reaches its weights only through
 //! `layer_weights`, its activations through the `Activations` it is given (one micro-batch's,
-//! which hide where they live, offloaded or not), and its linear layers through `linears` (which hides FP8).
+//! which hide where they live, offloaded or not), and its linear layers through `linears`
+//! (which hides FP8).
 
 use anyhow::Result;
 

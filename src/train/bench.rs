@@ -6,8 +6,9 @@
 //! forward (with the token upload), backward (the target upload, LM head, loss and blocks),
 //! the AdamW update, and "other": reading the loss back, which waits for the device, so each
 //! step ends with exactly one synchronisation. Run layer-major (`--layer-major`), the forward
-//! phase includes each micro-batch's LM head, loss and their backward. After `warmup` steps (kernel compilation,
-//! cuBLASLt plans, scratch growth) the median of `steps` steps gives the throughput. The
+//! phase includes each micro-batch's LM head, loss and their backward. After `warmup` steps
+//! (kernel compilation, cuBLASLt plans, scratch growth) the median of `steps` steps gives the
+//! throughput. The
 //! per-phase split comes from a few further steps that also synchronise between phases:
 //! those extra waits make them slightly slower, so each phase is reported against the median
 //! of the unsynchronised steps. With `op_times`, a last few unsynchronised steps time every

@@ -189,6 +189,17 @@ pub fn copy_checkpoint(from: &Path, step: u64, to: &Path) {
     std::fs::write(to.join(checkpoint::LATEST), name.as_encoded_bytes()).unwrap();
 }
 
+/// A `resume_args` run continued from `full`'s step-2 checkpoint, in `name`, with the same `extra` flags:
+/// a run that stopped after step 3 leaves that checkpoint as the latest, so take it.
+pub fn resumed_at_step_2(s: &Setup, full: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let resumed = s.root.join(name);
+    copy_checkpoint(&full.join("ckpt"), 2, &resumed.join("ckpt"));
+    let mut flags = extra.to_vec();
+    flags.push("--continue");
+    run_with(&resume_args(&resumed, &s.model, &s.data), &flags);
+    resumed
+}
+
 /// A copy of the tiny model's config in folder `name`, changed by `edit`.
 pub fn model_variant(
     set: &Setup, name: &str, edit: impl FnOnce(&mut serde_json::Value),
