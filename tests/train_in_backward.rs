@@ -44,7 +44,11 @@ fn updating_in_the_backward_changes_no_bit_and_may_change_on_continue() {
         assert!(log.contains(category), "no {category} in the memory table");
     }
 
-    assert_same_run(&full, &resumed_at_step_2(&s, &full, "resumed", &streamed), 2);
+    assert_same_run(
+        &full,
+        &resumed_at_step_2(&s, &full, "resumed", &streamed),
+        2,
+    );
 }
 
 /// What the update in the backward cannot wait for is refused before anything is written.

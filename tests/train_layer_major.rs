@@ -43,7 +43,11 @@ fn layer_major_changes_no_bit() {
     assert_same_run(&no_clip, &run("in_backward", &in_backward), 0);
 
     // A checkpoint of the plain run continues layer-major, and ends as the plain run does.
-    assert_same_run(&full, &resumed_at_step_2(&s, &full, "resumed", &streamed), 2);
+    assert_same_run(
+        &full,
+        &resumed_at_step_2(&s, &full, "resumed", &streamed),
+        2,
+    );
 }
 
 /// Steps of four micro-batches in passes of two, and of three and then one, with the
@@ -110,13 +114,13 @@ fn tied_embeddings_differ_by_rounding_only() {
     );
 }
 
-/// Two CPU ranks: ZeRO-3 layer-major brings each block's weights once a pass and sends each
-/// block's gradient sum once a step, summed over the micro-batches before the ranks, as
-/// level 0 sums them: the losses and final weights of level 0's run, bit for bit, which
-/// ZeRO-3 of one micro-batch at a time (each micro-batch's gradients sent) does not give.
-/// (Their checkpoints differ in layout: ZeRO shards the optimizer state by rank.)
+/// Two CPU ranks: ZeRO-2 and -3 layer-major send each block's gradient sum to its rank once
+/// a step, summed over the micro-batches first as level 0 sums them (ZeRO-3 also bringing
+/// each block's weights once a pass): the losses and final weights of level 0's run, bit for
+/// bit, which ZeRO-3 of one micro-batch at a time (each micro-batch's gradients sent) does
+/// not give. (Their checkpoints differ in layout: ZeRO shards the optimizer state by rank.)
 #[test]
-fn zero_3_layer_major_is_bitwise_level_0() {
+fn zero_2_and_3_layer_major_are_bitwise_level_0() {
     let s = setup();
     let dir = |name: &str| s.root.join(name);
     let run = |name: &str, extra: &[&str]| {
@@ -133,6 +137,8 @@ fn zero_3_layer_major_is_bitwise_level_0() {
         run("zero_3", &["--zero-level", "3", "--layer-major"])
     );
     assert_ne!(level_0.0, run("zero_3_plain", &["--zero-level", "3"]).0);
+    let zero_2 = run("zero_2", &["--zero-level", "2", "--layer-major"]);
+    assert_eq!(level_0, zero_2);
 }
 
 /// What it cannot do is refused before anything is written, naming the flag.
