@@ -1,10 +1,11 @@
 //! `--layer-major`: a step's micro-batches run block by block give the bits of the run that
 //! takes them one at a time, with the residual stream, the blocks' weights, gradients and
-//! optimizer state in host memory, with recompute, updated in the backward, in passes of
-//! fewer micro-batches than a step has, and on two CPU ranks under ZeRO-3 (bitwise level 0,
-//! which the micro-batch-at-a-time ZeRO-3 is not). With tied embeddings only the embedding's
-//! gradient sums in another order. Checkpoints continue either way; what it cannot do is
-//! refused; `smelt plan` halves the passes where host memory is short.
+//! optimizer state in host memory, with recompute, updated in the backward, with documents
+//! kept apart and the MLP and LM head in chunks, in passes of fewer micro-batches than a step
+//! has, and on two CPU ranks under ZeRO-2 and -3 (bitwise level 0, which ZeRO-3 of one
+//! micro-batch at a time is not). With tied embeddings only the embedding's gradient sums in
+//! another order. Checkpoints continue either way; what it cannot do is refused; `smelt plan`
+//! halves the passes where host memory is short.
 
 mod train_support;
 
@@ -47,6 +48,37 @@ fn layer_major_changes_no_bit() {
         &full,
         &resumed_at_step_2(&s, &full, "resumed", &streamed),
         2,
+    );
+}
+
+/// Flags that change the numbers (documents kept apart, the MLP and the LM head in chunks)
+/// change them the same way layer-major: each micro-batch's document spans are its own.
+#[test]
+fn documents_and_chunks_change_no_bit() {
+    let s = setup();
+    let dir = |name: &str| s.root.join(name);
+    let flags = [
+        "--doc-mask",
+        "--doc-positions",
+        "--eos-id",
+        "10",
+        "--recompute-ffn",
+        "--ffn-chunks",
+        "2",
+        "--lmhead-chunks",
+        "2",
+    ];
+    let run = |name: &str, extra: &[&str]| {
+        run_with(
+            &resume_args(&dir(name), &s.model, &s.data),
+            &[&flags[..], extra].concat(),
+        );
+        dir(name)
+    };
+    assert_same_run(
+        &run("plain", &[]),
+        &run("layer_major", &["--layer-major"]),
+        0,
     );
 }
 
