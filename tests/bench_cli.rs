@@ -292,3 +292,37 @@ fn bad_input_gets_one_clear_error() {
     let err = run(&["--model", "qwen2.5-0.5b", "--gradient-dtype", "e5m2"]);
     assert!(err.contains("--matmul-dtype e4m3"), "{err}");
 }
+
+/// A step of `--grad-accumulation` micro-batches counts all their tokens, and layer-major
+/// says how many a pass held; `--layer-major` without micro-batches to run is refused.
+#[test]
+fn accumulated_steps_count_every_micro_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_model_dir(tmp.path());
+    let accumulated = ["--grad-accumulation", "3", "--layer-major=2"];
+    let v = bench_json(s(&dir), &accumulated);
+    assert_eq!(
+        (v["grad_accumulation"].clone(), v["layer_major"].clone()),
+        (3.into(), 2.into())
+    );
+    let (tok_s, step_ms) = (number(&v, "tok_s"), number(&v, "step_ms"));
+    let tokens = tok_s * step_ms / 1e3;
+    assert!((tokens / (3.0 * 8.0 * 64.0) - 1.0).abs() < 1e-6, "{v}");
+    assert!(number(&v, "loss").is_finite(), "{v}");
+
+    let out = smelt(
+        &[
+            "bench",
+            "--device",
+            "cpu",
+            "--model",
+            s(&dir),
+            "--batch-size",
+            "1",
+        ]
+        .into_iter()
+        .chain(["--layer-major"])
+        .collect::<Vec<_>>(),
+    );
+    assert_refused(&out, &["--layer-major", "--grad-accumulation 2"]);
+}

@@ -210,7 +210,7 @@ impl BenchArgs {
             "batch": self.batch_size,
             "seq": self.seq_len,
             "grad_accumulation": self.grad_accumulation,
-            "layer_major": self.layer_major.per_pass(self.grad_accumulation),
+            "layer_major": r.layer_major,
             "documents": self.documents.documents(bench::EOS).map(|d| json!({
                 "mask": d.mask,
                 "positions": d.positions,

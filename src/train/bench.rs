@@ -80,6 +80,8 @@ pub const PHASES: [&str; 4] = ["forward", "backward", "optimizer", "other"];
 #[derive(Clone, Debug)]
 pub struct BenchReport {
     pub tokens_per_step: usize,
+    /// Micro-batches a layer-major pass held (0: one at a time), as `--fit-memory` left it.
+    pub layer_major: usize,
     /// Median seconds per step.
     pub step_s: f64,
     pub tokens_per_second: f64,
@@ -229,6 +231,7 @@ pub fn run<B: Backend>(
     let tokens_per_second = tokens_per_step as f64 / step_s;
     Ok(BenchReport {
         tokens_per_step,
+        layer_major: o.memory.layer_major,
         step_s,
         tokens_per_second,
         mfu: metrics::mfu(
