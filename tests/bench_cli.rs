@@ -310,19 +310,14 @@ fn accumulated_steps_count_every_micro_batch() {
     assert!((tokens / (3.0 * 8.0 * 64.0) - 1.0).abs() < 1e-6, "{v}");
     assert!(number(&v, "loss").is_finite(), "{v}");
 
-    let out = smelt(
-        &[
-            "bench",
-            "--device",
-            "cpu",
-            "--model",
-            s(&dir),
-            "--batch-size",
-            "1",
-        ]
-        .into_iter()
-        .chain(["--layer-major"])
-        .collect::<Vec<_>>(),
-    );
+    let model = s(&dir);
+    let out = smelt(&[
+        "bench",
+        "--model",
+        model,
+        "--batch-size",
+        "1",
+        "--layer-major",
+    ]);
     assert_refused(&out, &["--layer-major", "--grad-accumulation 2"]);
 }
