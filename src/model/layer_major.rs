@@ -32,9 +32,9 @@ impl<B: Backend> Transformer<B> {
     /// most as many as the model holds, `ModelOptions::micro_batches`), layer-major, each
     /// ending in its LM head, loss and their backward: `loss` is each micro-batch's, the
     /// first writing the head's and final norm's gradients, or with `loss.accumulate` adding
-    /// into them, the others adding into them. `events` is told of the sharded weights each block reads. The
-    /// per-token losses stay on the device (`micro_batch_losses`); `backward_layer_major`
-    /// follows.
+    /// into them, the others adding into them. `events` is told of the sharded weights each
+    /// block reads. The per-token losses stay on the device (`micro_batch_losses`);
+    /// `backward_layer_major` follows.
     pub fn forward_layer_major(
         &mut self, b: &B, tokens: &[&[i32]], targets: &[&[i32]], loss: LossOptions,
         events: &mut BlockEvents<B>,
@@ -99,10 +99,10 @@ impl<B: Backend> Transformer<B> {
 
     /// After `forward_layer_major`: every block's backward from the last, each on every
     /// micro-batch of that pass, then the embedding's. The first micro-batch writes the
-    /// parameter gradients, or with `accumulate` adds into them. `events` is told of the sharded weights
-    /// each block reads and of the parameter gradients once they are summed over the
-    /// micro-batches; with `updates`, also of each block's update, as `backward_updating`
-    /// tells it.
+    /// parameter gradients, or with `accumulate` adds into them. `events` is told of the
+    /// sharded weights each block reads and of the parameter gradients once they are summed
+    /// over the micro-batches; with `updates`, also of each block's update, as
+    /// `backward_updating` tells it.
     pub fn backward_layer_major(
         &mut self, b: &B, accumulate: bool, events: &mut BlockEvents<B>, updates: bool,
     ) -> Result<()> {

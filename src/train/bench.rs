@@ -181,7 +181,6 @@ pub fn run<B: Backend>(
         batches: (0..2 * o.accumulation as u64)
             .map(|i| random_batch(&model, i, o.documents.map(|d| d.length)))
             .collect(),
-        accumulation: o.accumulation,
         model,
         opt,
         step: 0,
@@ -256,7 +255,6 @@ struct Bench<'a, B: Backend> {
     opt: AdamWState<B>,
     /// (tokens, targets) of two steps' micro-batches, the steps taking them in turn.
     batches: Vec<(Vec<i32>, Vec<i32>)>,
-    accumulation: usize,
     /// Steps taken, which is also the last step's number (AdamW counts from 1).
     step: u64,
 }
@@ -267,7 +265,7 @@ impl<B: Backend> Bench<'_, B> {
     /// and only the sum of the phases means anything.
     fn step(&mut self, split: bool) -> Result<[f64; 4]> {
         let b = self.b;
-        let n = self.accumulation;
+        let n = self.batches.len() / 2;
         let first = (self.step as usize % 2) * n;
         let batches = &self.batches[first..first + n];
         self.step += 1;
