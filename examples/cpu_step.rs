@@ -44,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         offload_gradients: false,
         documents: None,
         micro_batches: 1,
+        record_passes: false,
     };
     let mut model = Transformer::new(&cpu, config, options)?;
     model.init_weights(&cpu, 1)?;

@@ -321,3 +321,31 @@ fn accumulated_steps_count_every_micro_batch() {
     ]);
     assert_refused(&out, &["--layer-major", "--grad-accumulation 2"]);
 }
+
+/// `--use-cuda-graphs` reaches the run, which on the CPU (recording nothing) gives the loss of
+/// the run without it; what a recording cannot replay is refused.
+#[test]
+fn cuda_graphs_reach_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tiny_model_dir(tmp.path());
+    let int8 = ["--matmul-dtype", "int8", "--grad-accumulation", "2"];
+    let op_by_op = bench_json(s(&dir), &int8);
+    let graphs = bench_json(s(&dir), &[&int8[..], &["--use-cuda-graphs"]].concat());
+    assert_eq!(graphs["cuda_graphs"], true, "{graphs}");
+    assert_eq!(graphs["loss"], op_by_op["loss"]);
+    for flags in [&["--offload-activations"][..], &["--optimizer-in-backward"]] {
+        let bench = [
+            "bench",
+            "--model",
+            s(&dir),
+            "--batch-size",
+            "1",
+            "--use-cuda-graphs",
+        ];
+        let args = [&bench[..], flags].concat();
+        assert_refused(
+            &smelt(&args),
+            &["--use-cuda-graphs cannot be used with", flags[0]],
+        );
+    }
+}

@@ -41,6 +41,7 @@ fn op_times_account_for_the_step() {
         documents: None,
         op_times: true,
         in_backward: false,
+        cuda_graphs: false,
     };
     let report = bench::run(&gpu, config, &options, |_| Ok(None)).unwrap();
     // The calls of whichever of `ops` the step ran: SwiGLU runs on its own, or inside the

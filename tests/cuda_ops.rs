@@ -914,7 +914,9 @@ fn cross_entropy_case(gpu: &impl Backend, cpu: &Cpu<f32>, v: usize) {
         let l = tensor(b, &[rows, v], dtype, logits);
         let losses = tensor(b, &[rows], DType::F32, &vec![0.0; rows]);
         let t = tensor_i32(b, targets);
-        b.cross_entropy(&l, &losses, &t, 1e-4, grad).unwrap();
+        let scale = grad.map(|g| tensor(b, &[1], DType::F32, &[g]));
+        b.cross_entropy(&l, &losses, &t, 1e-4, scale.as_ref())
+            .unwrap();
         let mut outputs = vec![("losses", download(b, &losses))];
         // Without a gradient the logits stay as they were (-inf included).
         if grad.is_some() {

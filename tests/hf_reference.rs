@@ -103,6 +103,7 @@ fn cpu_matches_transformers() {
             offload_gradients: false,
             documents: None,
             micro_batches: 1,
+            record_passes: false,
         };
         let mut model = Transformer::new(&cpu, config, options).unwrap();
         hf::import(&cpu, &model, &dir).unwrap();

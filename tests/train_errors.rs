@@ -287,10 +287,31 @@ fn continue_refuses_an_incompatible_or_missing_checkpoint() {
 #[test]
 fn flags_that_are_not_implemented_or_incomplete() {
     let c = Case::new();
-    c.check(
-        &c.args(s(&c.good), &["--use-cuda-graphs"]),
-        &["--use-cuda-graphs is not implemented yet"],
-    );
+    let graphs_with = [
+        (&["--offload-residual"][..], "with --offload-residual yet"),
+        (
+            &["--grad-accumulation", "2", "--layer-major"],
+            "with --layer-major yet",
+        ),
+        (
+            &["--gpus", "2"],
+            "records one GPU's passes, and this run has 2 ranks",
+        ),
+        (
+            &[
+                "--optimizer-in-backward",
+                "--grad-clip",
+                "0",
+                "--on-spike",
+                "warn",
+            ],
+            "with --optimizer-in-backward yet",
+        ),
+    ];
+    for (flags, error) in graphs_with {
+        let flags = [&["--use-cuda-graphs"], flags].concat();
+        c.check(&c.args(s(&c.good), &flags), &["--use-cuda-graphs", error]);
+    }
     c.check(
         &c.args(s(&c.good), &["--zero-level", "4"]),
         &["--zero-level 4 is not implemented yet", "use one of those"],

@@ -6,9 +6,13 @@ mod train_support;
 use smelt::train::log::Event;
 use train_support::*;
 
-/// `smelt train` on the tiny model and its corpus, in `set.root`, with `extra` flags.
+/// `smelt train` on the tiny model and its corpus, in `set.root`, with `extra` flags: the
+/// events it logs (into a log of its own).
 fn train(set: &Setup, extra: &[&str]) -> Vec<Event> {
     let log = set.root.join("log.jsonl");
+    if log.exists() {
+        std::fs::remove_file(&log).unwrap();
+    }
     let mut args = vec!["train", "--model", s(&set.model), "--from-scratch"];
     args.extend(["--train-file", s(&set.data), "--log-file", s(&log)]);
     args.extend(["--batch-size", "2", "--seq-len", "16", "--lr", "1e-2"]);
@@ -120,4 +124,45 @@ fn documents_train_apart() {
     assert_eq!(plain.len(), 12);
     assert_ne!(plain, apart, "the same losses with the lines kept apart");
     assert!(apart[11] < apart[0], "{apart:?}");
+}
+
+/// `--use-cuda-graphs` reaches the run, whose steps are those without it: on the CPU, which
+/// records nothing, the passes run op by op through the same uploads (the loss scale among
+/// them) that a replayed pass reads (`tests/cuda_graphs.rs` compares the replays on the GPU).
+#[test]
+fn use_cuda_graphs_trains_the_same_steps() {
+    let set = setup();
+    let eval = corpus_file(&set.root.join("eval.bin"), 2000, true);
+    let flags = [
+        "--eval-file",
+        s(&eval),
+        "--steps",
+        "3",
+        "--grad-accumulation",
+        "2",
+        "--eval-every-n-steps",
+        "1",
+        "--matmul-dtype",
+        "e4m3",
+    ];
+    let losses = |events: &[Event]| -> Vec<f64> {
+        let each = events.iter().filter_map(|e| match e {
+            Event::Step { loss, .. } | Event::Eval { loss, .. } => Some(*loss),
+            _ => None,
+        });
+        each.collect()
+    };
+    let op_by_op = losses(&train(&set, &flags));
+    let events = train(&set, &[&flags[..], &["--use-cuda-graphs"]].concat());
+    let option = events.iter().find_map(|e| match e {
+        Event::Option { name, value } if name == "use_cuda_graphs" => Some(value.clone()),
+        _ => None,
+    });
+    assert_eq!(option, Some(serde_json::json!(true)));
+    assert_eq!(
+        op_by_op.len(),
+        3 + 2 + 1,
+        "3 steps, the evals after 2 of them, the final one"
+    );
+    assert_eq!(losses(&events), op_by_op);
 }

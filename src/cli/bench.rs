@@ -101,6 +101,10 @@ pub struct BenchArgs {
     /// train --optimizer-in-backward`); the benchmark's optimizer then does not clip.
     #[arg(long)]
     optimizer_in_backward: bool,
+    /// Record each micro-batch's forward and backward as CUDA graphs and replay them (as
+    /// `smelt train --use-cuda-graphs`).
+    #[arg(long)]
+    use_cuda_graphs: bool,
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
@@ -165,6 +169,7 @@ impl BenchArgs {
             }),
             op_times: self.op_times,
             in_backward: self.optimizer_in_backward,
+            cuda_graphs: self.use_cuda_graphs,
         };
         let request = || Ok(Request::for_bench(config.clone(), &options));
         if let Some(choice) = self
@@ -211,6 +216,7 @@ impl BenchArgs {
             "seq": self.seq_len,
             "grad_accumulation": self.grad_accumulation,
             "layer_major": r.layer_major,
+            "cuda_graphs": self.use_cuda_graphs,
             "documents": self.documents.documents(bench::EOS).map(|d| json!({
                 "mask": d.mask,
                 "positions": d.positions,
@@ -257,8 +263,12 @@ impl BenchArgs {
             ),
             None => String::new(),
         };
+        let graphs = match self.use_cuda_graphs {
+            true => ", passes replayed as CUDA graphs",
+            false => "",
+        };
         println!(
-            "smelt bench: {}, batch {} × {}{documents}, matmul {}, Adam moments {}, on {device}",
+            "smelt bench: {}, batch {} × {}{documents}, matmul {}, Adam moments {}{graphs}, on {device}",
             self.model, self.batch_size, self.seq_len, dtypes.matmul, dtypes.moments
         );
         let mfu = r

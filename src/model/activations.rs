@@ -139,12 +139,15 @@ pub struct ActivationShape {
 pub struct Activations<B: Backend> {
     pub tokens: Tensor<B>,  // [N] i32
     pub targets: Tensor<B>, // [N] i32
+    /// `[1]` f32: the scale of the loss's gradient (`LossOptions::grad_scale`), uploaded with
+    /// the targets and read on the device, so that a recorded backward takes each step's.
+    pub grad_scale: Tensor<B>,
     /// The packed documents' spans (`documents::spans`), where sequences pack documents.
     pub docs: Option<Tensor<B>>, // [2, N] i32
     pub residual: Residuals<B>, // [N, C]: each block's input, then the last output
-    pub ln1: Stash<B>,      // [N, C]
-    pub rstd1: Stash<B>,    // [N]
-    pub qkv: Stash<B>,      // [N, W], after RoPE
+    pub ln1: Stash<B>,          // [N, C]
+    pub rstd1: Stash<B>,        // [N]
+    pub qkv: Stash<B>,          // [N, W], after RoPE
     /// The QK-norm's input and statistics, for a model with one (Qwen3).
     pub qk_norm: Option<QkNormStash<B>>,
     pub att: Stash<B>,          // [N, Q]
@@ -228,6 +231,7 @@ pub struct ActivationPlan {
 struct MicroBatchPlan {
     tokens: Range<usize>,
     targets: Range<usize>,
+    grad_scale: Range<usize>,
     docs: Option<Range<usize>>,
     residual: StashPlan,
     residual_out: Range<usize>,
@@ -283,6 +287,7 @@ impl ActivationPlan {
         let kept = offload.kept;
         let tokens = p.tensor("tokens", &[n], DType::I32, true);
         let targets = p.tensor("targets", &[n], DType::I32, true);
+        let grad_scale = p.tensor("grad_scale", &[1], DType::F32, false);
         let docs = (s.documents).then(|| p.tensor("docs", &[2, n], DType::I32, true));
         let residual = p.stash("residual", &[n, s.hidden], dtype, false, offload.residual);
         // Read by the final norm and its backward as soon as it is written.
@@ -324,6 +329,7 @@ impl ActivationPlan {
             .map(|m| MicroBatchPlan {
                 tokens: tokens[m].clone(),
                 targets: targets[m].clone(),
+                grad_scale: grad_scale[m].clone(),
                 docs: docs.as_ref().map(|d| d[m].clone()),
                 residual: residual[m].clone(),
                 residual_out: residual_out[m].clone(),
@@ -377,6 +383,7 @@ impl ActivationPlan {
         let build = |m: &MicroBatchPlan| Activations {
             tokens: one(&m.tokens),
             targets: one(&m.targets),
+            grad_scale: one(&m.grad_scale),
             docs: m.docs.as_ref().map(one),
             residual: Residuals::new(stash(&m.residual), one(&m.residual_out), self.layers),
             ln1: stash(&m.ln1),

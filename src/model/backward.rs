@@ -85,23 +85,28 @@ impl<B: Backend> Transformer<B> {
         updates: bool,
     ) -> Result<()> {
         self.check_trains()?;
-        let _backward = Range::begin(b, format_args!("backward"));
         let a = self.acts();
-        b.upload_i32(&a.targets, targets)?;
-        {
-            let _head = Range::begin(b, format_args!("LM head and loss"));
-            self.head(b, a, loss.z_loss, Some(loss))?;
+        self.upload_targets(b, a, targets, Some(loss))?;
+        let mut pass = || {
+            let _backward = Range::begin(b, format_args!("backward"));
+            {
+                let _head = Range::begin(b, format_args!("LM head and loss"));
+                self.head(b, a, loss.z_loss, Some(loss))?;
+            }
+            self.linears.begin_backward(b)?;
+            self.final_norm_backward(b, a, loss.accumulate)?;
+            self.head_done(events)?;
+            let micro_batch = &self.micro_batches[..1];
+            self.backward_blocks(b, micro_batch, loss.accumulate, events, updates)
+        };
+        // A backward that updates the blocks takes each step's rate and seed: not recorded.
+        match self.options.record_passes && !updates {
+            true => {
+                let mut recordings = self.recordings.borrow_mut();
+                recordings.backward[loss.accumulate as usize].run(b, &mut pass)
+            }
+            false => pass(),
         }
-        self.linears.begin_backward(b)?;
-        self.final_norm_backward(b, a, loss.accumulate)?;
-        self.head_done(events)?;
-        self.backward_blocks(
-            b,
-            &self.micro_batches[..1],
-            loss.accumulate,
-            events,
-            updates,
-        )
     }
 
     pub(super) fn check_trains(&self) -> Result<()> {

@@ -12,6 +12,7 @@
 
 use anyhow::{Result, ensure};
 
+use super::recorded::Recorded;
 use super::transformer::{Transformer, rope_table};
 use crate::backend::{AttnShape, Backend, RowAt};
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -31,12 +32,9 @@ pub struct KvCache<B: Backend> {
     rope_row: Tensor<B>,
     /// Positions filled.
     len: usize,
-    /// A token's pass, recorded on its second run (the first loads its kernels and sizes its
-    /// scratch) and replayed from then on, with the `id` of the model whose buffers it runs
-    /// on: another model's tokens drop it and record their own.
-    recorded: Option<(u64, B::Recording)>,
-    /// The model whose token pass ran once (so that its next one may be recorded).
-    warm: Option<u64>,
+    /// A token's pass (`Recorded`), with the `id` of the model whose buffers it runs on:
+    /// another model's tokens drop it and record their own.
+    recorded: Option<(u64, Recorded<B>)>,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -121,7 +119,6 @@ impl<B: Backend> Transformer<B> {
             rope_row,
             len: 0,
             recorded: None,
-            warm: None,
         })
     }
 
@@ -160,29 +157,13 @@ impl<B: Backend> Transformer<B> {
         );
         self.upload_tokens(b, self.acts(), &[token])?;
         b.upload_i32(&cache.position, &[cache.len as i32])?;
-        if cache
-            .recorded
-            .as_ref()
-            .is_some_and(|(id, _)| *id != self.id)
-        {
-            cache.recorded = None;
-        }
-        match &cache.recorded {
-            Some((_, recording)) => b.replay(recording)?,
-            None if cache.warm == Some(self.id) => {
-                match b.record(&mut || self.token_pass(b, cache))? {
-                    Some(recording) => {
-                        b.replay(&recording)?;
-                        cache.recorded = Some((self.id, recording));
-                    }
-                    None => self.token_pass(b, cache)?,
-                }
-            }
-            None => {
-                self.token_pass(b, cache)?;
-                cache.warm = Some(self.id);
-            }
-        }
+        let mut recorded = match cache.recorded.take() {
+            Some((id, recorded)) if id == self.id => recorded,
+            _ => Recorded::default(),
+        };
+        let ran = recorded.run(b, &mut || self.token_pass(b, cache));
+        cache.recorded = Some((self.id, recorded));
+        ran?;
         cache.len += 1;
         b.download(&self.acts().logits.narrow_rows(0, 1))
     }

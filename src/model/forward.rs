@@ -21,14 +21,35 @@ impl<B: Backend> Transformer<B> {
             self.options.weights == Weights::All,
             "this model's weights are sharded over ranks; its passes need forward_hidden_with"
         );
-        self.forward_blocks(b, tokens, None, &mut |_| Ok(()))
+        self.forward_pass(b, tokens, &mut |_| Ok(()))
     }
 
     /// `forward_hidden`, telling `events` of the sharded weights each block reads.
     pub fn forward_hidden_with(
         &mut self, b: &B, tokens: &[i32], events: &mut BlockEvents<B>,
     ) -> Result<()> {
-        self.forward_blocks(b, tokens, None, events)
+        self.forward_pass(b, tokens, events)
+    }
+
+    /// How many of the training passes are replayed from recordings
+    /// (`ModelOptions::record_passes`): none where the backend records nothing.
+    pub fn recorded_passes(&self) -> usize {
+        self.recordings.borrow().held()
+    }
+
+    /// `forward_blocks` of a training or eval pass; with `ModelOptions::record_passes`, its
+    /// ops recorded and replayed (`recorded`), by the state its quantized weight copies
+    /// start from.
+    fn forward_pass(&self, b: &B, tokens: &[i32], events: &mut BlockEvents<B>) -> Result<()> {
+        if !self.options.record_passes {
+            return self.forward_blocks(b, tokens, None, events);
+        }
+        self.upload_tokens(b, self.acts(), tokens)?;
+        let state = self.linears.copies_state();
+        let mut recordings = self.recordings.borrow_mut();
+        recordings.forward[state].run(b, &mut || self.run_blocks(b, None, events))?;
+        self.linears.copies_made();
+        Ok(())
     }
 
     /// Where block `l`'s weights are sharded, has `events` bring them to this rank's copy

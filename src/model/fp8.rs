@@ -228,6 +228,16 @@ impl<B: Backend> Fp8State<B> {
         self.state.set(WeightCopies::Stale);
     }
 
+    /// `WeightCopies` as a number (`LinearLayers::copies_state`).
+    pub fn copies_state(&self) -> usize {
+        self.state.get() as usize
+    }
+
+    /// What `begin_forward` leaves (`LinearLayers::copies_made`).
+    pub fn copies_made(&self) {
+        self.state.set(WeightCopies::Current);
+    }
+
     /// Zeroes the weight abs-maxes for the optimizer to report into, and returns each
     /// parameter's slot in `Params` order.
     pub fn weight_amax_slots(&self, b: &B) -> Result<Vec<Tensor<B>>> {

@@ -27,9 +27,20 @@ impl<B: Backend> Transformer<B> {
             .map(move |start| (start, (start + rows).min(n)))
     }
 
-    /// Per-token losses of `a`'s `lnf` against its `targets` (uploaded), left in its
-    /// `losses`; with `train` given, also the gradient of `lnf` into `dln` and the head's
-    /// weight gradient.
+    /// `targets` into `a`'s buffer and, for training, the loss gradient's scale.
+    pub(crate) fn upload_targets(
+        &self, b: &B, a: &Activations<B>, targets: &[i32], train: Option<LossOptions>,
+    ) -> Result<()> {
+        b.upload_i32(&a.targets, targets)?;
+        match train {
+            Some(t) => b.upload(&a.grad_scale, &[t.grad_scale]),
+            None => Ok(()),
+        }
+    }
+
+    /// Per-token losses of `a`'s `lnf` against its `targets` (uploaded by `upload_targets`,
+    /// with `train`'s scale), left in its `losses`; with `train` given, also the gradient of
+    /// `lnf` into `dln` and the head's weight gradient.
     pub(crate) fn head(
         &self, b: &B, a: &Activations<B>, z_loss: f32, train: Option<LossOptions>,
     ) -> Result<()> {
@@ -42,13 +53,8 @@ impl<B: Backend> Transformer<B> {
                 a.losses.narrow_rows(start, end),
                 a.targets.narrow_rows(start, end),
             );
-            b.cross_entropy(
-                &logits,
-                &losses,
-                &targets,
-                z_loss,
-                train.map(|t| t.grad_scale),
-            )?;
+            let grad_scale = train.map(|_| &a.grad_scale);
+            b.cross_entropy(&logits, &losses, &targets, z_loss, grad_scale)?;
             if let Some(t) = train {
                 b.matmul(
                     &a.dln.narrow_rows(start, end),
@@ -75,7 +81,7 @@ impl<B: Backend> Transformer<B> {
         &mut self, b: &B, tokens: &[i32], targets: &[i32], z_loss: f32,
     ) -> Result<()> {
         self.forward_hidden(b, tokens)?;
-        b.upload_i32(&self.acts().targets, targets)?;
+        self.upload_targets(b, self.acts(), targets, None)?;
         self.head(b, self.acts(), z_loss, None)
     }
 
@@ -85,7 +91,7 @@ impl<B: Backend> Transformer<B> {
         &mut self, b: &B, tokens: &[i32], targets: &[i32], z_loss: f32, events: &mut BlockEvents<B>,
     ) -> Result<()> {
         self.forward_hidden_with(b, tokens, events)?;
-        b.upload_i32(&self.acts().targets, targets)?;
+        self.upload_targets(b, self.acts(), targets, None)?;
         self.head(b, self.acts(), z_loss, None)
     }
 

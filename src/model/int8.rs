@@ -206,6 +206,16 @@ impl<B: Backend> Int8State<B> {
         Ok(())
     }
 
+    /// Whether the codes are current, as a number (`LinearLayers::copies_state`).
+    pub fn copies_state(&self) -> usize {
+        self.current.get() as usize
+    }
+
+    /// What `begin_forward` leaves (`LinearLayers::copies_made`).
+    pub fn copies_made(&self) {
+        self.current.set(true);
+    }
+
     /// The seed of the stochastic roundings that follow, until the next call.
     pub fn set_seed(&self, seed: u64) {
         self.seed.set(seed);

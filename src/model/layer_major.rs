@@ -52,7 +52,7 @@ impl<B: Backend> Transformer<B> {
         let micro_batches = &self.micro_batches[..n];
         for ((a, tokens), targets) in micro_batches.iter().zip(tokens).zip(targets) {
             self.upload_tokens(b, a, tokens)?;
-            b.upload_i32(&a.targets, targets)?;
+            self.upload_targets(b, a, targets, Some(loss))?;
         }
         let _forward = Range::begin(b, format_args!("forward"));
         let p = &self.params;

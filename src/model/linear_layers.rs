@@ -175,6 +175,26 @@ impl<B: Backend> LinearLayers<B> {
         }
     }
 
+    /// Which state the quantized weight copies are in, 0 to 2, for a recorded forward
+    /// (`recorded::PassRecordings`): it decides which ops `begin_forward` enqueues.
+    pub fn copies_state(&self) -> usize {
+        match self {
+            LinearLayers::Native => 0,
+            LinearLayers::Fp8(fp8) => fp8.copies_state(),
+            LinearLayers::Int8(int8) => int8.copies_state(),
+        }
+    }
+
+    /// After a replayed forward, which made the copies current on the device: the state that
+    /// `begin_forward` leaves.
+    pub fn copies_made(&self) {
+        match self {
+            LinearLayers::Native => {}
+            LinearLayers::Fp8(fp8) => fp8.copies_made(),
+            LinearLayers::Int8(int8) => int8.copies_made(),
+        }
+    }
+
     /// The seed of INT8's stochastic roundings until the next call (each micro-batch's).
     pub fn set_rounding_seed(&self, seed: u64) {
         if let LinearLayers::Int8(int8) = self {

@@ -20,6 +20,7 @@ mod mlp;
 pub mod params;
 pub mod presets;
 mod recompute;
+mod recorded;
 mod residuals;
 pub mod shared_slots;
 mod stash;

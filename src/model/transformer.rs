@@ -1,7 +1,9 @@
 //! The transformer's state for one (batch, seq) shape: parameters, gradients, activations
 //! and the RoPE table, each category allocated once.
 
-use anyhow::{Result, ensure};
+use std::cell::RefCell;
+
+use anyhow::{Result, bail, ensure};
 
 use super::activations::{ActivationOffload, ActivationPlan, ActivationShape, Activations};
 use super::config::ModelConfig;
@@ -12,6 +14,7 @@ use super::linear::{MatmulPrecision, QuantizedShape};
 use super::linear_layers::LinearLayers;
 use super::params::{ParamSpec, Params};
 use super::recompute::{Recompute, RecomputePlan};
+use super::recorded::PassRecordings;
 use super::shared_slots;
 use super::streaming::{SplitSpecs, Streams, assemble, split_specs};
 use crate::backend::{AttnShape, Backend};
@@ -52,6 +55,9 @@ pub struct ModelOptions {
     /// The micro-batches one pass holds and runs layer-major (`layer_major`): each block
     /// runs on all of them before the next block does. 1 runs a micro-batch a pass.
     pub micro_batches: usize,
+    /// Record the training forward and backward on their second run and replay them from
+    /// then on (`recorded`: CUDA graphs, `--use-cuda-graphs`).
+    pub record_passes: bool,
 }
 
 /// Which parameter gradients have memory.
@@ -115,6 +121,7 @@ impl ModelOptions {
             offload_gradients: false,
             documents: None,
             micro_batches: 1,
+            record_passes: false,
         }
     }
 }
@@ -145,6 +152,8 @@ pub struct Transformer<B: Backend> {
     /// Unique among the process's models: what a KV cache's recorded pass names the model
     /// whose buffers it runs on by (`decode`).
     pub(crate) id: u64,
+    /// The training passes' recordings, with `ModelOptions::record_passes`.
+    pub(crate) recordings: RefCell<PassRecordings<B>>,
 }
 
 /// The next model's `id`.
@@ -160,6 +169,32 @@ pub struct ModelPlan {
     rope: TensorSpec,
     fp8: Option<Fp8Plan>,
     int8: Option<Int8Plan>,
+}
+
+/// That the passes `options` asks for can be recorded (`ModelOptions::record_passes`): a
+/// recording replays the ops of the compute stream with the arguments they were recorded
+/// with, so nothing may copy beside them on other streams, wait for another rank, or take a
+/// seed that changes with each micro-batch.
+fn check_recordable(options: &ModelOptions) -> Result<()> {
+    let stochastic = matches!(options.matmul, MatmulPrecision::Int8(o) if o.stochastic);
+    let sharded = options.gradients.kept().is_some() || options.weights.kept().is_some();
+    let refused = [
+        ("--offload-residual", options.offload_residual),
+        ("--offload-activations", options.offload_activations),
+        ("--offload-weights", options.offload_weights),
+        ("--offload-gradients", options.offload_gradients),
+        ("--layer-major", options.micro_batches > 1),
+        ("--zero-level 2 or 3", sharded),
+        ("--int8-stochastic-rounding", stochastic),
+    ];
+    match refused.into_iter().find(|(_, on)| *on) {
+        Some((flag, _)) => bail!(
+            "--use-cuda-graphs cannot be used with {flag} yet: a recorded pass replays the \
+             compute stream's ops alone, with the arguments they were recorded with; leave one \
+             of them out"
+        ),
+        None => Ok(()),
+    }
 }
 
 impl ModelPlan {
@@ -205,6 +240,9 @@ impl ModelPlan {
             "--layer-major cannot be used with FP8 or INT8 matmuls yet, whose scales follow \
              one micro-batch at a time; leave one of them out"
         );
+        if options.record_passes {
+            check_recordable(options)?;
+        }
         if options.matmul != MatmulPrecision::Native {
             ensure!(
                 options.dtype == DType::BF16,
@@ -440,6 +478,7 @@ impl<B: Backend> Transformer<B> {
             grads,
             rope,
             id: NEXT_MODEL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            recordings: RefCell::default(),
         })
     }
 

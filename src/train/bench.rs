@@ -63,6 +63,9 @@ pub struct BenchOptions {
     pub op_times: bool,
     /// Each block updated in the backward (`block_updates`), without clipping.
     pub in_backward: bool,
+    /// Each micro-batch's forward and backward recorded and replayed
+    /// (`ModelOptions::record_passes`).
+    pub cuda_graphs: bool,
 }
 
 /// The benchmark's random documents.
@@ -159,9 +162,15 @@ pub fn run<B: Backend>(
         bail!("--grad-accumulation must be at least 1");
     }
     o.memory.check_layer_major(o.accumulation)?;
+    if o.cuda_graphs && o.in_backward {
+        bail!(
+            "--use-cuda-graphs cannot be used with --optimizer-in-backward yet, whose updates in \
+             the backward take each step's rate and seed; leave one of them out"
+        );
+    }
     let flops_per_token = config.training_flops_per_token(o.seq);
     let documents = o.documents.map(|d| d.apart);
-    let options = (o.memory).model_options(
+    let mut options = (o.memory).model_options(
         o.batch,
         o.seq,
         DType::BF16,
@@ -169,6 +178,7 @@ pub fn run<B: Backend>(
         Gradients::All,
         documents,
     );
+    options.record_passes = o.cuda_graphs;
     let model = Transformer::new(b, config, options)?;
     model.init_weights(b, SEED)?;
     let optimizer = OptimizerOptions {

@@ -147,6 +147,9 @@ pub struct Options {
     /// With several ranks, sum the gradients once the backward has ended, instead of each
     /// block's while the backward goes on.
     pub grad_sum_after_backward: bool,
+    /// Record each micro-batch's forward and backward as CUDA graphs and replay them
+    /// (`ModelOptions::record_passes`).
+    pub use_cuda_graphs: bool,
     /// Steps between logs of the training health (`train::health`); 0 for none.
     pub health_every: u64,
     #[serde(flatten)]
@@ -166,9 +169,9 @@ impl Options {
 
     /// Options that may differ between a run and the run it continues, since they do not
     /// change what has already been computed (later ones may change with a warning).
-    /// `recompute`, the offloads and `grad_sum_after_backward` are among them because they
-    /// give bitwise the same results.
-    pub const FREE_ON_CONTINUE: [&str; 24] = [
+    /// `recompute`, the offloads, `grad_sum_after_backward` and `use_cuda_graphs` are among
+    /// them because they give bitwise the same results.
+    pub const FREE_ON_CONTINUE: [&str; 25] = [
         "resume",
         "out_dir",
         "log_file",
@@ -187,6 +190,7 @@ impl Options {
         "debug_log_abs_max",
         "log_gpu_util",
         "grad_sum_after_backward",
+        "use_cuda_graphs",
         "health_every",
         "max_skipped_steps",
         "spike_window",
@@ -286,6 +290,7 @@ impl MemoryOptions {
             offload_gradients: self.offload_gradients,
             documents,
             micro_batches: self.layer_major.max(1),
+            record_passes: false,
         }
     }
 }

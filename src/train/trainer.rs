@@ -162,6 +162,9 @@ impl<'a, B: Backend> Run<'a, B> {
             block_updates::check(o, comm.world())?;
         }
         o.memory.check_layer_major(o.grad_accumulation)?;
+        if o.use_cuda_graphs {
+            check_cuda_graphs(o, comm.world())?;
+        }
         if comm.world() > 1 && (o.memory.offload_weights || o.memory.offload_gradients) {
             bail!(
                 "--offload-weights and --offload-gradients stream one GPU's blocks from its host \
@@ -184,6 +187,7 @@ impl<'a, B: Backend> Run<'a, B> {
         if let Some(kept) = kept.filter(|_| o.optimizer.zero_level >= 3) {
             options.weights = Weights::Kept(kept);
         }
+        options.record_passes = o.use_cuda_graphs;
         let model = Transformer::new(b, config.clone(), options)?;
         // These create folders, so they come after the model's own checks (--lmhead-chunks).
         let tensorboard_dir = o.tensorboard_dir.as_deref().filter(|_| root);
@@ -266,6 +270,25 @@ fn fixed_settings(o: &Options, data: Option<&DataSet>) -> BTreeMap<String, Value
 /// With `--continue`, the checkpoint to continue from (checked against this run), and the
 /// warnings about options that changed. Without it, a run that writes checkpoints refuses a
 /// directory that already holds some, which it would mix its own with.
+/// What `--use-cuda-graphs` needs of the run beyond the model (`ModelOptions::record_passes`):
+/// one rank, whose recorded passes no gradient sums run beside, and updates after the
+/// backward, whose rate and seed a recording could not take.
+fn check_cuda_graphs(o: &Options, world: usize) -> Result<()> {
+    if world > 1 {
+        bail!(
+            "--use-cuda-graphs records one GPU's passes, and this run has {world} ranks, whose \
+             gradient sums run beside them: train on one GPU, or leave it out"
+        );
+    }
+    if o.optimizer.in_backward {
+        bail!(
+            "--use-cuda-graphs cannot be used with --optimizer-in-backward yet, whose updates in \
+             the backward take each step's rate and seed; leave one of them out"
+        );
+    }
+    Ok(())
+}
+
 fn check_checkpoint_dir(o: &Options, now: &State) -> Result<Option<(PathBuf, State, Vec<String>)>> {
     let dir = &o.checkpoint_dir;
     let latest = checkpoint::read_latest(dir)?;

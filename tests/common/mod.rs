@@ -50,6 +50,7 @@ pub fn options(
         offload_gradients: false,
         documents: None,
         micro_batches: 1,
+        record_passes: false,
     }
 }
 

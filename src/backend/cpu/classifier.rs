@@ -47,8 +47,9 @@ pub fn cross_entropy<T: Scalar>(
 impl<T: Scalar> ClassifierOps for Cpu<T> {
     fn cross_entropy(
         &self, logits: &Tensor<Self>, losses: &Tensor<Self>, targets: &Tensor<Self>, z_loss: f32,
-        grad_scale: Option<f32>,
+        grad_scale: Option<&Tensor<Self>>,
     ) -> Result<()> {
+        let grad_scale = grad_scale.map(|s| self.scalar(s)).transpose()?;
         let targets = self.ints(targets)?;
         let mut losses_v = self.floats_mut(losses)?;
         self.update(logits, |l| {

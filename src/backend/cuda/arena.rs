@@ -7,7 +7,7 @@
 //! (offloaded optimizer state): kernels reach it over the bus through the same kind of
 //! pointer, so no op needs to know where its tensors are.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::sync::{Arc, Weak};
 
@@ -141,6 +141,11 @@ pub struct Memory {
     ctx: Arc<CudaContext>,
     categories: RefCell<Vec<Category>>,
     scratch: RefCell<Option<Arena>>,
+    /// Whether a recording (`Backend::record`) writes to the current scratch buffer.
+    scratch_held: Cell<bool>,
+    /// Earlier scratch buffers that recordings write to: kept when the scratch grows past
+    /// them, since each replay still does.
+    held_scratch: RefCell<Vec<Arena>>,
 }
 
 /// The memory table: bytes per category on the device and in pinned host memory, and the
@@ -181,6 +186,8 @@ impl Memory {
             ctx,
             categories: RefCell::new(vec![]),
             scratch: RefCell::new(None),
+            scratch_held: Cell::new(false),
+            held_scratch: RefCell::new(vec![]),
         }
     }
 
@@ -200,8 +207,11 @@ impl Memory {
                 .collect()
         };
         let mut on_device = in_place(Place::Device);
-        if let Some(s) = self.scratch.borrow().as_ref() {
-            on_device.push(("scratch".into(), s.bytes()));
+        let held = self.held_scratch.borrow();
+        let scratch = self.scratch.borrow();
+        let bytes: usize = held.iter().chain(scratch.as_ref()).map(Arena::bytes).sum();
+        if bytes > 0 {
+            on_device.push(("scratch".into(), bytes));
         }
         Ok(MemoryReport {
             categories: on_device,
@@ -264,19 +274,28 @@ impl Memory {
     }
 
     /// A scratch buffer of at least `bytes`, valid until the next call. It only grows, which
-    /// happens in the first step; growing waits for the device (freeing synchronizes).
+    /// happens in the first step; growing waits for the device (freeing synchronizes), and
+    /// keeps the buffer it replaces where a recording writes to it (`hold_scratch`).
     pub fn scratch(&self, bytes: usize) -> Result<u64> {
         if let Some(s) = self.scratch.borrow().as_ref()
             && s.bytes() >= bytes
         {
             return Ok(s.ptr());
         }
-        *self.scratch.borrow_mut() = None;
+        let replaced = self.scratch.borrow_mut().take();
+        if let Some(old) = replaced.filter(|_| self.scratch_held.replace(false)) {
+            self.held_scratch.borrow_mut().push(old);
+        }
         let size = bytes.next_power_of_two().max(1 << 20);
         let arena = Arena::new(&self.ctx, size, Place::Device)
             .map_err(|e| self.out_of_memory("scratch", size, e))?;
         let ptr = arena.ptr();
         *self.scratch.borrow_mut() = Some(arena);
         Ok(ptr)
+    }
+
+    /// A recording has been made whose ops may write to the current scratch buffer.
+    pub fn hold_scratch(&self) {
+        self.scratch_held.set(true);
     }
 }

@@ -20,11 +20,19 @@ fn cluster_fits(v: usize, size: usize) -> bool {
 impl ClassifierOps for Cuda {
     fn cross_entropy(
         &self, logits: &Tensor<Cuda>, losses: &Tensor<Cuda>, targets: &Tensor<Cuda>, z_loss: f32,
-        grad_scale: Option<f32>,
+        grad_scale: Option<&Tensor<Cuda>>,
     ) -> Result<()> {
         let _timing = self.time_op("cross_entropy")?;
         ensure_dtype(losses, DType::F32, "cross_entropy (losses)")?;
         ensure_dtype(targets, DType::I32, "cross_entropy (targets)")?;
+        if let Some(scale) = grad_scale {
+            ensure_dtype(scale, DType::F32, "cross_entropy (grad_scale)")?;
+            ensure!(
+                scale.numel() == 1,
+                "cross_entropy: grad_scale {:?}",
+                scale.shape
+            );
+        }
         let (n, v) = (logits.matrix_rows(), logits.cols());
         ensure!(
             losses.numel() == n && targets.numel() == n,
@@ -42,14 +50,13 @@ impl ClassifierOps for Cuda {
             ptr(targets).into(),
             (v as i32).into(),
             z_loss.into(),
-            grad_scale.unwrap_or(0.0).into(),
-            (grad_scale.is_some() as i32).into(),
+            grad_scale.map_or(0, ptr).into(),
         ];
         let vec = vec16(&[logits], v);
         if vec && self.compute_capability.0 >= 9 && cluster_fits(v, logits.dtype.size_bytes()) {
-            // SAFETY: the cluster of blocks 8i..8i+8 reads targets[i], reads and (when
-            // training) rewrites row i of logits [n, v], whose 16-byte units it holds, and
-            // writes losses[i].
+            // SAFETY: the cluster of blocks 8i..8i+8 reads targets[i] and grad_scale (one f32
+            // or null), reads and (when training) rewrites row i of logits [n, v], whose
+            // 16-byte units it holds, and writes losses[i].
             return unsafe {
                 self.launch(
                     Kernel::CrossEntropyCluster,
@@ -60,8 +67,8 @@ impl ClassifierOps for Cuda {
                 )
             };
         }
-        // SAFETY: block i reads targets[i], reads and (when training) rewrites row i of
-        // logits [n, v], and writes losses[i].
+        // SAFETY: block i reads targets[i] and grad_scale (one f32 or null), reads and (when
+        // training) rewrites row i of logits [n, v], and writes losses[i].
         unsafe {
             self.launch(
                 Kernel::CrossEntropy,

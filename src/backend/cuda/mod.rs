@@ -354,6 +354,7 @@ impl Backend for Cuda {
         let worked = work();
         // The capture ends whatever `work` did, so that the stream runs ops again.
         let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        self.memory.hold_scratch();
         worked?;
         graph?
             .map(Some)

@@ -20,15 +20,17 @@ __device__ __forceinline__ float logit_grad(float p, float scale, bool is_target
     return p * scale - (is_target ? grad_scale : 0.0f);
 }
 
-// loss = lse − x[target] + z · lse². With `train`, the row becomes
-// grad_scale · (softmax · (1 + 2 z lse) − onehot(target)); ignored rows get loss 0 (and a
-// zero gradient). A target outside [0, V) gives a NaN loss.
+// loss = lse − x[target] + z · lse². In training (`grad_scale_at` not null) the row becomes
+// grad_scale · (softmax · (1 + 2 z lse) − onehot(target)), the scale read from the device so
+// that a recorded pass (a CUDA graph) takes each step's; ignored rows get loss 0 (and a zero
+// gradient). A target outside [0, V) gives a NaN loss.
 // One block per row; with VEC, each thread moves 16 bytes at a time (V·sizeof(T) is then a
 // multiple of 16, so every row is aligned).
 template <typename T, bool VEC>
 __global__ void cross_entropy(T* logits, float* losses, const int* targets, int V, float z_loss,
-                              float grad_scale, int train) {
+                              const float* grad_scale_at) {
     constexpr int W = access_width<T, VEC>();
+    const bool train = grad_scale_at != nullptr;
     const long long row = (long long)blockIdx.x * V;
     const int target = targets[blockIdx.x];
     if (target == IGNORE_INDEX) {
@@ -69,6 +71,7 @@ __global__ void cross_entropy(T* logits, float* losses, const int* targets, int 
     // Everyone has read the row (the max and sum above end with barriers) and thread 0 has
     // read the target logit; wait for it before overwriting.
     __syncthreads();
+    const float grad_scale = *grad_scale_at;
     const float scale = softmax_scale(grad_scale, z_loss, lse);
     for (int c = threadIdx.x * W; c < V; c += blockDim.x * W) {
         float x[W];
@@ -130,8 +133,9 @@ __device__ __forceinline__ float2 cluster_read(const float2* local, int rank) {
 template <typename T>
 __global__ void __launch_bounds__(CLUSTER_THREADS, 3) ROW_CLUSTER
     cross_entropy_cluster(T* logits, float* losses, const int* targets, int V, float z_loss,
-                          float grad_scale, int train) {
+                          const float* grad_scale_at) {
     constexpr int W = 16 / sizeof(T);
+    const bool train = grad_scale_at != nullptr;
     const int n = blockIdx.x / CLUSTER_BLOCKS, rank = blockIdx.x % CLUSTER_BLOCKS;
     const long long row = (long long)n * V;
     const int target = targets[n];
@@ -193,6 +197,7 @@ __global__ void __launch_bounds__(CLUSTER_THREADS, 3) ROW_CLUSTER
     const float lse = max + logf(sum);
     if (reports) losses[n] = valid ? row_loss(lse, target_logit, z_loss) : QUIET_NAN;
     if (train) {
+        const float grad_scale = *grad_scale_at;
         const float scale = softmax_scale(grad_scale, z_loss, lse);
         const float lse_log2 = lse * LOG2E;
 #pragma unroll
