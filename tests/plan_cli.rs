@@ -71,6 +71,7 @@ fn planned_matmul_on(
         allow_zero_2: true,
         documents: None,
         layer_major: 0,
+        cuda_graphs: false,
     };
     let gpu = datasheet("H100").unwrap();
     candidates(&request, gpu)
@@ -666,6 +667,7 @@ fn least_device_bytes(
         allow_zero_2: true,
         documents: None,
         layer_major: 0,
+        cuda_graphs: false,
     };
     (candidates(&request, datasheet("H100").unwrap())
         .unwrap()
@@ -816,6 +818,7 @@ fn the_estimated_update_over_the_bus_is_near_what_an_h200_measured() {
         allow_zero_2: true,
         documents: None,
         layer_major: 0,
+        cuda_graphs: false,
     };
     let all = candidates(&request, datasheet("H200").unwrap()).unwrap();
     let bus = |streamed: bool| {
@@ -838,4 +841,47 @@ fn the_estimated_update_over_the_bus_is_near_what_an_h200_measured() {
             "streamed {streamed}: {estimate} ms estimated, {measured} measured"
         );
     }
+}
+
+/// A run that replays its passes as CUDA graphs is planned without the offloads a
+/// recording cannot replay: the activations', the weights' and the gradients'.
+#[test]
+fn cuda_graphs_are_planned_without_the_offloads_they_refuse() {
+    let offloads = |extra: &[&str]| -> Vec<String> {
+        let args = [
+            &[
+                "--model",
+                "qwen2.5-1.5b",
+                "--batch-size",
+                "8",
+                "--device-memory",
+                "16",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let v = plan_json(&args);
+        let rows = v["plans"][0]["rows"].as_array().unwrap().clone();
+        let flags = rows
+            .iter()
+            .flat_map(|r| r["flags"].as_array().unwrap().clone());
+        let names = flags.map(|f| f.as_str().unwrap().to_string());
+        let refused = ["residual", "activations", "weights", "gradients"];
+        let mut seen: Vec<String> = names
+            .filter(|f| refused.iter().any(|r| *f == format!("--offload-{r}")))
+            .collect();
+        seen.sort();
+        seen.dedup();
+        seen
+    };
+    assert_eq!(
+        offloads(&[]),
+        [
+            "--offload-activations",
+            "--offload-gradients",
+            "--offload-residual",
+            "--offload-weights"
+        ]
+    );
+    assert!(offloads(&["--use-cuda-graphs"]).is_empty());
 }

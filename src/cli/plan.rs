@@ -46,6 +46,10 @@ pub struct PlanArgs {
     grad_accumulation: usize,
     #[command(flatten)]
     layer_major: LayerMajorFlag,
+    /// The run replays its passes as CUDA graphs (`smelt train --use-cuda-graphs`): no
+    /// offload of the activations, weights or gradients is chosen.
+    #[arg(long)]
+    use_cuda_graphs: bool,
     #[command(flatten)]
     precision: PrecisionFlags,
     /// Keep this many LM-head chunks instead of choosing.
@@ -104,6 +108,7 @@ impl PlanArgs {
             allow_zero_2: true,
             documents: None,
             layer_major: self.layer_major.per_pass(self.grad_accumulation),
+            cuda_graphs: self.use_cuda_graphs,
         };
         let (gpu, free) = self.gpu()?;
         let device = match (self.device_memory, free) {

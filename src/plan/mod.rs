@@ -54,6 +54,9 @@ pub struct Request {
     /// The most micro-steps a layer-major pass holds (`--layer-major`; 0: one at a time), the
     /// caller's choice. The plan may choose fewer, halving, to fit their activations.
     pub layer_major: usize,
+    /// The passes replayed as CUDA graphs (`--use-cuda-graphs`), which nothing copying
+    /// beside them can join: no activation, weight or gradient offload is chosen.
+    pub cuda_graphs: bool,
 }
 
 impl Request {
@@ -74,6 +77,7 @@ impl Request {
             allow_zero_2: !options.grad_sum_after_backward,
             documents: options.documents,
             layer_major: options.memory.layer_major,
+            cuda_graphs: options.use_cuda_graphs,
         })
     }
 
@@ -94,6 +98,7 @@ impl Request {
             allow_zero_2: true,
             documents: options.documents.map(|d| d.apart),
             layer_major: options.memory.layer_major,
+            cuda_graphs: options.cuda_graphs,
         }
     }
 }
@@ -307,8 +312,8 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     };
     // (the blocks' weights, their gradients) streamed from host memory: one GPU only, and
     // the weights not with FP8, whose copies of them stay on the device.
-    let streaming: Vec<(bool, bool)> = match r.gpus {
-        1 => [(false, false), (false, true), (true, false), (true, true)]
+    let streaming: Vec<(bool, bool)> = match (r.gpus, r.cuda_graphs) {
+        (1, false) => [(false, false), (false, true), (true, false), (true, true)]
             .into_iter()
             .filter(|&(weights, _)| !(weights && r.matmul.copies_weights()))
             .collect(),
@@ -325,8 +330,11 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
             (None, true) => powers(),
         };
         // (the residual stream, the other activations kept per layer)
-        let activation_offloads = [(false, false), (true, false), (false, true), (true, true)];
-        for (offload_residual, offload_activations) in activation_offloads {
+        let activation_offloads = match r.cuda_graphs {
+            false => &[(false, false), (true, false), (false, true), (true, true)][..],
+            true => &[(false, false)],
+        };
+        for &(offload_residual, offload_activations) in activation_offloads {
             for &(offload_weights, offload_gradients) in &streaming {
                 for &lmhead_chunks in &chunks {
                     for &ffn_chunks in &ffn_chunks {
