@@ -170,7 +170,7 @@ fn the_gpu_bench_script_marks_short_rows_and_notes_their_costs() {
     let dir = tiny_model_dir(tmp.path());
     let model = s(&dir);
     let rows = format!(
-        "{model} bf16 2 1000 --steps 3 --warmup 2;{model} bf16 4 1000000000000 --steps 1 --warmup 0"
+        "{model} bf16 2 1000 --steps 3 --warmup 2 --seq-len 8;{model} bf16 4 1000000000000 --steps 1 --warmup 0"
     );
     let out = tmp.path().join("logs");
     let run = std::process::Command::new("bash")
@@ -199,6 +199,14 @@ fn the_gpu_bench_script_marks_short_rows_and_notes_their_costs() {
         lines[1].ends_with(" 1k"),
         "the first row meets its target:\n{table}"
     );
+    // Each row's sequence length (the fourth word of its line in bench-rows.txt, and a
+    // column of the table): its own --seq-len, or SEQ.
+    let listed = std::fs::read_to_string(out.join("bench-rows.txt")).unwrap();
+    let seqs: Vec<&str> = (listed.lines())
+        .map(|l| l.split_whitespace().nth(3).unwrap())
+        .collect();
+    assert_eq!(seqs, ["8", "16"], "{listed}");
+    assert!(lines[0].contains(" batch  seq "), "{table}");
     assert!(lines[2].ends_with("1000000000k (short)"), "{table}");
     let note = lines.last().unwrap();
     assert!(

@@ -117,7 +117,7 @@ def main():
     head = ("row", "target", "smelt", "hard floor", "soft floor", "target step", "parts of the soft floor, ms")
     rows = []
     for line in open(os.path.join(out, "bench-rows.txt")):
-        model, dtype, _batch, target, name, *_extra = line.split()
+        model, dtype, _batch, _seq, target, name, *_extra = line.split()
         text = open(os.path.join(out, name + ".json")).read().strip()
         if target == "-" or not text:
             continue
