@@ -31,12 +31,6 @@ impl<B: Backend> Transformer<B> {
         self.forward_pass(b, tokens, events)
     }
 
-    /// How many of the training passes are replayed from recordings
-    /// (`ModelOptions::record_passes`): none where the backend records nothing.
-    pub fn recorded_passes(&self) -> usize {
-        self.recordings.borrow().held()
-    }
-
     /// `forward_blocks` of a training or eval pass; with `ModelOptions::record_passes`, its
     /// ops recorded and replayed (`recorded`), by the state its quantized weight copies
     /// start from.

@@ -1,7 +1,7 @@
 //! Passes recorded once and replayed (`Backend::record`: CUDA graphs): a generated token's
 //! pass (`decode`), and with `ModelOptions::record_passes` (`--use-cuda-graphs`) the training
-//! forward and backward, whose launches cost the host more than their work costs the device
-//! at small batches.
+//! forward and backward, where a small batch's hundreds of short kernels leave the device
+//! waiting between one launch and the next.
 //!
 //! A recording replays its ops on the same memory with the same arguments, so what differs
 //! between steps is uploaded to the device before the replay (tokens, targets, the loss
@@ -10,6 +10,7 @@
 
 use anyhow::Result;
 
+use super::transformer::Transformer;
 use crate::backend::Backend;
 
 /// One pass's recording. The pass runs op by op the first time, which loads its kernels,
@@ -74,5 +75,13 @@ impl<B: Backend> Default for PassRecordings<B> {
             forward: Default::default(),
             backward: Default::default(),
         }
+    }
+}
+
+impl<B: Backend> Transformer<B> {
+    /// How many of the training passes are replayed from recordings
+    /// (`ModelOptions::record_passes`): none where the backend records nothing.
+    pub fn recorded_passes(&self) -> usize {
+        self.recordings.borrow().held()
     }
 }
