@@ -9,6 +9,11 @@ use train_support::*;
 /// `smelt train` on the tiny model and its corpus, in `set.root`, with `extra` flags: the
 /// events it logs (into a log of its own).
 fn train(set: &Setup, extra: &[&str]) -> Vec<Event> {
+    train_printing(set, extra).0
+}
+
+/// `train`, and what the run printed.
+fn train_printing(set: &Setup, extra: &[&str]) -> (Vec<Event>, String) {
     let log = set.root.join("log.jsonl");
     if log.exists() {
         std::fs::remove_file(&log).unwrap();
@@ -17,8 +22,8 @@ fn train(set: &Setup, extra: &[&str]) -> Vec<Event> {
     args.extend(["--train-file", s(&set.data), "--log-file", s(&log)]);
     args.extend(["--batch-size", "2", "--seq-len", "16", "--lr", "1e-2"]);
     args.extend(extra);
-    smelt_ok(&args);
-    events(&log)
+    let printed = smelt_ok(&args);
+    (events(&log), printed)
 }
 
 #[test]
@@ -153,7 +158,11 @@ fn use_cuda_graphs_trains_the_same_steps() {
         each.collect()
     };
     let op_by_op = losses(&train(&set, &flags));
-    let events = train(&set, &[&flags[..], &["--use-cuda-graphs"]].concat());
+    let (events, printed) = train_printing(&set, &[&flags[..], &["--use-cuda-graphs"]].concat());
+    assert!(
+        printed.contains("cuda graphs: this device records none; the passes run op by op"),
+        "{printed}"
+    );
     let option = events.iter().find_map(|e| match e {
         Event::Option { name, value } if name == "use_cuda_graphs" => Some(value.clone()),
         _ => None,

@@ -871,6 +871,13 @@ impl<B: Backend> Run<'_, B> {
             self.log_health(step, health)?;
         }
         self.summary.losses.push(loss);
+        // Each pass is recorded on its second run: by now, those of every micro-batch.
+        if o.use_cuda_graphs && self.summary.losses.len() == 2 {
+            self.console.line(&match self.model.recorded_passes() {
+                0 => "cuda graphs: this device records none; the passes run op by op".into(),
+                n => format!("cuda graphs: {n} passes recorded, replayed from here on"),
+            });
+        }
         if let Some(t) = self
             .telemetry
             .filter(|_| step.is_multiple_of(o.log_gpu_util))
