@@ -210,8 +210,8 @@ pub struct TrainArgs {
     #[command(flatten, next_help_heading = "Memory")]
     fit_memory: FitMemoryFlag,
     /// Record each micro-batch's forward and backward as CUDA graphs in the second step and
-    /// replay them from then on: the same results, without the host's cost of launching
-    /// every op, which shows at small batches. One GPU; not with the offloads of
+    /// replay them from then on: the same results, without the gaps between launching their
+    /// many kernels, which show at small batches. One GPU; not with the offloads of
     /// activations, weights or gradients, --layer-major, --optimizer-in-backward or
     /// --int8-stochastic-rounding.
     #[arg(long, help_heading = "Devices")]

@@ -22,6 +22,7 @@ use super::console::memory_total;
 use super::metrics;
 use super::optimizer::AdamWState;
 use super::options::{MemoryOptions, Offload, OptimizerOptions};
+use super::trainer;
 use crate::backend::Backend;
 use crate::backend::op_times::OpTime;
 use crate::comm::Solo;
@@ -162,11 +163,8 @@ pub fn run<B: Backend>(
         bail!("--grad-accumulation must be at least 1");
     }
     o.memory.check_layer_major(o.accumulation)?;
-    if o.cuda_graphs && o.in_backward {
-        bail!(
-            "--use-cuda-graphs cannot be used with --optimizer-in-backward yet, whose updates in \
-             the backward take each step's rate and seed; leave one of them out"
-        );
+    if o.cuda_graphs {
+        trainer::check_cuda_graphs(1, o.in_backward)?;
     }
     let flops_per_token = config.training_flops_per_token(o.seq);
     let documents = o.documents.map(|d| d.apart);

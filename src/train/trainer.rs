@@ -163,7 +163,7 @@ impl<'a, B: Backend> Run<'a, B> {
         }
         o.memory.check_layer_major(o.grad_accumulation)?;
         if o.use_cuda_graphs {
-            check_cuda_graphs(o, comm.world())?;
+            check_cuda_graphs(comm.world(), o.optimizer.in_backward)?;
         }
         if comm.world() > 1 && (o.memory.offload_weights || o.memory.offload_gradients) {
             bail!(
@@ -267,20 +267,18 @@ fn fixed_settings(o: &Options, data: Option<&DataSet>) -> BTreeMap<String, Value
     .collect()
 }
 
-/// With `--continue`, the checkpoint to continue from (checked against this run), and the
-/// warnings about options that changed. Without it, a run that writes checkpoints refuses a
-/// directory that already holds some, which it would mix its own with.
-/// What `--use-cuda-graphs` needs of the run beyond the model (`ModelOptions::record_passes`):
-/// one rank, whose recorded passes no gradient sums run beside, and updates after the
-/// backward, whose rate and seed a recording could not take.
-fn check_cuda_graphs(o: &Options, world: usize) -> Result<()> {
+/// What `--use-cuda-graphs` needs of a run on `world` ranks beyond the model
+/// (`ModelOptions::record_passes`): one rank, whose recorded passes no gradient sums run
+/// beside, and the update after the backward, not in it (`in_backward`), whose rate and
+/// seed a recording could not take. `smelt bench` checks its run with it too.
+pub(crate) fn check_cuda_graphs(world: usize, in_backward: bool) -> Result<()> {
     if world > 1 {
         bail!(
             "--use-cuda-graphs records one GPU's passes, and this run has {world} ranks, whose \
              gradient sums run beside them: train on one GPU, or leave it out"
         );
     }
-    if o.optimizer.in_backward {
+    if in_backward {
         bail!(
             "--use-cuda-graphs cannot be used with --optimizer-in-backward yet, whose updates in \
              the backward take each step's rate and seed; leave one of them out"
@@ -289,6 +287,9 @@ fn check_cuda_graphs(o: &Options, world: usize) -> Result<()> {
     Ok(())
 }
 
+/// With `--continue`, the checkpoint to continue from (checked against this run), and the
+/// warnings about options that changed. Without it, a run that writes checkpoints refuses a
+/// directory that already holds some, which it would mix its own with.
 fn check_checkpoint_dir(o: &Options, now: &State) -> Result<Option<(PathBuf, State, Vec<String>)>> {
     let dir = &o.checkpoint_dir;
     let latest = checkpoint::read_latest(dir)?;
