@@ -8,7 +8,8 @@
 //! block reading its slot before its weights are in, a copy overwriting a slot still in
 //! use or on its way out, the optimizer reading a gradient still on its way out) shows in
 //! the bits; at 4 × 1024 tokens the copies hide behind the work. The same holds run
-//! layer-major (`--layer-major`), each micro-batch's residual stream in host memory.
+//! layer-major (`--layer-major`), each micro-batch's residual stream in host memory, and in
+//! FP8 matmuls, whose copies of streamed weights are made in their slots.
 
 mod common;
 
@@ -16,7 +17,9 @@ use common::gpu::*;
 use common::{batch, options, trained_tokens};
 use smelt::backend::prelude::*;
 use smelt::comm::Solo;
-use smelt::model::{BlockEvent, LossOptions, ModelConfig, ModelOptions, Recompute, Transformer};
+use smelt::model::{
+    BlockEvent, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
+};
 use smelt::tensor::DType;
 use smelt::train::bench;
 use smelt::train::optimizer::AdamWState;
@@ -137,11 +140,16 @@ fn streaming_weights_and_gradients_is_bitwise_identical_on_the_gpu() {
     // The variants of one micro-batch at a time on the tied model, the layer-major ones on
     // the untied.
     let runs = [(&tied, false), (&untied, true)];
-    for (((name, config), layer_major_runs), shape) in runs
+    let fp8 = MatmulPrecision::Fp8 {
+        forward: DType::E4M3,
+        gradient: DType::E5M2,
+    };
+    for ((((name, config), layer_major_runs), shape), matmul) in runs
         .into_iter()
         .flat_map(|run| [(run, (1, 16)), (run, (4, 1024))])
+        .flat_map(|run| [(run, MatmulPrecision::Native), (run, fp8)])
     {
-        let base = |adamw| train(&gpu, config, shape, |_| (), adamw);
+        let base = |adamw| train(&gpu, config, shape, |o| o.matmul = matmul, adamw);
         let bases = [base(adamw.clone()), base(no_clip.clone())];
         assert!(bases.iter().flat_map(|b| &b.0).all(|l| l.is_finite()));
         // (variant, weights and gradients streamed, recompute, optimizer, layer-major with
@@ -195,6 +203,7 @@ fn streaming_weights_and_gradients_is_bitwise_identical_on_the_gpu() {
                 config,
                 shape,
                 |o| {
+                    o.matmul = matmul;
                     o.offload_weights = weights;
                     o.offload_gradients = gradients;
                     o.recompute = recompute;
@@ -207,8 +216,10 @@ fn streaming_weights_and_gradients_is_bitwise_identical_on_the_gpu() {
             );
             let (base_losses, base_weights) = &bases[optimizer.grad_clip.eq(&0.0) as usize];
             let test = format!(
-                "streamed {variant}, {name}, 6 layers, {} × {}",
-                shape.0, shape.1
+                "streamed {variant}, {name}, 6 layers, {} × {}, {} matmuls",
+                shape.0,
+                shape.1,
+                matmul.name()
             );
             assert!(same_bits(&losses, base_losses), "{test}: the losses differ");
             for (w, base) in w.iter().zip(base_weights) {

@@ -70,7 +70,7 @@ fn planned_matmul_on(
         ffn_chunks: Some(choice.memory.ffn_chunks),
         allow_zero_2: true,
         documents: None,
-        layer_major: 0,
+        layer_major: choice.memory.layer_major,
         cuda_graphs: false,
     };
     let gpu = datasheet("H100").unwrap();
@@ -165,7 +165,7 @@ fn the_plan_counts_what_training_allocates() {
     let setup = setup();
     let config = hf::read_config(&setup.model).unwrap();
     let none = Recompute::default();
-    let cases: [(&[&str], usize, bool, Choice); 5] = [
+    let cases: [(&[&str], usize, bool, Choice); 6] = [
         (
             &[
                 "--recompute-ffn",
@@ -259,6 +259,31 @@ fn the_plan_counts_what_training_allocates() {
             1,
             true,
             recomputing(Recompute { norm: true, ..none }),
+        ),
+        // FP8's copies in the streamed weights' slots, each micro-batch's abs-maxes.
+        (
+            &[
+                "--matmul-dtype",
+                "e4m3",
+                "--recompute-block",
+                "--offload-weights",
+                "--offload-gradients",
+                "--grad-accumulation",
+                "2",
+                "--layer-major",
+            ],
+            2,
+            true,
+            {
+                let mut choice = recomputing(Recompute {
+                    block: true,
+                    ..none
+                });
+                choice.memory.offload_weights = true;
+                choice.memory.offload_gradients = true;
+                choice.memory.layer_major = 2;
+                choice
+            },
         ),
     ];
     let int8 = |weight_grad| {

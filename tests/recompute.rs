@@ -176,7 +176,8 @@ fn offloading_activations_is_bitwise_identical() {
 /// accumulated micro-steps bring each block's gradient sum back in before adding to it; the
 /// weights and the gradients streamed alone and together, beside every recompute and
 /// activation offload choice (the weights of a recomputed block are fetched once for both
-/// its recompute and its backward).
+/// its recompute and its backward); in FP8, streamed weights have their copies made in their
+/// slot, with the bits of those made of weights on the device.
 #[test]
 fn streaming_weights_and_gradients_is_bitwise_identical() {
     let r = Recompute::default();
@@ -228,6 +229,7 @@ fn streaming_weights_and_gradients_is_bitwise_identical() {
             for precision in [
                 (DType::F32, MatmulPrecision::Native),
                 (DType::BF16, MatmulPrecision::Native),
+                (DType::BF16, FP8),
             ] {
                 let base = run(r, ON_DEVICE, precision, &config);
                 for (name, recompute) in recomputes {
@@ -247,19 +249,19 @@ fn streaming_weights_and_gradients_is_bitwise_identical() {
     }
 }
 
-/// FP8 copies of streamed weights, and streamed gradients sent under ZeRO-2, are refused.
+/// INT8 copies of streamed weights are refused.
 #[test]
-fn streaming_refuses_fp8_weights() {
+fn streaming_refuses_int8_weights() {
     let (_, config) = tiny_configs().remove(0);
     let mut o = options(2, 4, DType::BF16, Recompute::default(), 1);
-    o.matmul = FP8;
+    o.matmul = int8(false, false);
     o.offload_weights = true;
     let err = Transformer::new(&Cpu::<f32>::new(), config, o)
         .err()
         .unwrap();
     assert!(
         err.to_string()
-            .contains("--offload-weights cannot be used with FP8"),
+            .contains("--offload-weights cannot be used with INT8"),
         "{err}"
     );
 }

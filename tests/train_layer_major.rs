@@ -1,5 +1,5 @@
 //! `--layer-major`: a step's micro-batches run block by block give the bits of the run that
-//! takes them one at a time, with the residual stream, the blocks' weights, gradients and
+//! takes them one at a time, in bf16 and FP8 matmuls, with the residual stream, the blocks' weights, gradients and
 //! optimizer state in host memory, with recompute, updated in the backward, with documents
 //! kept apart and the MLP and LM head in chunks, in passes of fewer micro-batches than a step
 //! has, and on two CPU ranks under ZeRO-2 and -3 (bitwise level 0, which ZeRO-3 of one
@@ -10,6 +10,15 @@
 mod train_support;
 
 use train_support::*;
+
+/// Layer-major with the blocks' weights, gradients and residual stream in host memory.
+const STREAMED: [&str; 5] = [
+    "--layer-major",
+    "--recompute-block",
+    "--offload-residual",
+    "--offload-weights",
+    "--offload-gradients",
+];
 
 /// The same losses, data, final weights and optimizer state as the run of one micro-batch at
 /// a time (`resume_args`' two a step), under each set of memory flags.
@@ -23,15 +32,7 @@ fn layer_major_changes_no_bit() {
     };
     let full = run("full", &[]);
     assert_same_run(&full, &run("layer_major", &["--layer-major"]), 0);
-    let streamed = [
-        "--layer-major",
-        "--recompute-block",
-        "--offload-residual",
-        "--offload-weights",
-        "--offload-gradients",
-        "--offload-opt-m",
-        "--offload-opt-v",
-    ];
+    let streamed = [&STREAMED[..], &["--offload-opt-m", "--offload-opt-v"]].concat();
     assert_same_run(&full, &run("streamed", &streamed), 0);
     // Each micro-batch's kept activations in host memory, with their own device slots.
     let kept = ["--layer-major", "--recompute-ffn", "--offload-activations"];
@@ -49,6 +50,29 @@ fn layer_major_changes_no_bit() {
         &resumed_at_step_2(&s, &full, "resumed", &streamed),
         2,
     );
+}
+
+/// FP8 matmuls layer-major, each micro-batch with its own abs-maxes and the recompute pass
+/// making every linear's input copy again for it: the bits of FP8 one micro-batch at a time,
+/// with the weights kept on the device and streamed (their FP8 copies then made in their slot
+/// as they arrive), and updated in the backward.
+#[test]
+fn fp8_layer_major_changes_no_bit() {
+    let s = setup();
+    let dir = |name: &str| s.root.join(name);
+    let fp8 = ["--matmul-dtype", "e4m3", "--grad-clip", "0"];
+    let run = |name: &str, extra: &[&str]| {
+        run_with(
+            &resume_args(&dir(name), &s.model, &s.data),
+            &[&fp8[..], extra].concat(),
+        );
+        dir(name)
+    };
+    let full = run("full", &[]);
+    let layer_major = ["--layer-major", "--recompute-block"];
+    assert_same_run(&full, &run("layer_major", &layer_major), 0);
+    let streamed = [&STREAMED[..], &["--optimizer-in-backward"]].concat();
+    assert_same_run(&full, &run("streamed", &streamed), 0);
 }
 
 /// Flags that change the numbers (documents kept apart, the MLP and the LM head in chunks)
@@ -177,7 +201,7 @@ fn zero_2_and_3_layer_major_are_bitwise_level_0() {
 #[test]
 fn what_it_cannot_do_is_refused() {
     let s = setup();
-    let cases: [(&str, &str, &[&str], &str); 4] = [
+    let cases: [(&str, &str, &[&str], &str); 5] = [
         ("1", "--layer-major", &[], "--grad-accumulation 2"),
         (
             "2",
@@ -192,6 +216,12 @@ fn what_it_cannot_do_is_refused() {
             "between 2 and --grad-accumulation (2)",
         ),
         ("2", "--layer-major", &["--matmul-dtype", "int8"], "INT8"),
+        (
+            "2",
+            "--layer-major",
+            &["--matmul-dtype", "e4m3", "--recompute-ffn"],
+            "--recompute-block",
+        ),
     ];
     for (i, (accumulation, flag, extra, want)) in cases.into_iter().enumerate() {
         let dir = s.root.join(format!("refused{i}"));

@@ -162,14 +162,14 @@ impl<B: Backend> Transformer<B> {
             for a in micro_batches {
                 a.before_block_backward(b, l)?;
             }
-            self.streams.before_block_backward(b, l)?;
-            self.fetch_sharded_weights(l, events)?;
+            self.weights_for_backward(b, l, events)?;
             let grads: Vec<&Tensor<B>> = self.layer_grads(l).iter().collect();
             events(BlockEvent::Writing {
                 layer: l,
                 grads: &grads,
             })?;
             for (m, a) in micro_batches.iter().enumerate() {
+                self.linears.set_micro_batch(m);
                 self.block_recompute(b, a, l)?;
                 // A shared slot starts afresh in every pass: its last block was sent.
                 self.block_backward(b, a, l, (acc && self.keeps_grads(l)) || m > 0)?;

@@ -18,6 +18,7 @@
 use anyhow::Result;
 
 use super::activations::Activations;
+use super::backward::BlockEvents;
 use super::decode::KvCache;
 use super::linear::{Input, Linear, NormOutput};
 use super::params::LayerParams;
@@ -165,6 +166,26 @@ impl<B: Backend> Transformer<B> {
             Some(ring) => ring.slot(l),
             None => &self.params.layers[l],
         }
+    }
+
+    /// Before block `l`'s forward: its weights are in, where they stream or are sharded
+    /// (`events` bringing them), and FP8's copies of them made where they pass through a slot.
+    pub(crate) fn weights_for_forward(
+        &self, b: &B, l: usize, events: &mut BlockEvents<B>,
+    ) -> Result<()> {
+        self.streams.before_block_forward(b, l)?;
+        self.fetch_sharded_weights(l, events)?;
+        self.linears.weights_arrived(b, l, self.layer_weights(l))
+    }
+
+    /// Before block `l`'s recompute and backward: as `weights_for_forward`, and its gradient
+    /// slot ready where the gradients stream.
+    pub(crate) fn weights_for_backward(
+        &self, b: &B, l: usize, events: &mut BlockEvents<B>,
+    ) -> Result<()> {
+        self.streams.before_block_backward(b, l)?;
+        self.fetch_sharded_weights(l, events)?;
+        self.linears.weights_arrived(b, l, self.layer_weights(l))
     }
 
     /// Block `l`'s weights as this rank holds them, for a caller outside the model

@@ -96,8 +96,7 @@ impl<B: Backend> Transformer<B> {
             if l > 0 {
                 a.before_block_forward(b, l)?;
             }
-            self.streams.before_block_forward(b, l)?;
-            self.fetch_sharded_weights(l, events)?;
+            self.weights_for_forward(b, l, events)?;
             match cache {
                 Some(cache) => self.block_decode(b, a, l, cache)?,
                 None => self.block_forward(b, a, l, l > 0)?,

@@ -5,25 +5,32 @@ use std::cell::Cell;
 use anyhow::Result;
 
 use super::linear::{Input, Linear, MatmulPrecision, QuantizedShape};
-use super::params::{ParamSpec, Params};
+use super::params::{LayerParams, ParamSpec, Params};
 use super::recompute::Recompute;
 use crate::backend::{Backend, Fp8Sum, Fused, Matmul, Operand};
 use crate::tensor::{DType, Tensor, TensorSpec};
 
-/// Whether the backward's recompute pass reruns `lin`'s forward (`block_recompute`), which
-/// rewrites its input's FP8 copy: one copy then serves every layer.
-fn rerun_by(lin: Linear, recompute: Recompute) -> bool {
+/// Whether the backward's recompute pass (`block_recompute`) makes `lin`'s input copy again,
+/// so that one copy serves every layer and micro-batch. The down projection's input, SwiGLU's
+/// output, is made again only in a pass of several micro-batches (`layer_major`): one kept
+/// per layer would be overwritten by the next micro-batch's forward before the backward read
+/// it.
+fn rerun_by(lin: Linear, recompute: Recompute, micro_batches: usize) -> bool {
     match lin {
         Linear::Qkv => recompute.qkv(),
         Linear::Out => recompute.residual_mid(),
         Linear::GateUp => recompute.gate_up(),
-        Linear::Down => false,
+        Linear::Down => recompute.gate_up() && micro_batches > 1,
     }
 }
 
-/// Row of layer `l`'s statistics of `lin` in the `[layers · 4, 1]` abs-max tensors.
-fn slot(lin: Linear, l: usize) -> usize {
-    4 * l + lin as usize
+/// Whether a pass of several micro-batches can run in FP8 under `recompute`: only if the
+/// recompute pass makes every linear's input copy again (`rerun_by`), since a pass keeps one
+/// copy per layer, not per micro-batch.
+pub(crate) fn remakes_every_input(recompute: Recompute) -> bool {
+    Linear::ALL
+        .into_iter()
+        .all(|lin| rerun_by(lin, recompute, 2))
 }
 
 /// Whether the FP8 copies of the weights match the weights.
@@ -44,6 +51,17 @@ struct WeightCopy<B: Backend> {
     rows: Tensor<B>,
     cols: Tensor<B>,
     descale: Tensor<B>,
+}
+
+// By hand, as for `InputStash`: a derive would ask for `B: Clone`.
+impl<B: Backend> Clone for WeightCopy<B> {
+    fn clone(&self) -> Self {
+        WeightCopy {
+            rows: self.rows.clone(),
+            cols: self.cols.clone(),
+            descale: self.descale.clone(),
+        }
+    }
 }
 
 /// One linear's input as its weight gradient needs it, `[in, tokens]` in FP8, written by the
@@ -76,14 +94,24 @@ pub(crate) struct Fp8State<B: Backend> {
     /// Per block, its four linears' FP8 copies, in `Linear::ALL` order.
     linears: Vec<[LinearCopies<B>; 4]>,
     state: Cell<WeightCopies>,
+    /// Per block, whether its weights pass through a shared slot (streamed, or under ZeRO-3
+    /// kept by another rank), its copies then being the slot's (`weights_arrived`).
+    in_slot: Vec<bool>,
+    /// Whether the recompute pass makes the down projection's input copy again
+    /// (`rerun_by`).
+    remakes_down_input: bool,
+    layers: usize,
+    /// The micro-batch of the pass whose ops are being enqueued (`set_micro_batch`).
+    micro_batch: Cell<usize>,
     /// `[P, 1]` f32: each parameter's abs-max, reported by the optimizer, in `Params` order.
     weight_amax: Tensor<B>,
     /// Per block, the rows of its four linear weights in `weight_amax`.
     weight_slot: Vec<[usize; 4]>,
-    /// `[L·4, 1]` f32: each linear's input abs-max, reported by the op that produces it.
+    /// `[M·L·4, 1]` f32: each linear's input abs-max for each micro-batch of a pass, reported
+    /// by the op that produces it.
     input_amax: Tensor<B>,
-    /// `[L·4, 1]` f32: each linear's output-gradient abs-max, reported by the op producing it
-    /// or from a pass over it.
+    /// `[M·L·4, 1]` f32: each linear's output-gradient abs-max for each micro-batch, reported
+    /// by the op producing it or from a pass over it.
     grad_amax: Tensor<B>,
     /// Flat scratch for the forward's quantized input and one quantized gradient in both
     /// layouts.
@@ -101,6 +129,9 @@ pub(crate) struct Fp8Plan {
     weight_slot: Vec<[usize; 4]>,
     /// Which linears' input copies are shared by every layer.
     shared_input: [bool; 4],
+    /// Each block's slot of weight copies where its weights pass through a shared slot,
+    /// `None` where it has copies of its own (`QuantizedShape::weight_slots`).
+    copy_slots: Vec<Option<usize>>,
 }
 
 impl Fp8Plan {
@@ -124,16 +155,18 @@ impl Fp8Plan {
             .map(|l| Linear::ALL.map(|lin| *lin.weight(l)))
             .collect();
         let stat = |name: &str, rows: usize| TensorSpec::new(name, &[rows, 1], DType::F32);
+        let stats = 4 * shape.layers * shape.micro_batches;
         let mut specs = vec![
             stat("fp8.weight_amax", next),
-            stat("fp8.input_amax", 4 * shape.layers),
-            stat("fp8.grad_amax", 4 * shape.layers),
+            stat("fp8.input_amax", stats),
+            stat("fp8.grad_amax", stats),
             TensorSpec::new("fp8.input_q", &[shape.tokens * shape.max_in], forward),
             TensorSpec::new("fp8.grad_q", &[shape.tokens * shape.max_out], gradient),
             TensorSpec::new("fp8.grad_qt", &[shape.tokens * shape.max_out], gradient),
             stat("fp8.grad_descale", 1),
         ];
-        let shared_input = Linear::ALL.map(|lin| rerun_by(lin, shape.recompute));
+        let shared_input =
+            Linear::ALL.map(|lin| rerun_by(lin, shape.recompute, shape.micro_batches));
         let input_stash = |specs: &mut Vec<TensorSpec>, name: &str, inp: usize| {
             let input = format!("{name}.input");
             specs.push(TensorSpec::new(
@@ -144,25 +177,43 @@ impl Fp8Plan {
             specs.push(stat(&format!("{input}.descale"), 1));
         };
         // A shared copy is as wide as any layer's input to that linear: the first layer's.
-        if let Some(first) = layout.layers.first() {
-            for lin in Linear::ALL
-                .into_iter()
-                .filter(|&l| shared_input[l as usize])
-            {
-                let name = format!("fp8.layers.{}", lin.name());
-                input_stash(&mut specs, &name, lin.weight(first).tensor.shape[1]);
+        let Some(first) = layout.layers.first() else {
+            return Some(Fp8Plan {
+                specs,
+                weight_slot,
+                shared_input,
+                copy_slots: vec![],
+            });
+        };
+        for lin in Linear::ALL
+            .into_iter()
+            .filter(|&l| shared_input[l as usize])
+        {
+            let name = format!("fp8.layers.{}", lin.name());
+            input_stash(&mut specs, &name, lin.weight(first).tensor.shape[1]);
+        }
+        let weight_copy = |specs: &mut Vec<TensorSpec>, name: &str, lin: Linear| {
+            let [out, inp] = lin.weight(first).tensor.shape[..] else {
+                unreachable!("a linear's weight is a matrix")
+            };
+            specs.push(TensorSpec::new(name, &[out, inp], forward));
+            specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], forward));
+            specs.push(stat(&format!("{name}.descale"), 1));
+        };
+        let copy_slots = shape.weight_slots.clone();
+        for s in 0..slot_count(&copy_slots) {
+            for lin in Linear::ALL {
+                weight_copy(&mut specs, &format!("fp8.slot{s}.{}", lin.name()), lin);
             }
         }
-        for (l, layer) in layout.layers.iter().enumerate() {
+        for (l, slot) in copy_slots.iter().enumerate() {
             for lin in Linear::ALL {
-                let w = &lin.weight(layer).tensor;
-                let (out, inp) = (w.shape[0], w.shape[1]);
                 let name = format!("fp8.layers.{l}.{}", lin.name());
-                specs.push(TensorSpec::new(name.clone(), &[out, inp], forward));
-                specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], forward));
-                specs.push(stat(&format!("{name}.descale"), 1));
+                if slot.is_none() {
+                    weight_copy(&mut specs, &name, lin);
+                }
                 if !shared_input[lin as usize] {
-                    input_stash(&mut specs, &name, inp);
+                    input_stash(&mut specs, &name, lin.weight(first).tensor.shape[1]);
                 }
             }
         }
@@ -170,6 +221,7 @@ impl Fp8Plan {
             specs,
             weight_slot,
             shared_input,
+            copy_slots,
         })
     }
 
@@ -187,13 +239,20 @@ impl Fp8Plan {
                 descale: take(),
             })
         });
+        let weight_copy = |take: &mut dyn FnMut() -> Tensor<B>| WeightCopy {
+            rows: take(),
+            cols: take(),
+            descale: take(),
+        };
+        let slot_copies: Vec<[WeightCopy<B>; 4]> = (0..slot_count(&self.copy_slots))
+            .map(|_| Linear::ALL.map(|_| weight_copy(&mut take)))
+            .collect();
         let linears = (0..layers)
-            .map(|_| {
+            .map(|l| {
                 Linear::ALL.map(|lin| LinearCopies {
-                    weight: WeightCopy {
-                        rows: take(),
-                        cols: take(),
-                        descale: take(),
+                    weight: match self.copy_slots[l] {
+                        Some(s) => slot_copies[s][lin as usize].clone(),
+                        None => weight_copy(&mut take),
                     },
                     input: shared[lin as usize].clone().unwrap_or_else(|| InputStash {
                         cols: take(),
@@ -205,6 +264,10 @@ impl Fp8Plan {
         Fp8State {
             linears,
             state: Cell::new(WeightCopies::Stale),
+            in_slot: self.copy_slots.iter().map(Option::is_some).collect(),
+            remakes_down_input: self.shared_input[Linear::Down as usize],
+            layers,
+            micro_batch: Cell::new(0),
             weight_amax,
             weight_slot: self.weight_slot.clone(),
             input_amax,
@@ -215,6 +278,11 @@ impl Fp8Plan {
             grad_descale,
         }
     }
+}
+
+/// How many slots blocks' weight copies pass through (`Fp8Plan::copy_slots`).
+fn slot_count(slots: &[Option<usize>]) -> usize {
+    slots.iter().flatten().max().map_or(0, |s| s + 1)
 }
 
 /// `[rows, cols]` at the start of a flat scratch buffer.
@@ -248,25 +316,45 @@ impl<B: Backend> Fp8State<B> {
             .collect())
     }
 
+    /// Which micro-batch of a pass the ops enqueued until the next call are for: each keeps
+    /// its own abs-maxes, since a pass runs the others' forwards between one micro-batch's
+    /// forward and its backward (`layer_major`).
+    pub fn set_micro_batch(&self, m: usize) {
+        self.micro_batch.set(m);
+    }
+
+    /// Row of micro-batch `m`'s layer `l` statistics of `lin` in the `[M·L·4, 1]` abs-max
+    /// tensors.
+    fn slot(&self, m: usize, l: usize, lin: Linear) -> usize {
+        (m * self.layers + l) * 4 + lin as usize
+    }
+
+    /// Row `i` of an abs-max tensor.
+    fn stat(t: &Tensor<B>, i: usize) -> Tensor<B> {
+        t.narrow_rows(i, i + 1)
+    }
+
     /// Where layer `l`'s output gradient of `lin` has its abs-max.
     pub fn grad_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
-        self.grad_amax.narrow_rows(slot(lin, l), slot(lin, l) + 1)
+        Self::stat(&self.grad_amax, self.slot(self.micro_batch.get(), l, lin))
     }
 
     fn weight_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
-        let i = self.weight_slot[l][lin as usize];
-        self.weight_amax.narrow_rows(i, i + 1)
+        Self::stat(&self.weight_amax, self.weight_slot[l][lin as usize])
     }
 
     /// Where the op producing layer `l`'s input to `lin` reports its abs-max.
     pub fn input_amax(&self, l: usize, lin: Linear) -> Tensor<B> {
-        self.input_amax.narrow_rows(slot(lin, l), slot(lin, l) + 1)
+        Self::stat(&self.input_amax, self.slot(self.micro_batch.get(), l, lin))
     }
 
-    /// At the start of every forward: makes the weights' FP8 copies current (once per
-    /// optimizer step: later micro-steps reuse them) and zeroes the input abs-maxes.
+    /// At the start of every forward: makes the copies of the weights that have their own
+    /// current (once per optimizer step: later micro-steps reuse them; those in a slot are
+    /// made as they arrive, `weights_arrived`), zeroes the input abs-maxes and starts at the
+    /// first micro-batch.
     pub fn begin_forward(&self, b: &B, params: &Params<Tensor<B>>) -> Result<()> {
         b.fill(&self.input_amax, 0.0)?;
+        self.micro_batch.set(0);
         let state = self.state.get();
         if state == WeightCopies::Current {
             return Ok(());
@@ -274,25 +362,63 @@ impl<B: Backend> Fp8State<B> {
         if state == WeightCopies::Stale {
             b.fill(&self.weight_amax, 0.0)?;
         }
-        for (l, layer) in params.layers.iter().enumerate() {
+        let own = params
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|&(l, _)| !self.in_slot[l]);
+        for (l, layer) in own {
             for lin in Linear::ALL {
                 let (w, amax) = (lin.weight(layer), self.weight_amax(l, lin));
                 if state == WeightCopies::Stale {
                     b.abs_max(&amax, w)?;
                 }
-                let copy = &self.linears[l][lin as usize].weight;
-                b.quantize(
-                    Some(&copy.rows),
-                    Some(&copy.cols),
-                    &copy.descale,
-                    w,
-                    &amax,
-                    Fused::Nothing,
-                )?;
+                self.copy_weight(b, (l, lin), w, &amax)?;
             }
         }
         self.state.set(WeightCopies::Current);
         Ok(())
+    }
+
+    /// Where block `l`'s weights pass through a slot (streamed, or from another rank): its
+    /// copies, made in the slot from its weights `w` once they are there, before each pass
+    /// reads them. They are scaled by the weights' abs-max, measured here, which is the one
+    /// the optimizer reports: the copies have the bits of those of weights with their own.
+    pub fn weights_arrived(&self, b: &B, l: usize, w: &LayerParams<Tensor<B>>) -> Result<()> {
+        if !self.in_slot[l] {
+            return Ok(());
+        }
+        for lin in Linear::ALL {
+            let (w, amax) = (lin.weight(w), self.weight_amax(l, lin));
+            b.fill(&amax, 0.0)?;
+            b.abs_max(&amax, w)?;
+            self.copy_weight(b, (l, lin), w, &amax)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s copies of `lin`'s weight `w`, in both layouts, scaled by `amax`.
+    fn copy_weight(
+        &self, b: &B, (l, lin): (usize, Linear), w: &Tensor<B>, amax: &Tensor<B>,
+    ) -> Result<()> {
+        let copy = &self.linears[l][lin as usize].weight;
+        let (rows, cols) = (Some(&copy.rows), Some(&copy.cols));
+        b.quantize(rows, cols, &copy.descale, w, amax, Fused::Nothing)
+    }
+
+    /// Whether the recompute pass makes the down projection's input copy again
+    /// (`stash_input`).
+    pub fn remakes_down_input(&self) -> bool {
+        self.remakes_down_input
+    }
+
+    /// In the recompute pass, layer `l`'s copy of `lin`'s input `x` for the weight gradient,
+    /// made again by the abs-max its forward reported: the bits of the forward's.
+    pub fn stash_input(&self, b: &B, (l, lin): (usize, Linear), x: &Tensor<B>) -> Result<()> {
+        let input = &self.linears[l][lin as usize].input;
+        let xt = input.cols.reshape(&[x.cols(), x.matrix_rows()]);
+        let amax = self.input_amax(l, lin);
+        b.quantize(None, Some(&xt), &input.descale, x, &amax, Fused::Nothing)
     }
 
     /// At the start of every backward: zeroes the gradient abs-maxes.
@@ -420,7 +546,8 @@ impl<B: Backend> Fp8State<B> {
     }
 
     /// Every abs-max, named `layers.L.LINEAR.{input,weight,grad}`: what `--debug-log-abs-max`
-    /// logs. The weights' are those of the last quantization. Waits for the device.
+    /// logs. The weights' are those of the last quantization, the others the first
+    /// micro-batch's of the last pass. Waits for the device.
     pub fn abs_max_report(&self, b: &B) -> Result<Vec<(String, f32)>> {
         let (input, weight, grad) = (
             b.download(&self.input_amax)?,
@@ -431,9 +558,10 @@ impl<B: Backend> Fp8State<B> {
         for (l, slots) in self.weight_slot.iter().enumerate() {
             for lin in Linear::ALL {
                 let name = format!("layers.{l}.{}", lin.name());
-                out.push((format!("{name}.input"), input[slot(lin, l)]));
+                let i = self.slot(0, l, lin);
+                out.push((format!("{name}.input"), input[i]));
                 out.push((format!("{name}.weight"), weight[slots[lin as usize]]));
-                out.push((format!("{name}.grad"), grad[slot(lin, l)]));
+                out.push((format!("{name}.grad"), grad[i]));
             }
         }
         Ok(out)

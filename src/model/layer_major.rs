@@ -57,9 +57,11 @@ impl<B: Backend> Transformer<B> {
         let _forward = Range::begin(b, format_args!("forward"));
         let p = &self.params;
         self.linears.begin_forward(b, p)?;
+        // The gradients' abs-maxes are zeroed before the last block's forward, after which
+        // each micro-batch's final norm backward reports its own.
+        self.linears.begin_backward(b)?;
         self.streams.begin_forward(b)?;
-        self.streams.before_block_forward(b, 0)?;
-        self.fetch_sharded_weights(0, events)?;
+        self.weights_for_forward(b, 0, events)?;
         for a in micro_batches {
             a.before_block_forward(b, 0)?;
             b.embedding_forward(a.residual.layer(0), &a.tokens, &p.embed)?;
@@ -70,10 +72,10 @@ impl<B: Backend> Transformer<B> {
             let next = l + 1 < layers;
             if next {
                 // Each micro-batch's add into the next block's input norms with its weights.
-                self.streams.before_block_forward(b, l + 1)?;
-                self.fetch_sharded_weights(l + 1, events)?;
+                self.weights_for_forward(b, l + 1, events)?;
             }
             for (m, a) in micro_batches.iter().enumerate() {
+                self.linears.set_micro_batch(m);
                 self.block_forward(b, a, l, false)?;
                 match next {
                     true => {
@@ -112,7 +114,6 @@ impl<B: Backend> Transformer<B> {
             "backward_layer_major follows forward_layer_major"
         );
         let _backward = Range::begin(b, format_args!("backward"));
-        self.linears.begin_backward(b)?;
         self.head_done(events)?;
         let micro_batches = &self.micro_batches[..self.in_pass];
         self.backward_blocks(b, micro_batches, accumulate, events, updates)

@@ -82,10 +82,15 @@ impl MatmulPrecision {
         matches!(self, MatmulPrecision::Fp8 { .. })
     }
 
-    /// Whether the model keeps quantized copies of the blocks' weights (FP8 and INT8), which
-    /// live whole on the device.
-    pub fn copies_weights(self) -> bool {
-        self != MatmulPrecision::Native
+    /// Whether a pass of several micro-batches (`--layer-major`) can multiply in this
+    /// precision under `recompute`: INT8 keeps its copies of each layer's inputs for one
+    /// micro-batch, and FP8 its, unless the recompute pass makes them again for each.
+    pub fn runs_layer_major(self, recompute: Recompute) -> bool {
+        match self {
+            MatmulPrecision::Native => true,
+            MatmulPrecision::Fp8 { .. } => super::fp8::remakes_every_input(recompute),
+            MatmulPrecision::Int8(_) => false,
+        }
     }
 
     /// The name the step line and `smelt bench` give it.
@@ -173,6 +178,13 @@ pub(crate) struct QuantizedShape {
     pub max_out: usize,
     /// What the backward recomputes (FP8's `rerun_by`).
     pub recompute: Recompute,
+    /// The micro-batches a pass holds (`ModelOptions::micro_batches`): FP8 keeps each one's
+    /// abs-maxes apart.
+    pub micro_batches: usize,
+    /// Each block's slot where its weights pass through one of two shared device slots
+    /// (streamed from host memory, or under ZeRO-3 kept by another rank; `shared_slots`),
+    /// `None` where it has its own: FP8 keeps its copies of the weights alike.
+    pub weight_slots: Vec<Option<usize>>,
 }
 
 /// What a linear layer reads: a tensor, or a norm's output. A norm stores its output in

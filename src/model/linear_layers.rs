@@ -66,6 +66,38 @@ impl<B: Backend> LinearLayers<B> {
         }
     }
 
+    /// Which micro-batch of a pass the ops enqueued until the next call are for (the first
+    /// after `begin_forward`): FP8 keeps each one's abs-maxes apart.
+    pub fn set_micro_batch(&self, m: usize) {
+        if let Some(fp8) = self.fp8() {
+            fp8.set_micro_batch(m);
+        }
+    }
+
+    /// Block `l`'s weights `w` are in their slot, where they stream: FP8 makes its copies of
+    /// them there.
+    pub fn weights_arrived(&self, b: &B, l: usize, w: &LayerParams<Tensor<B>>) -> Result<()> {
+        match self.fp8() {
+            Some(fp8) => fp8.weights_arrived(b, l, w),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the recompute pass makes FP8's copy of the down projection's input again from
+    /// SwiGLU's output (`stash_down_input`), which it then recomputes.
+    pub fn remakes_down_input(&self) -> bool {
+        self.fp8().is_some_and(|fp8| fp8.remakes_down_input())
+    }
+
+    /// In the recompute pass, FP8's copy of layer `l`'s down projection input `swiglu`, for
+    /// its weight gradient.
+    pub fn stash_down_input(&self, b: &B, l: usize, swiglu: &Tensor<B>) -> Result<()> {
+        match self.fp8() {
+            Some(fp8) => fp8.stash_input(b, (l, Linear::Down), swiglu),
+            None => Ok(()),
+        }
+    }
+
     /// At the start of every backward: FP8 zeroes its gradient abs-maxes.
     pub fn begin_backward(&self, b: &B) -> Result<()> {
         match self.fp8() {

@@ -44,7 +44,8 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// The MLP's part of `block_recompute`: the intermediates the backward reads (in chunks,
-    /// none: the backward makes each chunk's itself).
+    /// none: the backward makes each chunk's itself), and where FP8 makes it again, the down
+    /// projection's input copy from SwiGLU's output.
     pub(crate) fn mlp_recompute(&self, b: &B, a: &Activations<B>, l: usize) -> Result<()> {
         let (w, plan) = (self.layer_weights(l), self.recompute);
         let (gate_up, swiglu) = (a.gate_up.layer(l), a.swiglu.layer(l));
@@ -53,6 +54,11 @@ impl<B: Backend> Transformer<B> {
             (true, true) => self
                 .linears
                 .gate_up_swiglu(b, (l, w), (gate_up, swiglu), ln2()),
+            (true, false) if self.linears.remakes_down_input() => {
+                self.linears
+                    .gate_up_swiglu(b, (l, w), (gate_up, swiglu), ln2())?;
+                self.linears.stash_down_input(b, l, swiglu)
+            }
             (true, false) => self
                 .linears
                 .forward(b, (l, Linear::GateUp, w), gate_up, ln2()),

@@ -105,7 +105,7 @@ fn slot_count(kept: &[bool]) -> usize {
 
 /// Each block's slot, `None` for a kept block: the others take slots 0, 1, 0, … in the
 /// backward's order, from the last block down.
-fn slots_of(kept: &[bool]) -> Vec<Option<usize>> {
+pub fn slots_of(kept: &[bool]) -> Vec<Option<usize>> {
     let mut out = vec![None; kept.len()];
     for (i, l) in (0..kept.len()).rev().filter(|&l| !kept[l]).enumerate() {
         out[l] = Some(i % 2);

@@ -236,9 +236,10 @@ impl ModelPlan {
             "a pass holds at least one micro-batch"
         );
         ensure!(
-            options.micro_batches == 1 || options.matmul == MatmulPrecision::Native,
-            "--layer-major cannot be used with FP8 or INT8 matmuls yet, whose scales follow \
-             one micro-batch at a time; leave one of them out"
+            options.micro_batches == 1 || options.matmul.runs_layer_major(options.recompute),
+            "--layer-major cannot be used with INT8 matmuls, nor with FP8 matmuls without \
+             --recompute-block: both keep one copy of each layer's inputs for the backward, \
+             which only FP8's recompute pass makes again for each micro-batch"
         );
         if options.record_passes {
             check_recordable(options)?;
@@ -269,9 +270,9 @@ impl ModelPlan {
         }
         if options.weights.kept().is_some() {
             ensure!(
-                !options.matmul.copies_weights(),
-                "--zero-level 3 cannot be used with FP8 or INT8 matmuls yet: their copies of \
-                 every block's weights would be made on every GPU; leave one of them out"
+                !matches!(options.matmul, MatmulPrecision::Int8(_)),
+                "--zero-level 3 cannot be used with INT8 matmuls yet: their copies of every \
+                 block's weights would be made on every GPU; leave one of them out"
             );
             ensure!(
                 !options.offload_weights,
@@ -279,9 +280,9 @@ impl ModelPlan {
             );
         }
         ensure!(
-            !(options.offload_weights && options.matmul.copies_weights()),
-            "--offload-weights cannot be used with FP8 or INT8 matmuls yet: their copies of \
-             the weights would stay on the GPU whole; leave one of them out"
+            !(options.offload_weights && matches!(options.matmul, MatmulPrecision::Int8(_))),
+            "--offload-weights cannot be used with INT8 matmuls yet: their copies of the \
+             weights would stay on the GPU whole; leave one of them out"
         );
         ensure!(
             !(options.offload_gradients && options.gradients.kept().is_some()),
@@ -347,6 +348,12 @@ impl ModelPlan {
                 .max(config.hidden_size)
                 .max(2 * config.intermediate_size),
             recompute: options.recompute,
+            micro_batches: options.micro_batches,
+            weight_slots: match (options.weights.kept(), options.offload_weights) {
+                (Some(kept), _) => shared_slots::slots_of(kept),
+                (None, true) => shared_slots::slots_of(&vec![false; config.num_layers]),
+                (None, false) => vec![None; config.num_layers],
+            },
         };
         let fp8 = Fp8Plan::new(options.matmul, &quantized, &layout);
         let int8 = Int8Plan::new(options.matmul, &quantized, &layout);

@@ -311,16 +311,21 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         None => powers(),
     };
     // (the blocks' weights, their gradients) streamed from host memory: one GPU only, and
-    // the weights not with FP8, whose copies of them stay on the device.
+    // the weights not with INT8, whose copies of them stay on the device.
+    let int8 = matches!(r.matmul, MatmulPrecision::Int8(_));
     let streaming: Vec<(bool, bool)> = match (r.gpus, r.cuda_graphs) {
         (1, false) => [(false, false), (false, true), (true, false), (true, true)]
             .into_iter()
-            .filter(|&(weights, _)| !(weights && r.matmul.copies_weights()))
+            .filter(|&(weights, _)| !(weights && int8))
             .collect(),
         _ => vec![(false, false)],
     };
     let mut models = vec![];
     for recompute in recompute_choices() {
+        // FP8 in a pass of several micro-batches remakes its input copies in the recompute.
+        if r.layer_major > 1 && !r.matmul.runs_layer_major(recompute) {
+            continue;
+        }
         // MLP chunks shrink only recomputed intermediates, and FP8 scales by whole tensors.
         let chunkable = recompute.gate_up() && !r.matmul.is_fp8();
         let ffn_chunks = match (r.ffn_chunks, chunkable) {
@@ -358,12 +363,12 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     let mut states = vec![];
     // ZeRO-2 and -3 with micro-steps one at a time send every micro-batch's block gradients,
     // a cost `cost` does not know; they are offered only without, or layer-major (which sends
-    // each block's sum once). ZeRO-3 not with FP8 or INT8, whose copies of every block's
-    // weights would be made on every GPU.
+    // each block's sum once). ZeRO-3 not with INT8, whose copies of every block's weights
+    // would be made on every GPU.
     let sends_once = r.micro_steps == 1 || r.layer_major == r.micro_steps;
     let zero_levels = match r.gpus {
         1 => vec![0],
-        _ if r.allow_zero_2 && sends_once && !r.matmul.copies_weights() => vec![0, 1, 2, 3],
+        _ if r.allow_zero_2 && sends_once && !int8 => vec![0, 1, 2, 3],
         _ if r.allow_zero_2 && sends_once => vec![0, 1, 2],
         _ => vec![0, 1],
     };

@@ -42,9 +42,6 @@ pub fn check(o: &Options, world: usize) -> Result<()> {
     } else if o.health_every > 0 {
         "--health-every measures every tensor before and after the update, which runs in the \
          backward: leave it out"
-    } else if o.matmul.copies_weights() {
-        "the FP8 and INT8 copies of the weights are made from the update's output after it: \
-         train with bf16 matmuls"
     } else if o.optimizer.opt_m_dtype == DType::Q8
         && (o.optimizer.offload.opt_m || o.optimizer.offload.opt_v)
     {

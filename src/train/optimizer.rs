@@ -376,6 +376,9 @@ impl<B: Backend> AdamWState<B> {
         let in_blocks: Vec<bool> = model.layout.in_blocks().collect();
         if let Some(blocks) = &self.blocks {
             blocks.end(b)?;
+            // Their updates reported no abs-max: the blocks' FP8 and INT8 copies are made
+            // from the weights alone at the next forward.
+            model.weights_changed();
         }
         let tensors = (self.kept.iter().enumerate())
             .filter(|&(_, &i)| self.blocks.is_none() || !in_blocks[i])
