@@ -9,7 +9,7 @@
 //! use or on its way out, the optimizer reading a gradient still on its way out) shows in
 //! the bits; at 4 × 1024 tokens the copies hide behind the work. The same holds run
 //! layer-major (`--layer-major`), each micro-batch's residual stream in host memory, and in
-//! FP8 matmuls, whose copies of streamed weights are made in their slots.
+//! FP8 and INT8 matmuls, whose copies of streamed weights are made in their slots.
 
 mod common;
 
@@ -18,7 +18,8 @@ use common::{batch, options, trained_tokens};
 use smelt::backend::prelude::*;
 use smelt::comm::Solo;
 use smelt::model::{
-    BlockEvent, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute, Transformer,
+    BlockEvent, Int8Options, LossOptions, MatmulPrecision, ModelConfig, ModelOptions, Recompute,
+    Transformer,
 };
 use smelt::tensor::DType;
 use smelt::train::bench;
@@ -144,10 +145,14 @@ fn streaming_weights_and_gradients_is_bitwise_identical_on_the_gpu() {
         forward: DType::E4M3,
         gradient: DType::E5M2,
     };
+    let int8 = MatmulPrecision::Int8(Int8Options {
+        weight_grad: true,
+        stochastic: false,
+    });
     for ((((name, config), layer_major_runs), shape), matmul) in runs
         .into_iter()
         .flat_map(|run| [(run, (1, 16)), (run, (4, 1024))])
-        .flat_map(|run| [(run, MatmulPrecision::Native), (run, fp8)])
+        .flat_map(|run| [(run, MatmulPrecision::Native), (run, fp8), (run, int8)])
     {
         let base = |adamw| train(&gpu, config, shape, |o| o.matmul = matmul, adamw);
         let bases = [base(adamw.clone()), base(no_clip.clone())];

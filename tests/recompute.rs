@@ -176,8 +176,8 @@ fn offloading_activations_is_bitwise_identical() {
 /// accumulated micro-steps bring each block's gradient sum back in before adding to it; the
 /// weights and the gradients streamed alone and together, beside every recompute and
 /// activation offload choice (the weights of a recomputed block are fetched once for both
-/// its recompute and its backward); in FP8, streamed weights have their copies made in their
-/// slot, with the bits of those made of weights on the device.
+/// its recompute and its backward); in FP8 and INT8, streamed weights have their copies made in
+/// their slot, with the bits of those made of weights on the device.
 #[test]
 fn streaming_weights_and_gradients_is_bitwise_identical() {
     let r = Recompute::default();
@@ -230,6 +230,7 @@ fn streaming_weights_and_gradients_is_bitwise_identical() {
                 (DType::F32, MatmulPrecision::Native),
                 (DType::BF16, MatmulPrecision::Native),
                 (DType::BF16, FP8),
+                (DType::BF16, int8(true, false)),
             ] {
                 let base = run(r, ON_DEVICE, precision, &config);
                 for (name, recompute) in recomputes {
@@ -247,23 +248,6 @@ fn streaming_weights_and_gradients_is_bitwise_identical() {
             }
         }
     }
-}
-
-/// INT8 copies of streamed weights are refused.
-#[test]
-fn streaming_refuses_int8_weights() {
-    let (_, config) = tiny_configs().remove(0);
-    let mut o = options(2, 4, DType::BF16, Recompute::default(), 1);
-    o.matmul = int8(false, false);
-    o.offload_weights = true;
-    let err = Transformer::new(&Cpu::<f32>::new(), config, o)
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string()
-            .contains("--offload-weights cannot be used with INT8"),
-        "{err}"
-    );
 }
 
 /// The MLP over the 21 tokens in 3 chunks of 7, and in 4 (6, 6, 6 and 3): each token's

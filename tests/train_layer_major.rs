@@ -1,5 +1,5 @@
 //! `--layer-major`: a step's micro-batches run block by block give the bits of the run that
-//! takes them one at a time, in bf16 and FP8 matmuls, with the residual stream, the blocks' weights, gradients and
+//! takes them one at a time, in bf16, FP8 and INT8 matmuls, with the residual stream, the blocks' weights, gradients and
 //! optimizer state in host memory, with recompute, updated in the backward, with documents
 //! kept apart and the MLP and LM head in chunks, in passes of fewer micro-batches than a step
 //! has, and on two CPU ranks under ZeRO-2 and -3 (bitwise level 0, which ZeRO-3 of one
@@ -52,27 +52,30 @@ fn layer_major_changes_no_bit() {
     );
 }
 
-/// FP8 matmuls layer-major, each micro-batch with its own abs-maxes and the recompute pass
-/// making every linear's input copy again for it: the bits of FP8 one micro-batch at a time,
-/// with the weights kept on the device and streamed (their FP8 copies then made in their slot
-/// as they arrive), and updated in the backward.
+/// FP8 and INT8 matmuls layer-major: the bits of the same matmuls one micro-batch at a time,
+/// with the weights kept on the device and streamed (their quantized copies then made in
+/// their slot as they arrive), and updated in the backward. In FP8 each micro-batch has its
+/// own abs-maxes and the recompute pass makes every linear's input copy again for it.
 #[test]
-fn fp8_layer_major_changes_no_bit() {
+fn quantized_layer_major_changes_no_bit() {
     let s = setup();
     let dir = |name: &str| s.root.join(name);
-    let fp8 = ["--matmul-dtype", "e4m3", "--grad-clip", "0"];
-    let run = |name: &str, extra: &[&str]| {
-        run_with(
-            &resume_args(&dir(name), &s.model, &s.data),
-            &[&fp8[..], extra].concat(),
-        );
-        dir(name)
-    };
-    let full = run("full", &[]);
-    let layer_major = ["--layer-major", "--recompute-block"];
-    assert_same_run(&full, &run("layer_major", &layer_major), 0);
-    let streamed = [&STREAMED[..], &["--optimizer-in-backward"]].concat();
-    assert_same_run(&full, &run("streamed", &streamed), 0);
+    for dtype in ["e4m3", "int8"] {
+        let quantized = ["--matmul-dtype", dtype, "--grad-clip", "0"];
+        let run = |name: &str, extra: &[&str]| {
+            let name = format!("{dtype}_{name}");
+            run_with(
+                &resume_args(&dir(&name), &s.model, &s.data),
+                &[&quantized[..], extra].concat(),
+            );
+            dir(&name)
+        };
+        let full = run("full", &[]);
+        let layer_major = ["--layer-major", "--recompute-block"];
+        assert_same_run(&full, &run("layer_major", &layer_major), 0);
+        let streamed = [&STREAMED[..], &["--optimizer-in-backward"]].concat();
+        assert_same_run(&full, &run("streamed", &streamed), 0);
+    }
 }
 
 /// Flags that change the numbers (documents kept apart, the MLP and the LM head in chunks)
@@ -215,7 +218,12 @@ fn what_it_cannot_do_is_refused() {
             &[],
             "between 2 and --grad-accumulation (2)",
         ),
-        ("2", "--layer-major", &["--matmul-dtype", "int8"], "INT8"),
+        (
+            "2",
+            "--layer-major",
+            &["--matmul-dtype", "int8", "--int8-stochastic-rounding"],
+            "--int8-stochastic-rounding",
+        ),
         (
             "2",
             "--layer-major",

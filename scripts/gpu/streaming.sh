@@ -7,7 +7,7 @@
 #      memory flags of ROWS (name, then flags): the optimizer state, then the blocks' weights
 #      and gradients, in host memory, each block updated in the backward or after it
 #      (--optimizer-in-backward), what --fit-memory picks for 24 and 40 GiB, and 8 sequences
-#      a step run layer-major; and 65,536 tokens (SEQ_ROWS). Each row's tok/s, MFU, the device memory smelt allocated,
+#      a step run layer-major, in bf16 and FP8 matmuls; and 65,536 tokens (SEQ_ROWS). Each row's tok/s, MFU, the device memory smelt allocated,
 #      all the device memory in use, and what lives in pinned host memory;
 #   3. `smelt train` of Llama-3-8B from scratch on the demo's token files, 8 sequences of 8192
 #      tokens a step (--grad-accumulation 8), with the flags of TRAIN_ROWS: each row's median
@@ -35,7 +35,9 @@ fit-24-in-backward|--fit-memory 24 --optimizer-in-backward
 fit-40-in-backward|--fit-memory 40 --optimizer-in-backward
 layer-major-fit-24|--grad-accumulation 8 --layer-major --fit-memory 24
 layer-major-fit-24-in-backward|--grad-accumulation 8 --layer-major --fit-memory 24 --optimizer-in-backward
-layer-major-fit-40-in-backward|--grad-accumulation 8 --layer-major --fit-memory 40 --optimizer-in-backward"}
+layer-major-fit-40-in-backward|--grad-accumulation 8 --layer-major --fit-memory 40 --optimizer-in-backward
+fp8-layer-major-fit-24-in-backward|--matmul-dtype e4m3 --grad-accumulation 8 --layer-major --fit-memory 24 --optimizer-in-backward
+fp8-layer-major-fit-40-in-backward|--matmul-dtype e4m3 --grad-accumulation 8 --layer-major --fit-memory 40 --optimizer-in-backward"}
 SEQ_ROWS=${SEQ_ROWS-"65536|--recompute-block --ffn-chunks 8 --lmhead-chunks 16 $STATE"}
 
 bench() { # name, seq, flags...

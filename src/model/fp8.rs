@@ -4,7 +4,7 @@ use std::cell::Cell;
 
 use anyhow::Result;
 
-use super::linear::{Input, Linear, MatmulPrecision, QuantizedShape};
+use super::linear::{Input, Linear, MatmulPrecision, QuantizedShape, slot_count};
 use super::params::{LayerParams, ParamSpec, Params};
 use super::recompute::Recompute;
 use crate::backend::{Backend, Fp8Sum, Fused, Matmul, Operand};
@@ -278,11 +278,6 @@ impl Fp8Plan {
             grad_descale,
         }
     }
-}
-
-/// How many slots blocks' weight copies pass through (`Fp8Plan::copy_slots`).
-fn slot_count(slots: &[Option<usize>]) -> usize {
-    slots.iter().flatten().max().map_or(0, |s| s + 1)
 }
 
 /// `[rows, cols]` at the start of a flat scratch buffer.

@@ -19,8 +19,8 @@ use std::cell::Cell;
 
 use anyhow::Result;
 
-use super::linear::{Input, Int8Options, Linear, QuantizedShape};
-use super::params::{ParamSpec, Params};
+use super::linear::{Input, Int8Options, Linear, QuantizedShape, slot_count};
+use super::params::{LayerParams, ParamSpec, Params};
 use crate::backend::{Backend, Int8Layout, Int8Rounding, Matmul, Operand};
 use crate::rng::Rng;
 use crate::tensor::{DType, Tensor, TensorSpec};
@@ -32,6 +32,18 @@ struct WeightCodes<B: Backend> {
     row_descale: Tensor<B>,
     cols: Tensor<B>,
     col_descale: Tensor<B>,
+}
+
+// By hand: a derive would ask for `B: Clone`.
+impl<B: Backend> Clone for WeightCodes<B> {
+    fn clone(&self) -> Self {
+        WeightCodes {
+            rows: self.rows.clone(),
+            row_descale: self.row_descale.clone(),
+            cols: self.cols.clone(),
+            col_descale: self.col_descale.clone(),
+        }
+    }
 }
 
 /// Scratch codes of one operand and their descales, as flat buffers viewed per call.
@@ -76,6 +88,9 @@ enum Role {
 pub(crate) struct Int8State<B: Backend> {
     /// Per block, its four linears' codes, in `Linear::ALL` order.
     weights: Vec<[WeightCodes<B>; 4]>,
+    /// Per block, whether its weights pass through a shared slot (streamed, or under ZeRO-3
+    /// kept by another rank), its codes then being the slot's (`weights_arrived`).
+    in_slot: Vec<bool>,
     /// Whether the codes match the weights; the optimizer and loads make them stale.
     current: Cell<bool>,
     options: Int8Options,
@@ -90,7 +105,9 @@ pub(crate) struct Int8State<B: Backend> {
 /// The INT8 buffers' specs.
 pub(crate) struct Int8Plan {
     pub specs: Vec<TensorSpec>,
-    layers: usize,
+    /// Each block's slot of codes where its weights pass through a shared slot, `None` where
+    /// it has codes of its own (`QuantizedShape::weight_slots`).
+    code_slots: Vec<Option<usize>>,
     options: Int8Options,
 }
 
@@ -119,20 +136,32 @@ impl Int8Plan {
             TensorSpec::new("int8.grad", &[n * shape.max_out], DType::I8),
             descales("int8.grad.descale", out_rows),
         ];
-        for (l, layer) in layout.layers.iter().enumerate() {
+        let codes = |specs: &mut Vec<TensorSpec>, name: &str, w: &TensorSpec| {
+            let (out, inp) = (w.shape[0], w.shape[1]);
+            specs.push(TensorSpec::new(name, &[out, inp], DType::I8));
+            specs.push(descales(&format!("{name}.descale"), out));
+            specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], DType::I8));
+            specs.push(descales(&format!("{name}.t.descale"), inp));
+        };
+        let code_slots = shape.weight_slots.clone();
+        if let Some(first) = layout.layers.first() {
+            for s in 0..slot_count(&code_slots) {
+                for lin in Linear::ALL {
+                    let name = format!("int8.slot{s}.{}", lin.name());
+                    codes(&mut specs, &name, &lin.weight(first).tensor);
+                }
+            }
+        }
+        let own = (layout.layers.iter().enumerate()).filter(|&(l, _)| code_slots[l].is_none());
+        for (l, layer) in own {
             for lin in Linear::ALL {
-                let w = &lin.weight(layer).tensor;
-                let (out, inp) = (w.shape[0], w.shape[1]);
                 let name = format!("int8.layers.{l}.{}", lin.name());
-                specs.push(TensorSpec::new(name.clone(), &[out, inp], DType::I8));
-                specs.push(descales(&format!("{name}.descale"), out));
-                specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], DType::I8));
-                specs.push(descales(&format!("{name}.t.descale"), inp));
+                codes(&mut specs, &name, &lin.weight(layer).tensor);
             }
         }
         Some(Int8Plan {
             specs,
-            layers: layout.layers.len(),
+            code_slots,
             options,
         })
     }
@@ -149,18 +178,24 @@ impl Int8Plan {
             codes: take(),
             descale: take(),
         };
-        let weights = (0..self.layers)
-            .map(|_| {
-                Linear::ALL.map(|_| WeightCodes {
-                    rows: take(),
-                    row_descale: take(),
-                    cols: take(),
-                    col_descale: take(),
-                })
+        let codes = |take: &mut dyn FnMut() -> Tensor<B>| WeightCodes {
+            rows: take(),
+            row_descale: take(),
+            cols: take(),
+            col_descale: take(),
+        };
+        let slot_codes: Vec<[WeightCodes<B>; 4]> = (0..slot_count(&self.code_slots))
+            .map(|_| Linear::ALL.map(|_| codes(&mut take)))
+            .collect();
+        let weights = (self.code_slots.iter())
+            .map(|slot| match slot {
+                Some(s) => slot_codes[*s].clone(),
+                None => Linear::ALL.map(|_| codes(&mut take)),
             })
             .collect();
         Int8State {
             weights,
+            in_slot: self.code_slots.iter().map(Option::is_some).collect(),
             current: Cell::new(false),
             options: self.options,
             seed: Cell::new(0),
@@ -177,32 +212,39 @@ impl<B: Backend> Int8State<B> {
         self.current.set(false);
     }
 
-    /// At the start of every forward: makes the weights' codes current (once per optimizer
-    /// step: later micro-steps reuse them).
+    /// At the start of every forward: makes the codes of the weights that have their own
+    /// current (once per optimizer step: later micro-steps reuse them; those in a slot are
+    /// made as they arrive, `weights_arrived`).
     pub fn begin_forward(&self, b: &B, params: &Params<Tensor<B>>) -> Result<()> {
         if self.current.get() {
             return Ok(());
         }
-        for (layer, codes) in params.layers.iter().zip(&self.weights) {
-            for lin in Linear::ALL {
-                let (w, c) = (lin.weight(layer), &codes[lin as usize]);
-                b.quantize_i8(
-                    &c.rows,
-                    &c.row_descale,
-                    w,
-                    Int8Layout::Rows,
-                    Int8Rounding::Nearest,
-                )?;
-                b.quantize_i8(
-                    &c.cols,
-                    &c.col_descale,
-                    w,
-                    Int8Layout::Cols,
-                    Int8Rounding::Nearest,
-                )?;
-            }
+        let own = (params.layers.iter().enumerate()).filter(|&(l, _)| !self.in_slot[l]);
+        for (l, layer) in own {
+            self.make_codes(b, l, layer)?;
         }
         self.current.set(true);
+        Ok(())
+    }
+
+    /// Where block `l`'s weights pass through a slot (streamed, or from another rank): its
+    /// codes, made in the slot from its weights `w` once they are there, before each pass
+    /// reads them.
+    pub fn weights_arrived(&self, b: &B, l: usize, w: &LayerParams<Tensor<B>>) -> Result<()> {
+        match self.in_slot[l] {
+            true => self.make_codes(b, l, w),
+            false => Ok(()),
+        }
+    }
+
+    /// Block `l`'s codes of its weights `w`, per output and per input channel.
+    fn make_codes(&self, b: &B, l: usize, w: &LayerParams<Tensor<B>>) -> Result<()> {
+        for lin in Linear::ALL {
+            let (w, c) = (lin.weight(w), self.weight(l, lin));
+            let nearest = Int8Rounding::Nearest;
+            b.quantize_i8(&c.rows, &c.row_descale, w, Int8Layout::Rows, nearest)?;
+            b.quantize_i8(&c.cols, &c.col_descale, w, Int8Layout::Cols, nearest)?;
+        }
         Ok(())
     }
 

@@ -83,13 +83,14 @@ impl MatmulPrecision {
     }
 
     /// Whether a pass of several micro-batches (`--layer-major`) can multiply in this
-    /// precision under `recompute`: INT8 keeps its copies of each layer's inputs for one
-    /// micro-batch, and FP8 its, unless the recompute pass makes them again for each.
+    /// precision under `recompute`: FP8 keeps one copy of each layer's inputs, which the
+    /// recompute pass must make again for each micro-batch, and INT8's stochastic rounding
+    /// follows one micro-batch's seed at a time.
     pub fn runs_layer_major(self, recompute: Recompute) -> bool {
         match self {
             MatmulPrecision::Native => true,
             MatmulPrecision::Fp8 { .. } => super::fp8::remakes_every_input(recompute),
-            MatmulPrecision::Int8(_) => false,
+            MatmulPrecision::Int8(o) => !o.stochastic,
         }
     }
 
@@ -185,6 +186,12 @@ pub(crate) struct QuantizedShape {
     /// (streamed from host memory, or under ZeRO-3 kept by another rank; `shared_slots`),
     /// `None` where it has its own: FP8 keeps its copies of the weights alike.
     pub weight_slots: Vec<Option<usize>>,
+}
+
+/// How many shared slots the blocks of `QuantizedShape::weight_slots` pass through, each
+/// with its own quantized copies.
+pub(crate) fn slot_count(slots: &[Option<usize>]) -> usize {
+    slots.iter().flatten().max().map_or(0, |s| s + 1)
 }
 
 /// What a linear layer reads: a tensor, or a norm's output. A norm stores its output in

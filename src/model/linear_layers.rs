@@ -74,12 +74,13 @@ impl<B: Backend> LinearLayers<B> {
         }
     }
 
-    /// Block `l`'s weights `w` are in their slot, where they stream: FP8 makes its copies of
-    /// them there.
+    /// Block `l`'s weights `w` are in their slot, where they pass through one (streamed, or
+    /// from another rank): FP8 and INT8 make their copies of them there.
     pub fn weights_arrived(&self, b: &B, l: usize, w: &LayerParams<Tensor<B>>) -> Result<()> {
-        match self.fp8() {
-            Some(fp8) => fp8.weights_arrived(b, l, w),
-            None => Ok(()),
+        match self {
+            LinearLayers::Native => Ok(()),
+            LinearLayers::Fp8(fp8) => fp8.weights_arrived(b, l, w),
+            LinearLayers::Int8(int8) => int8.weights_arrived(b, l, w),
         }
     }
 

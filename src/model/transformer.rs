@@ -237,9 +237,10 @@ impl ModelPlan {
         );
         ensure!(
             options.micro_batches == 1 || options.matmul.runs_layer_major(options.recompute),
-            "--layer-major cannot be used with INT8 matmuls, nor with FP8 matmuls without \
-             --recompute-block: both keep one copy of each layer's inputs for the backward, \
-             which only FP8's recompute pass makes again for each micro-batch"
+            "--layer-major cannot be used with --int8-stochastic-rounding, which rounds by one \
+             micro-batch's seed at a time, nor with FP8 matmuls without --recompute-block: FP8 \
+             keeps one copy of each layer's inputs for the backward, which the recompute pass \
+             makes again for each micro-batch"
         );
         if options.record_passes {
             check_recordable(options)?;
@@ -268,21 +269,9 @@ impl ModelPlan {
                 config.num_layers
             );
         }
-        if options.weights.kept().is_some() {
-            ensure!(
-                !matches!(options.matmul, MatmulPrecision::Int8(_)),
-                "--zero-level 3 cannot be used with INT8 matmuls yet: their copies of every \
-                 block's weights would be made on every GPU; leave one of them out"
-            );
-            ensure!(
-                !options.offload_weights,
-                "--zero-level 3 and --offload-weights cannot be used together; choose one"
-            );
-        }
         ensure!(
-            !(options.offload_weights && matches!(options.matmul, MatmulPrecision::Int8(_))),
-            "--offload-weights cannot be used with INT8 matmuls yet: their copies of the \
-             weights would stay on the GPU whole; leave one of them out"
+            !(options.weights.kept().is_some() && options.offload_weights),
+            "--zero-level 3 and --offload-weights cannot be used together; choose one"
         );
         ensure!(
             !(options.offload_gradients && options.gradients.kept().is_some()),

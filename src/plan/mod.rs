@@ -310,20 +310,16 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
         Some(n) => vec![n],
         None => powers(),
     };
-    // (the blocks' weights, their gradients) streamed from host memory: one GPU only, and
-    // the weights not with INT8, whose copies of them stay on the device.
-    let int8 = matches!(r.matmul, MatmulPrecision::Int8(_));
+    // (the blocks' weights, their gradients) streamed from host memory: one GPU only.
     let streaming: Vec<(bool, bool)> = match (r.gpus, r.cuda_graphs) {
-        (1, false) => [(false, false), (false, true), (true, false), (true, true)]
-            .into_iter()
-            .filter(|&(weights, _)| !(weights && int8))
-            .collect(),
+        (1, false) => vec![(false, false), (false, true), (true, false), (true, true)],
         _ => vec![(false, false)],
     };
     let mut models = vec![];
     for recompute in recompute_choices() {
-        // FP8 in a pass of several micro-batches remakes its input copies in the recompute.
-        if r.layer_major > 1 && !r.matmul.runs_layer_major(recompute) {
+        // FP8 in a pass of several micro-batches remakes its input copies in the recompute:
+        // only the choices that rerun every linear are offered.
+        if r.layer_major > 1 && r.matmul.is_fp8() && !r.matmul.runs_layer_major(recompute) {
             continue;
         }
         // MLP chunks shrink only recomputed intermediates, and FP8 scales by whole tensors.
@@ -363,13 +359,11 @@ pub fn candidates(request: &Request, gpu: &Datasheet) -> Result<Vec<Candidate>> 
     let mut states = vec![];
     // ZeRO-2 and -3 with micro-steps one at a time send every micro-batch's block gradients,
     // a cost `cost` does not know; they are offered only without, or layer-major (which sends
-    // each block's sum once). ZeRO-3 not with INT8, whose copies of every block's weights
-    // would be made on every GPU.
+    // each block's sum once).
     let sends_once = r.micro_steps == 1 || r.layer_major == r.micro_steps;
     let zero_levels = match r.gpus {
         1 => vec![0],
-        _ if r.allow_zero_2 && sends_once && !int8 => vec![0, 1, 2, 3],
-        _ if r.allow_zero_2 && sends_once => vec![0, 1, 2],
+        _ if r.allow_zero_2 && sends_once => vec![0, 1, 2, 3],
         _ => vec![0, 1],
     };
     for offload in offload_choices(r.optimizer.master_dtype.is_some()) {
