@@ -169,7 +169,8 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// Before block `l`'s forward: its weights are in, where they stream or are sharded
-    /// (`events` bringing them), and FP8's copies of them made where they pass through a slot.
+    /// (`events` bringing them), and the FP8 or INT8 copies of them made where they pass
+    /// through a slot.
     pub(crate) fn weights_for_forward(
         &self, b: &B, l: usize, events: &mut BlockEvents<B>,
     ) -> Result<()> {

@@ -184,7 +184,7 @@ pub(crate) struct QuantizedShape {
     pub micro_batches: usize,
     /// Each block's slot where its weights pass through one of two shared device slots
     /// (streamed from host memory, or under ZeRO-3 kept by another rank; `shared_slots`),
-    /// `None` where it has its own: FP8 keeps its copies of the weights alike.
+    /// `None` where it has its own: FP8 and INT8 keep their copies of the weights alike.
     pub weight_slots: Vec<Option<usize>>,
 }
 
