@@ -4,7 +4,9 @@ use std::cell::Cell;
 
 use anyhow::Result;
 
-use super::linear::{Input, Linear, MatmulPrecision, QuantizedShape, slot_count};
+use super::linear::{
+    Input, Linear, MatmulPrecision, QuantizedShape, copies_per_block, copy_holders,
+};
 use super::params::{LayerParams, ParamSpec, Params};
 use super::recompute::Recompute;
 use crate::backend::{Backend, Fp8Sum, Fused, Matmul, Operand};
@@ -100,7 +102,6 @@ pub(crate) struct Fp8State<B: Backend> {
     /// Whether the recompute pass makes the down projection's input copy again
     /// (`rerun_by`).
     remakes_down_input: bool,
-    layers: usize,
     /// The micro-batch of the pass whose ops are being enqueued (`set_micro_batch`).
     micro_batch: Cell<usize>,
     /// `[P, 1]` f32: each parameter's abs-max, reported by the optimizer, in `Params` order.
@@ -200,28 +201,25 @@ impl Fp8Plan {
             specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], forward));
             specs.push(stat(&format!("{name}.descale"), 1));
         };
-        let copy_slots = shape.weight_slots.clone();
-        for s in 0..slot_count(&copy_slots) {
+        for holder in copy_holders(&shape.weight_slots) {
             for lin in Linear::ALL {
-                weight_copy(&mut specs, &format!("fp8.slot{s}.{}", lin.name()), lin);
+                weight_copy(&mut specs, &format!("fp8.{holder}.{}", lin.name()), lin);
             }
         }
-        for (l, slot) in copy_slots.iter().enumerate() {
-            for lin in Linear::ALL {
+        for l in 0..layout.layers.len() {
+            for lin in Linear::ALL
+                .into_iter()
+                .filter(|&lin| !shared_input[lin as usize])
+            {
                 let name = format!("fp8.layers.{l}.{}", lin.name());
-                if slot.is_none() {
-                    weight_copy(&mut specs, &name, lin);
-                }
-                if !shared_input[lin as usize] {
-                    input_stash(&mut specs, &name, lin.weight(first).tensor.shape[1]);
-                }
+                input_stash(&mut specs, &name, lin.weight(first).tensor.shape[1]);
             }
         }
         Some(Fp8Plan {
             specs,
             weight_slot,
             shared_input,
-            copy_slots,
+            copy_slots: shape.weight_slots.clone(),
         })
     }
 
@@ -239,21 +237,17 @@ impl Fp8Plan {
                 descale: take(),
             })
         });
-        let weight_copy = |take: &mut dyn FnMut() -> Tensor<B>| WeightCopy {
-            rows: take(),
-            cols: take(),
-            descale: take(),
-        };
-        let slot_copies: Vec<[WeightCopy<B>; 4]> = (0..slot_count(&self.copy_slots))
-            .map(|_| Linear::ALL.map(|_| weight_copy(&mut take)))
-            .collect();
-        let linears = (0..layers)
-            .map(|l| {
+        let weights = copies_per_block(&self.copy_slots, || {
+            Linear::ALL.map(|_| WeightCopy {
+                rows: take(),
+                cols: take(),
+                descale: take(),
+            })
+        });
+        let linears = (weights.into_iter())
+            .map(|weight| {
                 Linear::ALL.map(|lin| LinearCopies {
-                    weight: match self.copy_slots[l] {
-                        Some(s) => slot_copies[s][lin as usize].clone(),
-                        None => weight_copy(&mut take),
-                    },
+                    weight: weight[lin as usize].clone(),
                     input: shared[lin as usize].clone().unwrap_or_else(|| InputStash {
                         cols: take(),
                         descale: take(),
@@ -266,7 +260,6 @@ impl Fp8Plan {
             state: Cell::new(WeightCopies::Stale),
             in_slot: self.copy_slots.iter().map(Option::is_some).collect(),
             remakes_down_input: self.shared_input[Linear::Down as usize],
-            layers,
             micro_batch: Cell::new(0),
             weight_amax,
             weight_slot: self.weight_slot.clone(),
@@ -321,7 +314,7 @@ impl<B: Backend> Fp8State<B> {
     /// Row of micro-batch `m`'s layer `l` statistics of `lin` in the `[M·L·4, 1]` abs-max
     /// tensors.
     fn slot(&self, m: usize, l: usize, lin: Linear) -> usize {
-        (m * self.layers + l) * 4 + lin as usize
+        (m * self.linears.len() + l) * 4 + lin as usize
     }
 
     /// Row `i` of an abs-max tensor.

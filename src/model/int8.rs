@@ -19,7 +19,7 @@ use std::cell::Cell;
 
 use anyhow::Result;
 
-use super::linear::{Input, Int8Options, Linear, QuantizedShape, slot_count};
+use super::linear::{Input, Int8Options, Linear, QuantizedShape, copies_per_block, copy_holders};
 use super::params::{LayerParams, ParamSpec, Params};
 use crate::backend::{Backend, Int8Layout, Int8Rounding, Matmul, Operand};
 use crate::rng::Rng;
@@ -143,25 +143,18 @@ impl Int8Plan {
             specs.push(TensorSpec::new(format!("{name}.t"), &[inp, out], DType::I8));
             specs.push(descales(&format!("{name}.t.descale"), inp));
         };
-        let code_slots = shape.weight_slots.clone();
+        // Every block has the first's shapes.
         if let Some(first) = layout.layers.first() {
-            for s in 0..slot_count(&code_slots) {
+            for holder in copy_holders(&shape.weight_slots) {
                 for lin in Linear::ALL {
-                    let name = format!("int8.slot{s}.{}", lin.name());
+                    let name = format!("int8.{holder}.{}", lin.name());
                     codes(&mut specs, &name, &lin.weight(first).tensor);
                 }
             }
         }
-        let own = (layout.layers.iter().enumerate()).filter(|&(l, _)| code_slots[l].is_none());
-        for (l, layer) in own {
-            for lin in Linear::ALL {
-                let name = format!("int8.layers.{l}.{}", lin.name());
-                codes(&mut specs, &name, &lin.weight(layer).tensor);
-            }
-        }
         Some(Int8Plan {
             specs,
-            code_slots,
+            code_slots: shape.weight_slots.clone(),
             options,
         })
     }
@@ -178,21 +171,14 @@ impl Int8Plan {
             codes: take(),
             descale: take(),
         };
-        let codes = |take: &mut dyn FnMut() -> Tensor<B>| WeightCodes {
-            rows: take(),
-            row_descale: take(),
-            cols: take(),
-            col_descale: take(),
-        };
-        let slot_codes: Vec<[WeightCodes<B>; 4]> = (0..slot_count(&self.code_slots))
-            .map(|_| Linear::ALL.map(|_| codes(&mut take)))
-            .collect();
-        let weights = (self.code_slots.iter())
-            .map(|slot| match slot {
-                Some(s) => slot_codes[*s].clone(),
-                None => Linear::ALL.map(|_| codes(&mut take)),
+        let weights = copies_per_block(&self.code_slots, || {
+            Linear::ALL.map(|_| WeightCodes {
+                rows: take(),
+                row_descale: take(),
+                cols: take(),
+                col_descale: take(),
             })
-            .collect();
+        });
         Int8State {
             weights,
             in_slot: self.code_slots.iter().map(Option::is_some).collect(),

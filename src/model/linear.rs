@@ -188,10 +188,34 @@ pub(crate) struct QuantizedShape {
     pub weight_slots: Vec<Option<usize>>,
 }
 
-/// How many shared slots the blocks of `QuantizedShape::weight_slots` pass through, each
-/// with its own quantized copies.
-pub(crate) fn slot_count(slots: &[Option<usize>]) -> usize {
+/// How many shared slots the blocks of `QuantizedShape::weight_slots` pass through.
+fn slot_count(slots: &[Option<usize>]) -> usize {
     slots.iter().flatten().max().map_or(0, |s| s + 1)
+}
+
+/// Who holds a quantized form's copies of the blocks' weights, given each block's slot
+/// (`QuantizedShape::weight_slots`), in allocation order: each shared slot (`slot{s}`), then
+/// each block with copies of its own (`layers.{l}`).
+pub(crate) fn copy_holders(slots: &[Option<usize>]) -> Vec<String> {
+    let shared = (0..slot_count(slots)).map(|s| format!("slot{s}"));
+    let own = (slots.iter().enumerate())
+        .filter(|(_, slot)| slot.is_none())
+        .map(|(l, _)| format!("layers.{l}"));
+    shared.chain(own).collect()
+}
+
+/// Each block's copies, `make` giving one holder's in `copy_holders`' order: a block in a
+/// slot shares that slot's.
+pub(crate) fn copies_per_block<T: Clone>(
+    slots: &[Option<usize>], mut make: impl FnMut() -> T,
+) -> Vec<T> {
+    let shared: Vec<T> = (0..slot_count(slots)).map(|_| make()).collect();
+    (slots.iter())
+        .map(|slot| match slot {
+            Some(s) => shared[*s].clone(),
+            None => make(),
+        })
+        .collect()
 }
 
 /// What a linear layer reads: a tensor, or a norm's output. A norm stores its output in
